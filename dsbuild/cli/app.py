@@ -1,0 +1,50 @@
+"""The `dsbuild` entry point. Errors are mapped to exit codes here and only here:
+0 success, 1 checks failed or --strict found quarantined input, 2 usage or input error."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from dsbuild.errors import DsbuildError
+
+app = typer.Typer(
+    name="dsbuild",
+    help="Turn raw game captures into versioned, validated, deterministic training datasets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+# One module per command; each exposes `register(app)`. Heavy imports happen inside the commands.
+COMMANDS = ("samples", "convert")
+for _name in COMMANDS:
+    importlib.import_module(f"dsbuild.cli.{_name}").register(app)
+
+
+def main() -> None:
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        app(standalone_mode=False)
+    except DsbuildError as e:
+        if debug:
+            raise
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("interrupted; nothing was committed", err=True)
+        sys.exit(130)
+    except (typer.Exit, SystemExit) as e:
+        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
+    except Exception as e:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(2)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        raise

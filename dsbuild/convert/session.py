@@ -1,0 +1,197 @@
+"""One session -> shards of clips. Runs inside a worker process; returns a small, plain result.
+
+Everything a session produces depends only on the session's files and the config, never on which worker
+ran it or when: that is what makes builds byte-identical for any ``--workers``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+from dsbuild.convert.config import ConvertConfig
+from dsbuild.convert.resample import dense_actions, resample_telemetry, window
+from dsbuild.errors import CaptureError, FormatError
+from dsbuild.formats.capture import SESSION_FILE, Session
+from dsbuild.formats.sample import SAMPLE_FORMAT, Sample, members_sha256, sample_key
+from dsbuild.formats.safejson import canonical_json
+from dsbuild.formats.shards import ShardWriter, WrittenShard
+from dsbuild.formats.streams import Actions, read_actions, read_telemetry, read_text
+from dsbuild.formats.video import Clip, DemuxReport, VideoReader, decoded_frame_count
+from dsbuild.lineage.hashing import sha256_file
+
+
+@dataclass(frozen=True)
+class SessionJob:
+    session: Session
+    tmp_dir: Path
+    config: ConvertConfig
+
+
+@dataclass
+class SessionResult:
+    """What the build needs from one session: its shards (still temporary), index rows, and reports."""
+
+    rel: str
+    session_id: str
+    sources: list[dict] = field(default_factory=list)
+    shards: list[WrittenShard] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # per-sample index rows; "shard" is a local number
+    controls: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+    repairs: dict = field(default_factory=dict)
+    quarantine: dict | None = None
+    video_bytes: int = 0
+
+    @property
+    def samples(self) -> int:
+        return len(self.rows)
+
+
+def make_writer(config: ConvertConfig, tmp_dir: Path, stem: str) -> ShardWriter:
+    if config.format == "parquet":
+        from dsbuild.formats.parquet import ParquetShardWriter
+
+        return ParquetShardWriter(tmp_dir, stem, config.shard_size,
+                                  row_group_samples=config.parquet_row_group_samples)
+    from dsbuild.formats.webdataset import TarShardWriter
+
+    return TarShardWriter(tmp_dir, stem, config.shard_size)
+
+
+def _sources(session: Session) -> list[dict]:
+    """sha256 of every source file, paths relative to the capture root (never host paths)."""
+    roles = [("session", SESSION_FILE), ("video", session.video)] + sorted(session.streams.items())
+    out = []
+    for role, name in roles:
+        path = session.path_of(name)
+        if not path.is_file():
+            if role == "video":
+                raise CaptureError(session.rel_of(name), "video file is missing")
+            continue
+        try:
+            digest, size = sha256_file(path)
+        except OSError as e:
+            raise CaptureError(session.rel_of(name), f"cannot read: {e.strerror}") from None
+        out.append({"role": role, "path": session.rel_of(name), "sha256": digest, "bytes": size})
+    return out
+
+
+def _events_blob(actions: Actions, sl: slice, compressor: zstandard.ZstdCompressor) -> bytes:
+    lines = [canonical_json({"t": float(t), "control": actions.controls[c], "value": float(v)})
+             for t, c, v in zip(actions.t[sl], actions.control[sl], actions.value[sl])]
+    return compressor.compress(b"\n".join(lines) + (b"\n" if lines else b""))
+
+
+def _verified_final(reader: VideoReader, clip: Clip, report: DemuxReport) -> tuple[bytes, Clip] | None:
+    """Decode the session's last clip (where truncation bites) and trim packets that do not decode."""
+    packets = clip.packets
+    for _ in range(3):
+        data = reader.remux(packets)
+        good = decoded_frame_count(data)
+        if good == len(packets):
+            dropped = len(clip.packets) - len(packets)
+            report.dropped_undecodable += dropped
+            if dropped:
+                keep = np.sort(clip.frame_t)[:len(packets)]
+                clip = Clip(clip.index, packets, keep, clip.t_start, clip.t_end, final=True)
+            return data, clip
+        if good == 0:
+            break
+        packets = packets[:good]
+    report.dropped_undecodable += len(clip.packets)
+    return None
+
+
+def process_session(job: SessionJob) -> SessionResult:
+    """Cut, encode and write one session; a CaptureError quarantines it with a precise reason."""
+    session, config = job.session, job.config
+    result = SessionResult(rel=session.rel, session_id=session.session_id)
+    writer = make_writer(config, job.tmp_dir, session.session_id)
+    try:
+        _process(session, config, writer, result)
+        result.shards = writer.close()
+    except (CaptureError, FormatError, OSError) as e:
+        writer.abort()
+        path = e.path if isinstance(e, CaptureError) else session.rel_of(session.video)
+        reason = e.reason if isinstance(e, CaptureError) else (getattr(e, "strerror", None) or str(e))
+        result.quarantine = {"session": session.session_id, "path": path, "reason": reason}
+        result.rows, result.shards = [], []
+    return result
+
+
+def _process(session: Session, config: ConvertConfig, writer: ShardWriter, result: SessionResult) -> None:
+    result.sources = _sources(session)
+    stream_path = {k: session.path_of(v) for k, v in session.streams.items()}
+    actions, a_rep = read_actions(stream_path.get("actions"))
+    telemetry, t_rep = read_telemetry(stream_path.get("telemetry"))
+    text, x_rep = read_text(stream_path.get("text"))
+    result.controls, result.channels = actions.controls, telemetry.channels
+    source_hashes = {s["role"]: s["sha256"] for s in result.sources}
+    compressor = zstandard.ZstdCompressor(level=config.zstd_level, write_checksum=True)
+    text_t = np.array([e.t for e in text], dtype=np.float64)
+    demux = DemuxReport()
+    video_path = session.path_of(session.video)
+    try:
+        reader = VideoReader(video_path).__enter__()
+    except FormatError as e:
+        raise CaptureError(session.rel_of(session.video), str(e)) from None
+    try:
+        info = reader.info
+        for clip in reader.clips(config.clip_seconds, demux):
+            if clip.final:
+                verified = _verified_final(reader, clip, demux)
+                if verified is None:
+                    continue
+                video, clip = verified
+            else:
+                video = reader.remux(clip.packets)
+            frame_t = clip.frame_t
+            key = sample_key(session.session_id, clip.index)
+            sl = window(actions.t, clip.t_start, clip.t_end)
+            tsl = window(text_t, clip.t_start, clip.t_end)
+            meta = {
+                "format": SAMPLE_FORMAT,
+                "key": key,
+                "session": session.fields(),
+                "clip": {"index": clip.index, "t_start": clip.t_start, "t_end": clip.t_end,
+                         "frames": len(frame_t), "duration": clip.t_end - clip.t_start},
+                "video": info.to_json(),
+                "controls": list(actions.controls),
+                "telemetry_channels": list(telemetry.channels),
+                "text": [e.to_json() for e in text[tsl]],
+                "action_events": sl.stop - sl.start,
+                "sources": source_hashes,
+            }
+            sample = Sample(
+                key=key, meta=meta, video=video, video_ext=info.ext,
+                actions=dense_actions(actions, frame_t),
+                telemetry=resample_telemetry(telemetry, frame_t),
+                timestamps=frame_t, events=_events_blob(actions, sl, compressor),
+            )
+            members = sample.members()
+            digest = members_sha256(members)
+            writer.add(sample, members, digest)
+            result.video_bytes += len(video)
+            result.rows.append({
+                "key": key, "sha256": digest, "shard": len(writer.shards),
+                "session_id": session.session_id, "title": session.title, "player": session.player,
+                "platform": session.platform, "build": session.build,
+                "conditions": canonical_json(session.conditions).decode(),
+                "clip_index": clip.index, "t_start": clip.t_start, "t_end": clip.t_end,
+                "frames": len(frame_t), "fps": info.fps, "width": info.width, "height": info.height,
+                "codec": info.codec, "video_bytes": len(video),
+                "bytes": sum(len(p) for _, p in members),
+                "action_events": sl.stop - sl.start, "text_events": tsl.stop - tsl.start,
+                "source_video_sha256": source_hashes["video"],
+            })
+    finally:
+        reader.__exit__(None, None, None)
+    if not result.rows:
+        why = demux.truncated or "no decodable frames"
+        raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
+    result.repairs = {"actions": a_rep.to_json(), "telemetry": t_rep.to_json(), "text": x_rep.to_json(),
+                      "video": demux.to_json(), "audio_not_carried": info.has_audio}

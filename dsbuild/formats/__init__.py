@@ -1,0 +1,1 @@
+"""On-disk formats: the capture contract reader, video remux/decode, and the shard writers/readers."""

@@ -1,0 +1,159 @@
+"""The raw capture contract (DESIGN.md section 2): discover sessions and read `session.json` safely.
+
+Everything here treats the capture as untrusted: sizes are bounded, every field is type-checked, and no
+path may leave the session folder (``..``, absolute paths and symlinks pointing outside are refused).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsbuild.errors import CaptureError, FormatError
+from dsbuild.formats.safejson import loads_bounded
+
+CAPTURE_FORMAT = "capture/1"
+SESSION_FILE = "session.json"
+SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+STREAM_KINDS = ("actions", "telemetry", "text")
+# A session.json is a few hundred bytes; 1 MiB leaves room for rich conditions and stops hostile files.
+MAX_SESSION_JSON_BYTES = 1 << 20
+MAX_CONDITIONS = 1024
+MAX_FIELD_CHARS = 1024
+REQUIRED = ("format", "session_id", "title", "player", "video")
+OPTIONAL_STRINGS = ("platform", "build", "started_at")
+
+
+@dataclass(frozen=True)
+class Session:
+    """One validated capture session. ``rel`` is its folder relative to the capture root (POSIX)."""
+
+    session_id: str
+    title: str
+    player: str
+    video: str
+    rel: str
+    directory: Path
+    platform: str | None = None
+    build: str | None = None
+    started_at: str | None = None
+    conditions: dict[str, str] = field(default_factory=dict)
+    streams: dict[str, str] = field(default_factory=dict)
+
+    def fields(self) -> dict:
+        """The session fields carried into every sample's metadata (no host paths)."""
+        return {
+            "session_id": self.session_id,
+            "title": self.title,
+            "player": self.player,
+            "platform": self.platform,
+            "build": self.build,
+            "started_at": self.started_at,
+            "conditions": dict(sorted(self.conditions.items())),
+        }
+
+    def path_of(self, name: str) -> Path:
+        return self.directory / name
+
+    def rel_of(self, name: str) -> str:
+        """Path of a session file relative to the capture root, as recorded in manifests."""
+        return f"{self.rel}/{name}" if self.rel != "." else name
+
+
+def discover_sessions(root: Path) -> list[Path]:
+    """Every folder under ``root`` (itself included) holding a session.json, sorted by relative path.
+
+    Symlinked folders are not followed: a capture root must not reach outside itself.
+    """
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        if SESSION_FILE in filenames:
+            found.append(Path(dirpath))
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _string(doc: dict, key: str, path: str, *, required: bool) -> str | None:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise CaptureError(path, f"missing required field '{key}'")
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_FIELD_CHARS:
+        raise CaptureError(path, f"field '{key}' must be a non-empty string of at most {MAX_FIELD_CHARS} chars")
+    return value
+
+
+def safe_member(directory: Path, name: object, path: str, what: str) -> str:
+    """Validate a file name from session.json: relative, no '..', resolving inside ``directory``."""
+    if not isinstance(name, str) or not name or len(name) > MAX_FIELD_CHARS:
+        raise CaptureError(path, f"{what} must be a non-empty relative path")
+    if "\n" in name or "\r" in name or "\x00" in name:
+        raise CaptureError(path, f"{what} path contains a control character")
+    pure = Path(name)
+    if pure.is_absolute() or name.startswith(("/", "\\")):
+        raise CaptureError(path, f"{what} path {name!r} is absolute; it must be inside the session folder")
+    if ".." in pure.parts:
+        raise CaptureError(path, f"{what} path {name!r} escapes the session folder")
+    real_dir = directory.resolve()
+    target = (directory / pure).resolve()
+    if real_dir != target and real_dir not in target.parents:
+        raise CaptureError(path, f"{what} path {name!r} resolves outside the session folder (symlink?)")
+    return pure.as_posix()
+
+
+def read_session(directory: Path, root: Path) -> Session:
+    """Parse and validate ``directory/session.json``; raise CaptureError with the precise reason."""
+    rel = directory.relative_to(root).as_posix()
+    sj = directory / SESSION_FILE
+    where = f"{rel}/{SESSION_FILE}" if rel != "." else SESSION_FILE
+    try:
+        size = sj.stat().st_size
+        if size > MAX_SESSION_JSON_BYTES:
+            raise CaptureError(where, f"{size} bytes exceeds the limit of {MAX_SESSION_JSON_BYTES}")
+        doc = loads_bounded(sj.read_bytes(), max_bytes=MAX_SESSION_JSON_BYTES, what=where)
+    except OSError as e:
+        raise CaptureError(where, f"cannot read: {e.strerror}") from None
+    except FormatError as e:
+        raise CaptureError(where, str(e).removeprefix(f"{where}: ")) from None
+    if not isinstance(doc, dict):
+        raise CaptureError(where, "must be a JSON object")
+    for key in REQUIRED:
+        if key not in doc:
+            raise CaptureError(where, f"missing required field '{key}'")
+    if doc["format"] != CAPTURE_FORMAT:
+        raise CaptureError(where, f"format is {doc['format']!r}, expected {CAPTURE_FORMAT!r}")
+    sid = doc["session_id"]
+    if not isinstance(sid, str) or not SESSION_ID_RE.fullmatch(sid):
+        raise CaptureError(where, f"session_id {sid!r} must match [A-Za-z0-9_-]{{1,64}}")
+    conditions = doc.get("conditions") or {}
+    if not isinstance(conditions, dict):
+        raise CaptureError(where, "conditions must be an object of strings")
+    if len(conditions) > MAX_CONDITIONS:
+        raise CaptureError(where, f"{len(conditions)} conditions exceeds the limit of {MAX_CONDITIONS}")
+    for k, v in conditions.items():
+        if not isinstance(v, str) or len(k) > MAX_FIELD_CHARS or len(v) > MAX_FIELD_CHARS:
+            raise CaptureError(where, f"condition {k[:64]!r} must map to a string")
+    streams = doc.get("streams") or {}
+    if not isinstance(streams, dict):
+        raise CaptureError(where, "streams must be an object")
+    checked_streams = {}
+    for kind, name in streams.items():
+        if kind not in STREAM_KINDS:
+            raise CaptureError(where, f"unknown stream {kind[:64]!r}; expected one of {', '.join(STREAM_KINDS)}")
+        checked_streams[kind] = safe_member(directory, name, where, f"stream '{kind}'")
+    return Session(
+        session_id=sid,
+        title=_string(doc, "title", where, required=True),
+        player=_string(doc, "player", where, required=True),
+        video=safe_member(directory, doc["video"], where, "video"),
+        rel=rel,
+        directory=directory,
+        platform=_string(doc, "platform", where, required=False),
+        build=_string(doc, "build", where, required=False),
+        started_at=_string(doc, "started_at", where, required=False),
+        conditions=dict(sorted(conditions.items())),
+        streams=checked_streams,
+    )

@@ -1,0 +1,1 @@
+"""Hashing, manifests and the version catalog."""

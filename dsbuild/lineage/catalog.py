@@ -1,0 +1,216 @@
+"""The catalog: a folder holding versions side by side over one pool of content-addressed shards.
+
+    <root>/catalog.json                 marker {"format": "dsbuild.catalog/1"}
+    <root>/shards/ab/<sha256>.<ext>     shards, named by their hash, shared by every version using them
+    <root>/versions/<id>/manifest.json  the version (id = sha256 of these bytes)
+    <root>/versions/<id>/index.parquet  per-sample index and lineage
+    <root>/versions/<id>/commit.json    when it was committed and from what (not part of the id)
+    <root>/.tmp/<build>/                work in progress, locked by its build while it runs
+
+A version becomes visible by one atomic rename of a complete folder, after its shards are in place, so
+a killed build never leaves a version that looks complete. Stale build folders (their lock is free) are
+removed by the next build.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from dsbuild.errors import LineageError, UsageError
+from dsbuild.formats.safejson import loads_bounded, pretty_json
+from dsbuild.lineage.manifest import Manifest
+
+CATALOG_FORMAT = "dsbuild.catalog/1"
+MARKER = "catalog.json"
+VERSION_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    version_id: str
+    created_at: str
+    commit: dict
+
+
+class BuildArea:
+    """A private, locked scratch folder for one build inside the catalog (same file system: rename works)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = None
+
+    def __enter__(self) -> "BuildArea":
+        self.path.mkdir(parents=True)
+        self._lock = open(self.path / "lock", "wb")
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._lock.close()
+
+
+class Catalog:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    # -- opening --------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, root: Path, *, create: bool = False) -> "Catalog":
+        root = Path(root)
+        if root.exists() and not root.is_dir():
+            raise UsageError(f"{root}: is a file; a catalog is a folder")
+        marker = root / MARKER
+        if not marker.is_file():
+            if not create:
+                raise UsageError(f"{root}: not a dsbuild catalog (no {MARKER}); create one with `dsbuild convert`")
+            if root.exists() and any(p.name != ".tmp" for p in root.iterdir()):
+                raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; choose a new folder")
+            for sub in ("shards", "versions", ".tmp"):
+                (root / sub).mkdir(parents=True, exist_ok=True)
+            write_file_durably(marker, pretty_json({"format": CATALOG_FORMAT}))
+        else:
+            doc = loads_bounded(marker.read_bytes(), max_bytes=1 << 16, what=str(marker))
+            if not isinstance(doc, dict) or doc.get("format") != CATALOG_FORMAT:
+                raise UsageError(f"{marker}: unknown catalog format {doc!r}")
+        return cls(root)
+
+    # -- layout ---------------------------------------------------------------------------------
+    def shard_path(self, sha256: str, ext: str) -> str:
+        return f"shards/{sha256[:2]}/{sha256}.{ext}"
+
+    def version_dir(self, version_id: str) -> Path:
+        return self.root / "versions" / version_id
+
+    # -- writing --------------------------------------------------------------------------------
+    @contextmanager
+    def build_area(self) -> Iterator[BuildArea]:
+        self.clean_stale_builds()
+        with BuildArea(self.root / ".tmp" / uuid.uuid4().hex) as area:
+            yield area
+
+    def clean_stale_builds(self) -> list[str]:
+        """Remove build folders whose build is gone (their lock can be taken)."""
+        removed = []
+        tmp = self.root / ".tmp"
+        for area in sorted(tmp.iterdir()) if tmp.is_dir() else []:
+            lock = area / "lock"
+            try:
+                with open(lock, "rb") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live build
+            except OSError:
+                pass  # no lock file: the build died before creating it
+            shutil.rmtree(area, ignore_errors=True)
+            removed.append(area.name)
+        return removed
+
+    @contextmanager
+    def _commit_lock(self) -> Iterator[None]:
+        with open(self.root / ".tmp" / "commit.lock", "ab") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def commit(self, area: BuildArea, shards: list[tuple[Path, str]], manifest: Manifest,
+               index_bytes: bytes, commit_info: dict) -> tuple[str, bool]:
+        """Move shards into place, then publish the version folder with one rename.
+
+        Returns (version id, existed): re-committing an identical version is a no-op, not an error.
+        """
+        manifest_bytes = manifest.to_bytes()
+        version_id = manifest.version_id
+        with self._commit_lock():
+            for tmp_path, rel in shards:
+                target = self.root / rel
+                if target.exists():
+                    tmp_path.unlink()  # same name = same sha256 = same bytes
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp_path, target)
+                fsync_dir(target.parent)
+            final = self.version_dir(version_id)
+            if final.is_dir():
+                return version_id, True
+            staging = area.path / "version"
+            staging.mkdir()
+            write_file_durably(staging / manifest.index["path"], index_bytes)
+            write_file_durably(staging / "commit.json", pretty_json(
+                {"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **commit_info}))
+            write_file_durably(staging / "manifest.json", manifest_bytes)
+            fsync_dir(staging)
+            os.rename(staging, final)
+            fsync_dir(final.parent)
+        return version_id, False
+
+    # -- reading --------------------------------------------------------------------------------
+    def versions(self) -> list[VersionInfo]:
+        """Committed versions, newest first."""
+        out = []
+        vdir = self.root / "versions"
+        for d in vdir.iterdir() if vdir.is_dir() else []:
+            if not VERSION_RE.fullmatch(d.name) or not (d / "manifest.json").is_file():
+                continue
+            try:
+                commit = json.loads((d / "commit.json").read_text())
+            except (OSError, ValueError):
+                commit = {}
+            out.append(VersionInfo(d.name, str(commit.get("created_at", "")), commit))
+        return sorted(out, key=lambda v: (v.created_at, v.version_id), reverse=True)
+
+    def manifest(self, version_id: str) -> Manifest:
+        path = self.version_dir(version_id) / "manifest.json"
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise LineageError(f"{self.root}: version {version_id} has no manifest") from None
+        return Manifest.from_bytes(data, str(path))
+
+    def resolve(self, ref: str | None) -> str:
+        """A version id, a unique prefix of one, or None for the newest."""
+        versions = self.versions()
+        if not versions:
+            raise UsageError(f"{self.root}: catalog has no versions yet")
+        if not ref:
+            return versions[0].version_id
+        matches = [v.version_id for v in versions if v.version_id.startswith(ref.lower())]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise UsageError(f"{self.root}: no version matches {ref!r}")
+        raise UsageError(f"{self.root}: {ref!r} is ambiguous ({len(matches)} versions); give more characters")
+
+
+def parse_ref(ref: str) -> tuple[Path, str | None]:
+    """'PATH[@VERSION]' -> (path, version or None). VERSION is an id, a unique id prefix or a tag."""
+    path, at, version = str(ref).rpartition("@")
+    if not at:
+        return Path(ref), None
+    if not version:
+        raise UsageError(f"{ref!r}: nothing after '@'; use PATH@VERSION")
+    return Path(path), version

@@ -1,0 +1,1 @@
+"""Sample captures that follow the capture contract: synthetic (with damage injection) and real games."""

@@ -28,7 +28,7 @@ def main() -> None:
     if debug:
         sys.argv.remove("--debug")
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns the code of typer.Exit in this mode
     except DsbuildError as e:
         if debug:
             raise
@@ -37,8 +37,6 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted; nothing was committed", err=True)
         sys.exit(130)
-    except (typer.Exit, SystemExit) as e:
-        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
     except Exception as e:  # click usage errors arrive here in non-standalone mode
         import click
 
@@ -48,3 +46,4 @@ def main() -> None:
         if isinstance(e, click.exceptions.Abort):
             sys.exit(130)
         raise
+    sys.exit(rc if isinstance(rc, int) else 0)

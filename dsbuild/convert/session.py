@@ -114,13 +114,21 @@ def process_session(job: SessionJob) -> SessionResult:
     try:
         _process(session, config, writer, result)
         result.shards = writer.close()
-    except (CaptureError, FormatError, OSError) as e:
+    except Exception as e:  # one bad capture never stops a build: quarantine it with the reason
         writer.abort()
-        path = e.path if isinstance(e, CaptureError) else session.rel_of(session.video)
-        reason = e.reason if isinstance(e, CaptureError) else (getattr(e, "strerror", None) or str(e))
-        result.quarantine = {"session": session.session_id, "path": path, "reason": reason}
+        result.quarantine = {"session": session.session_id, **_reason(session, e)}
         result.rows, result.shards = [], []
     return result
+
+
+def _reason(session: Session, e: Exception) -> dict:
+    if isinstance(e, CaptureError):
+        return {"path": e.path, "reason": e.reason}
+    if isinstance(e, FormatError):
+        return {"path": session.rel_of(session.video), "reason": str(e)}
+    if isinstance(e, OSError):
+        return {"path": e.filename or session.rel, "reason": e.strerror or str(e)}
+    return {"path": session.rel_of(session.video), "reason": f"unexpected {type(e).__name__}: {e}"}
 
 
 def _process(session: Session, config: ConvertConfig, writer: ShardWriter, result: SessionResult) -> None:

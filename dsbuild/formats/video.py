@@ -116,10 +116,11 @@ class VideoReader:
         if cc.width <= 0 or cc.height <= 0 or cc.width * cc.height > MAX_PIXELS:
             self._container.close()
             raise FormatError(f"declared resolution {cc.width}x{cc.height} is outside 1..{MAX_PIXELS} pixels")
-        fmt, ext = _CONTAINERS.get(cc.name, ("matroska", "mkv"))
+        codec = cc.codec.canonical_name  # "av1", not the decoder name "libdav1d"
+        fmt, ext = _CONTAINERS.get(codec, ("matroska", "mkv"))
         rate = vs.average_rate or vs.guessed_rate
         self.info = VideoInfo(
-            codec=cc.name, width=cc.width, height=cc.height,
+            codec=codec, width=cc.width, height=cc.height,
             fps=round(float(rate), 6) if rate else None, time_base=vs.time_base,
             has_audio=bool(self._container.streams.audio), container_format=fmt, ext=ext,
         )
@@ -193,7 +194,7 @@ class VideoReader:
         buf = io.BytesIO()
         out = av.open(buf, "w", format=self.info.container_format, options={"fflags": "+bitexact"})
         try:
-            ostream = out.add_stream_from_template(self._stream)
+            ostream = out.add_stream_from_template(self._stream, opaque=True)
             base = min(p.dts if p.dts is not None else p.pts for p in packets)
             for rec in packets:
                 pkt = av.Packet(rec.data)

@@ -1,0 +1,47 @@
+"""Shared fixtures: real captures encoded with PyAV and real catalogs converted from them.
+
+Session-scoped so the suite encodes each set once; tests that change files copy them first.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dsbuild.convert import ConvertConfig, convert
+from dsbuild.samples.synthetic import generate
+
+
+@pytest.fixture(scope="session")
+def captures(tmp_path_factory) -> Path:
+    """Six clean synthetic sessions of 6 s (several titles, players, resolutions, 30/60 fps)."""
+    root = tmp_path_factory.mktemp("captures")
+    generate(root, sessions=6, seconds=6.0, seed=11)
+    return root
+
+
+@pytest.fixture(scope="session")
+def wds_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
+    """(catalog path, version id) of the clean captures as WebDataset shards, 3 s clips."""
+    out = tmp_path_factory.mktemp("wds") / "catalog"
+    r = convert(captures, out, ConvertConfig(format="webdataset", clip_seconds=3.0), workers=1)
+    return out, r.version_id
+
+
+@pytest.fixture(scope="session")
+def parquet_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("pq") / "catalog"
+    r = convert(captures, out, ConvertConfig(format="parquet", clip_seconds=3.0), workers=1)
+    return out, r.version_id
+
+
+@pytest.fixture
+def copy_captures(captures, tmp_path):
+    """A private, writable copy of the clean captures."""
+    def make(name: str = "captures") -> Path:
+        dst = tmp_path / name
+        shutil.copytree(captures, dst, symlinks=True)
+        return dst
+    return make

@@ -25,6 +25,11 @@ _CONTAINERS = {"h264": ("mp4", "mp4"), "hevc": ("mp4", "mp4"), "av1": ("mp4", "m
                "mpeg4": ("mp4", "mp4"), "vp8": ("webm", "webm"), "vp9": ("webm", "webm")}
 
 
+def seconds(ticks: int, time_base: Fraction) -> float:
+    """ticks * time_base as the correctly rounded float (so frame i at 60 fps is exactly i / 60)."""
+    return ticks * time_base.numerator / time_base.denominator
+
+
 def should_cut(clip_start: float, keyframe_t: float, clip_seconds: float) -> bool:
     """Cut before this keyframe when the open clip already spans ``clip_seconds``."""
     return keyframe_t - clip_start >= clip_seconds - CUT_EPS
@@ -76,7 +81,7 @@ class DemuxReport:
     dropped_leading: int = 0  # open-GOP frames shown before their clip's keyframe
     dropped_no_pts: int = 0
     dropped_undecodable: int = 0
-    truncated: str | None = None
+    truncated: str | None = None  # set when the file ended early: the final clip is then decode-checked
     long_clips: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -133,10 +138,14 @@ class VideoReader:
     def _packets(self, report: DemuxReport) -> Iterator[PacketRecord]:
         import av
 
+        size = self.path.stat().st_size
         try:
             for p in self._container.demux(self._stream):
                 if p.size == 0:
                     continue
+                if p.pos is not None and p.pos >= 0 and p.pos + p.size > size:
+                    report.truncated = f"packet {report.packets} extends past the end of the file"
+                    return
                 report.packets += 1
                 if p.pts is None:
                     report.dropped_no_pts += 1
@@ -144,10 +153,14 @@ class VideoReader:
                 yield PacketRecord(bytes(p), p.pts, p.dts, p.duration or 0, p.is_keyframe)
         except (av.error.FFmpegError, OSError) as e:
             report.truncated = f"demux stopped after {report.packets} packets: {_why(e)}"
+            return
+        declared = self._stream.frames
+        if declared and report.packets < declared:
+            report.truncated = f"container declares {declared} frames, {report.packets} were readable"
 
     def clips(self, clip_seconds: float, report: DemuxReport) -> Iterator[Clip]:
         """Keyframe-aligned clips in order; the last one is marked ``final``."""
-        tb = float(self.info.time_base)
+        tb = self.info.time_base
         t0: int | None = None
         current: list[PacketRecord] = []
         start = 0.0
@@ -158,7 +171,7 @@ class VideoReader:
                     report.dropped_before_keyframe += 1
                     continue
                 t0 = p.pts if self._stream.start_time is None else min(p.pts, self._stream.start_time)
-            t = (p.pts - t0) * tb
+            t = seconds(p.pts - t0, tb)
             if p.keyframe and current and should_cut(start, t, clip_seconds):
                 yield self._clip(index, current, start, t, clip_seconds, t0, report)
                 index += 1
@@ -172,14 +185,14 @@ class VideoReader:
         if current:
             last = max(p.pts for p in current)
             dur = next((p.duration for p in current if p.pts == last), 0) or (
-                1 / self.info.fps / tb if self.info.fps else 0)
-            clip = self._clip(index, current, start, (last - t0 + dur) * tb, clip_seconds, t0, report)
+                round(1 / self.info.fps / float(tb)) if self.info.fps else 0)
+            clip = self._clip(index, current, start, seconds(last - t0 + dur, tb), clip_seconds, t0, report)
             clip.final = True
             yield clip
 
     def _clip(self, index, packets, start, end, clip_seconds, t0, report) -> Clip:
-        tb = float(self.info.time_base)
-        frame_t = np.sort(np.array([(p.pts - t0) * tb for p in packets], dtype=np.float64))
+        tb = self.info.time_base
+        frame_t = np.sort(np.array([seconds(p.pts - t0, tb) for p in packets], dtype=np.float64))
         if end - start > 1.5 * clip_seconds:
             report.long_clips += 1
         return Clip(index, packets, frame_t, float(start), float(end))

@@ -16,6 +16,7 @@ def convert(
     clip_seconds: float = typer.Option(8.0, "--clip-seconds", help="Target clip length (cut at keyframes)."),
     shard_size: str = typer.Option("256MB", "--shard-size", help="Target shard size, e.g. 256MB or 1GiB."),
     workers: int = typer.Option(0, "--workers", help="Worker processes (0 = one per core)."),
+    onto: str = typer.Option(None, "--onto", help="Build incrementally onto this version (id, prefix or tag)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if any session was quarantined."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
@@ -25,7 +26,7 @@ def convert(
 
     config = ConvertConfig(format=format, clip_seconds=clip_seconds, shard_size=parse_size(shard_size))
     with SessionProgress("convert", enabled=not as_json) as progress:
-        result = run_convert(captures, out, config, workers=workers or None, on_progress=progress)
+        result = run_convert(captures, out, config, workers=workers or None, onto=onto, on_progress=progress)
     if as_json:
         print_json(result.to_json())
     else:
@@ -43,6 +44,8 @@ def _render(r) -> None:
     for k, v in [("format", r.format), ("sessions", r.sessions), ("samples", r.samples), ("shards", r.shards),
                  ("bytes", f"{r.bytes:,}"), ("long clips (kept whole)", r.long_clips),
                  ("sessions repaired", r.repaired_sessions), ("quarantined", len(r.quarantined)),
+                 ("parent", (r.parent or "-")[:12]), ("sessions reused from parent", r.reused_sessions),
+                 ("bytes written", f"{r.written_bytes:,}"),
                  ("seconds", r.seconds)]:
         t.add_row(k, str(v))
     console.print(t)

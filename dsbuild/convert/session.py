@@ -29,6 +29,8 @@ class SessionJob:
     session: Session
     tmp_dir: Path
     config: ConvertConfig
+    # Source files of this session in the parent version (same config): equal sources => reuse its shards.
+    parent_sources: frozenset[tuple] | None = None
 
 
 @dataclass
@@ -39,12 +41,14 @@ class SessionResult:
     session_id: str
     sources: list[dict] = field(default_factory=list)
     shards: list[WrittenShard] = field(default_factory=list)
+    shard_records: list = field(default_factory=list)  # reused sessions: the parent's ShardRecords
     rows: list[dict] = field(default_factory=list)  # per-sample index rows; "shard" is a local number
     controls: tuple[str, ...] = ()
     channels: tuple[str, ...] = ()
     repairs: dict = field(default_factory=dict)
     quarantine: dict | None = None
     video_bytes: int = 0
+    reused: bool = False  # unchanged since the parent version: its shards and index rows are taken as they are
 
     @property
     def samples(self) -> int:
@@ -80,6 +84,11 @@ def _sources(session: Session) -> list[dict]:
     return out
 
 
+def source_set(sources: list[dict]) -> frozenset[tuple]:
+    """Order-free identity of a session's inputs: (role, path, sha256, bytes) of every file."""
+    return frozenset((s["role"], s["path"], s["sha256"], s["bytes"]) for s in sources)
+
+
 def _events_blob(actions: Actions, sl: slice, compressor: zstandard.ZstdCompressor) -> bytes:
     lines = [canonical_json({"t": float(t), "control": actions.controls[c], "value": float(v)})
              for t, c, v in zip(actions.t[sl], actions.control[sl], actions.value[sl])]
@@ -87,7 +96,10 @@ def _events_blob(actions: Actions, sl: slice, compressor: zstandard.ZstdCompress
 
 
 def _verified_final(reader: VideoReader, clip: Clip, report: DemuxReport) -> tuple[bytes, Clip] | None:
-    """Decode the session's last clip (where truncation bites) and trim packets that do not decode."""
+    """Decode the last clip of a truncated video and trim the packets that do not decode.
+
+    Only truncated files pay for decoding: elsewhere the demuxer has whole packets and remux is lossless.
+    """
     packets = clip.packets
     for _ in range(3):
         data = reader.remux(packets)
@@ -112,6 +124,10 @@ def process_session(job: SessionJob) -> SessionResult:
     result = SessionResult(rel=session.rel, session_id=session.session_id)
     writer = make_writer(config, job.tmp_dir, session.session_id)
     try:
+        result.sources = _sources(session)
+        if job.parent_sources is not None and source_set(result.sources) == job.parent_sources:
+            result.reused = True
+            return result
         _process(session, config, writer, result)
         result.shards = writer.close()
     except Exception as e:  # one bad capture never stops a build: quarantine it with the reason
@@ -132,7 +148,6 @@ def _reason(session: Session, e: Exception) -> dict:
 
 
 def _process(session: Session, config: ConvertConfig, writer: ShardWriter, result: SessionResult) -> None:
-    result.sources = _sources(session)
     stream_path = {k: session.path_of(v) for k, v in session.streams.items()}
     actions, a_rep = read_actions(stream_path.get("actions"))
     telemetry, t_rep = read_telemetry(stream_path.get("telemetry"))
@@ -150,7 +165,7 @@ def _process(session: Session, config: ConvertConfig, writer: ShardWriter, resul
     try:
         info = reader.info
         for clip in reader.clips(config.clip_seconds, demux):
-            if clip.final:
+            if clip.final and demux.truncated:
                 verified = _verified_final(reader, clip, demux)
                 if verified is None:
                     continue

@@ -31,8 +31,11 @@ from dsbuild.formats.safejson import loads_bounded, pretty_json
 from dsbuild.lineage.manifest import Manifest
 
 CATALOG_FORMAT = "dsbuild.catalog/1"
+TAGS_FORMAT = "dsbuild.tags/1"
 MARKER = "catalog.json"
+TAGS = "tags.json"
 VERSION_RE = re.compile(r"[0-9a-f]{64}")
+TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 
 
 def fsync_dir(path: Path) -> None:
@@ -48,6 +51,14 @@ def write_file_durably(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def replace_file_atomically(path: Path, data: bytes) -> None:
+    """Readers see the old bytes or the new ones, never a mix (write beside, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    write_file_durably(tmp, data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,7 @@ class Catalog:
         if not marker.is_file():
             if not create:
                 raise UsageError(f"{root}: not a dsbuild catalog (no {MARKER}); create one with `dsbuild convert`")
-            if root.exists() and any(p.name != ".tmp" for p in root.iterdir()):
+            if root.exists() and any(p.name not in ("shards", "versions", ".tmp") for p in root.iterdir()):
                 raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; choose a new folder")
             for sub in ("shards", "versions", ".tmp"):
                 (root / sub).mkdir(parents=True, exist_ok=True)
@@ -132,7 +143,8 @@ class Catalog:
         return removed
 
     @contextmanager
-    def _commit_lock(self) -> Iterator[None]:
+    def lock(self) -> Iterator[None]:
+        """Serialises commits, tag changes and gc (readers never need it: every write is a rename)."""
         with open(self.root / ".tmp" / "commit.lock", "ab") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             yield
@@ -145,7 +157,7 @@ class Catalog:
         """
         manifest_bytes = manifest.to_bytes()
         version_id = manifest.version_id
-        with self._commit_lock():
+        with self.lock():
             for tmp_path, rel in shards:
                 target = self.root / rel
                 if target.exists():
@@ -191,13 +203,61 @@ class Catalog:
             raise LineageError(f"{self.root}: version {version_id} has no manifest") from None
         return Manifest.from_bytes(data, str(path))
 
+    def tags(self) -> dict[str, str]:
+        path = self.root / TAGS
+        if not path.is_file():
+            return {}
+        doc = loads_bounded(path.read_bytes(), max_bytes=1 << 24, what=str(path))
+        tags = doc.get("tags") if isinstance(doc, dict) else None
+        if not isinstance(tags, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and VERSION_RE.fullmatch(v) for k, v in tags.items()):
+            raise LineageError(f"{path}: malformed tags file")
+        return tags
+
+    def set_tag(self, name: str, ref: str | None, *, force: bool = False, delete: bool = False) -> str | None:
+        """Create, move (``force``) or delete a tag; returns the version it points at (None if deleted)."""
+        if not TAG_RE.fullmatch(name) or VERSION_RE.fullmatch(name):
+            raise UsageError(f"tag {name!r}: use a letter then letters, digits, '.', '_' or '-' (max 64)")
+        with self.lock():
+            tags = self.tags()
+            if delete:
+                if name not in tags:
+                    raise UsageError(f"{self.root}: no tag {name!r}")
+                del tags[name]
+                target = None
+            else:
+                target = self.resolve(ref)
+                if name in tags and tags[name] != target and not force:
+                    raise UsageError(f"tag {name!r} already points at {tags[name][:12]}; use --force to move it")
+                tags[name] = target
+            replace_file_atomically(self.root / TAGS, pretty_json({"format": TAGS_FORMAT, "tags": tags}))
+        return target
+
+    def gc(self, *, dry_run: bool = False) -> list[tuple[str, int]]:
+        """Remove shards that no committed version references (every version keeps all of its shards)."""
+        with self.lock():
+            used = {s.path for v in self.versions() for s in self.manifest(v.version_id).shards}
+            garbage = []
+            for p in sorted((self.root / "shards").glob("*/*")):
+                rel = p.relative_to(self.root).as_posix()
+                if rel not in used:
+                    garbage.append((rel, p.stat().st_size))
+                    if not dry_run:
+                        p.unlink()
+        if not dry_run:
+            self.clean_stale_builds()
+        return garbage
+
     def resolve(self, ref: str | None) -> str:
-        """A version id, a unique prefix of one, or None for the newest."""
+        """A tag, a version id, a unique prefix of one, or None for the newest. Tags win over prefixes."""
         versions = self.versions()
         if not versions:
             raise UsageError(f"{self.root}: catalog has no versions yet")
         if not ref:
             return versions[0].version_id
+        tags = self.tags()
+        if ref in tags:
+            return tags[ref]
         matches = [v.version_id for v in versions if v.version_id.startswith(ref.lower())]
         if len(matches) == 1:
             return matches[0]
@@ -214,3 +274,10 @@ def parse_ref(ref: str) -> tuple[Path, str | None]:
     if not version:
         raise UsageError(f"{ref!r}: nothing after '@'; use PATH@VERSION")
     return Path(path), version
+
+
+def open_ref(ref: str) -> tuple[Catalog, str]:
+    """'PATH[@VERSION]' -> (catalog, full version id)."""
+    path, version = parse_ref(ref)
+    catalog = Catalog.open(path)
+    return catalog, catalog.resolve(version)

@@ -1,0 +1,34 @@
+"""`dsbuild log`: the versions of a catalog, newest first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dsbuild.cli.render import console, print_json
+
+
+def log(
+    path: Path = typer.Argument(..., help="Catalog folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List versions: id, content id, tags, created, samples, bytes, parent and what changed."""
+    from rich.table import Table
+
+    from dsbuild.lineage.catalog import Catalog
+    from dsbuild.lineage.history import log_entries
+
+    entries = log_entries(Catalog.open(path))
+    if as_json:
+        print_json({"versions": entries})
+        return
+    t = Table("version", "content", "tags", "created", "samples", "bytes", "parent", "change")
+    for e in entries:
+        t.add_row(e["version_id"][:12], e["content_id"][:12], ",".join(e["tags"]), e["created_at"],
+                  str(e["samples"]), f"{e['bytes']:,}", (e["parent"] or "-")[:12], e["change"])
+    console.print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("log")(log)

@@ -1,0 +1,202 @@
+"""Making a split set: version index -> groups -> assignment (``assign``) -> split files + manifest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from dsbuild import __version__
+from dsbuild.errors import UsageError
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.hashing import sha256_bytes, sha256_json
+from dsbuild.split.assign import assign_groups, intervals, shares, split_for, unit
+from dsbuild.split.carry import Carry, carry_over, resolve_split_set
+from dsbuild.split.files import SPLIT_FORMAT, SplitSet, publish, seal, set_dir, table_bytes
+from dsbuild.split.groups import (
+    VersionSamples,
+    group_sessions,
+    group_strata,
+    read_version,
+    rows_by_split,
+    samples_per_group,
+)
+from dsbuild.split.params import SplitOptions, SplitParams, check_name
+
+# A split whose group share is further than this many binomial std from its target is reported.
+DEVIATION_WARN_STD = 3.0
+# How many group values an error or warning line names before it says "and N more".
+NAMED = 5
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A split set as computed, before it is written: file bytes, tables and the sealed manifest."""
+
+    files: dict[str, bytes]
+    tables: dict[str, pa.Table]
+    manifest: dict
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    catalog: str
+    version_id: str
+    name: str
+    path: str
+    state: str  # created | existed | replaced
+    manifest: dict
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.manifest["warnings"])
+
+    def to_json(self) -> dict:
+        m = self.manifest
+        return {"catalog": self.catalog, "version_id": self.version_id, "name": self.name, "path": self.path,
+                "state": self.state, "hash": m["hash"], "assignment_id": m["assignment_id"],
+                "parameters": m["parameters"], "splits": m["splits"], "totals": m["totals"],
+                "unassigned": m["unassigned"], "stratification": m["stratification"], "carried": m["carried"],
+                "warnings": m["warnings"]}
+
+
+def _named(values) -> str:
+    values = list(values)
+    more = f" and {len(values) - NAMED} more" if len(values) > NAMED else ""
+    return ", ".join(repr(v) for v in values[:NAMED]) + more
+
+
+def open_version(catalog: Path | Catalog, ref: str | None) -> tuple[Catalog, str]:
+    cat = catalog if isinstance(catalog, Catalog) else Catalog.open(Path(catalog))
+    return cat, cat.resolve(ref)
+
+
+def resolve_params(cat: Catalog, version_id: str, options: SplitOptions,
+                   inherited: SplitParams | None = None) -> tuple[SplitParams, SplitSet | None]:
+    """Options -> parameters. With ``from_split`` the unset options take that split set's values."""
+    old = resolve_split_set(cat, options.from_split, version_id) if options.from_split else None
+    if old is not None and inherited is None:
+        inherited = SplitParams.from_json(old.manifest["parameters"], str(old.path))
+    params = options.resolve(inherited)
+    if old is not None and old.manifest["parameters"]["by"] != params.by:
+        raise UsageError(f"--from-split: {old.version_id[:12]}/{old.name} groups by "
+                         f"{old.manifest['parameters']['by']}, not {params.by}; its groups cannot carry over")
+    return params, old
+
+
+def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | None = None,
+            pins_given: bool = True) -> Computed:
+    """Everything a split set holds, from the version's samples and the parameters (no writing)."""
+    check_name(name, "split set name")
+    group_of, unassigned = group_sessions(vs, params.by)
+    spg = samples_per_group(vs, group_of)
+    present = set(spg)
+    warnings: list[str] = []
+    pinned = params.pinned()
+    absent = sorted(set(pinned) - present)
+    if absent and pins_given:
+        split = pinned[absent[0]]
+        raise UsageError(f"--pin {split}: {len(absent)} group value(s) not in version {vs.version_id[:12]} "
+                         f"(grouped by {params.by}): {_named(absent)}")
+    if absent:
+        warnings.append(f"{len(absent)} pinned group(s) are not in this version: {_named(absent)}")
+    pinned_here = {g: s for g, s in pinned.items() if g in present}
+    hashed_splits = [n for n, _ in params.ratios if n not in params.exclusive]
+    carry = None
+    if old is not None:
+        carry = carry_over(old.group_assignment(), present, hashed_splits, pinned)
+    fixed = {**(carry.fixed if carry else {}), **pinned_here}
+    strata, multi = group_strata(vs, group_of, params.stratify) if params.stratify else (None, 0)
+    a = assign_groups(present, ratios=params.ratios, salt=params.salt, fixed=fixed,
+                      exclusive=params.exclusive, strata=strata)
+    share = shares(a.splits, spg, params.ratios, params.exclusive)
+
+    tables, files, split_docs, key_hashes = {}, {}, {}, {}
+    for split in params.split_names:
+        table = rows_by_split(vs, group_of, a.splits, split)
+        data = table_bytes(table)
+        tables[split], files[f"{split}.parquet"] = table, data
+        key_hashes[split] = sha256_bytes("".join(k + "\n" for k in table["key"].to_pylist()).encode())
+        s = share[split]
+        split_docs[split] = {
+            "file": f"{split}.parquet", "sha256": sha256_bytes(data), "bytes": len(data),
+            "keys_sha256": key_hashes[split], "pinned": split in params.exclusive,
+            "groups": s.groups, "samples": s.samples, "requested": s.requested, "target": s.target,
+            "ratio_groups": s.ratio_groups, "ratio_samples": s.ratio_samples,
+            "expected_std_groups": s.expected_std_groups, "deviation_std": s.deviation_std,
+        }
+        if s.groups == 0:
+            warnings.append(f"split {split!r} is empty (0 groups)")
+        elif s.deviation_std is not None and abs(s.deviation_std) > DEVIATION_WARN_STD:
+            warnings.append(f"split {split!r}: group share {s.ratio_groups:.3f} is {s.deviation_std:+.1f} std "
+                            f"from its target {s.target:.3f}")
+    unassigned_samples = sum(vs.samples_per_session[sid] for sid in unassigned)
+    if unassigned:
+        warnings.append(f"{len(unassigned)} session(s) without {params.by} are unassigned "
+                        f"({unassigned_samples} samples): {_named(unassigned)}")
+    stratification = None
+    if strata is not None:
+        uncovered = {label: r for label, r in a.strata.items() if r.missing}
+        for label, r in uncovered.items():
+            warnings.append(f"stratum {label or '(none)'!r} ({r.groups} group(s)) is missing from split(s) "
+                            f"{', '.join(r.missing)}")
+        stratification = {
+            "field": params.stratify, "multi_stratum_groups": multi, "uncovered": sorted(uncovered),
+            "repaired": {g: list(v) for g, v in sorted(a.repaired.items())},
+            "strata": {label: {"groups": r.groups, "per_split": r.per_split, "missing": list(r.missing),
+                               "repaired": sorted(r.repaired)} for label, r in a.strata.items()},
+        }
+    carried = _carried_doc(carry, a.splits, old, params) if carry else None
+    if carry and carry.reassigned:
+        warnings.append(f"{len(carry.reassigned)} carried group(s) were reassigned because their old split "
+                        f"no longer takes hashed groups or they are pinned: {_named(carry.reassigned)}")
+    doc = {
+        "format": SPLIT_FORMAT, "tool_version": __version__, "name": name,
+        "version_id": vs.version_id, "version_content_id": vs.content_id,
+        "parameters": {**params.to_json(), "from_split": None if old is None else
+                       {"version_id": old.version_id, "name": old.name, "hash": old.hash}},
+        "splits": split_docs,
+        "totals": {"sessions": len(vs.session_ids), "samples": vs.table.num_rows, "groups": len(present),
+                   "hashed_groups": sum(1 for g in present if g not in pinned_here),
+                   "assigned_samples": vs.table.num_rows - unassigned_samples},
+        "unassigned": {"field": params.by, "sessions": list(unassigned), "samples": unassigned_samples},
+        "stratification": stratification,
+        "carried": carried,
+        "assignment_id": sha256_json(key_hashes),
+        "warnings": warnings,
+    }
+    return Computed(files=files, tables=tables, manifest=seal(doc))
+
+
+def _carried_doc(carry: Carry, final: dict, old: SplitSet, params: SplitParams) -> dict:
+    bounds = intervals(params.ratios, params.exclusive)
+    return {
+        "from": f"{old.version_id}/{old.name}",
+        "carried_groups": len(carry.fixed),
+        "new_groups": {g: final[g] for g in carry.new},
+        "removed_groups": list(carry.removed),
+        "reassigned_groups": {g: [s, final[g]] for g, s in carry.reassigned.items()},
+        # carried groups the rule alone would now put elsewhere (ratios, salt or stratification changed)
+        "differs_from_rule": sum(1 for g, s in carry.fixed.items()
+                                 if split_for(unit(params.salt, g), bounds) != s),
+    }
+
+
+def make_split(catalog: Path | Catalog, version: str | None, name: str, options: SplitOptions | None = None,
+               *, force: bool = False) -> SplitResult:
+    """Compute the split set ``name`` of a version (None = newest) and write it into the catalog.
+
+    An identical split set already there is left as is (state "existed"); a different one is replaced
+    only with ``force``. Raises ``UsageError`` for bad parameters, unknown versions, fields no session
+    has, and pin files naming groups the version does not hold.
+    """
+    options = options or SplitOptions()
+    cat, version_id = open_version(catalog, version)
+    check_name(name, "split set name")
+    params, old = resolve_params(cat, version_id, options)
+    vs = read_version(cat, version_id)
+    computed = compute(vs, name, params, old, pins_given=options.pins is not None)
+    state = publish(cat, version_id, name, computed.files, computed.manifest, force=force)
+    return SplitResult(catalog=str(cat.root), version_id=version_id, name=name,
+                       path=str(set_dir(cat.root, version_id, name)), state=state, manifest=computed.manifest)

@@ -120,7 +120,7 @@ def test_lineage_traces_a_sample_to_its_sources(grown):
 
 def test_query_views_read_in_place(grown):
     _, cat, v1, v2 = grown
-    rows = json.loads(_cli("query", str(cat), "select count(*) n, count(distinct session_id) s from samples",
+    rows = json.loads(_cli("query", f"{cat}@{v2.version_id}", "select count(*) n, count(distinct session_id) s from samples",
                            "--json").stdout)
     assert rows == [{"n": len(index_rows(cat, v2.version_id)), "s": 22}]
     csv = _cli("query", str(cat), "select count(*) from versions", "--csv").stdout.splitlines()
@@ -187,3 +187,14 @@ def test_two_converts_into_one_catalog_at_once_both_commit(tmp_path):
     assert ids == {v.version_id for v in Catalog.open(cat).versions()} and len(ids) == 2
     for vid in ids:
         assert verify(Catalog.open(cat), vid).ok
+
+
+def test_log_shows_split_sets_and_diff_compares_them(grown):
+    _, cat, v1, v2 = grown
+    for v in (v1, v2):
+        assert _cli("split", f"{cat}@{v.version_id}", "--name", "main", "--by", "session_id").returncode == 0
+    entries = {e["version_id"]: e for e in json.loads(_cli("log", cat, "--json").stdout)["versions"]}
+    assert [s["name"] for s in entries[v2.version_id]["split_sets"]] == ["main"]
+    d = json.loads(_cli("diff", f"{cat}@{v1.version_id}", f"{cat}@{v2.version_id}", "--split", "main",
+                        "--json").stdout)
+    assert sorted(d["groups"]["added"]) == ["s-020", "s-021"] and not d["groups"]["moved"]

@@ -11,6 +11,7 @@ def diff(
     a: str = typer.Argument(..., help="PATH@A"),
     b: str = typer.Argument(..., help="PATH@B"),
     limit: int = typer.Option(20, "--limit", help="How many keys to list per kind of change."),
+    split: str = typer.Option(None, "--split", help="Compare split sets instead: NAME, or NAME_A:NAME_B."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Compare two versions (of the same or different catalogs). Always exits 0."""
@@ -20,6 +21,20 @@ def diff(
     from dsbuild.lineage.diff import diff_versions
 
     (ca, va), (cb, vb) = open_ref(a), open_ref(b)
+    if split:
+        from dsbuild.split import diff_split_sets, open_split
+
+        name_a, _, name_b = split.partition(":")
+        d = diff_split_sets(open_split(ca, va, name_a), open_split(cb, vb, name_b or name_a))
+        if as_json:
+            print_json(d)
+        else:
+            g = d["groups"]
+            console.print(f"split sets {name_a}@{va[:12]} -> {name_b or name_a}@{vb[:12]}: groups moved "
+                          f"{len(g['moved'])}, added {len(g['added'])}, removed {len(g['removed'])}")
+            for group, (x, y) in list(g["moved"].items())[:limit]:
+                console.print(f"  moved {group}: {x} -> {y}", highlight=False)
+        return
     d = diff_versions(ca, va, cb, vb, limit=limit)
     if as_json:
         print_json(d)

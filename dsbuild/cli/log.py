@@ -23,11 +23,17 @@ def log(
     if as_json:
         print_json({"versions": entries})
         return
-    t = Table("version", "content", "tags", "created", "samples", "bytes", "parent", "change")
+    t = Table("version", "content", "tags", "created", "samples", "bytes", "parent", "change", "split sets")
     for e in entries:
+        splits = "; ".join(_split_line(s) for s in e["split_sets"])
         t.add_row(e["version_id"][:12], e["content_id"][:12], ",".join(e["tags"]), e["created_at"],
-                  str(e["samples"]), f"{e['bytes']:,}", (e["parent"] or "-")[:12], e["change"])
+                  str(e["samples"]), f"{e['bytes']:,}", (e["parent"] or "-")[:12], e["change"], splits)
     console.print(t)
+
+
+def _split_line(summary: dict) -> str:
+    parts = ", ".join(f"{name} {r['samples']}" for name, r in summary["splits"].items())
+    return f"{summary['name']} ({parts})"
 
 
 def register(app: typer.Typer) -> None:

@@ -172,8 +172,10 @@ class Catalog:
             staging = area.path / "version"
             staging.mkdir()
             write_file_durably(staging / manifest.index["path"], index_bytes)
+            sequence = 1 + max((v.commit.get("sequence", 0) for v in self.versions()), default=0)
             write_file_durably(staging / "commit.json", pretty_json(
-                {"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **commit_info}))
+                {"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sequence": sequence,
+                 **commit_info}))
             write_file_durably(staging / "manifest.json", manifest_bytes)
             fsync_dir(staging)
             os.rename(staging, final)
@@ -193,7 +195,8 @@ class Catalog:
             except (OSError, ValueError):
                 commit = {}
             out.append(VersionInfo(d.name, str(commit.get("created_at", "")), commit))
-        return sorted(out, key=lambda v: (v.created_at, v.version_id), reverse=True)
+        # The commit sequence (assigned under the commit lock) orders versions made within one second.
+        return sorted(out, key=lambda v: (v.commit.get("sequence", 0), v.created_at, v.version_id), reverse=True)
 
     def manifest(self, version_id: str) -> Manifest:
         path = self.version_dir(version_id) / "manifest.json"

@@ -8,6 +8,7 @@ from dsbuild.errors import UsageError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.diff import diff_versions, summary_line
 from dsbuild.lineage.index import read_index
+from dsbuild.split.files import list_split_sets
 
 
 def log_entries(catalog: Catalog) -> list[dict]:
@@ -28,6 +29,7 @@ def log_entries(catalog: Catalog) -> list[dict]:
             "version_id": v.version_id, "content_id": m.content_id, "tags": tags.get(v.version_id, []),
             "created_at": v.created_at, "samples": m.stats["samples"], "bytes": m.stats["bytes"],
             "format": m.shard_format, "parent": parent, "change": change,
+            "split_sets": [sp.summary() for sp in list_split_sets(catalog.root, v.version_id)],
         })
     return out
 

@@ -31,7 +31,7 @@ class SessionProgress:
 
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[clips]} clips  {task.fields[rate]}"),
-                                 TimeRemainingColumn(), console=console)
+                                 TimeRemainingColumn(), console=console, auto_refresh=False)
             self._bar.__enter__()
             self._task = self._bar.add_task(self.label, total=None, clips=0, rate="")
         return self
@@ -45,6 +45,7 @@ class SessionProgress:
         rate = f"{p.bytes / elapsed / 1e6:.1f} MB/s"
         if self._bar is not None:
             self._bar.update(self._task, total=p.total, completed=p.done, clips=p.samples, rate=rate)
+            self._bar.refresh()  # no refresh thread: convert forks workers, which must not inherit one
         elif self.enabled:
             console.print(f"{self.label}: {p.done}/{p.total} sessions, {p.samples} clips, {rate}"
                           + (f", {p.quarantined} quarantined" if p.quarantined else ""), highlight=False)

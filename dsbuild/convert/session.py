@@ -6,7 +6,9 @@ ran it or when: that is what makes builds byte-identical for any ``--workers``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -124,11 +126,14 @@ def process_session(job: SessionJob) -> SessionResult:
     result = SessionResult(rel=session.rel, session_id=session.session_id)
     writer = make_writer(config, job.tmp_dir, session.session_id)
     try:
-        result.sources = _sources(session)
-        if job.parent_sources is not None and source_set(result.sources) == job.parent_sources:
-            result.reused = True
-            return result
-        _process(session, config, writer, result)
+        # A pipeline of threads (hashlib, file writes and much of PyAV release the GIL): one hashes the
+        # source files, this one demuxes/remuxes clips and hashes samples, one writes and hashes shards.
+        with ThreadPoolExecutor(1, "dsbuild-hash") as hasher, ThreadPoolExecutor(1, "dsbuild-write") as io:
+            sources = hasher.submit(_sources, session)
+            if job.parent_sources is not None and source_set(sources.result()) == job.parent_sources:
+                result.sources, result.reused = sources.result(), True
+                return result
+            _process(session, config, writer, result, io, sources)
         result.shards = writer.close()
     except Exception as e:  # one bad capture never stops a build: quarantine it with the reason
         writer.abort()
@@ -147,13 +152,13 @@ def _reason(session: Session, e: Exception) -> dict:
     return {"path": session.rel_of(session.video), "reason": f"unexpected {type(e).__name__}: {e}"}
 
 
-def _process(session: Session, config: ConvertConfig, writer: ShardWriter, result: SessionResult) -> None:
+def _process(session: Session, config: ConvertConfig, writer: ShardWriter, result: SessionResult,
+             io: ThreadPoolExecutor, sources: Future) -> None:
     stream_path = {k: session.path_of(v) for k, v in session.streams.items()}
     actions, a_rep = read_actions(stream_path.get("actions"))
     telemetry, t_rep = read_telemetry(stream_path.get("telemetry"))
     text, x_rep = read_text(stream_path.get("text"))
     result.controls, result.channels = actions.controls, telemetry.channels
-    source_hashes = {s["role"]: s["sha256"] for s in result.sources}
     compressor = zstandard.ZstdCompressor(level=config.zstd_level, write_checksum=True)
     text_t = np.array([e.t for e in text], dtype=np.float64)
     demux = DemuxReport()
@@ -162,6 +167,7 @@ def _process(session: Session, config: ConvertConfig, writer: ShardWriter, resul
         reader = VideoReader(video_path).__enter__()
     except FormatError as e:
         raise CaptureError(session.rel_of(session.video), str(e)) from None
+    pending: deque[Future] = deque()
     try:
         info = reader.info
         for clip in reader.clips(config.clip_seconds, demux):
@@ -187,34 +193,49 @@ def _process(session: Session, config: ConvertConfig, writer: ShardWriter, resul
                 "telemetry_channels": list(telemetry.channels),
                 "text": [e.to_json() for e in text[tsl]],
                 "action_events": sl.stop - sl.start,
-                "sources": source_hashes,
             }
-            sample = Sample(
+            draft = Sample(
                 key=key, meta=meta, video=video, video_ext=info.ext,
                 actions=dense_actions(actions, frame_t),
                 telemetry=resample_telemetry(telemetry, frame_t),
                 timestamps=frame_t, events=_events_blob(actions, sl, compressor),
             )
-            members = sample.members()
-            digest = members_sha256(members)
-            writer.add(sample, members, digest)
-            result.video_bytes += len(video)
-            result.rows.append({
-                "key": key, "sha256": digest, "shard": len(writer.shards),
-                "session_id": session.session_id, "title": session.title, "player": session.player,
+            row = {
+                "key": key, "session_id": session.session_id, "title": session.title, "player": session.player,
                 "platform": session.platform, "build": session.build,
                 "conditions": canonical_json(session.conditions).decode(),
                 "clip_index": clip.index, "t_start": clip.t_start, "t_end": clip.t_end,
                 "frames": len(frame_t), "fps": info.fps, "width": info.width, "height": info.height,
                 "codec": info.codec, "video_bytes": len(video),
-                "bytes": sum(len(p) for _, p in members),
                 "action_events": sl.stop - sl.start, "text_events": tsl.stop - tsl.start,
-                "source_video_sha256": source_hashes["video"],
-            })
+            }
+            if not result.sources:
+                result.sources = sources.result()
+            source_hashes = {s["role"]: s["sha256"] for s in result.sources}
+            sample = replace(draft, meta={**draft.meta, "sources": source_hashes})
+            members = sample.members()
+            digest = members_sha256(members)
+            row.update(sha256=digest, bytes=sum(len(p) for _, p in members),
+                       source_video_sha256=source_hashes["video"])
+            pending.append(io.submit(_write, sample, members, row, writer, result))
+            while len(pending) > 2:  # bounds memory to a few clips in flight
+                pending.popleft().result()
+        while pending:
+            pending.popleft().result()
     finally:
+        for f in pending:
+            f.cancel()
         reader.__exit__(None, None, None)
     if not result.rows:
         why = demux.truncated or "no decodable frames"
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
     result.repairs = {"actions": a_rep.to_json(), "telemetry": t_rep.to_json(), "text": x_rep.to_json(),
                       "video": demux.to_json(), "audio_not_carried": info.has_audio}
+
+
+def _write(sample: Sample, members: list[tuple[str, bytes]], row: dict, writer: ShardWriter,
+           result: SessionResult) -> None:
+    """The write stage (one thread, so clips stay in order): append to the shard, record the row."""
+    writer.add(sample, members, row["sha256"])
+    result.video_bytes += len(sample.video)
+    result.rows.append({**row, "shard": len(writer.shards)})

@@ -11,7 +11,7 @@ DEMO := demo
 $(BIN)/dsbuild: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,torch]'
+	$(BIN)/pip install -q -e '.[dev,torch,ray,s3]'
 	$(BIN)/pip install -q -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"
 	touch $@
 

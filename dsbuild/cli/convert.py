@@ -16,6 +16,8 @@ def convert(
     clip_seconds: float = typer.Option(8.0, "--clip-seconds", help="Target clip length (cut at keyframes)."),
     shard_size: str = typer.Option("256MB", "--shard-size", help="Target shard size, e.g. 256MB or 1GiB."),
     workers: int = typer.Option(0, "--workers", help="Worker processes (0 = one per core)."),
+    executor: str = typer.Option("local", "--executor", help="local (process pool) or ray."),
+    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start a local Ray)."),
     onto: str = typer.Option(None, "--onto", help="Build incrementally onto this version (id, prefix or tag)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if any session was quarantined."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
@@ -26,7 +28,8 @@ def convert(
 
     config = ConvertConfig(format=format, clip_seconds=clip_seconds, shard_size=parse_size(shard_size))
     with SessionProgress("convert", enabled=not as_json) as progress:
-        result = run_convert(captures, out, config, workers=workers or None, onto=onto, on_progress=progress)
+        result = run_convert(captures, out, config, workers=workers or None, onto=onto,
+                                 executor=executor, ray_address=ray_address, on_progress=progress)
     if as_json:
         print_json(result.to_json())
     else:

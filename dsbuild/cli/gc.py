@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from dsbuild.cli.render import console, print_json
 
 
 def gc(
-    path: Path = typer.Argument(..., help="Catalog folder."),
+    path: str = typer.Argument(..., help="Catalog folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List what would be removed."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Delete unreferenced shards and stale build folders; every committed version stays whole."""
+    from dsbuild.errors import UsageError
     from dsbuild.lineage.catalog import Catalog
+    from dsbuild.lineage.remote import is_url
 
+    if is_url(path):
+        raise UsageError(f"{path}: gc of object-store catalogs is not supported yet; use the store's lifecycle rules")
     garbage = Catalog.open(path).gc(dry_run=dry_run)
     total = sum(size for _, size in garbage)
     if as_json:

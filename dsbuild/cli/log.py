@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from dsbuild.cli.render import console, print_json
 
 
 def log(
-    path: Path = typer.Argument(..., help="Catalog folder."),
+    path: str = typer.Argument(..., help="Catalog folder or URL."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List versions: id, content id, tags, created, samples, bytes, parent and what changed."""
     from rich.table import Table
 
-    from dsbuild.lineage.catalog import Catalog
+    from dsbuild.lineage.catalog import open_catalog
     from dsbuild.lineage.history import log_entries
 
-    entries = log_entries(Catalog.open(path))
+    entries = log_entries(open_catalog(path))
     if as_json:
         print_json({"versions": entries})
         return

@@ -15,10 +15,13 @@ def tag(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Create, move or delete a tag."""
-    from dsbuild.lineage.catalog import Catalog, parse_ref
+    from dsbuild.lineage.catalog import TAGS, open_catalog, parse_ref
 
     path, version = parse_ref(ref)
-    target = Catalog.open(path).set_tag(name, version, force=force, delete=delete)
+    catalog = open_catalog(path)
+    target = catalog.set_tag(name, version, force=force, delete=delete)
+    if catalog.remote is not None:
+        catalog.remote.push_files(catalog, [TAGS])
     if as_json:
         print_json({"tag": name, "version_id": target, "deleted": delete})
     else:

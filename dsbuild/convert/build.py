@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter, defaultdict
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
-from multiprocessing import get_context
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from dsbuild import __version__
 from dsbuild.convert.config import ConvertConfig
-from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_set
+from dsbuild.convert.executors import run
+from dsbuild.convert.session import SessionJob, SessionResult, source_set
 from dsbuild.errors import CaptureError, DsbuildError, UsageError
 from dsbuild.formats.capture import Session, discover_sessions, read_session
 from dsbuild.formats.sample import ARRAY_MEMBERS, EVENTS_MEMBER, SAMPLE_FORMAT, VIDEO_EXTS
@@ -88,24 +87,6 @@ def _read_sessions(root: Path) -> tuple[list[Session], list[dict]]:
     return kept, quarantined
 
 
-def _run(jobs: list[SessionJob], workers: int, on_result: Callable[[SessionResult], None]) -> None:
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            on_result(process_session(job))
-        return
-    # fork: workers start in milliseconds with the modules already imported. Safe because this process
-    # runs no other threads while forking (the CLI's progress display refreshes from callbacks only).
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("fork")) as pool:
-        futures = [pool.submit(process_session, job) for job in jobs]
-        try:
-            for fut in as_completed(futures):
-                on_result(fut.result())
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
-
-
 def _parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[str | None, Manifest | None]:
     """(parent version, its manifest when its shards can be reused: same config and tool version)."""
     versions = catalog.versions()
@@ -122,12 +103,27 @@ def _parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[
 
 
 def convert(captures: Path, out: Path, config: ConvertConfig, *, workers: int | None = None,
-            onto: str | None = None, on_progress: Callable[[Progress], None] | None = None) -> ConvertResult:
+            onto: str | None = None, executor: str = "local", ray_address: str | None = None,
+            on_progress: Callable[[Progress], None] | None = None) -> ConvertResult:
     """Build a version of ``captures`` into the catalog ``out``. Same inputs + config => same version id.
 
     Sessions whose source files are unchanged since the parent version (``onto``, else the newest
     version when its config matches) keep their shards: only new or changed sessions are written.
     """
+    from dsbuild.lineage.remote import RemoteCatalog, is_url, staged_captures
+
+    if is_url(captures):
+        with staged_captures(str(captures)) as local:
+            return convert(local, out, config, workers=workers, onto=onto, executor=executor,
+                           ray_address=ray_address, on_progress=on_progress)
+    if is_url(out):
+        remote = RemoteCatalog(str(out))
+        with remote.locked():
+            mirror = remote.pull(create=True)
+            result = convert(captures, mirror.root, config, workers=workers, onto=onto, executor=executor,
+                             ray_address=ray_address, on_progress=on_progress)
+            remote.push(mirror, result.version_id)
+        return replace(result, catalog=str(out))
     started = time.monotonic()
     captures, out = Path(captures), Path(out)
     if not captures.is_dir():
@@ -157,7 +153,7 @@ def convert(captures: Path, out: Path, config: ConvertConfig, *, workers: int | 
             if on_progress:
                 on_progress(progress)
 
-        _run(jobs, workers, on_result)
+        run(executor, jobs, workers, on_result, ray_address)
         results.sort(key=lambda r: r.session_id)
         quarantined += [r.quarantine for r in results if r.quarantine]
         good = [r for r in results if r.quarantine is None]

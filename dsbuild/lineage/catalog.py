@@ -89,6 +89,8 @@ class BuildArea:
 class Catalog:
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.remote = None  # a RemoteCatalog when this is the local mirror of an object-store catalog
+        self._shard_cache = None
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
@@ -182,6 +184,37 @@ class Catalog:
             fsync_dir(final.parent)
         return version_id, False
 
+    # -- shard access (local files, or a remote catalog through its verified cache) ---------------
+    def shard_file(self, rel: str) -> Path:
+        """A local path holding shard ``rel`` (for a remote catalog: a verified cached copy)."""
+        if self.remote is None:
+            return self.root / rel
+        if self._shard_cache is None:
+            from dsbuild.lineage.remote import ShardCache
+
+            self._shard_cache = ShardCache(self.remote)
+        rec = self._shard_records().get(rel)
+        if rec is None:
+            raise LineageError(f"{self.remote.url}: no version references shard {rel}")
+        return self._shard_cache.path(rel, rec.sha256, rec.bytes)
+
+    def _shard_records(self) -> dict:
+        if not hasattr(self, "_records"):
+            self._records = {s.path: s for v in self.versions() for s in self.manifest(v.version_id).shards}
+        return self._records
+
+    def open_shard(self, rel: str):
+        """A binary file object over shard ``rel`` as stored (remote bytes are streamed, not cached)."""
+        return self.remote.open(rel) if self.remote is not None else open(self.root / rel, "rb")
+
+    def shard_exists(self, rel: str) -> tuple[bool, int]:
+        """(exists, size) of a stored shard."""
+        if self.remote is not None:
+            fs, path = self.remote.fs, self.remote._remote(rel)
+            return (True, int(fs.size(path))) if fs.exists(path) else (False, 0)
+        p = self.root / rel
+        return (True, p.stat().st_size) if p.is_file() else (False, 0)
+
     # -- reading --------------------------------------------------------------------------------
     def versions(self) -> list[VersionInfo]:
         """Committed versions, newest first."""
@@ -269,18 +302,27 @@ class Catalog:
         raise UsageError(f"{self.root}: {ref!r} is ambiguous ({len(matches)} versions); give more characters")
 
 
-def parse_ref(ref: str) -> tuple[Path, str | None]:
-    """'PATH[@VERSION]' -> (path, version or None). VERSION is an id, a unique id prefix or a tag."""
+def parse_ref(ref: str) -> tuple[str, str | None]:
+    """'PATH[@VERSION]' -> (path or URL, version or None). VERSION is an id, a unique id prefix or a tag."""
     path, at, version = str(ref).rpartition("@")
     if not at:
-        return Path(ref), None
+        return str(ref), None
     if not version:
         raise UsageError(f"{ref!r}: nothing after '@'; use PATH@VERSION")
-    return Path(path), version
+    return path, version
+
+
+def open_catalog(path: str | Path, *, create: bool = False) -> Catalog:
+    """A catalog at a local path or an fsspec URL (then: its synced local mirror)."""
+    from dsbuild.lineage.remote import RemoteCatalog, is_url
+
+    if is_url(path):
+        return RemoteCatalog(str(path)).pull(create=create)
+    return Catalog.open(Path(path), create=create)
 
 
 def open_ref(ref: str) -> tuple[Catalog, str]:
-    """'PATH[@VERSION]' -> (catalog, full version id)."""
+    """'PATH[@VERSION]' -> (catalog, full version id). PATH may be an fsspec URL."""
     path, version = parse_ref(ref)
-    catalog = Catalog.open(path)
+    catalog = open_catalog(path)
     return catalog, catalog.resolve(version)

@@ -7,14 +7,14 @@ index entry that does not point at its sample.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from dsbuild.errors import FormatError
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.hashing import sha256_bytes, sha256_file
+from dsbuild.lineage.hashing import CHUNK, sha256_bytes
 from dsbuild.lineage.index import read_index
 from dsbuild.lineage.manifest import Manifest, ShardRecord
 
@@ -37,22 +37,27 @@ class VerifyReport:
                 "problems": self.problems}
 
 
-def _check_shard(root: Path, rec: ShardRecord) -> dict | None:
-    path = root / rec.path
-    if not path.is_file():
+def _check_shard(catalog: Catalog, rec: ShardRecord) -> dict | None:
+    exists, size = catalog.shard_exists(rec.path)
+    if not exists:
         return {"shard": rec.path, "problem": "missing"}
-    size = path.stat().st_size
     if size < rec.bytes:
         return {"shard": rec.path, "problem": "truncated", "detail": f"{size} of {rec.bytes} bytes"}
-    digest, size = sha256_file(path)
+    h = hashlib.sha256()
+    size = 0
+    with catalog.open_shard(rec.path) as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
     if size != rec.bytes:
         return {"shard": rec.path, "problem": "size changed", "detail": f"{size} bytes, expected {rec.bytes}"}
-    if digest != rec.sha256:
-        return {"shard": rec.path, "problem": "altered", "detail": f"sha256 {digest[:16]}…, expected {rec.sha256[:16]}…"}
+    if h.hexdigest() != rec.sha256:
+        return {"shard": rec.path, "problem": "altered",
+                "detail": f"sha256 {h.hexdigest()[:16]}…, expected {rec.sha256[:16]}…"}
     return None
 
 
-def _check_locators(root: Path, m: Manifest, rows: list[dict], shards: set[str]) -> list[dict]:
+def _check_locators(catalog: Catalog, m: Manifest, rows: list[dict], shards: set[str]) -> list[dict]:
     """Each index entry must point at its own sample: tar headers named <key>.*, Parquet rows with the key."""
     problems = []
     by_path = {s.path: s for s in m.shards}
@@ -65,32 +70,32 @@ def _check_locators(root: Path, m: Manifest, rows: list[dict], shards: set[str])
         if r["shard"] not in shards:
             continue
         try:
-            if m.shard_format == "webdataset":
-                _check_tar_entry(root / r["shard"], r, rec)
-            else:
-                _check_parquet_entry(root / r["shard"], r)
+            with catalog.open_shard(r["shard"]) as f:
+                if m.shard_format == "webdataset":
+                    _check_tar_entry(f, r, rec)
+                else:
+                    _check_parquet_entry(f, r)
         except (FormatError, OSError, ValueError) as e:
             problems.append({"sample": r["key"], "shard": r["shard"], "problem": "bad locator", "detail": str(e)})
     return problems
 
 
-def _check_tar_entry(path: Path, r: dict, rec: ShardRecord) -> None:
+def _check_tar_entry(f, r: dict, rec: ShardRecord) -> None:
     from dsbuild.formats.webdataset import parse_members
     from dsbuild.formats.sample import members_sha256
 
     if r["offset"] < 0 or r["offset"] + r["length"] > rec.bytes:
         raise FormatError(f"byte range {r['offset']}+{r['length']} is outside the shard")
-    with open(path, "rb") as f:
-        f.seek(r["offset"])
-        members = parse_members(f.read(r["length"]), key=r["key"])
+    f.seek(r["offset"])
+    members = parse_members(f.read(r["length"]), key=r["key"])
     if members_sha256([(n.split(".", 1)[1], p) for n, p in members]) != r["sha256"]:
         raise FormatError("sample bytes do not match the sample hash")
 
 
-def _check_parquet_entry(path: Path, r: dict) -> None:
+def _check_parquet_entry(f, r: dict) -> None:
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(path)
+    pf = pq.ParquetFile(f)
     if not 0 <= r["row_group"] < pf.num_row_groups:
         raise FormatError(f"row group {r['row_group']} does not exist")
     keys = pf.read_row_group(r["row_group"], columns=["key", "sha256"])
@@ -117,7 +122,7 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
     if sample is not None and sample < len(shards):
         shards = sorted(random.Random(seed).sample(shards, sample), key=lambda s: s.path)
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        results = list(pool.map(lambda rec: _check_shard(catalog.root, rec), shards))
+        results = list(pool.map(lambda rec: _check_shard(catalog, rec), shards))
     report.problems += [p for p in results if p]
     report.shards_checked = len(shards)
     report.bytes_checked = sum(s.bytes for s in shards)
@@ -126,6 +131,6 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
     if len(rows) != m.index["rows"]:
         report.problems.append({"index": m.index["path"], "problem": f"{len(rows)} rows, manifest says {m.index['rows']}"})
     checked = [r for r in rows if r["shard"] in good or r["shard"] not in {s.path for s in m.shards}]
-    report.problems += _check_locators(catalog.root, m, checked, good)
+    report.problems += _check_locators(catalog, m, checked, good)
     report.samples_checked = len(checked)
     return report

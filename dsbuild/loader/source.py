@@ -90,7 +90,7 @@ class Source:
         with self._lock:
             fd = self._fds.get(shard)
             if fd is None:
-                path = self.catalog.root / self.shards[shard]
+                path = self.catalog.shard_file(self.shards[shard])  # remote: a verified cached copy
                 try:
                     fd = os.open(path, os.O_RDONLY)
                 except OSError as e:
@@ -130,7 +130,7 @@ class Source:
             table = self._row_groups.get(slot)
         if table is None:
             try:
-                table = pq.ParquetFile(self.catalog.root / self.shards[slot[0]]).read_row_group(slot[1])
+                table = pq.ParquetFile(self.catalog.shard_file(self.shards[slot[0]])).read_row_group(slot[1])
             except (OSError, pa.ArrowException) as e:
                 raise FormatError(f"{self.keys[i]}: cannot read row group ({e})") from None
             with self._lock:

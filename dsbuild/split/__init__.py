@@ -34,7 +34,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from dsbuild.errors import UsageError
-from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.split.assign import RULE, Assignment, assign_groups, expected_std, unit
 from dsbuild.split.check import CheckResult, check_split
 from dsbuild.split.diff import diff_split_sets
@@ -51,7 +51,7 @@ __all__ = [
 
 
 def _root(catalog: Path | Catalog) -> Catalog:
-    return catalog if isinstance(catalog, Catalog) else Catalog.open(Path(catalog))
+    return catalog if isinstance(catalog, Catalog) else open_catalog(catalog)
 
 
 def open_split(catalog: Path | Catalog, version_id: str | None, name: str) -> SplitSet:

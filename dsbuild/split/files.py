@@ -194,4 +194,7 @@ def publish(catalog: Catalog, version_id: str, name: str, files: dict[str, bytes
             os.rename(final, area.path / "replaced")  # removed with the build area
         os.rename(staging, final)
         fsync_dir(parent)
+    if catalog.remote is not None:  # an object-store catalog: publish there too, manifest last
+        names = sorted(files) + [MANIFEST]
+        catalog.remote.push_files(catalog, [f"{final.relative_to(catalog.root).as_posix()}/{n}" for n in names])
     return state

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from dsbuild import __version__
 from dsbuild.errors import UsageError
-from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.lineage.hashing import sha256_bytes, sha256_json
 from dsbuild.split.assign import assign_groups, intervals, shares, split_for, unit
 from dsbuild.split.carry import Carry, carry_over, resolve_split_set
@@ -68,7 +68,7 @@ def _named(values) -> str:
 
 
 def open_version(catalog: Path | Catalog, ref: str | None) -> tuple[Catalog, str]:
-    cat = catalog if isinstance(catalog, Catalog) else Catalog.open(Path(catalog))
+    cat = catalog if isinstance(catalog, Catalog) else open_catalog(catalog)
     return cat, cat.resolve(ref)
 
 

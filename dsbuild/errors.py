@@ -26,3 +26,10 @@ class FormatError(DsbuildError):
 
 class LineageError(DsbuildError):
     """The catalog or a version in it is inconsistent."""
+
+
+class StorageError(DsbuildError):
+    """Writing the output failed (disk full, permissions, read-only file system): nothing was committed.
+
+    Never a reason to quarantine a capture: the build stops, and re-running it after fixing the cause
+    finishes the job."""

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
-import signal
-import subprocess
-import sys
-import time
 
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.formats.video import decoded_frame_count
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.samples.synthetic import generate, session_spec
 from dsbuild.samples.writer import VideoSpec
-from tests.helpers import index_rows, manifest, tree_bytes
+from tests.helpers import index_rows, tree_bytes
 
 CONFIG = ConvertConfig(clip_seconds=3.0, shard_size=300_000)
 
@@ -65,30 +60,3 @@ def test_keyframe_interval_longer_than_the_clip_gives_a_longer_clip_counted(tmp_
     rows = index_rows(tmp_path / "cat", r.version_id)
     assert [round(x["t_end"] - x["t_start"], 3) for x in rows] == [5.0, 1.0]
     assert r.long_clips == 1
-
-
-def _cli(*args):
-    return [sys.executable, "-c", "from dsbuild.cli.app import main; main()", *map(str, args)]
-
-
-def test_kill_9_leaves_no_version_and_the_rerun_gives_the_clean_id(copy_captures, tmp_path):
-    src = copy_captures()
-    clean = convert(src, tmp_path / "clean", CONFIG, workers=1).version_id
-    rng = random.Random(20261129)
-    cat = tmp_path / "cat"
-    for _ in range(4):
-        proc = subprocess.Popen(_cli("convert", src, cat, "--clip-seconds", "3", "--shard-size", "300000",
-                                     "--workers", "2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-        time.sleep(rng.uniform(0.0, 1.5))
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if cat.exists() and (cat / "catalog.json").exists():
-            for v in Catalog.open(cat).versions():
-                assert v.version_id == clean  # anything listed is complete and correct
-                assert manifest(cat, v.version_id)["stats"]["samples"] > 0
-    done = subprocess.run(_cli("convert", src, cat, "--clip-seconds", "3", "--shard-size", "300000", "--json"),
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert f'"version_id": "{clean}"' in done.stdout
-    assert not [p for p in (cat / ".tmp").iterdir() if p.is_dir()]  # stale build areas were cleaned

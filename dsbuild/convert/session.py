@@ -16,7 +16,7 @@ import zstandard
 
 from dsbuild.convert.config import ConvertConfig
 from dsbuild.convert.resample import dense_actions, resample_telemetry, window
-from dsbuild.errors import CaptureError, FormatError
+from dsbuild.errors import CaptureError, FormatError, StorageError
 from dsbuild.formats.capture import SESSION_FILE, Session
 from dsbuild.formats.sample import SAMPLE_FORMAT, Sample, members_sha256, sample_key
 from dsbuild.formats.safejson import canonical_json
@@ -135,6 +135,9 @@ def process_session(job: SessionJob) -> SessionResult:
                 return result
             _process(session, config, writer, result, io, sources)
         result.shards = writer.close()
+    except StorageError:
+        writer.abort()
+        raise
     except Exception as e:  # one bad capture never stops a build: quarantine it with the reason
         writer.abort()
         result.quarantine = {"session": session.session_id, **_reason(session, e)}

@@ -109,6 +109,8 @@ def read_session(directory: Path, root: Path) -> Session:
     rel = directory.relative_to(root).as_posix()
     sj = directory / SESSION_FILE
     where = f"{rel}/{SESSION_FILE}" if rel != "." else SESSION_FILE
+    if any(ord(c) < 32 or c == "\x7f" for c in rel):
+        raise CaptureError(repr(rel), "folder name contains a control character (newline?); rename it")
     try:
         size = sj.stat().st_size
         if size > MAX_SESSION_JSON_BYTES:

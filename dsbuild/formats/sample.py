@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dsbuild.errors import FormatError
 from dsbuild.formats.safejson import canonical_json
 
 SAMPLE_FORMAT = "dsbuild.sample/1"
@@ -37,6 +38,30 @@ def npy_bytes(arr: np.ndarray) -> bytes:
 
 def npy_load(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+MAX_EVENTS_BYTES = 256 << 20  # raw events of one clip; a frame claiming more is a bomb, not a capture
+
+
+def decompress_events(blob: bytes, limit: int = MAX_EVENTS_BYTES) -> bytes:
+    """The raw action events of a sample, decompressed with a hard output bound (zip-bomb safe):
+    a frame header claiming more than ``limit`` is refused unread, and streaming stops at ``limit``."""
+    import zstandard
+
+    try:
+        claimed = zstandard.get_frame_parameters(blob).content_size
+        if claimed != zstandard.CONTENTSIZE_UNKNOWN and claimed > limit:
+            raise FormatError(f"events frame claims {claimed} bytes (limit {limit})")
+        out, total = [], 0
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)) as reader:
+            while chunk := reader.read(1 << 20):
+                total += len(chunk)
+                if total > limit:
+                    raise FormatError(f"events expand beyond {limit} bytes")
+                out.append(chunk)
+    except zstandard.ZstdError as e:
+        raise FormatError(f"events are not valid zstd ({e})") from None
+    return b"".join(out)
 
 
 @dataclass(frozen=True)

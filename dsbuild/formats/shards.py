@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
+
+from dsbuild.errors import StorageError
 
 from dsbuild.formats.sample import Sample
 from dsbuild.lineage.hashing import HashingWriter
@@ -52,7 +56,19 @@ class ShardWriter(ABC):
         self._entries: list[IndexEntry] = []
         self._size = 0
 
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Output failures (ENOSPC, EROFS, EIO...) stop the build; they are never the capture's fault."""
+        try:
+            yield
+        except OSError as e:
+            raise StorageError(f"cannot write shard {self._path or self.tmp_dir}: {e.strerror or e}") from None
+
     def add(self, sample: Sample, members: list[tuple[str, bytes]], sha256: str) -> None:
+        with self._writing():
+            self._add(sample, members, sha256)
+
+    def _add(self, sample: Sample, members: list[tuple[str, bytes]], sha256: str) -> None:
         size = sum(len(p) for _, p in members)
         if self._file is not None and self._entries and self._size + size > self.max_bytes:
             self._roll()
@@ -67,13 +83,17 @@ class ShardWriter(ABC):
 
     def close(self) -> list[WrittenShard]:
         if self._file is not None:
-            self._roll()
+            with self._writing():
+                self._roll()
         return self.shards
 
     def abort(self) -> None:
         """Drop everything written: a quarantined session leaves no files behind."""
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:
+                pass  # flushing a doomed file can fail again (disk full); it is deleted next
             self._file = None
         for path in [self._path] + [s.tmp_path for s in self.shards]:
             if path is not None:

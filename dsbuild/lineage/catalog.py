@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from dsbuild.errors import LineageError, UsageError
+from dsbuild.errors import LineageError, StorageError, UsageError
 from dsbuild.formats.safejson import loads_bounded, pretty_json
 from dsbuild.lineage.manifest import Manifest
 
@@ -124,8 +124,14 @@ class Catalog:
     @contextmanager
     def build_area(self) -> Iterator[BuildArea]:
         self.clean_stale_builds()
-        with BuildArea(self.root / ".tmp" / uuid.uuid4().hex) as area:
+        try:
+            area = BuildArea(self.root / ".tmp" / uuid.uuid4().hex).__enter__()
+        except OSError as e:
+            raise StorageError(f"{self.root}: cannot create a build folder ({e.strerror or e})") from None
+        try:
             yield area
+        finally:
+            area.__exit__(None, None, None)
 
     def clean_stale_builds(self) -> list[str]:
         """Remove build folders whose build is gone (their lock can be taken)."""
@@ -157,6 +163,13 @@ class Catalog:
 
         Returns (version id, existed): re-committing an identical version is a no-op, not an error.
         """
+        try:
+            return self._commit(area, shards, manifest, index_bytes, commit_info)
+        except OSError as e:
+            raise StorageError(f"{self.root}: commit failed, nothing was committed ({e.strerror or e})") from None
+
+    def _commit(self, area: BuildArea, shards: list[tuple[Path, str]], manifest: Manifest,
+                index_bytes: bytes, commit_info: dict) -> tuple[str, bool]:
         manifest_bytes = manifest.to_bytes()
         version_id = manifest.version_id
         with self.lock():

@@ -11,6 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dsbuild.errors import FormatError
+
 INDEX_FILE = "index.parquet"
 INDEX_SCHEMA = pa.schema([
     ("key", pa.string()),
@@ -53,4 +55,12 @@ def index_bytes(rows: list[dict]) -> bytes:
 
 
 def read_index(path: Path, columns: list[str] | None = None) -> pa.Table:
-    return pq.read_table(path, columns=columns)
+    """The index table; a damaged or foreign file is a FormatError naming it, not a pyarrow traceback."""
+    try:
+        table = pq.read_table(path, columns=columns)
+    except (pa.ArrowException, OSError) as e:
+        raise FormatError(f"{path}: unreadable index ({str(e).splitlines()[0][:200]})") from None
+    expected = INDEX_SCHEMA if columns is None else pa.schema([INDEX_SCHEMA.field(c) for c in columns])
+    if not table.schema.equals(expected):
+        raise FormatError(f"{path}: index schema differs from {INDEX_FILE} format")
+    return table

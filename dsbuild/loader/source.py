@@ -70,6 +70,9 @@ class Source:
     def _load(self, table: pa.Table) -> None:
         shards = table["shard"].to_pylist()
         self.shards = sorted(set(shards))
+        known = {s.path for s in self.manifest.shards}  # never follow an index entry out of the catalog
+        if stray := [s for s in self.shards if s not in known]:
+            raise FormatError(f"{self.ref}: index names shards the manifest does not hold: {stray[:3]}")
         pos = {s: i for i, s in enumerate(self.shards)}
         self.shard_id = np.array([pos[s] for s in shards], dtype=np.int32)
         self.keys = table["key"].to_pylist()

@@ -38,10 +38,8 @@ class LoaderState:
             s = cls(**state)
         except TypeError as e:
             raise UsageError(f"malformed loader checkpoint ({e})") from None
-        if not isinstance(s.position, int) or s.position < 0 or len(s.cursors) != len(s.sources) or any(
-                not isinstance(c, list) or len(c) != 2 or not all(isinstance(x, int) and x >= 0 for x in c)
-                for c in s.cursors):
-            raise UsageError("malformed loader checkpoint: bad position or counters")
+        if not _valid(s):
+            raise UsageError("malformed loader checkpoint: bad position, cursors or sources")
         return s
 
     def check_compatible(self, other: "LoaderState") -> None:
@@ -50,3 +48,12 @@ class LoaderState:
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
                 raise UsageError(f"cannot restore: checkpoint has {name}={theirs!r}, loader has {name}={mine!r}")
+
+
+def _valid(s: LoaderState) -> bool:
+    def count(x: object) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    return (count(s.position) and isinstance(s.sources, list) and isinstance(s.cursors, list)
+            and len(s.cursors) == len(s.sources) and all(isinstance(x, dict) for x in s.sources)
+            and all(isinstance(c, list) and len(c) == 2 and all(count(x) for x in c) for c in s.cursors))

@@ -1,0 +1,227 @@
+"""Content checks (--level full): decode every clip and read every array.
+
+Decoding is the cost, so each clip is decoded exactly once, strictly (a concealed bitstream error is a
+decode failure): every frame is decoded (that is what proves
+it decodes and gives the frame count), but only a strided subset of about ``SAMPLED_FRAMES`` frames is
+converted, to 64 px wide gray, for the black / frozen statistics and the perceptual hash. Workers
+return measurements; thresholds are applied in the parent (``video_problems``), so the per-sample work
+does not depend on the spec.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+
+from dsbuild.errors import FormatError
+from dsbuild.formats.safejson import loads_bounded
+
+SAMPLED_FRAMES = 16  # frames converted per clip: enough for a motion statistic, cheap next to decoding
+GRAY_WIDTH = 64  # px; motion and darkness survive this downscale, and swscale at this size is ~free
+HASH_FRAMES = 4  # frames in the perceptual hash (4 x 64-bit dHash = 256 bits)
+MAX_EVENTS_BYTES = 64 << 20  # decompressed action events of one clip; beyond this it is a zip bomb
+TIME_EPS = 1e-6  # seconds; window edges are compared with float tolerance
+
+
+def _why(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return (msg[0][:160] if msg else "") or type(e).__name__
+
+
+def dhash(gray: np.ndarray) -> int:
+    """64-bit difference hash of a gray image: 9x8 block means, one bit per horizontal neighbour pair."""
+    h, w = gray.shape
+    rows = np.linspace(0, h, 9).astype(int)[:-1]
+    cols = np.linspace(0, w, 10).astype(int)[:-1]
+    small = np.add.reduceat(np.add.reduceat(gray.astype(np.float64), rows, axis=0), cols, axis=1)
+    bits = (small[:, 1:] > small[:, :-1]).reshape(-1)
+    return int(np.packbits(bits).view(">u8")[0])
+
+
+def analyse_video(data: bytes, frames_hint: int) -> dict:
+    """Decode one clip: frame count, size, frame rate and span from timestamps, audio, darkness, motion, hash.
+
+    Never raises for bad data; ``error`` says why decoding stopped (None when every frame decoded).
+    """
+    import av
+
+    out = {"decoded": 0, "error": None, "sizes": [], "fps": None, "span": None, "audio": None,
+           "luma_max": None, "motion": None, "phash": None}
+    stride = max(1, int(frames_hint) // SAMPLED_FRAMES)
+    try:
+        container = av.open(io.BytesIO(data), metadata_errors="ignore")
+    except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
+        out["error"] = f"not a readable video ({_why(e)})"
+        return out
+    times, grays, sizes = [], [], set()
+    with container:
+        if not container.streams.video:
+            out["error"] = "no video stream"
+            return out
+        vs = container.streams.video[0]
+        vs.thread_type = "AUTO"  # ~1.8x over the SLICE default on one-slice-per-frame captures
+        # Strict: stop at the first bitstream error instead of concealing it (FFmpeg's default hides flipped
+        # bytes in H.264 behind error concealment, and the clip would "decode" with smeared frames).
+        vs.codec_context.options = {"err_detect": "explode"}
+        out["audio"] = bool(container.streams.audio)
+        gw = gh = None
+        try:
+            for i, frame in enumerate(container.decode(vs)):
+                out["decoded"] += 1
+                sizes.add((frame.width, frame.height))
+                if frame.time is not None:
+                    times.append(frame.time)
+                if i % stride == 0 and frame.width > 0 and frame.height > 0:
+                    if gw is None:
+                        gw = min(GRAY_WIDTH, frame.width)
+                        gh = max(8, round(gw * frame.height / frame.width))
+                    grays.append(frame.reformat(width=gw, height=gh, format="gray").to_ndarray())
+        except (av.error.FFmpegError, OSError, ValueError) as e:
+            out["error"] = f"decode error after {out['decoded']} frames ({_why(e)})"
+    if out["decoded"] == 0 and out["error"] is None:
+        out["error"] = "no frame decodes"
+    out["sizes"] = sorted(sizes)
+    if len(times) >= 2:
+        ts = np.sort(np.asarray(times, np.float64))
+        step = float(np.median(np.diff(ts)))
+        if step > 0:
+            out["fps"] = 1.0 / step
+            out["span"] = float(ts[-1] - ts[0]) + step
+    if grays:
+        g = np.stack(grays).astype(np.float32)
+        out["luma_max"] = float(g.mean(axis=(1, 2)).max())
+        if len(g) >= 2:
+            out["motion"] = float(np.abs(np.diff(g, axis=0)).mean())
+        picks = np.unique(np.linspace(0, len(g) - 1, HASH_FRAMES).round().astype(int))
+        if len(picks) == HASH_FRAMES:
+            out["phash"] = [dhash(g[i]) for i in picks]
+    return out
+
+
+def video_problems(v: dict, expect: dict, spec, audio_expected: bool) -> list[tuple[str, str]]:
+    """Measurements of one clip against its metadata and the spec's tolerances."""
+    out = []
+    if v["error"]:
+        out.append(("decode", v["error"]))
+    frames = expect["frames"]
+    if v["decoded"] != frames:
+        out.append(("frame_count", f"{v['decoded']} frames decode, metadata says {frames}"))
+    fps = expect["fps"]
+    if fps and v["fps"] is not None and abs(v["fps"] - fps) > spec["fps_tolerance"] * fps:
+        out.append(("fps", f"measured {v['fps']:.3f} fps, metadata says {fps:g}"))
+    want = (expect["width"], expect["height"])
+    if v["sizes"] and [tuple(s) for s in v["sizes"]] != [want]:
+        got = ", ".join(f"{w}x{h}" for w, h in v["sizes"])
+        out.append(("resolution", f"decoded {got}, metadata says {want[0]}x{want[1]}"))
+    if fps and v["span"] is not None:
+        tol = spec["duration_tolerance_frames"] / fps
+        if abs(v["span"] - expect["duration"]) > tol:
+            out.append(("duration", f"decoded span {v['span']:.3f} s, window is {expect['duration']:.3f} s"))
+    if v["luma_max"] is not None and v["luma_max"] < spec["black_luma"]:
+        out.append(("black_clips", f"brightest sampled frame has mean gray {v['luma_max']:.1f}"))
+    if v["motion"] is not None and v["motion"] < spec["frozen_motion"]:
+        out.append(("frozen_clips", f"mean frame difference {v['motion']:.3f} gray levels"))
+    if v["audio"] is not None and v["audio"] != audio_expected:
+        out.append(("audio", "clip has an audio stream the metadata does not announce" if v["audio"] else
+                    "metadata announces audio, the clip has none"))
+    return out
+
+
+def array_problems(meta: dict, actions: np.ndarray, telemetry: np.ndarray, ts: np.ndarray) -> list[tuple[str, str]]:
+    out = []
+    frames = meta["clip"]["frames"]
+    want = (frames, len(meta["controls"]))
+    if actions.dtype != np.float32 or actions.shape != want:
+        out.append(("actions", f"{actions.dtype} {list(actions.shape)}, expected float32 {list(want)}"))
+    elif not np.isfinite(actions).all():
+        out.append(("actions", f"{int((~np.isfinite(actions)).sum())} non-finite values"))
+    elif actions.size and (actions.min() < -1 or actions.max() > 1):
+        out.append(("actions", f"values span [{actions.min():g}, {actions.max():g}], outside [-1, 1]"))
+    want = (frames, len(meta["telemetry_channels"]))
+    if telemetry.dtype != np.float32 or telemetry.shape != want:
+        out.append(("telemetry", f"{telemetry.dtype} {list(telemetry.shape)}, expected float32 {list(want)}"))
+    elif not np.isfinite(telemetry).all():
+        out.append(("telemetry", f"{int((~np.isfinite(telemetry)).sum())} non-finite values"))
+    t0, t1 = meta["clip"]["t_start"], meta["clip"]["t_end"]
+    if ts.dtype != np.float64 or ts.shape != (frames,):
+        out.append(("timestamps", f"{ts.dtype} {list(ts.shape)}, expected float64 [{frames}]"))
+    elif not np.isfinite(ts).all():
+        out.append(("timestamps", "non-finite timestamps"))
+    elif len(ts) > 1 and not (np.diff(ts) > 0).all():
+        i = int(np.argmin(np.diff(ts) > 0))
+        out.append(("timestamps", f"not strictly increasing at frame {i + 1} ({ts[i]:.6f} -> {ts[i + 1]:.6f})"))
+    elif len(ts) and (ts[0] < t0 - TIME_EPS or ts[-1] >= t1 + TIME_EPS):
+        out.append(("timestamps", f"[{ts[0]:.6f}, {ts[-1]:.6f}] outside the window [{t0:.6f}, {t1:.6f})"))
+    return out
+
+
+def _decompress(blob: bytes) -> bytes:
+    import zstandard
+
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)) as r:
+            data = r.read(MAX_EVENTS_BYTES + 1)
+    except zstandard.ZstdError as e:
+        raise FormatError(f"events do not decompress ({_why(e)})") from None
+    if len(data) > MAX_EVENTS_BYTES:
+        raise FormatError(f"events decompress to over {MAX_EVENTS_BYTES} bytes")
+    return data
+
+
+def events_problems(meta: dict, blob: bytes) -> list[tuple[str, str]]:
+    """Raw action events: bounded zstd JSONL, each inside the window, known control, value in [-1, 1]."""
+    try:
+        data = _decompress(blob)
+    except FormatError as e:
+        return [("action_events", str(e))]
+    lines = [x for x in data.split(b"\n") if x]
+    t0, t1 = meta["clip"]["t_start"], meta["clip"]["t_end"]
+    controls = set(meta["controls"])
+    bad, first, last_t = 0, None, -math.inf
+    for n, line in enumerate(lines, 1):
+        why = None
+        try:
+            e = loads_bounded(line, max_bytes=1 << 16, what=f"event {n}")
+        except FormatError as err:
+            why = str(err)
+            e = None
+        if why is None and not (isinstance(e, dict) and isinstance(e.get("t"), (int, float))
+                                and isinstance(e.get("value"), (int, float)) and isinstance(e.get("control"), str)):
+            why = f"event {n} is not {{t, control, value}}"
+        elif why is None and not (t0 - TIME_EPS <= e["t"] < t1 + TIME_EPS):
+            why = f"event {n} at t={e['t']} is outside the window [{t0}, {t1})"
+        elif why is None and e["control"] not in controls:
+            why = f"event {n} names unknown control {e['control']!r}"
+        elif why is None and not -1 <= e["value"] <= 1:
+            why = f"event {n} value {e['value']} is outside [-1, 1]"
+        elif why is None and e["t"] < last_t:
+            why = f"event {n} is out of time order"
+        if why is None:
+            last_t = e["t"]
+        else:
+            bad += 1
+            first = first or why
+    out = []
+    if bad:
+        out.append(("action_events", first + (f" (and {bad - 1} more)" if bad > 1 else "")))
+    if len(lines) != meta["action_events"]:
+        out.append(("action_events", f"{len(lines)} events, metadata says {meta['action_events']}"))
+    return out
+
+
+def text_problems(meta: dict) -> list[tuple[str, str]]:
+    t0, t1 = meta["clip"]["t_start"], meta["clip"]["t_end"]
+    for n, e in enumerate(meta["text"], 1):
+        if not isinstance(e, dict) or not isinstance(e.get("text"), str) or not isinstance(e.get("speaker"), str):
+            return [("text", f"text event {n} is not {{t, speaker, text}} with string fields")]
+        try:
+            e["text"].encode("utf-8")
+            e["speaker"].encode("utf-8")
+        except UnicodeEncodeError as err:
+            return [("text", f"text event {n} is not valid UTF-8 ({err.reason} at {err.start})")]
+        t = e.get("t")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t0 - TIME_EPS <= t < t1 + TIME_EPS):
+            return [("text", f"text event {n} at t={t!r} is outside the window [{t0}, {t1})")]
+    return []

@@ -1,0 +1,60 @@
+"""Machine-readable reports: JSON (everything) and JUnit XML (one testcase per check, for CI dashboards).
+
+JUnit mapping: fail -> <failure>, skip -> <skipped>, warn -> a passing testcase whose <system-out> starts
+with "WARNING" (JUnit has no warning state; CI viewers show system-out beside the test).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+
+from dsbuild.validators.model import STAGES, CheckResult, Report
+
+_NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_safe(text: object) -> str:
+    """Text XML 1.0 can hold: control characters and lone surrogates (from hostile names) become U+FFFD."""
+    return _NOT_XML.sub("\ufffd", str(text))
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(report.to_json(), indent=2, sort_keys=True, default=str) + "\n"
+
+
+def _lines(c: CheckResult) -> str:
+    out = [c.message, f"measured: {c.measured}", f"threshold: {json.dumps(c.threshold, sort_keys=True)}"]
+    if c.offenders:
+        out.append(f"offenders ({len(c.offenders)} of {c.offender_count}):")
+        out += [f"  {o.kind} {o.item}: {o.detail}" for o in c.offenders]
+    return xml_safe("\n".join(out))
+
+
+def to_junit(report: Report) -> str:
+    counts = report.counts()
+    root = ET.Element("testsuites", name="dsbuild validate", tests=str(len(report.checks)),
+                      failures=str(counts["fail"]), skipped=str(counts["skip"]), errors="0",
+                      time=f"{report.summary.get('seconds', {}).get('total', 0):.3f}")
+    for stage in STAGES:
+        checks = [c for c in report.checks if c.stage == stage]
+        suite = ET.SubElement(root, "testsuite", name=f"dsbuild.validate.{stage}", tests=str(len(checks)),
+                              failures=str(sum(c.status == "fail" for c in checks)), errors="0",
+                              skipped=str(sum(c.status == "skip" for c in checks)), time="0")
+        props = ET.SubElement(suite, "properties")
+        for k, v in (("version_id", report.version_id), ("level", report.level), ("verdict", report.verdict),
+                     ("spec", report.spec_source), ("split", report.split or "")):
+            ET.SubElement(props, "property", name=k, value=xml_safe(v))
+        for c in checks:
+            case = ET.SubElement(suite, "testcase", classname=f"dsbuild.validate.{stage}", name=c.name, time="0")
+            if c.status == "fail":
+                ET.SubElement(case, "failure", message=xml_safe(c.message), type=c.name).text = _lines(c)
+            elif c.status == "skip":
+                ET.SubElement(case, "skipped", message=xml_safe(c.message))
+            elif c.status == "warn":
+                ET.SubElement(case, "system-out").text = "WARNING " + _lines(c)
+            else:
+                ET.SubElement(case, "system-out").text = _lines(c)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -1,0 +1,87 @@
+"""The acceptance spec: defaults, the committed example, and errors that name the key and line."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from dsbuild.errors import UsageError
+from dsbuild.validators.spec import (
+    CHECKS,
+    THRESHOLDS,
+    default_spec,
+    load_spec,
+    parse_spec,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "sample_data" / "acceptance.toml"
+
+
+def test_every_check_has_a_unique_name_a_doc_and_defaults_for_its_thresholds():
+    names = [c.name for c in CHECKS]
+    assert len(names) == len(set(names))
+    spec = default_spec()
+    for c in CHECKS:
+        assert c.doc and c.stage in ("structural", "content", "dataset") and c.severity in ("fail", "warn")
+        for t in c.thresholds:
+            assert spec[t.key] == t.default and t.doc
+    assert len(THRESHOLDS) == sum(len(c.thresholds) for c in CHECKS)  # no key belongs to two checks
+
+
+def test_defaults_round_trip_through_their_printed_toml():
+    spec = default_spec()
+    again = parse_spec(spec.to_toml(), "printed")
+    assert (again.thresholds, again.severity, again.max_offenders) == (spec.thresholds, spec.severity,
+                                                                        spec.max_offenders)
+
+
+def test_committed_example_sets_every_threshold_and_parses():
+    spec = load_spec(EXAMPLE)
+    doc = tomllib.loads(EXAMPLE.read_text())
+    assert set(doc["thresholds"]) == set(THRESHOLDS)  # the example documents every key
+    assert spec["required_titles"] == ["Kart Storm", "Dungeon Drift", "Sky Rally"]
+    assert spec.severity_of("near_duplicates") == "warn" and spec.source == str(EXAMPLE)
+
+
+def test_keys_left_out_keep_their_defaults():
+    spec = parse_spec("[thresholds]\nmax_frozen_fraction = 0.2\n", "s.toml")
+    assert spec["max_frozen_fraction"] == 0.2
+    assert spec["max_decode_failures"] == 0 and spec.severity_of("decode") == "fail"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[thresholds]\nmax_decode_failures = 0\nmax_decod_failures = 1\n",
+     r"s\.toml:3: unknown threshold 'max_decod_failures' \(did you mean 'max_decode_failures'\?\)"),
+    ("[limits]\nx = 1\n", r"s\.toml:1: unknown key 'limits'"),
+    ("\n[severity]\nframes = \"warn\"\n", r"s\.toml:3: unknown check 'frames'"),
+    ("[severity]\ndecode = \"loud\"\n", r"s\.toml:2: severity of 'decode' must be one of fail, warn, off"),
+    ("[report]\nmax_offender = 3\n", r"s\.toml:2: unknown key 'max_offender' in \[report\]"),
+    ("[thresholds]\nmax_decode_failures = -1\n", r"s\.toml:2: max_decode_failures must be a number >= 0"),
+    ("[thresholds]\nmax_decode_failures = 0.5\n", r"whole number"),
+    ("[thresholds]\nmax_frozen_fraction = 2\n", r"fraction between 0 and 1"),
+    ("[thresholds]\nrequired_titles = \"Kart Storm\"\n", r"list of strings"),
+    ("[thresholds]\nallowed_resolutions = [\"720p\"]\n", r"'720p' is not WxH"),
+    ("[thresholds]\nrequired_conditions = [\"rain\"]\n", r"'rain' is not key=value"),
+    ("format = \"dsbuild.acceptance/9\"\n", r"s\.toml:1: format"),
+])
+def test_mistakes_are_usage_errors_naming_the_key_and_line(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_spec(text, "s.toml")
+
+
+def test_malformed_toml_names_the_line():
+    with pytest.raises(UsageError, match=r"s\.toml: not valid TOML: .*line 3"):
+        parse_spec("[thresholds]\nmax_decode_failures = 0\nmax_frozen_fraction = = 1\n", "s.toml")
+
+
+def test_missing_unreadable_or_non_utf8_files_are_usage_errors(tmp_path):
+    with pytest.raises(UsageError, match="acceptance spec not found"):
+        load_spec(tmp_path / "nope.toml")
+    with pytest.raises(UsageError, match="cannot read"):
+        load_spec(tmp_path)
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b"# caf\xe9\n")
+    with pytest.raises(UsageError, match="not UTF-8"):
+        load_spec(bad)

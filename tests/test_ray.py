@@ -20,3 +20,13 @@ def test_ray_and_local_executors_write_identical_catalogs(tmp_path):
     assert ray.version_id == local.version_id
     assert ray.quarantined == local.quarantined and len(ray.quarantined) == 1
     assert tree_bytes(tmp_path / "ray") == tree_bytes(tmp_path / "local")
+
+
+def test_validate_on_ray_reports_the_same_checks_as_local(wds_catalog):
+    from dsbuild.validators import ValidateOptions, validate
+
+    cat, vid = wds_catalog
+    local = validate(cat, vid, options=ValidateOptions(level="full", workers=2))
+    ray = validate(cat, vid, options=ValidateOptions(level="full", workers=2, executor="ray"))
+    strip = lambda r: [(c.name, c.status, c.measured) for c in r.checks]  # noqa: E731
+    assert strip(ray) == strip(local) and ray.verdict == local.verdict

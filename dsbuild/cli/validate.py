@@ -73,6 +73,8 @@ def validate(
                                                             "decoding); full: also decode every clip and read "
                                                             "every array."),
     workers: int = typer.Option(0, "--workers", help="Processes for the per-sample pass (0 = one per core)."),
+    executor: str = typer.Option("local", "--executor", help="local (process pool) or ray (one task per shard)."),
+    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: a local Ray)."),
     as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON on stdout."),
     junit: Path = typer.Option(None, "--junit", help="Write JUnit XML here (one testcase per check)."),
     html: Path = typer.Option(None, "--html", help="Write a self-contained HTML report here."),
@@ -91,7 +93,7 @@ def validate(
     spec = load_spec(acceptance)  # first: a bad spec is exit 2 before any work
     path, version = parse_ref(ref)
     catalog = open_catalog(path)
-    options = ValidateOptions(level=level, split=split, workers=workers)
+    options = ValidateOptions(level=level, split=split, workers=workers, executor=executor, ray_address=ray_address)
     if console.is_terminal and not as_json:
         from rich.progress import (
             BarColumn,

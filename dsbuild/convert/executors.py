@@ -4,13 +4,13 @@ which executor, which worker or in which order sessions finished."""
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from typing import Callable
 
 from dsbuild.convert.session import SessionJob, SessionResult, process_session
 from dsbuild.errors import UsageError
+from dsbuild.parallel import ray_map
 
 EXECUTORS = ("local", "ray")
 OnResult = Callable[[SessionResult], None]
@@ -35,26 +35,9 @@ def run_local(jobs: list[SessionJob], workers: int, on_result: OnResult) -> None
 
 
 def run_ray(jobs: list[SessionJob], address: str | None, workers: int | None, on_result: OnResult) -> None:
-    """One Ray task per session. A task whose worker dies is retried by Ray (``max_retries``); a capture
-    that fails deterministically comes back quarantined, exactly as locally. Without an address a local
-    Ray is started (and stopped) here. The catalog folder must be visible to every node (shared storage)."""
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--executor ray needs Ray: pip install 'dsbuild[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, num_cpus=None if address else (workers or os.cpu_count()),
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        task = ray.remote(max_retries=3)(process_session)
-        remaining = [task.remote(job) for job in jobs]
-        while remaining:
-            done, remaining = ray.wait(remaining, num_returns=1)
-            on_result(ray.get(done[0]))
-    finally:
-        if started:
-            ray.shutdown()
+    """One Ray task per session; a capture that fails deterministically comes back quarantined, exactly
+    as locally. The catalog folder must be visible to every node (shared storage)."""
+    ray_map(process_session, jobs, address=address, num_cpus=workers, on_result=lambda _, r: on_result(r))
 
 
 def run(executor: str, jobs: list[SessionJob], workers: int, on_result: OnResult,

@@ -91,7 +91,7 @@ def fill_from_members(d: SampleData, members: list[tuple[str, bytes]], with_hash
     if extra:
         d.problems.append(("members", f"unexpected member(s): {', '.join('.' + e for e in extra)}"))
     if "json" in by_ext:
-        _meta(d, by_ext["json"])
+        _meta(d, bytes(by_ext["json"]))
     if len(videos) == 1:
         d.video_ext, d.video = videos[0], by_ext[videos[0]]
     for ext, attr in zip(ARRAY_MEMBERS, ("actions", "telemetry", "timestamps")):
@@ -120,7 +120,7 @@ def read_tar_samples(path: Path, rows: list[dict], with_hash: bool = False) -> I
                 continue
             f.seek(off)
             try:
-                fill_from_members(d, parse_members(f.read(length), key=row["key"]), with_hash)
+                fill_from_members(d, parse_members(f.read(length), key=row["key"], views=True), with_hash)
             except FormatError as e:
                 d.problems.append(("members", str(e)))
             yield row, d

@@ -50,10 +50,27 @@ class ValidateOptions:
     split: str | None = None  # a split set name: adds leakage and coverage checks
     workers: int = 0  # processes for the sample pass; 0 = one per core (like convert)
     threads: int = 4  # shards hashed at once (lineage.verify's default)
+    executor: str = "local"  # local processes, or ray: one Ray task per shard unit
+    ray_address: str | None = None  # None: start a local Ray
 
 
-def _pass(units, workers: int, progress: Callable[[int, int], None] | None) -> list[dict]:
+def _pass(units, workers: int, progress: Callable[[int, int], None] | None,
+          options: ValidateOptions = ValidateOptions()) -> list[dict]:
     results = []
+    if options.executor == "ray":
+        from dsbuild.parallel import ray_map
+
+        slots: list = [None] * len(units)
+
+        def store(i: int, r: dict) -> None:
+            slots[i] = r
+            if progress:
+                progress(sum(x is not None for x in slots), len(units))
+
+        ray_map(inspect_unit, units, address=options.ray_address, num_cpus=workers, on_result=store)
+        return slots
+    if options.executor != "local":
+        raise UsageError(f"--executor must be local or ray, not {options.executor!r}")
     if workers <= 1 or len(units) <= 1:
         for i, u in enumerate(units):
             results.append(inspect_unit(u))
@@ -148,11 +165,11 @@ def validate(catalog: Catalog | Path | str, version_id: str | None = None, spec:
     paths = _local_paths(catalog, m.shards)
     units = make_units(paths, m.shard_format, rows, options.level, dropped)
     work = summary["bytes"] if options.level == "structural" else sum(r["frames"] or 0 for r in rows)
-    if work < POOL_MIN[options.level]:
+    if work < POOL_MIN[options.level] and options.executor == "local":
         workers = 1
     with ThreadPoolExecutor(max_workers=1) as hasher:
         shard_future = hasher.submit(check_shards, catalog, version_id, options.threads)
-        unit_results = _pass(units, workers, progress)
+        unit_results = _pass(units, workers, progress, options)
         shards = shard_future.result()
     timings["samples"] = round(time.monotonic() - t, 3)
     samples = sorted((s for u in unit_results for s in u["samples"]), key=lambda f: f["key"])

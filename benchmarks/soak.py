@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dsbuild.convert import ConvertConfig, convert  # noqa: E402
+from dsbuild.errors import DsbuildError  # noqa: E402
 from dsbuild.lineage.catalog import Catalog  # noqa: E402
 from dsbuild.lineage.verify import verify  # noqa: E402
 from dsbuild.loader import Loader  # noqa: E402
@@ -63,7 +64,7 @@ def kills(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
 
 
 def damaged(out: Path, n: int, rng: random.Random) -> dict:
-    tried = crashed = 0
+    tried = crashed = refused = 0
     for i in range(n):
         kind = DAMAGE[i % len(DAMAGE)]
         caps = out / f"damaged-{i}"
@@ -71,12 +72,14 @@ def damaged(out: Path, n: int, rng: random.Random) -> dict:
         tried += 1
         try:
             convert(caps, out / f"damaged-cat-{i}", ConvertConfig(clip_seconds=1.0), workers=1)
+        except DsbuildError:
+            refused += 1  # e.g. both holders of a duplicated id quarantined: nothing left, a clear exit 1
         except Exception as e:  # noqa: BLE001 - a soak counts every escape
             crashed += 1
             print(f"{kind}: {type(e).__name__}: {e}", file=sys.stderr)
         shutil.rmtree(caps, ignore_errors=True)
         shutil.rmtree(out / f"damaged-cat-{i}", ignore_errors=True)
-    return {"damaged_captures": tried, "escaped_errors": crashed}
+    return {"damaged_captures": tried, "refused_with_clear_error": refused, "escaped_errors": crashed}
 
 
 def flips(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
@@ -111,7 +114,7 @@ def main() -> None:
     generate(caps, sessions=6, seconds=6, seed=11)
     report = {**kills(caps, out, args.kills, rng), **damaged(out, args.damaged, rng), **flips(caps, out, args.flips, rng)}
     report["data_lost"] = report["bad_versions"] + report["epochs_with_lost_or_repeated_samples"] + (
-        0 if report["rerun_matches_clean"] else 1)
+        0 if report["rerun_matches_clean"] else 1) + report["escaped_errors"]
     print(json.dumps(report, indent=2))
 
 

@@ -16,7 +16,6 @@ medians, and the median of per-round ratios). Versions under 1 GB validate struc
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import io
 import json
@@ -31,31 +30,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from convert import make_captures  # noqa: E402
 
 from dsbuild.convert import ConvertConfig, convert  # noqa: E402
 from dsbuild.formats.sample import VIDEO_EXTS  # noqa: E402
 from dsbuild.formats.webdataset import BLOCK, parse_members  # noqa: E402
 from dsbuild.lineage.catalog import Catalog  # noqa: E402
 from dsbuild.lineage.index import read_index  # noqa: E402
-from dsbuild.samples.synthetic import generate, session_spec  # noqa: E402
-from dsbuild.samples.writer import VideoSpec  # noqa: E402
 from dsbuild.validators import ValidateOptions, validate  # noqa: E402
 
-SESSIONS, SECONDS = 8, 6.0
-
-
 def make_catalog(out: Path) -> tuple[Path, str]:
-    caps, cat = out / "captures", out / "catalog"
-    marker = out / ".complete"
-    if not marker.exists():
-        shutil.rmtree(out, ignore_errors=True)
-        specs = [dataclasses.replace(session_spec(9, i, SECONDS), video=VideoSpec(1280, 720, 30, 60))
-                 for i in range(SESSIONS)]
-        generate(caps, sessions=SESSIONS, seconds=SECONDS, seed=9, specs=specs, noise=40)
+    """The 245 MB capture set of benchmarks/convert.py (shared), converted once into ``out``."""
+    cat = out / "catalog"
+    if not (cat / "catalog.json").exists():
+        caps = ROOT / "bench-out" / "convert" / "captures"
+        make_captures(caps)
+        shutil.rmtree(cat, ignore_errors=True)
         convert(caps, cat, ConvertConfig(format="webdataset", clip_seconds=2.0), workers=2)
-        marker.touch()
-    c = Catalog.open(cat)
-    return cat, c.resolve(None)
+    return cat, Catalog.open(cat).resolve(None)
 
 
 def clip_ranges(cat: Path, vid: str) -> list[tuple[str, int, int]]:

@@ -44,6 +44,10 @@ INDEX_SCHEMA = pa.schema([
 ])
 
 
+# The columns that locate a sample in its shard: what split files and loaders carry.
+LOCATOR_COLUMNS = ("key", "sha256", "shard", "offset", "length", "row_group", "row")
+
+
 def index_bytes(rows: list[dict]) -> bytes:
     """Deterministic Parquet bytes of the index rows (sorted by key)."""
     rows = sorted(rows, key=lambda r: r["key"])

@@ -55,7 +55,7 @@ def sample_arrays(raw: RawSample, controls: list[str], channels: list[str], *, d
                   size: tuple[int, int] | None, max_frames: int | None = None) -> dict:
     """One sample as arrays: frames (or video bytes), actions, telemetry, timestamps, all strided alike."""
     try:
-        meta = json.loads(raw.members["json"])
+        meta = json.loads(bytes(raw.members["json"]))
         video = next(raw.members[e] for e in VIDEO_EXTS if e in raw.members)
         actions = npy_load(raw.members["actions.npy"])
         telemetry = npy_load(raw.members["telemetry.npy"])

@@ -19,14 +19,15 @@ import pyarrow.compute as pc
 from dsbuild.errors import FormatError, UsageError
 from dsbuild.formats.sample import members_sha256
 from dsbuild.lineage.catalog import Catalog, open_ref
-from dsbuild.lineage.index import read_index
+from dsbuild.lineage.index import LOCATOR_COLUMNS, read_index
 
-COLUMNS = ["key", "sha256", "shard", "offset", "length", "row_group", "row", "frames", "width", "height"]
+COLUMNS = [*LOCATOR_COLUMNS, "frames", "width", "height"]
 
 
 @dataclass(frozen=True)
 class RawSample:
-    """A sample's canonical members by extension (``json``, ``mp4``, ``actions.npy``...)."""
+    """A sample's canonical members by extension (``json``, ``mp4``, ``actions.npy``...), as bytes-like
+    objects (memoryviews into the sample's bytes for tar shards)."""
 
     key: str
     members: dict[str, bytes]
@@ -115,7 +116,9 @@ class Source:
         if self.format == "webdataset":
             from dsbuild.formats.webdataset import parse_members
 
-            pairs = [(name.split(".", 1)[1], payload) for name, payload in parse_members(self.read_bytes(i), key)]
+            # Views into the one buffer read for this sample: no per-member copies on the hot path.
+            pairs = [(name.split(".", 1)[1], payload)
+                     for name, payload in parse_members(self.read_bytes(i), key, views=True)]
         else:
             pairs = self._parquet_members(i)
         if self.verify and members_sha256(pairs) != self.sha256[i]:

@@ -28,5 +28,7 @@ class TorchDataset(IterableDataset):
         for _, src, epoch, b, (position, cursors) in loader.my_batches(worker, workers):
             batch = loader._build(src, epoch, b)
             out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+            if "video" in out:  # memoryviews cannot cross to the main process; worker IPC copies anyway
+                out["video"] = [bytes(v) for v in out["video"]]
             out["position"], out["cursors"] = position, cursors
             yield out

@@ -22,19 +22,13 @@ from dsbuild.errors import FormatError, UsageError
 from dsbuild.formats.safejson import loads_bounded, pretty_json
 from dsbuild.lineage.catalog import Catalog, fsync_dir, write_file_durably
 from dsbuild.lineage.hashing import sha256_bytes, sha256_json
+from dsbuild.lineage.index import INDEX_SCHEMA, LOCATOR_COLUMNS
 from dsbuild.split.params import NAME_RE
 
 SPLIT_FORMAT = "dsbuild.split/1"
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 30
-SPLIT_SCHEMA = pa.schema([
-    ("key", pa.string()),
-    ("sha256", pa.string()),
-    ("shard", pa.string()),
-    ("offset", pa.int64()),
-    ("length", pa.int64()),
-    ("row_group", pa.int32()),
-    ("row", pa.int32()),
+SPLIT_SCHEMA = pa.schema([INDEX_SCHEMA.field(c) for c in LOCATOR_COLUMNS] + [
     ("session_id", pa.string()),
     ("group_value", pa.string()),  # not "group": that is an SQL keyword
     ("split", pa.string()),  # constant per file; lets one glob over all files answer per-split queries

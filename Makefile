@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean chromium
 
 # torch is pinned (extra "torch"): a plain `torch` pulls a multi-GB CUDA build. ale-py is optional:
 # without it the demo falls back to synthetic captures and the Atari tests skip.
@@ -30,11 +30,19 @@ demo: venv
 	$(BIN)/dsbuild convert $(DEMO)/captures $(DEMO)/catalog-parquet --format parquet --clip-seconds 4
 	$(BIN)/dsbuild tag $(DEMO)/catalog demo-v1
 	$(BIN)/dsbuild verify $(DEMO)/catalog@demo-v1
-	$(BIN)/dsbuild split $(DEMO)/catalog --name main --by player --ratios train=0.8,val=0.1,test=0.1
+	$(BIN)/dsbuild split $(DEMO)/catalog --name main --by player --ratios train=0.8,val=0.1,test=0.1 --stratify title
 	$(BIN)/dsbuild query $(DEMO)/catalog "select title, count(*) as clips, round(sum(t_end - t_start) / 60, 2) as minutes from samples group by title order by title"
+	$(BIN)/dsbuild validate $(DEMO)/catalog --level full --split main --html $(DEMO)/validate.html --junit $(DEMO)/validate.xml
+	$(BIN)/dsbuild bench $(DEMO)/catalog --split main/train --resize 96x96 --duration 20 --html $(DEMO)/bench.html
 	$(BIN)/dsbuild log $(DEMO)/catalog
 
-test: venv
+# The HTML report test renders pages in headless Chromium (Debian's package); without it that test skips.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+	  echo "note: could not install chromium; the HTML render test will skip"
+
+test: venv chromium
 	$(BIN)/python -m pytest
 
 clean:

@@ -13,13 +13,9 @@ SHOWN = 3  # offenders per check in the terminal table; --json/--html/--junit ca
 
 
 def _fmt(v: object) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, dict):
-        return "\n".join(f"{k} = {_fmt(x) if not isinstance(x, list) else x}" for k, x in v.items()) or "-"
-    return str(v)
+    from dsbuild.validators.report import format_value
+
+    return format_value(v, digits=4, sep="\n")
 
 
 def _render(report, show_defaults: bool) -> None:

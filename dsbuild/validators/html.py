@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dsbuild.validators.charts import bar_chart, histogram
 from dsbuild.validators.model import Report
+from dsbuild.validators.report import format_value
 
 MAX_THUMBS = 24  # offender thumbnails on the page (each ~10-20 KB of base64)
 SHOWN_OFFENDERS = 5  # per check in the table; the rest fold into a <details>
@@ -35,15 +36,7 @@ background:#eee;display:flex;align-items:center;justify-content:center;color:#77
 
 
 def _fmt(v: object) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    if isinstance(v, dict):
-        return ", ".join(f"{k} = {_fmt(x)}" for k, x in v.items()) or "–"
-    if isinstance(v, list):
-        return "[" + ", ".join(map(str, v)) + "]"
-    return str(v)
+    return format_value(v, dash="–")
 
 
 def _check_rows(report: Report) -> str:

@@ -15,6 +15,19 @@ from dsbuild.validators.model import STAGES, CheckResult, Report
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
+def format_value(v: object, *, digits: int = 6, sep: str = ", ", dash: str = "-") -> str:
+    """A measured value or threshold for people: floats to ``digits`` significant digits, dicts as k = v."""
+    if v is None:
+        return dash
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    if isinstance(v, dict):
+        return sep.join(f"{k} = {format_value(x, digits=digits, sep=sep, dash=dash)}" for k, x in v.items()) or dash
+    if isinstance(v, list):
+        return "[" + ", ".join(map(str, v)) + "]"
+    return str(v)
+
+
 def xml_safe(text: object) -> str:
     """Text XML 1.0 can hold: control characters and lone surrogates (from hostile names) become U+FFFD."""
     return _NOT_XML.sub("\ufffd", str(text))

@@ -11,6 +11,7 @@ DEMO := demo
 $(BIN)/dsbuild: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q 'torch==2.13.0'  # alone first: resolved together with ray/s3, pip may pick a CUDA build
 	$(BIN)/pip install -q -e '.[dev,torch,ray,s3]'
 	$(BIN)/pip install -q -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"
 	touch $@

@@ -167,7 +167,7 @@ def test_bitstream_damage_that_ffmpeg_would_conceal_is_a_decode_failure():
 def test_video_problems_apply_the_spec_tolerances():
     spec = default_spec()
     v = {"decoded": 30, "error": None, "sizes": [(64, 48)], "fps": 30.0, "span": 1.0, "audio": False,
-         "luma_max": 100.0, "motion": 5.0}
+         "luma_max": 100.0, "motion": 40.0}
     expect = {"frames": 30, "fps": 30.0, "width": 64, "height": 48, "duration": 1.0}
     assert video_problems(v, expect, spec, audio_expected=False) == []
     bad = video_problems({**v, "fps": 25.0, "span": 1.2, "sizes": [(64, 48), (32, 24)]}, {**expect, "frames": 31},

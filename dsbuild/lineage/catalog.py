@@ -123,11 +123,13 @@ class Catalog:
     # -- writing --------------------------------------------------------------------------------
     @contextmanager
     def build_area(self) -> Iterator[BuildArea]:
-        self.clean_stale_builds()
-        try:
-            area = BuildArea(self.root / ".tmp" / uuid.uuid4().hex).__enter__()
-        except OSError as e:
-            raise StorageError(f"{self.root}: cannot create a build folder ({e.strerror or e})") from None
+        # Under the catalog lock, so a cleaner never sees a build folder between its mkdir and its flock.
+        with self.lock():
+            self.clean_stale_builds()
+            try:
+                area = BuildArea(self.root / ".tmp" / uuid.uuid4().hex).__enter__()
+            except OSError as e:
+                raise StorageError(f"{self.root}: cannot create a build folder ({e.strerror or e})") from None
         try:
             yield area
         finally:
@@ -293,8 +295,8 @@ class Catalog:
                     garbage.append((rel, p.stat().st_size))
                     if not dry_run:
                         p.unlink()
-        if not dry_run:
-            self.clean_stale_builds()
+            if not dry_run:
+                self.clean_stale_builds()
         return garbage
 
     def resolve(self, ref: str | None) -> str:

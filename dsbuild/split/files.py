@@ -159,7 +159,7 @@ def publish(catalog: Catalog, version_id: str, name: str, files: dict[str, bytes
     """Write the split set atomically. Returns "created", "existed" (identical: nothing written) or
     "replaced" (``force``). Refuses to replace a different split set of the same name without ``force``."""
     final = set_dir(catalog.root, version_id, name)
-    with catalog.lock(), catalog.build_area() as area:  # serialised with commits, tags and gc
+    with catalog.build_area() as area, catalog.lock():  # serialised with commits, tags and gc
         state = "created"
         if final.exists():
             try:

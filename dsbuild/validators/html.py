@@ -74,7 +74,7 @@ def _charts(report: Report) -> str:
     usage = s.get("action_usage", {})
     charts.append(bar_chart("Action usage (share of frames active)", [(k, 100 * v) for k, v in usage.items()], "%"))
     if s.get("motion"):
-        charts.append(histogram("Motion (mean gray difference between sampled frames)", s["motion"]))
+        charts.append(histogram("Motion (largest gray change between sampled frames)", s["motion"]))
     return "".join(charts)
 
 

@@ -106,11 +106,12 @@ CHECKS: tuple[CheckDef, ...] = (
                                                     "a few loading screens are normal; more is a broken capture"),
                                                  _t("black_luma", 16.0, "number", "mean gray level of a black frame")),
              level="full"),
-    CheckDef("frozen_clips", "content", "Clips whose mean absolute gray difference between consecutive sampled "
-             "frames (a strided subset at 64 px wide) stays below frozen_motion: a stuck capture. A black clip is "
-             "also frozen.", (_t("max_frozen_fraction", 0.01, "fraction", "pauses happen; a stuck encoder is rare"),
-                              _t("frozen_motion", 0.5, "number", "gray levels; encoder noise on a still image "
-                                                                  "measures below 0.1, slow motion above 2")),
+    CheckDef("frozen_clips", "content", "Clips whose largest gray difference anywhere between consecutive sampled "
+             "frames (a strided subset at 64 px wide; median over pairs) stays below frozen_motion: a stuck "
+             "capture. A black clip is also frozen.",
+             (_t("max_frozen_fraction", 0.01, "fraction", "pauses happen; a stuck encoder is rare"),
+              _t("frozen_motion", 8.0, "number", "gray levels; a still image re-encoded changes by a few levels, "
+                                                 "one small moving sprite by tens")),
              level="full"),
     CheckDef("audio", "content", "A clip carries an audio stream exactly when the metadata says the source had "
              "one and the build did not record dropping it.",

@@ -93,7 +93,9 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
         g = np.stack(grays).astype(np.float32)
         out["luma_max"] = float(g.mean(axis=(1, 2)).max())
         if len(g) >= 2:
-            out["motion"] = float(np.abs(np.diff(g, axis=0)).mean())
+            # Largest change anywhere between consecutive sampled frames (median over pairs): a game with a
+            # still background and one small moving sprite moves; a stuck capture does not.
+            out["motion"] = float(np.median(np.abs(np.diff(g, axis=0)).max(axis=(1, 2))))
         picks = np.unique(np.linspace(0, len(g) - 1, HASH_FRAMES).round().astype(int))
         if len(picks) == HASH_FRAMES:
             out["phash"] = [dhash(g[i]) for i in picks]

@@ -244,3 +244,22 @@ def test_torch_dataloader_gives_the_same_stream_and_checkpoints(cat, workers):
     assert got == expected
     rest, _ = run(ref, state=state)
     assert expected[:3] + rest == expected
+
+
+def test_pooled_read_buffers_are_never_reused_while_a_sample_is_held(cat):
+    from dsbuild.loader.source import Source
+
+    ref, _ = cat
+    src = Source(ref, verify=False).open()
+    held = [bytes(src.read_bytes(i)) for i in range(len(src))]
+    views = [src.read_bytes(i) for i in range(len(src))]  # all alive at once: each needs its own buffer
+    src.read_bytes(0)
+    pooled = len(src._pool._buffers)
+    for _ in range(3):
+        for i in range(len(src)):
+            src.read_bytes((i + 1) % len(src))  # churn the pool while the views above are held
+    assert [bytes(v) for v in views] == held
+    assert len(src._pool._buffers) == pooled  # the churn reused its released buffer instead of allocating
+    del views
+    again = [bytes(src.read_bytes(i)) for i in range(len(src))]  # buffers now reused
+    assert again == held

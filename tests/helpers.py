@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -24,3 +26,12 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file under a catalog except commit records and scratch space, by relative path."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
             if p.is_file() and ".tmp" not in p.parts and p.name != "commit.json"}
+
+
+def cli_argv(*args) -> list[str]:
+    """The argv of `dsbuild ARGS` run with this interpreter (no dependence on PATH)."""
+    return [sys.executable, "-c", "from dsbuild.cli.app import main; main()", *map(str, args)]
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=300)

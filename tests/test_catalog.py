@@ -17,14 +17,9 @@ from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.verify import verify
 from dsbuild.samples.synthetic import generate, session_spec
 from dsbuild.samples.writer import VideoSpec
-from tests.helpers import index_rows, manifest
+from tests.helpers import cli, index_rows, manifest
 
 CONFIG = ConvertConfig(clip_seconds=1.0)
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "from dsbuild.cli.app import main; main()", *map(str, args)],
-                          capture_output=True, text=True)
 
 
 def _small_sessions(root: Path, first: int, count: int) -> None:
@@ -63,7 +58,7 @@ def test_incremental_version_equals_a_from_scratch_build(grown, tmp_path):
 
 def test_diff_shows_exactly_the_added_samples(grown):
     _, cat, v1, v2 = grown
-    r = _cli("diff", f"{cat}@{v1.version_id[:10]}", f"{cat}@{v2.version_id}", "--json", "--limit", "100")
+    r = cli("diff", f"{cat}@{v1.version_id[:10]}", f"{cat}@{v2.version_id}", "--json", "--limit", "100")
     d = json.loads(r.stdout)
     new_keys = sorted(x["key"] for x in index_rows(cat, v2.version_id) if x["session_id"] in ("s-020", "s-021"))
     assert (d["added_keys"], d["removed"], d["changed"]) == (new_keys, 0, 0)
@@ -76,13 +71,13 @@ def test_removed_sessions_drop_out(grown, tmp_path):
     shutil.copytree(caps, caps2)
     shutil.rmtree(caps2 / "s-003")
     v3 = convert(caps2, cat, CONFIG, workers=1)
-    d = json.loads(_cli("diff", f"{cat}@{v2.version_id}", f"{cat}@{v3.version_id}", "--json").stdout)
+    d = json.loads(cli("diff", f"{cat}@{v2.version_id}", f"{cat}@{v3.version_id}", "--json").stdout)
     assert d["removed"] == 2 and d["added"] == 0 and v3.written_bytes == 0
 
 
 def test_log_lists_versions_newest_first_with_parent_and_change(grown):
     _, cat, v1, v2 = grown
-    entries = json.loads(_cli("log", cat, "--json").stdout)["versions"]
+    entries = json.loads(cli("log", cat, "--json").stdout)["versions"]
     by_id = {e["version_id"]: e for e in entries}
     assert by_id[v2.version_id]["parent"] == v1.version_id
     assert by_id[v2.version_id]["change"].startswith("+4 -0 ~0")
@@ -90,44 +85,44 @@ def test_log_lists_versions_newest_first_with_parent_and_change(grown):
 
 def test_tags_are_unique_and_moving_needs_force(grown):
     _, cat, v1, v2 = grown
-    assert _cli("tag", f"{cat}@{v1.version_id[:8]}", "gold").returncode == 0
-    moved = _cli("tag", f"{cat}@{v2.version_id}", "gold")
+    assert cli("tag", f"{cat}@{v1.version_id[:8]}", "gold").returncode == 0
+    moved = cli("tag", f"{cat}@{v2.version_id}", "gold")
     assert moved.returncode == 2 and "--force" in moved.stderr
-    assert _cli("tag", f"{cat}@{v2.version_id}", "gold", "--force").returncode == 0
+    assert cli("tag", f"{cat}@{v2.version_id}", "gold", "--force").returncode == 0
     assert Catalog.open(cat).resolve("gold") == v2.version_id
-    assert _cli("tag", str(cat), "gold", "--delete").returncode == 0
+    assert cli("tag", str(cat), "gold", "--delete").returncode == 0
     assert "gold" not in Catalog.open(cat).tags()
-    assert _cli("tag", f"{cat}@{v2.version_id}", "../x").returncode == 2
+    assert cli("tag", f"{cat}@{v2.version_id}", "../x").returncode == 2
 
 
 def test_unknown_and_ambiguous_versions_are_usage_errors(grown):
     _, cat, _, _ = grown
     with pytest.raises(UsageError, match="no version matches"):
         Catalog.open(cat).resolve("zzzz")
-    r = _cli("verify", f"{cat}@nope")
+    r = cli("verify", f"{cat}@nope")
     assert r.returncode == 2 and r.stderr.startswith("error:")
 
 
 def test_lineage_traces_a_sample_to_its_sources(grown):
     caps, cat, _, v2 = grown
     key = index_rows(cat, v2.version_id)[5]["key"]
-    info = json.loads(_cli("lineage", f"{cat}@{v2.version_id}", key, "--json").stdout)
+    info = json.loads(cli("lineage", f"{cat}@{v2.version_id}", key, "--json").stdout)
     assert {s["role"] for s in info["sources"]} >= {"video", "session"}
     assert info["config_hash"] == manifest(cat, v2.version_id)["config_hash"]
     assert info["location"]["shard"].startswith("shards/") and info["window"]["frames"] > 0
-    assert _cli("lineage", str(cat), "no-such-key").returncode == 2
+    assert cli("lineage", str(cat), "no-such-key").returncode == 2
 
 
 def test_query_views_read_in_place(grown):
     _, cat, v1, v2 = grown
-    rows = json.loads(_cli("query", f"{cat}@{v2.version_id}", "select count(*) n, count(distinct session_id) s from samples",
+    rows = json.loads(cli("query", f"{cat}@{v2.version_id}", "select count(*) n, count(distinct session_id) s from samples",
                            "--json").stdout)
     assert rows == [{"n": len(index_rows(cat, v2.version_id)), "s": 22}]
-    csv = _cli("query", str(cat), "select count(*) from versions", "--csv").stdout.splitlines()
+    csv = cli("query", str(cat), "select count(*) from versions", "--csv").stdout.splitlines()
     assert int(csv[1]) >= 2
-    lin = json.loads(_cli("query", str(cat), "select distinct role from lineage order by 1", "--json").stdout)
+    lin = json.loads(cli("query", str(cat), "select distinct role from lineage order by 1", "--json").stdout)
     assert [r["role"] for r in lin] == ["actions", "session", "telemetry", "text", "video"]
-    bad = _cli("query", str(cat), "select nope from samples")
+    bad = cli("query", str(cat), "select nope from samples")
     assert bad.returncode == 2 and "query failed" in bad.stderr
 
 
@@ -145,7 +140,7 @@ def test_verify_names_the_damaged_shard(wds_catalog, tmp_path, damage):
         shard.write_bytes(bytes(data[: len(data) // 2]))
     else:
         shard.unlink()
-    r = _cli("verify", f"{cat}@{vid}", "--json")
+    r = cli("verify", f"{cat}@{vid}", "--json")
     report = json.loads(r.stdout)
     assert r.returncode == 1 and not report["ok"]
     assert report["problems"][0]["shard"] == manifest(cat, vid)["shards"][1]["path"]
@@ -166,9 +161,9 @@ def test_gc_removes_only_unreferenced_shards(grown, tmp_path):
     orphan = cat / "shards" / "ff" / ("f" * 64 + ".tar")
     orphan.parent.mkdir(exist_ok=True)
     orphan.write_bytes(b"x" * 100)
-    dry = json.loads(_cli("gc", cat, "--dry-run", "--json").stdout)
+    dry = json.loads(cli("gc", cat, "--dry-run", "--json").stdout)
     assert dry["shards"] == [orphan.relative_to(cat).as_posix()] and orphan.exists()
-    assert _cli("gc", cat).returncode == 0 and not orphan.exists()
+    assert cli("gc", cat).returncode == 0 and not orphan.exists()
     for v in Catalog.open(cat).versions():
         assert verify(Catalog.open(cat), v.version_id).ok
 
@@ -192,9 +187,9 @@ def test_two_converts_into_one_catalog_at_once_both_commit(tmp_path):
 def test_log_shows_split_sets_and_diff_compares_them(grown):
     _, cat, v1, v2 = grown
     for v in (v1, v2):
-        assert _cli("split", f"{cat}@{v.version_id}", "--name", "main", "--by", "session_id").returncode == 0
-    entries = {e["version_id"]: e for e in json.loads(_cli("log", cat, "--json").stdout)["versions"]}
+        assert cli("split", f"{cat}@{v.version_id}", "--name", "main", "--by", "session_id").returncode == 0
+    entries = {e["version_id"]: e for e in json.loads(cli("log", cat, "--json").stdout)["versions"]}
     assert [s["name"] for s in entries[v2.version_id]["split_sets"]] == ["main"]
-    d = json.loads(_cli("diff", f"{cat}@{v1.version_id}", f"{cat}@{v2.version_id}", "--split", "main",
+    d = json.loads(cli("diff", f"{cat}@{v1.version_id}", f"{cat}@{v2.version_id}", "--split", "main",
                         "--json").stdout)
     assert sorted(d["groups"]["added"]) == ["s-020", "s-021"] and not d["groups"]["moved"]

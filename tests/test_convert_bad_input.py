@@ -3,14 +3,12 @@ goes on; recoverable damage is repaired and counted in the manifest; user mistak
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.samples.synthetic import generate
-from tests.helpers import manifest
+from tests.helpers import cli, manifest
 
 CONFIG = ConvertConfig(clip_seconds=2.0)
 QUARANTINE = {
@@ -88,15 +86,10 @@ def test_missing_streams_are_recorded_not_fatal(damaged):
     assert r["actions"]["missing"] and r["text"]["missing"] and not r["telemetry"]["missing"]
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "from dsbuild.cli.app import main; main()", *map(str, args)],
-                          capture_output=True, text=True)
-
-
 def test_strict_turns_quarantine_into_exit_1(tmp_path):
     generate(tmp_path / "cap", sessions=2, seconds=2, seed=4, damage={1: "zero_video"})
-    loose = _cli("convert", tmp_path / "cap", tmp_path / "a", "--workers", "1")
-    strict = _cli("convert", tmp_path / "cap", tmp_path / "b", "--workers", "1", "--strict", "--json")
+    loose = cli("convert", tmp_path / "cap", tmp_path / "a", "--workers", "1")
+    strict = cli("convert", tmp_path / "cap", tmp_path / "b", "--workers", "1", "--strict", "--json")
     assert loose.returncode == 0 and strict.returncode == 1
     assert '"quarantined": [' in strict.stdout and "not a readable video" in strict.stdout
 
@@ -115,7 +108,7 @@ def test_user_mistakes_get_one_line_and_exit_2(tmp_path, case):
         extra = ["--shard-size", "lots"]
     elif case == "bad_format":
         extra = ["--format", "csv"]
-    r = _cli("convert", cap, out, *extra)
+    r = cli("convert", cap, out, *extra)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr
@@ -123,6 +116,6 @@ def test_user_mistakes_get_one_line_and_exit_2(tmp_path, case):
 
 def test_all_sessions_quarantined_is_exit_1_and_commits_nothing(tmp_path):
     generate(tmp_path / "cap", sessions=1, seconds=1, seed=0, damage={0: "not_video"})
-    r = _cli("convert", tmp_path / "cap", tmp_path / "out")
+    r = cli("convert", tmp_path / "cap", tmp_path / "out")
     assert r.returncode == 1 and "quarantined" in r.stderr
     assert not list((tmp_path / "out" / "versions").iterdir())

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
@@ -35,7 +33,7 @@ from dsbuild.split import (
     open_split,
 )
 from dsbuild.split.files import SPLIT_SCHEMA, seal, table_bytes
-from tests.helpers import index_rows
+from tests.helpers import cli, index_rows
 
 LOCATORS = ["key", "sha256", "shard", "offset", "length", "row_group", "row"]
 
@@ -74,11 +72,6 @@ def partial(tmp_path_factory) -> tuple[Path, str]:
     generate(base / "captures", sessions=3, seconds=2.0, seed=5, specs=specs)
     r = convert(base / "captures", base / "catalog", ConvertConfig(clip_seconds=1.0), workers=1)
     return base / "catalog", r.version_id
-
-
-def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from dsbuild.cli.app import main; main()", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, check=False)
 
 
 def _keys(table: pa.Table) -> list[str]:
@@ -211,7 +204,7 @@ def test_check_catches_a_moved_sample_and_a_damaged_file(catalog, tmp_path):
     assert not result.ok
     assert any("differs from the rule" in p for p in result.problems)
     assert any("more than one split" in p for p in result.problems)  # its session is now in both
-    proc = _cli("split", f"{cat}@{vid[:10]}", "--name", "tamper", "--check")
+    proc = cli("split", f"{cat}@{vid[:10]}", "--name", "tamper", "--check")
     assert proc.returncode == 1 and "problem" in proc.stderr
     (folder / "val.parquet").write_bytes(b"garbage")
     result = check_split(cat, vid, "tamper")
@@ -269,7 +262,7 @@ def test_unknown_pinned_group_is_one_clear_line_and_exit_2(catalog, tmp_path):
     pin.write_text("nobody-1\nnobody-2\n")
     with pytest.raises(UsageError, match="2 group value"):
         make_split(cat, vid, "badpin", SplitOptions(pins=[("test", pin)]))
-    proc = _cli("split", cat, "--name", "badpin", "--pin", f"test={pin}")
+    proc = cli("split", cat, "--name", "badpin", "--pin", f"test={pin}")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "nobody-1" in proc.stderr and "Traceback" not in proc.stderr
     assert not (cat / "splits" / vid / "badpin").exists()
@@ -285,24 +278,24 @@ def test_unknown_pinned_group_is_one_clear_line_and_exit_2(catalog, tmp_path):
 ])
 def test_bad_input_is_exit_2_with_one_line(catalog, args, message):
     cat, _ = catalog
-    proc = _cli("split", cat, "--name", "bad", *args)
+    proc = cli("split", cat, "--name", "bad", *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and proc.stderr.count("\n") == 1
 
 
 def test_unknown_version_is_exit_2(catalog):
     cat, _ = catalog
-    proc = _cli("split", f"{cat}@0000", "--name", "x")
+    proc = cli("split", f"{cat}@0000", "--name", "x")
     assert proc.returncode == 2 and "no version matches" in proc.stderr
 
 
 def test_cli_json_output_matches_the_stored_manifest(catalog):
     cat, vid = catalog
-    proc = _cli("split", cat, "--name", "cli", "--by", "session_id", "--salt", "cli", "--json")
+    proc = cli("split", cat, "--name", "cli", "--by", "session_id", "--salt", "cli", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["hash"] == open_split(cat, vid, "cli").hash and out["state"] == "created"
-    check = _cli("split", cat, "--name", "cli", "--check", "--json")
+    check = cli("split", cat, "--name", "cli", "--check", "--json")
     assert check.returncode == 0 and json.loads(check.stdout)["ok"] is True
 
 

@@ -51,16 +51,16 @@ def decompress_events(blob: bytes, limit: int = MAX_EVENTS_BYTES) -> bytes:
     try:
         claimed = zstandard.get_frame_parameters(blob).content_size
         if claimed != zstandard.CONTENTSIZE_UNKNOWN and claimed > limit:
-            raise FormatError(f"events frame claims {claimed} bytes (limit {limit})")
+            raise FormatError(f"events frame claims {claimed} bytes, over the limit of {limit}")
         out, total = [], 0
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)) as reader:
             while chunk := reader.read(1 << 20):
                 total += len(chunk)
                 if total > limit:
-                    raise FormatError(f"events expand beyond {limit} bytes")
+                    raise FormatError(f"events expand beyond {limit} bytes (over the limit)")
                 out.append(chunk)
     except zstandard.ZstdError as e:
-        raise FormatError(f"events are not valid zstd ({e})") from None
+        raise FormatError(f"events do not decompress (not valid zstd: {e})") from None
     return b"".join(out)
 
 

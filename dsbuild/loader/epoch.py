@@ -73,8 +73,3 @@ class EpochPlan:
     def batch(self, epoch: int, b: int) -> Batch:
         c, j = self.locate(epoch, b)
         return self._chunk(epoch, c)[j]
-
-    def position_of(self, epoch: int, b: int) -> int:
-        """Epoch position of the first sample of batch ``b`` (used to pick deterministic replacements)."""
-        c, _ = self.locate(epoch, b)
-        return c * self.spec.chunk

@@ -10,6 +10,7 @@ pickling between processes. (Inside a torch ``DataLoader``, see ``as_torch_datas
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -26,7 +27,7 @@ from dsbuild.loader.device import Transfer, resolve_device
 from dsbuild.loader.epoch import SHUFFLES, EpochPlan
 from dsbuild.loader.mixture import POLICIES, normalise, schedule
 from dsbuild.loader.permutation import derive_key, permute
-from dsbuild.loader.plan import PlanSpec
+from dsbuild.loader.plan import PlanSpec, rank_batch_ids
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import LoaderState
 
@@ -217,14 +218,11 @@ class Mixture:
         The state after j is taken at the end of j's global step (all W ranks' batches), so every rank
         that checkpoints after the same step writes the same state."""
         o = self.options
-        start = self.position
+        mine = rank_batch_ids(self.position, sys.maxsize, o.world_size, o.rank, worker, workers)
         held = None
-        k = 0
         for j, src, epoch, b, cursors in self._walk():
-            if (j - start) % o.world_size == o.rank:
-                if k % workers == worker:
-                    held = (j, src, epoch, b, j - o.rank + o.world_size)
-                k += 1
+            if j in mine:
+                held = (j, src, epoch, b, j - o.rank + o.world_size)
             if held is not None and j == held[4] - 1:
                 yield (*held[:4], (held[4], [list(c) for c in cursors]))
                 held = None

@@ -38,7 +38,7 @@ from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.split.assign import RULE, Assignment, assign_groups, expected_std, unit
 from dsbuild.split.check import CheckResult, check_split
 from dsbuild.split.diff import diff_split_sets
-from dsbuild.split.files import SPLIT_FORMAT, SPLIT_SCHEMA, SplitSet, open_split_set, set_dir
+from dsbuild.split.files import SPLIT_FORMAT, SPLIT_SCHEMA, SplitSet, open_split_set
 from dsbuild.split.files import list_split_sets as _list
 from dsbuild.split.make import SplitResult, make_split
 from dsbuild.split.params import SplitOptions, SplitParams, parse_ratios
@@ -72,7 +72,3 @@ def list_split_sets(catalog: Path | Catalog, version_id: str | None) -> list[Spl
     """The split sets of a version, sorted by name (``.summary()`` gives a JSON-ready overview)."""
     cat = _root(catalog)
     return _list(cat.root, cat.resolve(version_id))
-
-
-def split_set_path(catalog: Path | Catalog, version_id: str, name: str) -> Path:
-    return set_dir(_root(catalog).root, version_id, name)

@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from dsbuild.errors import FormatError
+from dsbuild.formats.sample import decompress_events
 from dsbuild.formats.safejson import loads_bounded
 
 SAMPLED_FRAMES = 16  # frames converted per clip: enough for a motion statistic, cheap next to decoding
@@ -159,23 +160,10 @@ def array_problems(meta: dict, actions: np.ndarray, telemetry: np.ndarray, ts: n
     return out
 
 
-def _decompress(blob: bytes) -> bytes:
-    import zstandard
-
-    try:
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)) as r:
-            data = r.read(MAX_EVENTS_BYTES + 1)
-    except zstandard.ZstdError as e:
-        raise FormatError(f"events do not decompress ({_why(e)})") from None
-    if len(data) > MAX_EVENTS_BYTES:
-        raise FormatError(f"events decompress to over {MAX_EVENTS_BYTES} bytes")
-    return data
-
-
 def events_problems(meta: dict, blob: bytes) -> list[tuple[str, str]]:
     """Raw action events: bounded zstd JSONL, each inside the window, known control, value in [-1, 1]."""
     try:
-        data = _decompress(blob)
+        data = decompress_events(blob, MAX_EVENTS_BYTES)
     except FormatError as e:
         return [("action_events", str(e))]
     lines = [x for x in data.split(b"\n") if x]

@@ -32,7 +32,7 @@ from convert import make_captures  # noqa: E402
 from dsbuild import __version__  # noqa: E402
 from dsbuild.convert import ConvertConfig, convert  # noqa: E402
 from dsbuild.lineage.catalog import Catalog  # noqa: E402
-from dsbuild.lineage.hashing import sha256_bytes  # noqa: E402
+from dsbuild.core.hashing import sha256_bytes  # noqa: E402
 from dsbuild.lineage.index import INDEX_SCHEMA  # noqa: E402
 from dsbuild.lineage.manifest import Manifest, ShardRecord  # noqa: E402
 from dsbuild.lineage.query import run_query  # noqa: E402

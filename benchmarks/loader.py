@@ -64,7 +64,7 @@ def synthetic_version(ref: str, n: int, batch_size: int, work: Path) -> tuple[st
 
     from dsbuild.formats.webdataset import parse_members
     from dsbuild.lineage.catalog import Catalog, open_ref
-    from dsbuild.lineage.hashing import sha256_bytes
+    from dsbuild.core.hashing import sha256_bytes
     from dsbuild.lineage.index import INDEX_FILE, INDEX_SCHEMA, read_index
     from dsbuild.lineage.manifest import ShardRecord, content_id
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dsbuild.convert import ConvertConfig, convert  # noqa: E402
-from dsbuild.errors import DsbuildError  # noqa: E402
+from dsbuild.core.errors import DsbuildError  # noqa: E402
 from dsbuild.lineage.catalog import Catalog  # noqa: E402
 from dsbuild.lineage.verify import verify  # noqa: E402
 from dsbuild.loader import Loader  # noqa: E402

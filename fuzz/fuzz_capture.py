@@ -7,7 +7,7 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports():
-    from dsbuild.errors import CaptureError
+    from dsbuild.core.errors import CaptureError
     from dsbuild.formats.capture import read_session
     from dsbuild.formats.streams import read_actions, read_telemetry, read_text
 

@@ -6,8 +6,8 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from dsbuild.errors import FormatError
-    from dsbuild.formats.safejson import loads_bounded
+    from dsbuild.core.errors import FormatError
+    from dsbuild.core.jsonio import loads_bounded
     from dsbuild.formats.sample import decompress_events
     from dsbuild.formats.webdataset import parse_members
     from dsbuild.lineage.manifest import Manifest

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.samples.synthetic import generate
 
 
@@ -26,14 +27,14 @@ def captures(tmp_path_factory) -> Path:
 def wds_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
     """(catalog path, version id) of the clean captures as WebDataset shards, 3 s clips."""
     out = tmp_path_factory.mktemp("wds") / "catalog"
-    r = convert(captures, out, ConvertConfig(format="webdataset", clip_seconds=3.0), workers=1)
+    r = convert(captures, out, ConvertConfig(format="webdataset", clip_seconds=3.0), executor=ExecutorSpec(workers=1))
     return out, r.version_id
 
 
 @pytest.fixture(scope="session")
 def parquet_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("pq") / "catalog"
-    r = convert(captures, out, ConvertConfig(format="parquet", clip_seconds=3.0), workers=1)
+    r = convert(captures, out, ConvertConfig(format="parquet", clip_seconds=3.0), executor=ExecutorSpec(workers=1))
     return out, r.version_id
 
 

@@ -15,7 +15,7 @@ def manifest(catalog: Path, version_id: str) -> dict:
 
 
 def index_rows(catalog: Path, version_id: str) -> list[dict]:
-    return pq.read_table(catalog / "versions" / version_id / "index.parquet").to_pylist()
+    return pq.ParquetFile(catalog / "versions" / version_id / "index.parquet").read().to_pylist()
 
 
 def shard_files(catalog: Path, version_id: str) -> list[Path]:

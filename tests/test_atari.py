@@ -14,7 +14,7 @@ import pytest
 
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.convert.resample import hold
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.formats.sample import npy_load
 from dsbuild.formats.webdataset import parse_members
 from dsbuild.formats.video import seconds

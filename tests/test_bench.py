@@ -15,7 +15,7 @@ import pytest
 from dsbuild.bench import BenchOptions, run_bench
 from dsbuild.bench.report import regressions
 from dsbuild.bench.summary import paired_ratio, percentiles, rate_series, rotate, spread
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.loader import Loader
 from tests.helpers import index_rows
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dsbuild.errors import CaptureError
+from dsbuild.core.errors import CaptureError
 from dsbuild.formats.capture import discover_sessions, read_session
 from dsbuild.formats.streams import MAX_LINE_BYTES, read_actions, read_telemetry, read_text
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dsbuild.convert import ConvertConfig, convert
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.verify import verify
 from dsbuild.samples.synthetic import generate, session_spec

@@ -19,7 +19,7 @@ from dsbuild.formats.parquet import row_arrays
 from dsbuild.formats.sample import members_sha256
 from dsbuild.formats.video import decoded_frame_count
 from dsbuild.formats.webdataset import parse_members
-from dsbuild.lineage.hashing import sha256_file
+from dsbuild.core.hashing import sha256_file
 from tests.helpers import index_rows, manifest, shard_files
 
 

@@ -8,8 +8,8 @@ import json
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dsbuild.errors import FormatError
-from dsbuild.formats.safejson import loads_bounded
+from dsbuild.core.errors import FormatError
+from dsbuild.core.jsonio import loads_bounded
 from dsbuild.formats.sample import decompress_events
 from dsbuild.formats.webdataset import parse_members
 from dsbuild.lineage.index import read_index
@@ -87,7 +87,7 @@ def test_index_reader_only_raises_format_errors(tmp_path_factory, data):
 @FUZZ
 @given(json_values)
 def test_loader_checkpoints_only_raise_usage_errors(doc):
-    from dsbuild.errors import UsageError
+    from dsbuild.core.errors import UsageError
 
     try:
         LoaderState.from_dict(doc if not isinstance(doc, dict) else {"format": "dsbuild.loader/1", **doc})

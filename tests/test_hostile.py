@@ -16,7 +16,7 @@ import pytest
 import zstandard
 
 from dsbuild.convert import ConvertConfig, convert
-from dsbuild.errors import CaptureError, FormatError
+from dsbuild.core.errors import CaptureError, FormatError
 from dsbuild.formats.capture import read_session
 from dsbuild.formats.sample import decompress_events
 from dsbuild.formats.streams import read_actions

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dsbuild.convert import ConvertConfig, convert
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.loader import Loader, Mixture
 from dsbuild.loader.mixture import normalise, schedule
 from tests.helpers import index_rows, manifest

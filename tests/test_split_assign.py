@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.split.assign import (
     RULE,
     assign_groups,

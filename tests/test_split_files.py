@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dsbuild.convert import ConvertConfig, convert
-from dsbuild.errors import UsageError
-from dsbuild.formats.safejson import canonical_json, pretty_json
-from dsbuild.lineage.hashing import sha256_bytes, sha256_file
+from dsbuild.core.errors import UsageError
+from dsbuild.core.jsonio import canonical_json, pretty_json
+from dsbuild.core.hashing import sha256_bytes, sha256_file
 from dsbuild.samples.synthetic import generate
 from dsbuild.samples.writer import SessionSpec, VideoSpec
 from dsbuild.split import (

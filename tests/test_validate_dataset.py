@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.hashing import sha256_bytes
+from dsbuild.core.hashing import sha256_bytes
 from dsbuild.split import SplitOptions, make_split, open_split
 from dsbuild.split.files import publish, seal, table_bytes
 from dsbuild.validators import ValidateOptions, parse_spec, validate

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.validators.spec import (
     CHECKS,
     THRESHOLDS,

@@ -16,7 +16,7 @@ import numpy as np
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.formats.sample import members_sha256
 from dsbuild.formats.webdataset import BLOCK, RECORD, _header, parse_members
-from dsbuild.lineage.hashing import sha256_bytes
+from dsbuild.core.hashing import sha256_bytes
 from dsbuild.lineage.index import index_bytes
 from dsbuild.lineage.manifest import Manifest, content_id
 from dsbuild.samples.synthetic import frames as moving_frames

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.options import BenchOptions
 from dsbuild.bench.summary import percentiles, rate
-from dsbuild.errors import DsbuildError
+from dsbuild.core.errors import DsbuildError
 
 MIN_STEPS = 2  # the training phase always runs at least this many steps, however short its time
 STAGES = ("read", "decode", "collate")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 
 BASELINES = ("raw", "pyav", "webdataset")
 DEVICES = ("auto", "cuda", "cpu")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from dsbuild.bench.summary import percentiles, spread
-from dsbuild.errors import DsbuildError
+from dsbuild.core.errors import DsbuildError
 
 START_TIMEOUT_S = 900.0  # a rank's start (imports, opening the index) on a loaded machine
 STRAGGLER = 0.9  # a rank below 90% of the ranks' median throughput is named a straggler

@@ -17,7 +17,7 @@ from dsbuild.bench.dataset import Dataset, describe
 from dsbuild.bench.harness import Progress, Ticker, measure_ours
 from dsbuild.bench.options import BenchOptions
 from dsbuild.bench.summary import rotate
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 
 
 def resolve(device: str) -> str | None:

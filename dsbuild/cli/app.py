@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from dsbuild.errors import DsbuildError
+from dsbuild.core.errors import DsbuildError
 
 app = typer.Typer(
     name="dsbuild",

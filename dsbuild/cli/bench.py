@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from dsbuild.cli.render import console, print_json
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 
 
 class LiveView:
@@ -66,7 +66,7 @@ class LiveView:
 
 def _load_baseline(path: Path) -> dict:
     from dsbuild.bench.report import FORMAT
-    from dsbuild.formats.safejson import loads_bounded
+    from dsbuild.core.jsonio import loads_bounded
 
     try:
         data = path.read_bytes()

@@ -13,7 +13,7 @@ def gc(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Delete unreferenced shards and stale build folders; every committed version stays whole."""
-    from dsbuild.errors import UsageError
+    from dsbuild.core.errors import UsageError
     from dsbuild.lineage.catalog import Catalog
     from dsbuild.lineage.remote import is_url
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from dsbuild.cli.render import console, print_json
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 
 SOURCES = ("synthetic", "atari")
 

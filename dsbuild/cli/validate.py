@@ -50,7 +50,7 @@ def _render(report, show_defaults: bool) -> None:
 
 
 def _write(path: Path, text: str, what: str) -> None:
-    from dsbuild.errors import UsageError
+    from dsbuild.core.errors import UsageError
 
     try:
         path.write_text(text, encoding="utf-8")
@@ -76,7 +76,7 @@ def validate(
     html: Path = typer.Option(None, "--html", help="Write a self-contained HTML report here."),
 ) -> None:
     """Check a version against an acceptance spec: structure, content, coverage, duplicates, split leakage."""
-    from dsbuild.errors import UsageError
+    from dsbuild.core.errors import UsageError
     from dsbuild.lineage.catalog import open_catalog, parse_ref
     from dsbuild.validators import ValidateOptions, load_spec, to_junit, write_html
     from dsbuild.validators import validate as run_validate

@@ -1,47 +1,69 @@
-"""Orchestration of a build: discover, quarantine, process sessions in parallel, commit one version."""
+"""Orchestration of a build: discover, quarantine, process sessions in parallel, assemble shards, commit.
+
+    sessions --(workers: cut, remux, encode)--> segment files
+             --(plan: content-defined boundaries over the sorted samples)--> shards to reuse or write
+             --(workers: byte-copy segments)--> shards --(commit: shards, then the version)--> catalog
+
+Sessions whose source files are unchanged since the parent version (``onto``, else the newest version
+with the same config) are not processed again: their samples are taken from the parent's shards, and
+only the shards near a change are written. A parent shard that is missing (or, with ``rehash``, whose
+bytes no longer match its name) is healed: its sessions are processed again from the captures.
+"""
 
 from __future__ import annotations
 
-import os
+import hashlib
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from dsbuild import __version__
+from dsbuild.convert.assemble import SampleRef, ShardTask, assemble_shard, plan
+from dsbuild.convert.captures import read_sessions, staged
 from dsbuild.convert.config import ConvertConfig
-from dsbuild.convert.executors import run
-from dsbuild.convert.session import SessionJob, SessionResult, source_set
-from dsbuild.errors import CaptureError, DsbuildError, UsageError
-from dsbuild.formats.capture import Session, discover_sessions, read_session
-from dsbuild.formats.sample import ARRAY_MEMBERS, EVENTS_MEMBER, SAMPLE_FORMAT, VIDEO_EXTS
-from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.hashing import sha256_bytes, sha256_json
-from dsbuild.lineage.index import INDEX_FILE, INDEX_SCHEMA, index_bytes, read_index
-from dsbuild.lineage.manifest import Manifest, ShardRecord, content_id
-
-
-class NothingToConvert(DsbuildError):
-    """Every session was quarantined: there is no dataset to commit."""
-
-    exit_code = 1
+from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_set
+from dsbuild.core.errors import CheckFailed, UsageError
+from dsbuild.core.executor import ExecutorSpec, run_tasks
+from dsbuild.core.hashing import CHUNK, sha256_bytes, sha256_json
+from dsbuild.core.records import Record
+from dsbuild.core.store import is_url, local_path
+from dsbuild.formats import get_format
+from dsbuild.formats.sample import MEMBERS, SAMPLE_FORMAT
+from dsbuild.lineage.catalog import Catalog, CommitRecord
+from dsbuild.lineage.index import INDEX_COLUMNS, INDEX_FILE, IndexRow, index_bytes, rows_from_table, table_from_bytes
+from dsbuild.lineage.manifest import (
+    IndexPin,
+    Manifest,
+    Quarantined,
+    SessionRecord,
+    ShardRecord,
+    Stats,
+    Vocabulary,
+    content_id,
+    shard_key,
+)
 
 
 @dataclass
 class Progress:
-    """What a progress display needs after each session."""
+    """What a progress display needs: sessions, then shards."""
 
     total: int
     done: int = 0
     samples: int = 0
     bytes: int = 0
     quarantined: int = 0
+    stage: str = "sessions"  # sessions, then shards
+    shards_total: int = 0
+    shards_done: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
-@dataclass(frozen=True)
-class ConvertResult:
+@dataclass(frozen=True, slots=True)
+class ConvertResult(Record):
     version_id: str
     content_id: str
     existed: bool
@@ -51,206 +73,253 @@ class ConvertResult:
     shards: int
     bytes: int
     sessions: int
-    quarantined: list[dict]
+    quarantined: tuple[Quarantined, ...]
     long_clips: int
     repaired_sessions: int
     parent: str | None
     reused_sessions: int
-    written_bytes: int  # shard bytes this build added to the catalog (0 for shards it could share)
+    healed_sessions: int  # reused sessions processed again because a parent shard was missing or damaged
+    written_shards: int
+    reused_shards: int
+    written_bytes: int  # shard bytes this build added to the catalog
     seconds: float
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-
-def _read_sessions(root: Path) -> tuple[list[Session], list[dict]]:
-    """Parse every session.json; quarantine unreadable ones and every holder of a duplicated id."""
-    sessions, quarantined = [], []
-    for directory in discover_sessions(root):
-        try:
-            sessions.append(read_session(directory, root))
-        except CaptureError as e:
-            quarantined.append({"session": directory.relative_to(root).as_posix(), "path": e.path,
-                                "reason": e.reason})
-    by_id = defaultdict(list)
-    for s in sessions:
-        by_id[s.session_id].append(s)
-    kept = []
-    for s in sessions:
-        twins = by_id[s.session_id]
-        if len(twins) > 1:
-            others = ", ".join(t.rel for t in twins if t is not s)
-            quarantined.append({"session": s.session_id, "path": s.rel_of("session.json"),
-                                "reason": f"duplicate session_id (also in {others})"})
-        else:
-            kept.append(s)
-    return kept, quarantined
 
 
 def _parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[str | None, Manifest | None]:
-    """(parent version, its manifest when its shards can be reused: same config and tool version)."""
-    versions = catalog.versions()
-    if not onto and not versions:
+    """(parent version, its manifest when its samples can be reused: same config and tool version)."""
+    if not onto and not catalog.versions():
         return None, None
     parent = catalog.resolve(onto)
     m = catalog.manifest(parent)
     same = m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__
     if onto and not same:
-        changed = sorted(k for k, v in config.to_json().items() if m.config.get(k) != v) or ["tool version"]
+        theirs = m.config if isinstance(m.config, dict) else {}
+        changed = sorted(k for k, v in config.to_json().items() if theirs.get(k) != v) or ["tool version"]
         raise UsageError(f"--onto {onto}: version {parent[:12]} was built with other settings "
-                         f"({', '.join(changed)}); convert without --onto for a fresh build")
+                         f"({', '.join(changed)})", hint="convert without --onto for a fresh build")
     return parent, m if same else None
 
 
-def convert(captures: Path, out: Path, config: ConvertConfig, *, workers: int | None = None,
-            onto: str | None = None, executor: str = "local", ray_address: str | None = None,
+def _shard_healthy(catalog: Catalog, rec: ShardRecord, rehash: bool) -> bool:
+    if catalog.store.size(rec.path) != rec.bytes:
+        return False
+    if not rehash:
+        return True
+    h = hashlib.sha256()
+    try:
+        path = catalog.shard_file(rec)
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+    except Exception:  # noqa: BLE001 - any failure to prove it means: rewrite it from the captures
+        return False
+    return h.hexdigest() == rec.sha256
+
+
+@dataclass
+class _Base:
+    """What the parent version offers: rows and sources per session, shard compositions, health."""
+
+    manifest: Manifest
+    rows: dict[str, list[IndexRow]]
+    sources: dict[str, frozenset]
+    compositions: dict[tuple, ShardRecord]
+    broken: set[str]  # sessions with a sample in a missing or damaged shard
+
+
+def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int) -> _Base:
+    rows: dict[str, list[IndexRow]] = defaultdict(list)
+    by_shard: dict[str, list[IndexRow]] = defaultdict(list)
+    for r in rows_from_table(catalog.index(parent)):
+        rows[r.session_id].append(r)
+        by_shard[r.shard].append(r)
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        health = dict(zip(m.shards, pool.map(lambda s: _shard_healthy(catalog, s, rehash), m.shards)))
+    broken, compositions = set(), {}
+    for rec, ok in health.items():
+        members = sorted(by_shard.get(rec.path, []), key=lambda r: r.key)
+        if ok:
+            compositions[tuple((r.key, r.sha256) for r in members)] = rec
+        else:
+            broken.update(r.session_id for r in members)
+    sources = defaultdict(list)
+    for s in m.sources:
+        sources[s.session].append(s)
+    return _Base(m, rows, {k: source_set(v) for k, v in sources.items()}, compositions, broken)
+
+
+def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, executor: ExecutorSpec = ExecutorSpec(),
+            onto: str | None = None, rehash: bool = False,
             on_progress: Callable[[Progress], None] | None = None) -> ConvertResult:
-    """Build a version of ``captures`` into the catalog ``out``. Same inputs + config => same version id.
-
-    Sessions whose source files are unchanged since the parent version (``onto``, else the newest
-    version when its config matches) keep their shards: only new or changed sessions are written.
-    """
-    from dsbuild.lineage.remote import RemoteCatalog, is_url, staged_captures
-
+    """Build a version of ``captures`` into the catalog ``out`` (local paths or fsspec URLs).
+    Same inputs + config => same version id, for any executor and worker count."""
     if is_url(captures):
-        with staged_captures(str(captures)) as local:
-            return convert(local, out, config, workers=workers, onto=onto, executor=executor,
-                           ray_address=ray_address, on_progress=on_progress)
-    if is_url(out):
-        remote = RemoteCatalog(str(out))
-        with remote.locked():
-            mirror = remote.pull(create=True)
-            result = convert(captures, mirror.root, config, workers=workers, onto=onto, executor=executor,
-                             ray_address=ray_address, on_progress=on_progress)
-            remote.push(mirror, result.version_id)
-        return replace(result, catalog=str(out))
+        with staged(str(captures)) as local:
+            return convert(local, out, config, executor=executor, onto=onto, rehash=rehash, on_progress=on_progress)
     started = time.monotonic()
-    captures, out = Path(captures), Path(out)
+    captures = local_path(captures)
     if not captures.is_dir():
         raise UsageError(f"{captures}: capture folder does not exist" if not captures.exists()
                          else f"{captures}: is not a folder")
-    sessions, quarantined = _read_sessions(captures)
+    sessions, quarantined = read_sessions(captures)
     if not sessions and not quarantined:
         raise UsageError(f"{captures}: no sessions found (no session.json in it or below it)")
     catalog = Catalog.open(out, create=True)
-    parent, base = _parent(catalog, config, onto)
-    base_sources = defaultdict(list)
-    for src in base.sources if base else ():
-        base_sources[src["session"]].append(src)
-    workers = workers or os.cpu_count() or 1
+    parent, base_m = _parent(catalog, config, onto)
+    base = _base(catalog, parent, base_m, rehash, executor.count * 2) if base_m else None
+    fmt = get_format(config.format)
     progress = Progress(total=len(sessions))
     results: list[SessionResult] = []
     with catalog.build_area() as area:
-        jobs = [SessionJob(s, area.path, config, source_set(base_sources[s.session_id])
-                           if s.session_id in base_sources else None) for s in sessions]
+        jobs = [SessionJob(s, captures, area.path, config,
+                           base.sources.get(s.session_id) if base and s.session_id not in base.broken else None)
+                for s in sessions]
 
-        def on_result(r: SessionResult) -> None:
+        def on_session(_: int, r: SessionResult) -> None:
             results.append(r)
             progress.done += 1
-            progress.samples += r.samples
+            progress.samples += len(r.samples) if not r.reused else len(base.rows.get(r.session_id, ()))
             progress.bytes += r.video_bytes
             progress.quarantined += r.quarantine is not None
             if on_progress:
                 on_progress(progress)
 
-        run(executor, jobs, workers, on_result, ray_address)
+        run_tasks(process_session, jobs, executor, on_session, describe=lambda j: f"session {j.session.rel}")
         results.sort(key=lambda r: r.session_id)
         quarantined += [r.quarantine for r in results if r.quarantine]
         good = [r for r in results if r.quarantine is None]
         if not good:
             first = quarantined[0]
-            raise NothingToConvert(f"all {len(quarantined)} sessions were quarantined; first: "
-                                   f"{first['path']}: {first['reason']}")
-        if any(r.reused for r in good):
-            _fill_reused(catalog, parent, base, good)
-        manifest, index, moves = _assemble(catalog, config, good, quarantined)
-        written = sum(tmp.stat().st_size for tmp, rel in moves if not (catalog.root / rel).exists())
-        version_id, existed = catalog.commit(area, moves, manifest, index,
-                                             {"captures": str(captures.resolve()), "parent": parent})
-    stats = manifest.stats
+            raise CheckFailed(f"all {len(quarantined)} sessions were quarantined; first: {first.path}: {first.reason}",
+                              hint="`--json` lists every reason")
+        refs = _refs(good, base)
+        shard_plan = plan(refs, config.shard_size, base.compositions if base else {})
+        files = {ref.parent.path: catalog.shard_file(ref.parent) for g, reuse in zip(shard_plan.groups, shard_plan.reuse)
+                 if reuse is None for ref in g if ref.parent is not None}
+        tasks = [ShardTask(i, config.format, group, area.path / f"shard-{i:06d}.{fmt.ext}.part",
+                           tuple(sorted((k, files[k]) for k in {r.parent.path for r in group if r.parent})))
+                 for i, (group, reuse) in enumerate(zip(shard_plan.groups, shard_plan.reuse)) if reuse is None]
+        written: dict[int, object] = {}
+        progress.stage, progress.shards_total = "shards", len(tasks)
+
+        def on_shard(i: int, w) -> None:
+            written[tasks[i].number] = w
+            progress.shards_done += 1
+            if on_progress:
+                on_progress(progress)
+
+        run_tasks(assemble_shard, tasks, executor, on_shard, describe=lambda t: f"shard {t.number}")
+        manifest, index, moves = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
+        new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes)
+        commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, str(captures.resolve()),
+                              config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
+                              _change(catalog, parent, index))
+        version_id, existed = catalog.commit(area, moves, manifest, index, commit)
+    st = manifest.stats
     return ConvertResult(
-        version_id=version_id, content_id=manifest.content_id, existed=existed, catalog=str(out),
-        format=config.format, samples=stats["samples"], shards=stats["shards"], bytes=stats["bytes"],
-        sessions=stats["sessions"], quarantined=list(manifest.quarantined), long_clips=stats["long_clips"],
-        repaired_sessions=stats["repaired_sessions"], parent=parent,
-        reused_sessions=sum(r.reused for r in good), written_bytes=written,
-        seconds=round(time.monotonic() - started, 3),
-    )
+        version_id=version_id, content_id=manifest.content_id, existed=existed, catalog=catalog.url,
+        format=config.format, samples=st.samples, shards=st.shards, bytes=st.bytes, sessions=st.sessions,
+        quarantined=manifest.quarantined, long_clips=st.long_clips, repaired_sessions=st.repaired_sessions,
+        parent=parent, reused_sessions=sum(r.reused for r in good),
+        healed_sessions=len({r.session_id for r in good if not r.reused} & (base.broken if base else set())),
+        written_shards=len(tasks), reused_shards=st.shards - len(tasks), written_bytes=new_bytes,
+        seconds=round(time.monotonic() - started, 3))
 
 
-def _fill_reused(catalog: Catalog, parent: str, base: Manifest, results: list[SessionResult]) -> None:
-    """Give reused sessions the shards, index rows and reports they have in the parent version."""
-    reused = {r.session_id: r for r in results if r.reused}
-    table = read_index(catalog.version_dir(parent) / base.index["path"])
-    for row in table.to_pylist():
-        if row["session_id"] in reused:
-            reused[row["session_id"]].rows.append(row)
-    entries = {s["session_id"]: s for s in base.sessions}
-    for sid, r in reused.items():
-        r.shard_records = [s for s in base.shards if s.session == sid]
-        r.repairs = entries[sid]["repairs"]
-        r.controls, r.channels = tuple(entries[sid]["controls"]), tuple(entries[sid]["telemetry"])
-
-
-def _assemble(catalog: Catalog, config: ConvertConfig, results: list[SessionResult],
-              quarantined: list[dict]) -> tuple[Manifest, bytes, list[tuple[Path, str]]]:
-    """Turn session results into the manifest, the index rows and the shard moves (pure bookkeeping)."""
-    ext = "parquet" if config.format == "parquet" else "tar"
-    shards, rows, moves, sources, sessions = [], [], [], [], []
-    controls, channels, titles = set(), set(), Counter()
-    long_clips = repaired = frames = 0
-    seconds = 0.0
+def _refs(results: list[SessionResult], base: _Base | None) -> list[SampleRef]:
+    refs = []
+    shards = {s.path: s for s in base.manifest.shards} if base else {}
     for r in results:
         if r.reused:
-            shards += r.shard_records
-            session_rows = r.rows
+            for row in base.rows[r.session_id]:
+                refs.append(SampleRef(row.key, row.sha256, row.bytes, row.member_bytes, parent=shards[row.shard],
+                                      entry=row.entry()))
         else:
-            rels = []
-            for ws in r.shards:
-                rel = catalog.shard_path(ws.sha256, ext)
-                rels.append(rel)
-                moves.append((ws.tmp_path, rel))
-                shards.append(ShardRecord(rel, ws.sha256, ws.bytes, len(ws.entries), r.session_id))
-            entries = [e for ws in r.shards for e in ws.entries]
-            session_rows = []
-            for row, entry in zip(r.rows, entries, strict=True):
-                if row["key"] != entry.key:
-                    raise DsbuildError(f"internal: index order mismatch at {row['key']}")
-                session_rows.append({**row, "shard": rels[row["shard"]], "offset": entry.offset,
-                                     "length": entry.length, "row_group": entry.row_group, "row": entry.row})
-        for row in session_rows:
-            rows.append(row)
-            frames += row["frames"]
-            seconds += row["t_end"] - row["t_start"]
-            titles[row["title"]] += 1
-        sources += [{"session": r.session_id, **s} for s in r.sources]
-        controls.update(r.controls)
-        channels.update(r.channels)
-        long_clips += r.repairs["video"]["long_clips"]
-        is_repaired = any(r.repairs[k]["malformed"] or r.repairs[k]["out_of_order"] or r.repairs[k]["dropped_fields"]
-                          for k in ("actions", "telemetry", "text"))
-        repaired += is_repaired
-        sessions.append({"session_id": r.session_id, "path": r.rel, "samples": r.samples, "repairs": r.repairs,
-                         "controls": list(r.controls), "telemetry": list(r.channels)})
+            refs += [SampleRef(s.row.key, s.row.sha256, s.row.bytes, s.member_bytes, r.seg_path, s.seg_offset,
+                               s.seg_length) for s in r.samples]
+    return refs
+
+
+def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], base: _Base | None, shard_plan,
+              written: dict, quarantined: list[Quarantined]):
+    """Manifest, index bytes and shard moves from the session results and the shard plan (bookkeeping)."""
+    rows_by_key = {s.row.key: s.row for r in results if not r.reused for s in r.samples}
+    # A reused shard holds the same keys and sample hashes in the same order, hence the same bytes, as
+    # the parent's shard: the parent's rows (with their locations) describe it, also for samples that
+    # were processed again (a sample hash covers everything its row says).
+    parent_rows = {row.key: row for rows_ in base.rows.values() for row in rows_} if base else {}
+    for r in results:
+        if r.reused:
+            rows_by_key.update((row.key, row) for row in base.rows[r.session_id])
+    shards, rows, moves = [], [], []
+    for i, (group, reuse) in enumerate(zip(shard_plan.groups, shard_plan.reuse)):
+        if reuse is not None:
+            shards.append(reuse)
+            rows += [parent_rows[ref.key] for ref in group]
+            continue
+        w = written[i]
+        rec = ShardRecord(shard_key(w.sha256, ext), w.sha256, w.bytes, len(w.entries))
+        shards.append(rec)
+        moves.append((w.tmp_path, rec))
+        for e in w.entries:
+            rows.append(rows_by_key[e.key].located(rec.path, e))
+    sources, sessions = [], []
+    controls, channels, titles = set(), set(), Counter()
+    long_clips = repaired = 0
+    base_sessions = {s.session_id: s for s in base.manifest.sessions} if base else {}
+    for r in results:
+        sources += r.sources
+        if r.reused:
+            sessions.append(base_sessions[r.session_id])
+            rec = base_sessions[r.session_id]
+            controls.update(rec.controls)
+            channels.update(rec.telemetry)
+            repairs = rec.repairs
+        else:
+            sessions.append(SessionRecord(r.session_id, r.rel, len(r.samples), r.controls, r.channels, r.repairs))
+            controls.update(r.controls)
+            channels.update(r.channels)
+            repairs = r.repairs
+        long_clips += repairs["video"]["long_clips"]
+        repaired += _is_repaired(repairs)
+    rows.sort(key=lambda x: x.key)
+    for row in rows:
+        titles[row.title] += 1
     index = index_bytes(rows)
-    total_bytes = sum(s.bytes for s in shards)
     manifest = Manifest(
-        tool_version=__version__,
-        config=config.to_json(),
-        config_hash=sha256_json(config.to_json()),
-        shard_format=config.format,
-        sources=tuple(sorted(sources, key=lambda s: s["path"])),
-        shards=tuple(shards),
-        sessions=tuple(sessions),
-        quarantined=tuple(sorted(quarantined, key=lambda q: (q["path"], q["session"]))),
-        index={"path": INDEX_FILE, "sha256": sha256_bytes(index), "rows": len(rows), "bytes": len(index)},
-        schema={"sample_format": SAMPLE_FORMAT, "members": ["json", "|".join(VIDEO_EXTS), *ARRAY_MEMBERS,
-                                                            EVENTS_MEMBER],
-                "index_columns": INDEX_SCHEMA.names},
-        vocabulary={"controls": sorted(controls), "telemetry": sorted(channels)},
-        stats={"samples": len(rows), "shards": len(shards), "bytes": total_bytes, "frames": frames,
-               "hours": round(seconds / 3600, 6), "sessions": len(results), "quarantined": len(quarantined),
-               "long_clips": long_clips, "repaired_sessions": repaired, "samples_per_title": dict(sorted(titles.items()))},
-        content_id=content_id([(r["key"], r["sha256"]) for r in rows]),
+        tool_version=__version__, config=config.to_json(), config_hash=sha256_json(config.to_json()),
+        shard_format=config.format, sources=tuple(sorted(sources, key=lambda s: s.path)), shards=tuple(shards),
+        sessions=tuple(sessions), quarantined=tuple(sorted(quarantined, key=lambda q: (q.path, q.session))),
+        index=IndexPin(INDEX_FILE, sha256_bytes(index), len(rows), len(index)),
+        schema={"sample_format": SAMPLE_FORMAT, "members": list(MEMBERS), "index_columns": list(INDEX_COLUMNS)},
+        vocabulary=Vocabulary(tuple(sorted(controls)), tuple(sorted(channels))),
+        stats=Stats(samples=len(rows), shards=len(shards), bytes=sum(s.bytes for s in shards),
+                    frames=sum(r.frames for r in rows), hours=round(sum(r.t_end - r.t_start for r in rows) / 3600, 6),
+                    sessions=len(results), quarantined=len(quarantined), long_clips=long_clips,
+                    repaired_sessions=repaired, samples_per_title=dict(sorted(titles.items()))),
+        content_id=content_id([(r.key, r.sha256) for r in rows]),
     )
     return manifest, index, moves
+
+
+def _change(catalog: Catalog, parent: str | None, index: bytes) -> dict[str, int]:
+    """Added / removed / changed samples against the parent (by key and sample hash)."""
+    if parent is None:
+        return {}
+
+    def pairs(table) -> dict[str, str]:
+        return dict(zip(table.column("key").to_pylist(), table.column("sha256").to_pylist()))
+
+    new = pairs(table_from_bytes(index, "index", ["key", "sha256"]))
+    old = pairs(catalog.index(parent, ["key", "sha256"]))
+    return {"added": len(new.keys() - old.keys()), "removed": len(old.keys() - new.keys()),
+            "changed": sum(1 for k in new.keys() & old.keys() if new[k] != old[k])}
+
+
+def _is_repaired(repairs: dict) -> bool:
+    streams = any(isinstance(repairs.get(k), dict) and (repairs[k].get("malformed") or repairs[k].get("out_of_order")
+                  or repairs[k].get("dropped_fields") or repairs[k].get("duplicate_keys")
+                  or repairs[k].get("collisions") or repairs[k].get("missing") or repairs[k].get("unreadable"))
+                  for k in ("actions", "telemetry", "text"))
+    video = repairs.get("video") or {}
+    return bool(streams or video.get("truncated") or video.get("dropped_undecodable"))

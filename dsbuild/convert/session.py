@@ -1,99 +1,129 @@
-"""One session -> shards of clips. Runs inside a worker process; returns a small, plain result.
+"""One session -> a segment file of encoded samples. Runs inside a worker; returns a small, plain result.
 
 Everything a session produces depends only on the session's files and the config, never on which worker
-ran it or when: that is what makes builds byte-identical for any ``--workers``.
+ran it or when: that is what makes builds byte-identical for any ``--workers``. Shards are assembled
+later from the segments of all sessions (``convert.assemble``), so workers stay independent.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import zstandard
 
 from dsbuild.convert.config import ConvertConfig
-from dsbuild.convert.resample import dense_actions, resample_telemetry, window
-from dsbuild.errors import CaptureError, FormatError, StorageError
+from dsbuild.core.errors import CaptureError, FormatError, StorageError
+from dsbuild.core.files import UnsafeFile
+from dsbuild.core.hashing import sha256_file
+from dsbuild.core.jsonio import canonical_json, clip_text
+from dsbuild.formats import get_format
 from dsbuild.formats.capture import SESSION_FILE, Session
-from dsbuild.formats.sample import SAMPLE_FORMAT, Sample, members_sha256, sample_key
-from dsbuild.formats.safejson import canonical_json
-from dsbuild.formats.shards import ShardWriter, WrittenShard
-from dsbuild.formats.streams import Actions, read_actions, read_telemetry, read_text
+from dsbuild.formats.sample import (
+    ClipVideo,
+    ClipWindow,
+    Sample,
+    SampleMeta,
+    SessionFields,
+    TextEvent,
+    members_sha256,
+    sample_key,
+)
+from dsbuild.formats.streams import ActionTrack, TelemetryTrack, TextTrack, scan
 from dsbuild.formats.video import Clip, DemuxReport, VideoReader, decoded_frame_count
-from dsbuild.lineage.hashing import sha256_file
+from dsbuild.lineage.index import IndexRow, parse_started_at
+from dsbuild.lineage.manifest import Quarantined, SourceRecord
 
 
 @dataclass(frozen=True)
 class SessionJob:
     session: Session
-    tmp_dir: Path
+    root: Path  # the capture root (every file read must resolve inside it)
+    seg_dir: Path  # where the segment file goes (the build area)
     config: ConvertConfig
-    # Source files of this session in the parent version (same config): equal sources => reuse its shards.
+    # Source files of this session in the parent version (same config): equal sources => reuse its samples.
     parent_sources: frozenset[tuple] | None = None
+
+
+@dataclass(frozen=True)
+class SampleOut:
+    """A sample as written to the segment file: its index row (no location yet) and where its segment is."""
+
+    row: IndexRow
+    seg_offset: int
+    seg_length: int
+    member_bytes: tuple[int, ...]
 
 
 @dataclass
 class SessionResult:
-    """What the build needs from one session: its shards (still temporary), index rows, and reports."""
+    """What the build needs from one session: its samples (in a segment file), sources and reports."""
 
     rel: str
     session_id: str
-    sources: list[dict] = field(default_factory=list)
-    shards: list[WrittenShard] = field(default_factory=list)
-    shard_records: list = field(default_factory=list)  # reused sessions: the parent's ShardRecords
-    rows: list[dict] = field(default_factory=list)  # per-sample index rows; "shard" is a local number
+    sources: list[SourceRecord] = field(default_factory=list)
+    samples: list[SampleOut] = field(default_factory=list)
+    seg_path: Path | None = None
     controls: tuple[str, ...] = ()
     channels: tuple[str, ...] = ()
     repairs: dict = field(default_factory=dict)
-    quarantine: dict | None = None
+    quarantine: Quarantined | None = None
     video_bytes: int = 0
-    reused: bool = False  # unchanged since the parent version: its shards and index rows are taken as they are
-
-    @property
-    def samples(self) -> int:
-        return len(self.rows)
+    reused: bool = False  # unchanged since the parent version: its samples are taken from the parent
 
 
-def make_writer(config: ConvertConfig, tmp_dir: Path, stem: str) -> ShardWriter:
-    if config.format == "parquet":
-        from dsbuild.formats.parquet import ParquetShardWriter
-
-        return ParquetShardWriter(tmp_dir, stem, config.shard_size,
-                                  row_group_samples=config.parquet_row_group_samples)
-    from dsbuild.formats.webdataset import TarShardWriter
-
-    return TarShardWriter(tmp_dir, stem, config.shard_size)
+def _identity(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _sources(session: Session) -> list[dict]:
-    """sha256 of every source file, paths relative to the capture root (never host paths)."""
+def _sources(session: Session, root: Path) -> tuple[list[SourceRecord], dict[Path, tuple]]:
+    """sha256 of every source file (paths relative to the capture root, never host paths), and the
+    (size, mtime, inode) each had when it was hashed, to detect files that change while read."""
     roles = [("session", SESSION_FILE), ("video", session.video)] + sorted(session.streams.items())
-    out = []
+    out, seen = [], {}
     for role, name in roles:
         path = session.path_of(name)
-        if not path.is_file():
+        if not path.exists():
             if role == "video":
                 raise CaptureError(session.rel_of(name), "video file is missing")
             continue
         try:
-            digest, size = sha256_file(path)
+            before = _identity(path)
+            digest, size = sha256_file(path, root)
+        except UnsafeFile as e:
+            raise CaptureError(session.rel_of(name), str(e).split(": ", 1)[-1]) from None
         except OSError as e:
-            raise CaptureError(session.rel_of(name), f"cannot read: {e.strerror}") from None
-        out.append({"role": role, "path": session.rel_of(name), "sha256": digest, "bytes": size})
-    return out
+            raise CaptureError(session.rel_of(name), f"cannot read: {e.strerror or e}") from None
+        if size != before[0]:
+            raise CaptureError(session.rel_of(name), "changed while reading (size changed during hashing)")
+        seen[path] = before
+        out.append(SourceRecord(session.session_id, role, session.rel_of(name), digest, size))
+    return out, seen
 
 
-def source_set(sources: list[dict]) -> frozenset[tuple]:
+def _check_unchanged(session: Session, seen: dict[Path, tuple]) -> None:
+    for path, before in seen.items():
+        try:
+            now = _identity(path)
+        except OSError:
+            now = None
+        if now != before:
+            raise CaptureError(session.rel_of(path.relative_to(session.directory).as_posix()),
+                               "changed while reading (size or modification time differ from when it was "
+                               "hashed); convert again once the capture is complete")
+
+
+def source_set(sources: list[SourceRecord]) -> frozenset[tuple]:
     """Order-free identity of a session's inputs: (role, path, sha256, bytes) of every file."""
-    return frozenset((s["role"], s["path"], s["sha256"], s["bytes"]) for s in sources)
+    return frozenset((s.role, s.path, s.sha256, s.bytes) for s in sources)
 
 
-def _events_blob(actions: Actions, sl: slice, compressor: zstandard.ZstdCompressor) -> bytes:
-    lines = [canonical_json({"t": float(t), "control": actions.controls[c], "value": float(v)})
-             for t, c, v in zip(actions.t[sl], actions.control[sl], actions.value[sl])]
+def _events_blob(events: list[tuple], controls: tuple[str, ...], compressor: zstandard.ZstdCompressor) -> bytes:
+    lines = [canonical_json({"t": t, "control": c, "value": v}) for t, c, v in events]
     return compressor.compress(b"\n".join(lines) + (b"\n" if lines else b""))
 
 
@@ -121,56 +151,74 @@ def _verified_final(reader: VideoReader, clip: Clip, report: DemuxReport) -> tup
 
 
 def process_session(job: SessionJob) -> SessionResult:
-    """Cut, encode and write one session; a CaptureError quarantines it with a precise reason."""
-    session, config = job.session, job.config
+    """Cut and encode one session into its segment file; a CaptureError quarantines it with the reason."""
+    session = job.session
     result = SessionResult(rel=session.rel, session_id=session.session_id)
-    writer = make_writer(config, job.tmp_dir, session.session_id)
+    seg_path = job.seg_dir / f"{session.session_id}.seg"
     try:
-        # A pipeline of threads (hashlib, file writes and much of PyAV release the GIL): one hashes the
-        # source files, this one demuxes/remuxes clips and hashes samples, one writes and hashes shards.
-        with ThreadPoolExecutor(1, "dsbuild-hash") as hasher, ThreadPoolExecutor(1, "dsbuild-write") as io:
-            sources = hasher.submit(_sources, session)
-            if job.parent_sources is not None and source_set(sources.result()) == job.parent_sources:
-                result.sources, result.reused = sources.result(), True
+        # Source hashing runs in a thread beside demux/remux (hashlib and most of PyAV release the GIL).
+        with ThreadPoolExecutor(1, "dsbuild-hash") as hasher:
+            sources = hasher.submit(_sources, session, job.root)
+            if job.parent_sources is not None and source_set(sources.result()[0]) == job.parent_sources:
+                result.sources, result.reused = sources.result()[0], True
                 return result
-            _process(session, config, writer, result, io, sources)
-        result.shards = writer.close()
+            try:
+                with open(seg_path, "wb") as seg:
+                    _process(job, seg, result, sources)
+            except OSError as e:
+                if isinstance(e, PermissionError) or e.filename not in (None, str(seg_path)):
+                    raise
+                raise StorageError(f"cannot write {seg_path}: {e.strerror or e}",
+                                   hint="check free space and permissions, then run the command again") from None
+        result.seg_path = seg_path
     except StorageError:
-        writer.abort()
+        seg_path.unlink(missing_ok=True)
         raise
     except Exception as e:  # one bad capture never stops a build: quarantine it with the reason
-        writer.abort()
-        result.quarantine = {"session": session.session_id, **_reason(session, e)}
-        result.rows, result.shards = [], []
+        seg_path.unlink(missing_ok=True)
+        result.quarantine = Quarantined(session.session_id, *_reason(session, e))
+        result.samples, result.seg_path = [], None
     return result
 
 
-def _reason(session: Session, e: Exception) -> dict:
+def _reason(session: Session, e: Exception) -> tuple[str, str]:
     if isinstance(e, CaptureError):
-        return {"path": e.path, "reason": e.reason}
+        return e.path, clip_text(e.reason, 400)
     if isinstance(e, FormatError):
-        return {"path": session.rel_of(session.video), "reason": str(e)}
+        return session.rel_of(session.video), clip_text(str(e), 400)
     if isinstance(e, OSError):
-        return {"path": e.filename or session.rel, "reason": e.strerror or str(e)}
-    return {"path": session.rel_of(session.video), "reason": f"unexpected {type(e).__name__}: {e}"}
+        where = Path(e.filename).name if e.filename else session.rel
+        return (session.rel_of(where) if e.filename else where), clip_text(e.strerror or str(e), 400)
+    return session.rel_of(session.video), clip_text(f"unexpected {type(e).__name__}: {e}", 400)
 
 
-def _process(session: Session, config: ConvertConfig, writer: ShardWriter, result: SessionResult,
-             io: ThreadPoolExecutor, sources: Future) -> None:
-    stream_path = {k: session.path_of(v) for k, v in session.streams.items()}
-    actions, a_rep = read_actions(stream_path.get("actions"))
-    telemetry, t_rep = read_telemetry(stream_path.get("telemetry"))
-    text, x_rep = read_text(stream_path.get("text"))
+def _stream(session: Session, kind: str, root: Path):
+    name = session.streams.get(kind)
+    path = session.path_of(name) if name else None
+    try:
+        return scan(path, kind, root)
+    except UnsafeFile as e:
+        raise CaptureError(session.rel_of(name), str(e).split(": ", 1)[-1]) from None
+    except OSError as e:
+        raise CaptureError(session.rel_of(name), f"cannot read: {e.strerror or e}") from None
+
+
+def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> None:
+    session, config, root = job.session, job.config, job.root
+    fmt = get_format(config.format)
+    scans = {k: _stream(session, k, root) for k in ("actions", "telemetry", "text")}
+    actions, telemetry = ActionTrack(scans["actions"], root), TelemetryTrack(scans["telemetry"], root)
+    text = TextTrack(scans["text"], root)
     result.controls, result.channels = actions.controls, telemetry.channels
     compressor = zstandard.ZstdCompressor(level=config.zstd_level, write_checksum=True)
-    text_t = np.array([e.t for e in text], dtype=np.float64)
+    fields = SessionFields(session.session_id, session.title, session.player, session.platform, session.build,
+                           session.started_at, dict(session.conditions))
     demux = DemuxReport()
-    video_path = session.path_of(session.video)
     try:
-        reader = VideoReader(video_path).__enter__()
+        reader = VideoReader(session.path_of(session.video)).__enter__()
     except FormatError as e:
         raise CaptureError(session.rel_of(session.video), str(e)) from None
-    pending: deque[Future] = deque()
+    source_list, seen = None, None
     try:
         info = reader.info
         for clip in reader.clips(config.clip_seconds, demux):
@@ -181,64 +229,47 @@ def _process(session: Session, config: ConvertConfig, writer: ShardWriter, resul
                 video, clip = verified
             else:
                 video = reader.remux(clip.packets)
+            if source_list is None:
+                source_list, seen = sources.result()
             frame_t = clip.frame_t
             key = sample_key(session.session_id, clip.index)
-            sl = window(actions.t, clip.t_start, clip.t_end)
-            tsl = window(text_t, clip.t_start, clip.t_end)
-            meta = {
-                "format": SAMPLE_FORMAT,
-                "key": key,
-                "session": session.fields(),
-                "clip": {"index": clip.index, "t_start": clip.t_start, "t_end": clip.t_end,
-                         "frames": len(frame_t), "duration": clip.t_end - clip.t_start},
-                "video": info.to_json(),
-                "controls": list(actions.controls),
-                "telemetry_channels": list(telemetry.channels),
-                "text": [e.to_json() for e in text[tsl]],
-                "action_events": sl.stop - sl.start,
-            }
-            draft = Sample(
-                key=key, meta=meta, video=video, video_ext=info.ext,
-                actions=dense_actions(actions, frame_t),
-                telemetry=resample_telemetry(telemetry, frame_t),
-                timestamps=frame_t, events=_events_blob(actions, sl, compressor),
-            )
-            row = {
-                "key": key, "session_id": session.session_id, "title": session.title, "player": session.player,
-                "platform": session.platform, "build": session.build,
-                "conditions": canonical_json(session.conditions).decode(),
-                "clip_index": clip.index, "t_start": clip.t_start, "t_end": clip.t_end,
-                "frames": len(frame_t), "fps": info.fps, "width": info.width, "height": info.height,
-                "codec": info.codec, "video_bytes": len(video),
-                "action_events": sl.stop - sl.start, "text_events": tsl.stop - tsl.start,
-            }
-            if not result.sources:
-                result.sources = sources.result()
-            source_hashes = {s["role"]: s["sha256"] for s in result.sources}
-            sample = replace(draft, meta={**draft.meta, "sources": source_hashes})
+            dense, raw = actions.clip(frame_t, clip.t_start, clip.t_end)
+            texts = text.clip(clip.t_start, clip.t_end)
+            meta = SampleMeta(
+                key=key, session=fields,
+                clip=ClipWindow(clip.index, clip.t_start, clip.t_end, len(frame_t), clip.t_end - clip.t_start),
+                video=ClipVideo(info.codec, info.width, info.height, info.fps, has_audio=False),
+                controls=actions.controls, telemetry_channels=telemetry.channels,
+                text=tuple(TextEvent(e["t"], e["text"], e["speaker"]) for e in texts),
+                action_events=len(raw), sources={s.role: s.sha256 for s in source_list})
+            sample = Sample(key, meta, video, dense, telemetry.clip(frame_t, clip.t_start, clip.t_end), frame_t,
+                            _events_blob(raw, actions.controls, compressor))
             members = sample.members()
             digest = members_sha256(members)
-            row.update(sha256=digest, bytes=sum(len(p) for _, p in members),
-                       source_video_sha256=source_hashes["video"])
-            pending.append(io.submit(_write, sample, members, row, writer, result))
-            while len(pending) > 2:  # bounds memory to a few clips in flight
-                pending.popleft().result()
-        while pending:
-            pending.popleft().result()
+            segment = fmt.encode(key, digest, members)
+            offset = seg.tell()
+            seg.write(segment.data)
+            result.video_bytes += len(video)
+            result.samples.append(SampleOut(
+                IndexRow(key=key, sha256=digest, shard="", session_id=session.session_id, title=session.title,
+                         player=session.player, platform=session.platform, build=session.build,
+                         started_at=parse_started_at(session.started_at),
+                         conditions=tuple(sorted(session.conditions.items())), clip_index=clip.index,
+                         t_start=clip.t_start, t_end=clip.t_end, frames=len(frame_t), fps=info.fps,
+                         width=info.width, height=info.height, codec=info.codec, has_audio=False,
+                         n_controls=len(actions.controls), n_channels=len(telemetry.channels),
+                         video_bytes=len(video), bytes=sum(len(p) for _, p in members),
+                         action_events=len(raw), text_events=len(texts),
+                         source_video_sha256=meta.sources["video"]),
+                offset, len(segment.data), segment.member_bytes))
     finally:
-        for f in pending:
-            f.cancel()
         reader.__exit__(None, None, None)
-    if not result.rows:
+    if not result.samples:
         why = demux.truncated or "no decodable frames"
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
-    result.repairs = {"actions": a_rep.to_json(), "telemetry": t_rep.to_json(), "text": x_rep.to_json(),
-                      "video": demux.to_json(), "audio_not_carried": info.has_audio}
-
-
-def _write(sample: Sample, members: list[tuple[str, bytes]], row: dict, writer: ShardWriter,
-           result: SessionResult) -> None:
-    """The write stage (one thread, so clips stay in order): append to the shard, record the row."""
-    writer.add(sample, members, row["sha256"])
-    result.video_bytes += len(sample.video)
-    result.rows.append({**row, "shard": len(writer.shards)})
+    seg.flush()
+    os.fsync(seg.fileno())
+    result.sources = source_list
+    _check_unchanged(session, seen)
+    result.repairs = {k: s.report.to_json() for k, s in scans.items()}
+    result.repairs.update(video=demux.to_json(), audio_not_carried=info.has_audio)

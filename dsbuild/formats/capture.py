@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsbuild.errors import CaptureError, FormatError
-from dsbuild.formats.safejson import loads_bounded
+from dsbuild.core.errors import CaptureError, FormatError
+from dsbuild.core.files import read_capped
+from dsbuild.core.jsonio import clip_text, loads_bounded
 
 CAPTURE_FORMAT = "capture/1"
 SESSION_FILE = "session.json"
@@ -62,17 +63,25 @@ class Session:
         return f"{self.rel}/{name}" if self.rel != "." else name
 
 
-def discover_sessions(root: Path) -> list[Path]:
-    """Every folder under ``root`` (itself included) holding a session.json, sorted by relative path.
+def discover_sessions(root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """(every folder under ``root``, itself included, holding a session.json, sorted by relative path;
+    (folder, reason) for every folder that could not be listed).
 
-    Symlinked folders are not followed: a capture root must not reach outside itself.
+    Symlinked folders are not followed: a capture root must not reach outside itself. A folder that
+    cannot be read is reported, never skipped silently: it may hold sessions.
     """
     found = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    unreadable: list[tuple[str, str]] = []
+
+    def failed(e: OSError) -> None:
+        rel = Path(e.filename).relative_to(root).as_posix() if e.filename else "."
+        unreadable.append((rel, f"folder cannot be read ({e.strerror or e})"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=False):
         dirnames.sort()
         if SESSION_FILE in filenames:
             found.append(Path(dirpath))
-    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix()), sorted(unreadable)
 
 
 def _string(doc: dict, key: str, path: str, *, required: bool) -> str | None:
@@ -82,7 +91,9 @@ def _string(doc: dict, key: str, path: str, *, required: bool) -> str | None:
             raise CaptureError(path, f"missing required field '{key}'")
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_FIELD_CHARS:
-        raise CaptureError(path, f"field '{key}' must be a non-empty string of at most {MAX_FIELD_CHARS} chars")
+        shown = f" (found {clip_text(value, 40)!r})" if isinstance(value, str) and value else ""
+        raise CaptureError(path, f"field '{key}' must be a non-empty string of at most {MAX_FIELD_CHARS} chars"
+                                 + shown)
     return value
 
 
@@ -94,13 +105,13 @@ def safe_member(directory: Path, name: object, path: str, what: str) -> str:
         raise CaptureError(path, f"{what} path contains a control character")
     pure = Path(name)
     if pure.is_absolute() or name.startswith(("/", "\\")):
-        raise CaptureError(path, f"{what} path {name!r} is absolute; it must be inside the session folder")
+        raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} is absolute; it must be inside the session folder")
     if ".." in pure.parts:
-        raise CaptureError(path, f"{what} path {name!r} escapes the session folder")
+        raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} escapes the session folder")
     real_dir = directory.resolve()
     target = (directory / pure).resolve()
     if real_dir != target and real_dir not in target.parents:
-        raise CaptureError(path, f"{what} path {name!r} resolves outside the session folder (symlink?)")
+        raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} resolves outside the session folder (symlink?)")
     return pure.as_posix()
 
 
@@ -112,24 +123,22 @@ def read_session(directory: Path, root: Path) -> Session:
     if any(ord(c) < 32 or c == "\x7f" for c in rel):
         raise CaptureError(repr(rel), "folder name contains a control character (newline?); rename it")
     try:
-        size = sj.stat().st_size
-        if size > MAX_SESSION_JSON_BYTES:
-            raise CaptureError(where, f"{size} bytes exceeds the limit of {MAX_SESSION_JSON_BYTES}")
-        doc = loads_bounded(sj.read_bytes(), max_bytes=MAX_SESSION_JSON_BYTES, what=where)
+        data = read_capped(sj, MAX_SESSION_JSON_BYTES, root=directory, what=where)
+        doc = loads_bounded(data, max_bytes=MAX_SESSION_JSON_BYTES, what=where)
     except OSError as e:
-        raise CaptureError(where, f"cannot read: {e.strerror}") from None
+        raise CaptureError(where, f"cannot read: {e.strerror or e}") from None
     except FormatError as e:
-        raise CaptureError(where, str(e).removeprefix(f"{where}: ")) from None
+        raise CaptureError(where, str(e).removeprefix(f"{where}: ").removeprefix(f"{sj}: ")) from None
     if not isinstance(doc, dict):
         raise CaptureError(where, "must be a JSON object")
     for key in REQUIRED:
         if key not in doc:
             raise CaptureError(where, f"missing required field '{key}'")
     if doc["format"] != CAPTURE_FORMAT:
-        raise CaptureError(where, f"format is {doc['format']!r}, expected {CAPTURE_FORMAT!r}")
+        raise CaptureError(where, f"format is {clip_text(str(doc['format']), 80)!r}, expected {CAPTURE_FORMAT!r}")
     sid = doc["session_id"]
     if not isinstance(sid, str) or not SESSION_ID_RE.fullmatch(sid):
-        raise CaptureError(where, f"session_id {sid!r} must match [A-Za-z0-9_-]{{1,64}}")
+        raise CaptureError(where, f"session_id {clip_text(str(sid), 80)!r} must match [A-Za-z0-9_-]{{1,64}}")
     conditions = doc.get("conditions") or {}
     if not isinstance(conditions, dict):
         raise CaptureError(where, "conditions must be an object of strings")

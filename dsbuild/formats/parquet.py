@@ -1,75 +1,230 @@
 """Parquet shards: one row per sample, arrays as typed list columns, video stored uncompressed.
 
-zstd is applied per column where it pays (metadata, events, arrays; arrays also use BYTE_STREAM_SPLIT,
-2.2x on float telemetry) and not on video (already compressed). Row groups hold a few samples so that
-the index can point a reader at one small group.
+Every column is compressed with zstd where it pays: metadata, names and arrays (floats also with
+BYTE_STREAM_SPLIT, 2.2x on telemetry); the video and the already-zstd events are stored as they are.
+Arrays are self-describing: each row carries the names of its action and telemetry columns beside
+the row-major values, so ``actions[i * len(controls) + j]`` is always control ``controls[j]`` of that
+row, whatever session it came from. Row groups hold a few samples, so an index entry points a reader
+at one small group. pyarrow, duckdb, polars and HF datasets read these files directly.
 """
 
 from __future__ import annotations
 
+import struct
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from dsbuild.formats.sample import Sample
-from dsbuild.formats.shards import IndexEntry, ShardWriter
+from dsbuild.core.errors import FormatError
+from dsbuild.core.jsonio import parse
+from dsbuild.formats.base import Entry, Members, Segment, ShardFormat, ShardReader, register_format
+from dsbuild.formats.sample import MEMBERS, Sample, SampleMeta, npy_bytes, npy_load
 
-SCHEMA = pa.schema([
-    ("key", pa.string()),
-    ("sha256", pa.string()),
-    ("meta", pa.string()),
-    ("video", pa.binary()),
-    ("video_ext", pa.string()),
-    ("frames", pa.int32()),
-    ("actions", pa.list_(pa.float32())),  # row-major [frames, n_controls]
-    ("n_controls", pa.int32()),
-    ("telemetry", pa.list_(pa.float32())),  # row-major [frames, n_channels]
-    ("n_channels", pa.int32()),
-    ("timestamps", pa.list_(pa.float64())),
-    ("events", pa.binary()),  # zstd JSONL of raw action events, as in the tar member
-])
-_COMPRESSION = {f.name: ("NONE" if f.name in ("video", "events") else "ZSTD") for f in SCHEMA}
-_SPLIT = ["actions.list.element", "telemetry.list.element", "timestamps.list.element"]
+ROW_GROUP_SAMPLES = 8  # small groups: a single-sample read decodes at most a few neighbours
 
 
-class ParquetShardWriter(ShardWriter):
+def _schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("key", pa.string()),
+        ("sha256", pa.string()),
+        ("meta", pa.string()),  # the sample's metadata document (JSON), as the tar's <key>.json
+        ("video", pa.binary()),  # MP4 clip
+        ("frames", pa.int32()),
+        ("controls", pa.list_(pa.string())),
+        ("actions", pa.list_(pa.float32())),  # row-major [frames, len(controls)]
+        ("telemetry_channels", pa.list_(pa.string())),
+        ("telemetry", pa.list_(pa.float32())),  # row-major [frames, len(telemetry_channels)]
+        ("timestamps", pa.list_(pa.float64())),
+        ("events", pa.binary()),  # zstd JSONL of the raw action events, as the tar member
+    ])
+
+
+COLUMNS = ("key", "sha256", "meta", "video", "frames", "controls", "actions", "telemetry_channels",
+           "telemetry", "timestamps", "events")
+# Column paths as Parquet names them (a list's values are "<name>.list.element").
+_STORED_AS_IS = ("video", "events")
+_FLOATS = ("actions.list.element", "telemetry.list.element", "timestamps.list.element")
+_DICTIONARY = ("controls.list.element", "telemetry_channels.list.element")  # names repeat in every row
+COMPRESSION = {**{c: "ZSTD" for c in ("key", "sha256", "meta", "frames", "controls.list.element",
+                                      "telemetry_channels.list.element", *_FLOATS)},
+               **{c: "NONE" for c in _STORED_AS_IS}}
+
+
+def _frame(payloads: Iterable[bytes]) -> bytes:
+    return b"".join(struct.pack("<Q", len(p)) + bytes(p) for p in payloads)
+
+
+def _unframe(data: bytes) -> list[memoryview]:
+    view, out, pos = memoryview(data), [], 0
+    while pos < len(view):
+        (n,) = struct.unpack_from("<Q", view, pos)
+        out.append(view[pos + 8:pos + 8 + n])
+        pos += 8 + n
+    if len(out) != len(MEMBERS):
+        raise FormatError(f"parquet segment holds {len(out)} members, expected {len(MEMBERS)}")
+    return out
+
+
+class ParquetReader(ShardReader):
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self._file = None
+        self._group: tuple[int, object] | None = None
+
+    def _pf(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._file is None:
+            try:
+                self._file = pq.ParquetFile(self.path)
+            except (OSError, pa.ArrowException) as e:
+                raise FormatError(f"{self.path.name}: not readable Parquet ({str(e)[:160]})") from None
+        return self._file
+
+    def _row(self, entry: Entry) -> dict:
+        import pyarrow as pa
+
+        pf = self._pf()
+        g, r = entry.row_group, entry.row
+        if g is None or r is None or not 0 <= g < pf.num_row_groups:
+            raise FormatError(f"{entry.key}: row group {g} does not exist")
+        if self._group is None or self._group[0] != g:
+            try:
+                self._group = (g, pf.read_row_group(g, columns=list(COLUMNS)))
+            except (OSError, pa.ArrowException, KeyError) as e:
+                raise FormatError(f"{entry.key}: row group {g} unreadable ({str(e)[:160]})") from None
+        table = self._group[1]
+        if not 0 <= r < table.num_rows:
+            raise FormatError(f"{entry.key}: row {g}/{r} does not exist")
+        row = {c: table.column(c)[r].as_py() for c in COLUMNS}
+        if row["key"] != entry.key:
+            raise FormatError(f"{entry.key}: row {g}/{r} holds {str(row['key'])[:80]!r}")
+        nulls = [c for c in COLUMNS if row[c] is None]
+        if nulls:
+            raise FormatError(f"{entry.key}: null column(s) {', '.join(nulls)}")
+        return row
+
+    @staticmethod
+    def _arrays(row: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        f = int(row["frames"])
+        shaped = []
+        for col, names in (("actions", "controls"), ("telemetry", "telemetry_channels")):
+            values, width = row[col], len(row[names])
+            if f < 0 or len(values) != f * width:
+                raise FormatError(f"{row['key']}: {col} holds {len(values)} values, not {f} x {width}")
+            shaped.append(np.asarray(values, np.float32).reshape(f, width))
+        ts = np.asarray(row["timestamps"], np.float64)
+        if len(ts) != f:
+            raise FormatError(f"{row['key']}: {len(ts)} timestamps for {f} frames")
+        return shaped[0], shaped[1], ts
+
+    def members(self, entry: Entry) -> Members:
+        row = self._row(entry)
+        actions, telemetry, timestamps = self._arrays(row)
+        return list(zip(MEMBERS, (row["meta"].encode("utf-8", "surrogatepass"), row["video"],
+                                  npy_bytes(actions), npy_bytes(telemetry), npy_bytes(timestamps), row["events"])))
+
+    def read(self, entry: Entry) -> Sample:
+        from dsbuild.core.jsonio import loads_bounded
+        from dsbuild.formats.sample import MAX_META_BYTES
+
+        row = self._row(entry)
+        meta = SampleMeta.from_json(loads_bounded(row["meta"], max_bytes=MAX_META_BYTES, what=f"{entry.key}.json"),
+                                    f"{entry.key}.json")
+        return Sample(entry.key, meta, row["video"], *self._arrays(row), row["events"])
+
+    def check(self, entry: Entry, size: int) -> None:
+        row = self._row(entry)
+        if row["sha256"] != entry.sha256:
+            raise FormatError("row's sample hash does not match the index")
+
+    def check_all(self, entries: list[Entry], size: int) -> list[tuple[str, str]]:
+        """Every entry's row group and row hold its key and sample hash (two columns read once)."""
+        import pyarrow as pa
+
+        try:
+            pf = self._pf()
+            table = pf.read(columns=["key", "sha256"])
+            groups = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
+        except (FormatError, OSError, pa.ArrowException, KeyError) as e:
+            return [(x.key, f"shard unreadable ({str(e)[:120]})") for x in entries]
+        keys, hashes = table.column("key").to_pylist(), table.column("sha256").to_pylist()
+        starts = [sum(groups[:g]) for g in range(len(groups))]
+        out = []
+        for e in entries:
+            if e.row_group is None or e.row is None or not 0 <= e.row_group < len(groups) \
+                    or not 0 <= e.row < groups[e.row_group]:
+                out.append((e.key, f"row {e.row_group}/{e.row} does not exist"))
+                continue
+            i = starts[e.row_group] + e.row
+            if keys[i] != e.key:
+                out.append((e.key, f"row {e.row_group}/{e.row} holds {str(keys[i])[:80]!r}"))
+            elif hashes[i] != e.sha256:
+                out.append((e.key, "row's sample hash does not match the index"))
+        return out
+
+    def scan(self, keys: set[str]) -> list[tuple[str, str]]:
+        import pyarrow as pa
+
+        try:
+            pf = self._pf()
+            names = pf.schema_arrow.names
+            stored = pf.read(columns=["key"]).column("key").to_pylist() if "key" in names else []
+        except (FormatError, OSError, pa.ArrowException):
+            return []  # unreadable: reported by the shard hash and the per-sample checks
+        out = [(f"{self.path.name}:{c[:80]}", "column not in the shard schema") for c in names if c not in COLUMNS]
+        out += [(f"{self.path.name}:{str(k)[:80]}", "row belongs to no sample in the index")
+                for k in stored if k not in keys]
+        return out
+
+    def close(self) -> None:
+        self._file, self._group = None, None
+
+
+class ParquetFormat(ShardFormat):
+    name = "parquet"
     ext = "parquet"
 
-    def __init__(self, *args, row_group_samples: int = 8, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, row_group_samples: int = ROW_GROUP_SAMPLES):
         self.row_group_samples = row_group_samples
-        self._rows: list[dict] = []
 
-    def _begin(self) -> None:
-        self._rows = []
+    def encode(self, key: str, sha256: str, members: Members) -> Segment:
+        return Segment(key, sha256, _frame(p for _, p in members), tuple(len(p) for _, p in members))
 
-    def _append(self, sample: Sample, members: list[tuple[str, bytes]], sha256: str) -> IndexEntry:
-        n = len(self._rows)
-        meta = members[0][1].decode()
-        self._rows.append({
-            "key": sample.key, "sha256": sha256, "meta": meta, "video": sample.video,
-            "video_ext": sample.video_ext, "frames": len(sample.timestamps),
-            "actions": sample.actions.reshape(-1), "n_controls": sample.actions.shape[1],
-            "telemetry": sample.telemetry.reshape(-1), "n_channels": sample.telemetry.shape[1],
-            "timestamps": sample.timestamps, "events": sample.events,
-        })
-        return IndexEntry(sample.key, sha256, row_group=n // self.row_group_samples,
-                          row=n % self.row_group_samples)
+    def write(self, segments: Iterable[Segment], out: BinaryIO) -> list[Entry]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-    def _finish(self) -> None:
-        columns = {f.name: [r[f.name] for r in self._rows] for f in SCHEMA}
-        table = pa.table({name: pa.array(values, type=SCHEMA.field(name).type)
-                          for name, values in columns.items()}, schema=SCHEMA)
+        rows: dict[str, list] = {c: [] for c in COLUMNS}
+        entries = []
+        for n, seg in enumerate(segments):
+            meta, video, a, t, ts, events = _unframe(seg.data)
+            doc = parse(bytes(meta))
+            actions, telemetry = npy_load(bytes(a)), npy_load(bytes(t))
+            for col, value in (("key", seg.key), ("sha256", seg.sha256), ("meta", bytes(meta).decode()),
+                               ("video", bytes(video)), ("frames", len(actions)),
+                               ("controls", doc["controls"]), ("actions", actions.reshape(-1)),
+                               ("telemetry_channels", doc["telemetry_channels"]),
+                               ("telemetry", telemetry.reshape(-1)), ("timestamps", npy_load(bytes(ts))),
+                               ("events", bytes(events))):
+                rows[col].append(value)
+            entries.append(Entry(seg.key, seg.sha256, row_group=n // self.row_group_samples,
+                                 row=n % self.row_group_samples))
+        schema = _schema()
+        table = pa.table({c: pa.array(rows[c], type=schema.field(c).type) for c in COLUMNS}, schema=schema)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, row_group_size=self.row_group_samples, compression=_COMPRESSION,
-                       use_byte_stream_split=_SPLIT, write_statistics=["key"], store_schema=False)
-        self.out.write(sink.getvalue().to_pybytes())
-        self._rows = []
+        pq.write_table(table, sink, row_group_size=self.row_group_samples, compression=COMPRESSION,
+                       use_dictionary=list(_DICTIONARY), use_byte_stream_split=list(_FLOATS),
+                       write_statistics=["key"], store_schema=False)
+        out.write(sink.getvalue().to_pybytes())
+        return entries
+
+    def reader(self, path: Path) -> ParquetReader:
+        return ParquetReader(path)
 
 
-def row_arrays(row: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(actions, telemetry, timestamps) of a Parquet row as shaped arrays."""
-    f = int(row["frames"])
-    actions = np.asarray(row["actions"], np.float32).reshape(f, int(row["n_controls"]))
-    telemetry = np.asarray(row["telemetry"], np.float32).reshape(f, int(row["n_channels"]))
-    return actions, telemetry, np.asarray(row["timestamps"], np.float64)
+register_format(ParquetFormat())

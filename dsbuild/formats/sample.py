@@ -1,4 +1,4 @@
-"""A sample (one clip) and its canonical encoding, shared by every shard format.
+"""A sample (one clip with all its modalities), its typed metadata and its canonical members.
 
 The sample hash is computed over the canonical members, not over a shard's bytes, so the same clip has
 the same hash in a WebDataset tar and in a Parquet row: content ids compare across formats and layouts.
@@ -9,24 +9,101 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from dsbuild.errors import FormatError
-from dsbuild.formats.safejson import canonical_json
+from dsbuild.core.errors import FormatError
+from dsbuild.core.jsonio import canonical_json
+from dsbuild.core.records import Record, spec
 
-SAMPLE_FORMAT = "dsbuild.sample/1"
-KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,80}")
+SAMPLE_FORMAT = "dsbuild.sample/2"
+KEY_PATTERN = r"[A-Za-z0-9_-]{1,80}"
+KEY_RE = re.compile(KEY_PATTERN)
+VIDEO_EXT = "mp4"  # every clip of every version is MP4: one member name for every reader
 # Member extensions in canonical order (the order of tar members and of the hash).
-ARRAY_MEMBERS = ("actions.npy", "telemetry.npy", "timestamps.npy")
-EVENTS_MEMBER = "events.jsonl.zst"
-VIDEO_EXTS = ("mp4", "webm", "mkv")
+MEMBERS = ("json", VIDEO_EXT, "actions.npy", "telemetry.npy", "timestamps.npy", "events.jsonl.zst")
+ARRAY_MEMBERS = MEMBERS[2:5]
+EVENTS_MEMBER = MEMBERS[5]
+MAX_EVENTS_BYTES = 256 << 20  # raw events of one clip; a frame claiming more is a bomb, not a capture
+MAX_META_BYTES = 64 << 20  # a sample's metadata holds its text events; far beyond any clip
 
 
 def sample_key(session_id: str, clip_index: int) -> str:
     """``<session>__<clip:06d>``: unique (fixed-width suffix), dot-free, sorts by session then clip."""
     return f"{session_id}__{clip_index:06d}"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFields(Record):
+    """The capture session's fields, carried into every sample (no host paths)."""
+
+    session_id: str
+    title: str
+    player: str
+    platform: str | None = None
+    build: str | None = None
+    started_at: str | None = None
+    conditions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClipWindow(Record):
+    """Where the clip lies in its session: seconds from the session's first video frame."""
+
+    index: int = field(metadata=spec(minimum=0))
+    t_start: float
+    t_end: float
+    frames: int = field(metadata=spec(minimum=0))
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClipAudio(Record):
+    """The audio carried in the clip's MP4 (cut to the clip's window)."""
+
+    codec: str
+    sample_rate: int = field(metadata=spec(minimum=1))
+    channels: int = field(metadata=spec(minimum=1))
+    start: float  # seconds from the clip's first video frame (negative: audio starts earlier)
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClipVideo(Record):
+    """The clip's encoding: what a GPU decoder needs to know before it sees the bytes."""
+
+    codec: str
+    width: int = field(metadata=spec(minimum=1))
+    height: int = field(metadata=spec(minimum=1))
+    fps: float | None
+    container: str = VIDEO_EXT
+    codec_tag: str | None = None
+    has_audio: bool = False
+    audio: ClipAudio | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextEvent(Record):
+    t: float
+    text: str
+    speaker: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleMeta(Record):
+    """The ``<key>.json`` member."""
+
+    FORMAT = SAMPLE_FORMAT
+    key: str = field(metadata=spec(pattern=KEY_PATTERN))
+    session: SessionFields
+    clip: ClipWindow
+    video: ClipVideo
+    controls: tuple[str, ...]
+    telemetry_channels: tuple[str, ...]
+    text: tuple[TextEvent, ...]
+    action_events: int = field(metadata=spec(minimum=0))
+    sources: dict[str, str]  # role -> sha256 of the source file (session, video, actions...)
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
@@ -38,9 +115,6 @@ def npy_bytes(arr: np.ndarray) -> bytes:
 
 def npy_load(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
-
-
-MAX_EVENTS_BYTES = 256 << 20  # raw events of one clip; a frame claiming more is a bomb, not a capture
 
 
 def decompress_events(blob: bytes, limit: int = MAX_EVENTS_BYTES) -> bytes:
@@ -64,15 +138,14 @@ def decompress_events(blob: bytes, limit: int = MAX_EVENTS_BYTES) -> bytes:
     return b"".join(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     """One clip with all its modalities. ``events`` is the zstd-compressed canonical JSONL of the raw
     action events in the window (zstd pays ~5x there; it would gain nothing on video)."""
 
     key: str
-    meta: dict
+    meta: SampleMeta
     video: bytes
-    video_ext: str
     actions: np.ndarray  # float32 [frames, controls]
     telemetry: np.ndarray  # float32 [frames, channels]
     timestamps: np.ndarray  # float64 [frames], seconds from the session's first frame
@@ -81,8 +154,8 @@ class Sample:
     def members(self) -> list[tuple[str, bytes]]:
         """(extension, payload) pairs in canonical order."""
         return [
-            ("json", canonical_json(self.meta)),
-            (self.video_ext, self.video),
+            ("json", canonical_json(self.meta.to_json())),
+            (VIDEO_EXT, self.video),
             ("actions.npy", npy_bytes(self.actions)),
             ("telemetry.npy", npy_bytes(self.telemetry)),
             ("timestamps.npy", npy_bytes(self.timestamps)),
@@ -98,3 +171,19 @@ def members_sha256(members: list[tuple[str, bytes]]) -> str:
         h.update(b"\0%d\0" % len(payload))
         h.update(payload)
     return h.hexdigest()
+
+
+def sample_from_members(key: str, members: dict[str, bytes]) -> Sample:
+    """Decode canonical members into a typed Sample; FormatError names what is missing or malformed."""
+    from dsbuild.core.jsonio import loads_bounded
+
+    missing = [m for m in MEMBERS if m not in members]
+    if missing:
+        raise FormatError(f"{key}: missing member(s) {', '.join('.' + m for m in missing)}")
+    meta = SampleMeta.from_json(loads_bounded(bytes(members["json"]), max_bytes=MAX_META_BYTES,
+                                              what=f"{key}.json"), f"{key}.json")
+    try:
+        arrays = [npy_load(bytes(members[m])) for m in ARRAY_MEMBERS]
+    except (ValueError, OSError, EOFError) as e:
+        raise FormatError(f"{key}: an array member is not a plain .npy array ({str(e)[:120]})") from None
+    return Sample(key, meta, members[VIDEO_EXT], *arrays, members[EVENTS_MEMBER])

@@ -1,35 +1,59 @@
-"""What every shard writer shares: rollover at a size target, hashing while writing, the sample index.
+"""Shard layout: where shard boundaries fall, and writing one shard from its samples' segments.
 
-A format subclasses ``ShardWriter`` with three hooks (open a file, append one sample and return where it
-went, finish the file). Shards are written to temporary names; the catalog renames them to their sha256
-at commit, which is what makes them content-addressed and shareable between versions.
+Boundaries are content-defined over the sorted sequence of samples, so they follow ``--shard-size``
+whatever the session lengths (short sessions share shards, long ones span several) and a change
+only moves the boundaries near it:
+
+- a shard closes after a sample once it holds at least half the target and the sample's keyed hash,
+  read as a number u in [0, 1), falls below ``size / (target / 2)`` (a cut about every half target of
+  bytes past the minimum, so shards average about the target);
+- a shard never grows past twice the target: it closes before a sample that would push it over
+  (only a single sample bigger than that makes a bigger shard);
+- the last shard may be small.
+
+Because a cut depends only on the key and size of the samples since the previous cut, adding,
+removing or changing one session rewrites the shard it lands in and at most the next one or two;
+every other shard is byte-identical and already in the catalog. The plan uses payload bytes (the
+sum of a sample's member sizes), so a WebDataset and a Parquet build place the same samples together.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from abc import ABC, abstractmethod
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Sequence
 
-from dsbuild.errors import StorageError
+from dsbuild.core.errors import StorageError
+from dsbuild.core.hashing import HashingWriter
+from dsbuild.formats.base import Entry, Segment, ShardFormat
 
-from dsbuild.formats.sample import Sample
-from dsbuild.lineage.hashing import HashingWriter
+BOUNDARY_SALT = b"dsbuild.shards/1"
 
 
-@dataclass(frozen=True)
-class IndexEntry:
-    """Where one sample lives inside its shard: a byte range (tar) or a row group and row (Parquet)."""
+def boundary_hash(key: str) -> float:
+    """The keyed hash of a sample key as a number in [0, 1)."""
+    digest = hashlib.sha256(BOUNDARY_SALT + key.encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2.0 ** 64
 
-    key: str
-    sha256: str
-    offset: int = -1
-    length: int = -1
-    row_group: int = -1
-    row: int = -1
+
+def plan_shards(keys: Sequence[str], sizes: Sequence[int], target: int) -> list[range]:
+    """Shards as ranges of positions in the sorted sample sequence (a pure function)."""
+    lo, hi = target // 2, 2 * target
+    out: list[range] = []
+    start, acc = 0, 0
+    for i, (key, size) in enumerate(zip(keys, sizes)):
+        if acc >= lo and acc + size > hi:
+            out.append(range(start, i))
+            start, acc = i, 0
+        acc += size
+        if acc >= hi or (acc >= lo and boundary_hash(key) < size / max(lo, 1)):
+            out.append(range(start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(keys):
+        out.append(range(start, len(keys)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -37,88 +61,22 @@ class WrittenShard:
     tmp_path: Path
     sha256: str
     bytes: int
-    entries: tuple[IndexEntry, ...]
+    entries: tuple[Entry, ...]
 
 
-class ShardWriter(ABC):
-    """Writes samples into shard files of at most ~``max_bytes`` each (a sample is never split)."""
+def write_shard(fmt: ShardFormat, segments: Iterable[Segment], path: Path) -> WrittenShard:
+    """Write one shard to ``path`` (a temporary name), hashing as it goes; fsynced before returning.
 
-    ext: str = ""
+    Output failures (ENOSPC, EROFS, EIO...) are StorageErrors: never the capture's fault."""
+    try:
+        with open(path, "wb") as f:
+            out = HashingWriter(f)
+            entries = fmt.write(segments, out)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        raise StorageError(f"cannot write shard {path}: {e.strerror or e}",
+                           hint="check free space and permissions, then run the command again") from None
+    return WrittenShard(path, out.hexdigest(), out.tell_bytes, tuple(entries))
 
-    def __init__(self, tmp_dir: Path, stem: str, max_bytes: int):
-        self.tmp_dir = tmp_dir
-        self.stem = stem
-        self.max_bytes = max_bytes
-        self.shards: list[WrittenShard] = []
-        self._file = None
-        self._hasher: HashingWriter | None = None
-        self._path: Path | None = None
-        self._entries: list[IndexEntry] = []
-        self._size = 0
-
-    @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Output failures (ENOSPC, EROFS, EIO...) stop the build; they are never the capture's fault."""
-        try:
-            yield
-        except OSError as e:
-            raise StorageError(f"cannot write shard {self._path or self.tmp_dir}: {e.strerror or e}") from None
-
-    def add(self, sample: Sample, members: list[tuple[str, bytes]], sha256: str) -> None:
-        with self._writing():
-            self._add(sample, members, sha256)
-
-    def _add(self, sample: Sample, members: list[tuple[str, bytes]], sha256: str) -> None:
-        size = sum(len(p) for _, p in members)
-        if self._file is not None and self._entries and self._size + size > self.max_bytes:
-            self._roll()
-        if self._file is None:
-            self._path = self.tmp_dir / f"{self.stem}-{len(self.shards):05d}.{self.ext}.part"
-            self._file = open(self._path, "wb")
-            self._hasher = HashingWriter(self._file)
-            self._size = 0
-            self._begin()
-        self._entries.append(self._append(sample, members, sha256))
-        self._size += size
-
-    def close(self) -> list[WrittenShard]:
-        if self._file is not None:
-            with self._writing():
-                self._roll()
-        return self.shards
-
-    def abort(self) -> None:
-        """Drop everything written: a quarantined session leaves no files behind."""
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass  # flushing a doomed file can fail again (disk full); it is deleted next
-            self._file = None
-        for path in [self._path] + [s.tmp_path for s in self.shards]:
-            if path is not None:
-                path.unlink(missing_ok=True)
-        self.shards = []
-
-    def _roll(self) -> None:
-        self._finish()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self.shards.append(WrittenShard(self._path, self._hasher.hexdigest(), self._hasher.tell_bytes,
-                                        tuple(self._entries)))
-        self._file = None
-        self._entries = []
-
-    @property
-    def out(self) -> HashingWriter:
-        return self._hasher
-
-    def _begin(self) -> None:
-        """Hook: called after a new shard file is opened."""
-
-    @abstractmethod
-    def _append(self, sample: Sample, members: list[tuple[str, bytes]], sha256: str) -> IndexEntry: ...
-
-    @abstractmethod
-    def _finish(self) -> None: ...

@@ -1,29 +1,38 @@
-"""The JSON Lines streams of a capture (actions, telemetry, text), read defensively.
+"""The JSON Lines streams of a capture (actions, telemetry, text), read defensively and in bounded memory.
 
 Real captures are messy. Damage that can be repaired is repaired and counted in a ``StreamReport``
-(malformed lines dropped, events sorted, NaN and non-numeric telemetry fields dropped); nothing is
-dropped without a count. Lines are read with a length bound, so one gigabyte-long line costs memory
-of the bound, not of the line.
+(malformed lines dropped, events sorted, NaN and non-numeric telemetry fields dropped, duplicate keys
+and list/flat name collisions resolved); nothing is dropped without a count.
+
+Memory does not grow with the session. A stream is read twice, both times as a stream of lines:
+``scan`` learns the vocabulary, each telemetry channel's first value and how far events ever arrive
+out of order (the *lag*); ``EventStream`` then hands events to the clips in time order through a
+reorder buffer that holds only events younger than the lag. A sorted stream (the normal case) holds
+no more than the current clip's events; a stream shuffled end to end holds what it must.
+Lines are read with a length bound, so one gigabyte-long line costs memory of the bound.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import orjson
 
-from dsbuild.formats.safejson import MAX_DEPTH, _depth_ok, finite_float
+from dsbuild.core.files import open_regular
+from dsbuild.core.jsonio import MAX_DEPTH, clip_text, depth_ok, finite_float
 
 MAX_LINE_BYTES = 1 << 20  # one event; a longer line is malformed, not a reason to run out of memory
-MAX_CONTROLS = 1024
+MAX_CONTROLS = 1024  # distinct controls, or telemetry channels, per session
 MAX_LIST_LEN = 4096
 MAX_NAME_CHARS = 128
 MAX_EXAMPLES = 5  # malformed-line reasons kept per stream for the report
+KINDS = ("actions", "telemetry", "text")
 
 
 @dataclass
@@ -35,205 +44,238 @@ class StreamReport:
     malformed: int = 0
     out_of_order: int = 0
     dropped_fields: int = 0
+    duplicate_keys: int = 0  # lines with a key given twice (the last value is kept, as JSON parsers do)
+    collisions: int = 0  # a list field `pos` beside a flat `pos.0` in one line (the list wins)
     missing: bool = False
+    unreadable: str | None = None
     examples: list[str] = field(default_factory=list)
 
     def bad(self, lineno: int, reason: str) -> None:
         self.malformed += 1
         if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append(f"line {lineno}: {reason}")
+            self.examples.append(f"line {lineno}: {clip_text(reason, 160)}")
 
     def to_json(self) -> dict:
-        return {
-            "lines": self.lines,
-            "events": self.events,
-            "malformed": self.malformed,
-            "out_of_order": self.out_of_order,
-            "dropped_fields": self.dropped_fields,
-            "missing": self.missing,
-            "examples": list(self.examples),
-        }
+        return {"lines": self.lines, "events": self.events, "malformed": self.malformed,
+                "out_of_order": self.out_of_order, "dropped_fields": self.dropped_fields,
+                "duplicate_keys": self.duplicate_keys, "collisions": self.collisions, "missing": self.missing,
+                "unreadable": self.unreadable, "examples": list(self.examples)}
 
     @property
     def repaired(self) -> bool:
-        return bool(self.malformed or self.out_of_order or self.dropped_fields or self.missing)
+        return bool(self.malformed or self.out_of_order or self.dropped_fields or self.duplicate_keys
+                    or self.collisions or self.missing or self.unreadable)
 
 
-def _nan_constant(_name: str) -> float:
+# -- lines -> validated events --------------------------------------------------------------------------
+def _key_count(v: object) -> int:
+    if isinstance(v, dict):
+        return len(v) + sum(_key_count(x) for x in v.values() if isinstance(x, (dict, list)))
+    if isinstance(v, list):
+        return sum(_key_count(x) for x in v if isinstance(x, (dict, list)))
+    return 0
+
+
+def _has_duplicate_keys(line: bytes) -> bool:
+    def hook(pairs):
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise KeyError
+        return dict(pairs)
+
+    try:
+        json.loads(line, object_pairs_hook=hook, parse_constant=lambda _: 0.0)
+    except KeyError:
+        return True
+    except ValueError:
+        pass
+    return False
+
+
+def _nan(_name: str) -> float:
     return math.nan
 
 
-def iter_json_lines(path: Path, report: StreamReport) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, object) for every well-formed line; count and describe the others."""
-    with open(path, "rb") as f:
-        lineno = 0
-        while True:
-            line = f.readline(MAX_LINE_BYTES + 1)
-            if not line:
-                return
-            lineno += 1
-            report.lines += 1
-            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-                while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
-                    pass
-                report.bad(lineno, f"longer than {MAX_LINE_BYTES} bytes")
-                continue
-            line = line.strip()
-            if not line:
-                report.lines -= 1
-                continue
-            try:
-                text = line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                report.bad(lineno, f"invalid UTF-8 at byte {e.start}")
-                continue
-            if not _depth_ok(text, MAX_DEPTH):
-                report.bad(lineno, f"nested deeper than {MAX_DEPTH}")
-                continue
-            try:
-                obj = json.loads(text, parse_constant=_nan_constant)
-            except (ValueError, RecursionError) as e:
-                report.bad(lineno, f"invalid JSON ({e.msg if hasattr(e, 'msg') else e})")
-                continue
-            if not isinstance(obj, dict):
-                report.bad(lineno, "not a JSON object")
-                continue
-            t = finite_float(obj.get("t"))
-            if t is None:
-                report.bad(lineno, "missing or non-finite 't'")
-                continue
-            obj["t"] = t
-            yield lineno, obj
+def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None:
+    """One line -> a JSON object with a finite ``t``, or None (counted in ``report`` when given)."""
+    def bad(reason: str) -> None:
+        if report is not None:
+            report.bad(lineno, reason)
+
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        try:  # the slow path, only for lines orjson refuses: non-standard NaN/Infinity are repairable
+            obj = json.loads(line, parse_constant=_nan)
+        except UnicodeDecodeError as u:
+            return bad(f"invalid UTF-8 at byte {u.start}")
+        except (ValueError, RecursionError):
+            return bad("nested deeper than 1024" if "depth" in str(e) else f"invalid JSON ({e})")
+    if not isinstance(obj, dict):
+        return bad("not a JSON object")
+    if not depth_ok(obj, MAX_DEPTH):
+        return bad(f"nested deeper than {MAX_DEPTH}")
+    if line.count(b'":') > _key_count(obj) and _has_duplicate_keys(line):
+        if report is not None:
+            report.duplicate_keys += 1
+    t = finite_float(obj.get("t"))
+    if t is None:
+        return bad("missing or non-finite 't'")
+    obj["t"] = t
+    return obj
 
 
-def _stable_order(times: list[float], report: StreamReport) -> np.ndarray:
-    """Indices that sort events by time, ties kept in file order; counts events that were out of order."""
-    t = np.asarray(times, dtype=np.float64)
-    if len(t) > 1:
-        report.out_of_order = int(np.count_nonzero(np.diff(t) < 0))
-    return np.argsort(t, kind="stable")
+def _action(obj: dict, vocab: dict[str, int] | None) -> tuple | str:
+    control, value = obj.get("control"), finite_float(obj.get("value"))
+    if not isinstance(control, str) or not control or len(control) > MAX_NAME_CHARS:
+        return "'control' must be a non-empty string"
+    if value is None or not -1.0 <= value <= 1.0:
+        return "'value' must be a finite number in [-1, 1]"
+    return (obj["t"], control, value)
 
 
-@dataclass(frozen=True)
-class Actions:
-    """Controller events sorted by time. ``controls`` is the sorted vocabulary of this session."""
-
-    controls: tuple[str, ...]
-    t: np.ndarray  # float64 [N]
-    control: np.ndarray  # int32 [N], index into controls
-    value: np.ndarray  # float32 [N]
-
-    @classmethod
-    def empty(cls) -> "Actions":
-        return cls((), np.zeros(0), np.zeros(0, np.int32), np.zeros(0, np.float32))
-
-
-def read_actions(path: Path | None) -> tuple[Actions, StreamReport]:
-    report = StreamReport()
-    if path is None or not path.is_file():
-        report.missing = True
-        return Actions.empty(), report
-    times, names, values = [], [], []
-    vocab: set[str] = set()
-    for lineno, obj in iter_json_lines(path, report):
-        control, value = obj.get("control"), finite_float(obj.get("value"))
-        if not isinstance(control, str) or not control or len(control) > MAX_NAME_CHARS:
-            report.bad(lineno, "'control' must be a non-empty string")
-            continue
-        if value is None or not -1.0 <= value <= 1.0:
-            report.bad(lineno, "'value' must be a finite number in [-1, 1]")
-            continue
-        if control not in vocab and len(vocab) >= MAX_CONTROLS:
-            report.bad(lineno, f"more than {MAX_CONTROLS} distinct controls")
-            continue
-        vocab.add(control)
-        times.append(obj["t"])
-        names.append(control)
-        values.append(value)
-    order = _stable_order(times, report)
-    controls = tuple(sorted(vocab))
-    col = {c: i for i, c in enumerate(controls)}
-    report.events = len(times)
-    return (
-        Actions(
-            controls=controls,
-            t=np.asarray(times, np.float64)[order],
-            control=np.asarray([col[n] for n in names], np.int32)[order],
-            value=np.asarray(values, np.float32)[order],
-        ),
-        report,
-    )
-
-
-@dataclass(frozen=True)
-class Telemetry:
-    """Telemetry channels, each with its own sample times (fields may be sparse). Lists become name.i."""
-
-    channels: tuple[str, ...]
-    t: tuple[np.ndarray, ...]  # per channel, float64, sorted
-    v: tuple[np.ndarray, ...]  # per channel, float32, finite
-
-    @classmethod
-    def empty(cls) -> "Telemetry":
-        return cls((), (), ())
+def _text(obj: dict, vocab: dict[str, int] | None) -> tuple | str:
+    text, speaker = obj.get("text"), obj.get("speaker")
+    if not isinstance(text, str):
+        return "'text' must be a string"
+    if speaker is not None and not isinstance(speaker, str):
+        return "'speaker' must be a string"
+    return (obj["t"], speaker, text)
 
 
 def _numeric_list(value: list) -> list[float] | None:
     if len(value) > MAX_LIST_LEN:
         return None
-    out = []
-    for x in value:
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            return None
-        out.append(float(x))
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in value):
+        return None
+    return [float(x) for x in value]
+
+
+def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
+    """(t, {channel: value}): lists become ``name.i``; NaN, non-numeric and colliding fields dropped."""
+    out: dict[str, float] = {}
+    dropped = collided = 0
+    flat = []
+    for name, value in obj.items():
+        if name == "t":
+            continue
+        if not name or len(name) > MAX_NAME_CHARS:
+            dropped += 1
+        elif isinstance(value, list):
+            nums = _numeric_list(value)
+            if nums is None:
+                dropped += 1
+                continue
+            for i, x in enumerate(nums):
+                if math.isfinite(x):
+                    out[f"{name}.{i}"] = x
+                else:
+                    dropped += 1
+        else:
+            flat.append((name, value))
+    for name, value in flat:  # after the lists, so `pos: [..]` beside `pos.0` is a counted collision
+        x = finite_float(value)
+        if x is None:
+            dropped += 1
+        elif name in out:
+            collided += 1
+        else:
+            out[name] = x
+    if report is not None:
+        report.dropped_fields += dropped
+        report.collisions += collided
+    return (obj["t"], out)
+
+
+def _lines(path: Path, root: Path | None, report: StreamReport | None) -> Iterator[tuple[int, bytes]]:
+    with open_regular(path, root) as f:
+        lineno = 0
+        while line := f.readline(MAX_LINE_BYTES + 1):
+            lineno += 1
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                    pass
+                if report is not None:
+                    report.lines += 1
+                    report.bad(lineno, f"longer than {MAX_LINE_BYTES} bytes")
+                continue
+            line = line.strip()
+            if line:
+                if report is not None:
+                    report.lines += 1
+                yield lineno, line
+
+
+def events(path: Path, kind: str, root: Path | None = None, report: StreamReport | None = None) -> Iterator[tuple]:
+    """Validated events of a stream in file order: (t, control, value), (t, {channel: value}) or
+    (t, speaker, text). Problems are counted in ``report`` when one is given."""
+    for lineno, line in _lines(path, root, report):
+        obj = _parse(line, lineno, report)
+        if obj is None:
+            continue
+        if kind == "telemetry":
+            yield _telemetry(obj, report)
+            continue
+        ev = (_action if kind == "actions" else _text)(obj, None)
+        if isinstance(ev, str):
+            if report is not None:
+                report.bad(lineno, ev)
+            continue
+        yield ev
+
+
+# -- pass 1: what the stream holds ------------------------------------------------------------------------
+@dataclass
+class StreamScan:
+    """What pass 1 learnt: vocabulary (controls or channels, sorted), the first value of each telemetry
+    channel, and the largest lag (seconds an event arrived after a later one)."""
+
+    kind: str
+    path: Path | None
+    names: tuple[str, ...] = ()
+    first: dict[str, float] = field(default_factory=dict)
+    lag: float = 0.0
+    report: StreamReport = field(default_factory=StreamReport)
+
+
+def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
+    """Pass 1 over a stream (or a missing one). OSErrors (permission denied) propagate to the caller."""
+    out = StreamScan(kind, path)
+    rep = out.report
+    if path is None or not path.exists():
+        rep.missing = True
+        return out
+    names: set[str] = set()
+    latest = -math.inf
+    refused: set[str] = set()
+    first_t: dict[str, float] = {}
+    for ev in events(path, kind, root, rep):
+        t = ev[0]
+        if t < latest:
+            rep.out_of_order += 1
+            out.lag = max(out.lag, latest - t)
+        latest = max(latest, t)
+        rep.events += 1
+        if kind == "actions":
+            if ev[1] not in names:
+                if len(names) >= MAX_CONTROLS:
+                    refused.add(ev[1])
+                    continue
+                names.add(ev[1])
+        elif kind == "telemetry":
+            for ch, x in ev[1].items():
+                if ch not in out.first and len(out.first) >= MAX_CONTROLS:
+                    rep.dropped_fields += 1
+                elif ch not in out.first or t < first_t[ch]:  # the earliest reading, also out of order
+                    out.first[ch], first_t[ch] = x, t
+    if refused:
+        rep.dropped_fields += len(refused)
+        rep.examples.append(f"more than {MAX_CONTROLS} distinct controls; {len(refused)} ignored")
+    out.names = tuple(sorted(names)) if kind == "actions" else tuple(sorted(out.first, key=channel_sort_key))
     return out
 
 
-def read_telemetry(path: Path | None) -> tuple[Telemetry, StreamReport]:
-    report = StreamReport()
-    if path is None or not path.is_file():
-        report.missing = True
-        return Telemetry.empty(), report
-    samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    times = []
-    for lineno, obj in iter_json_lines(path, report):
-        t = obj["t"]
-        times.append(t)
-        for name, value in obj.items():
-            if name == "t":
-                continue
-            if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS or len(samples) > MAX_CONTROLS:
-                report.dropped_fields += 1
-                continue
-            if isinstance(value, list):
-                nums = _numeric_list(value)
-                if nums is None:
-                    report.dropped_fields += 1
-                    continue
-                for i, x in enumerate(nums):
-                    if math.isfinite(x):
-                        samples[f"{name}.{i}"].append((t, x))
-                    else:
-                        report.dropped_fields += 1
-            else:
-                x = finite_float(value)
-                if x is None:
-                    report.dropped_fields += 1
-                    continue
-                samples[name].append((t, x))
-    _stable_order(times, report)
-    report.events = len(times)
-    channels = tuple(sorted(samples, key=_channel_sort_key))
-    ts, vs = [], []
-    for ch in channels:
-        arr = np.asarray(samples[ch], dtype=np.float64).reshape(-1, 2)
-        order = np.argsort(arr[:, 0], kind="stable")
-        ts.append(arr[order, 0])
-        vs.append(arr[order, 1].astype(np.float32))
-    return Telemetry(channels, tuple(ts), tuple(vs)), report
-
-
-def _channel_sort_key(name: str) -> tuple:
+def channel_sort_key(name: str) -> tuple:
     """'pos.10' sorts after 'pos.2': list elements in index order, everything else by name."""
     base, _, idx = name.rpartition(".")
     if base and idx.isdigit():
@@ -241,31 +283,116 @@ def _channel_sort_key(name: str) -> tuple:
     return (name, -1)
 
 
-@dataclass(frozen=True)
-class TextEvent:
-    t: float
-    speaker: str | None
-    text: str
+# -- pass 2: events in time order, a window at a time -------------------------------------------------------
+class EventStream:
+    """Events of one stream in (time, file order), handed out by ``until(t)``; holds only the reorder
+    window (events younger than the scan's lag) and nothing already handed out."""
 
-    def to_json(self) -> dict:
-        return {"t": self.t, "speaker": self.speaker, "text": self.text}
+    def __init__(self, s: StreamScan, root: Path | None = None):
+        self.scan = s
+        self._it = iter(()) if s.report.missing else events(s.path, s.kind, root)
+        self._heap: list = []
+        self._seq = 0
+        self._latest = -math.inf
+        self._done = False
+        self._names = {n: i for i, n in enumerate(s.names)}
+
+    def until(self, t_end: float) -> list[tuple]:
+        """Every not yet handed out event with t < t_end, in order."""
+        while not self._done and self._latest - self.scan.lag < t_end:
+            ev = next(self._it, None)
+            if ev is None:
+                self._done = True
+                break
+            if self.scan.kind == "actions" and ev[1] not in self._names:
+                continue  # beyond the control limit (counted by the scan)
+            self._latest = max(self._latest, ev[0])
+            heapq.heappush(self._heap, (ev[0], self._seq, ev))
+            self._seq += 1
+        out = []
+        while self._heap and self._heap[0][0] < t_end:
+            out.append(heapq.heappop(self._heap)[2])
+        return out
 
 
-def read_text(path: Path | None) -> tuple[tuple[TextEvent, ...], StreamReport]:
-    report = StreamReport()
-    if path is None or not path.is_file():
-        report.missing = True
-        return (), report
-    events = []
-    for lineno, obj in iter_json_lines(path, report):
-        text, speaker = obj.get("text"), obj.get("speaker")
-        if not isinstance(text, str):
-            report.bad(lineno, "'text' must be a string")
-            continue
-        if speaker is not None and not isinstance(speaker, str):
-            report.bad(lineno, "'speaker' must be a string")
-            continue
-        events.append(TextEvent(obj["t"], speaker, text))
-    order = _stable_order([e.t for e in events], report)
-    report.events = len(events)
-    return tuple(events[i] for i in order), report
+def _hold(event_t: np.ndarray, event_v: np.ndarray, frame_t: np.ndarray, before: float) -> np.ndarray:
+    """Value of a sorted event series at each frame time; ``before`` where no event has happened yet.
+    A zero-order hold: a frame sees only what had happened when it was shown (no future leaks back)."""
+    idx = np.searchsorted(event_t, frame_t, side="right") - 1
+    out = np.full(len(frame_t), before, dtype=np.float32)
+    seen = idx >= 0
+    out[seen] = event_v[idx[seen]]
+    return out
+
+
+class ActionTrack:
+    """Per-clip action arrays from an action stream: each control's last value at or before the frame
+    (0 = released before any event), plus the raw events of the clip's window."""
+
+    def __init__(self, s: StreamScan, root: Path | None = None):
+        self.controls = s.names
+        self._stream = EventStream(s, root)
+        self._col = {c: i for i, c in enumerate(self.controls)}
+        self._state = np.zeros(len(self.controls), np.float32)
+
+    def clip(self, frame_t: np.ndarray, t_start: float, t_end: float) -> tuple[np.ndarray, list[tuple]]:
+        evs = self._stream.until(t_end)
+        for t, c, v in evs:
+            if t >= t_start:
+                break
+            self._state[self._col[c]] = v
+        inside = [e for e in evs if e[0] >= t_start]
+        out = np.repeat(self._state[None, :], len(frame_t), axis=0)
+        by_control: dict[int, list[tuple[float, float]]] = {}
+        for t, c, v in inside:
+            by_control.setdefault(self._col[c], []).append((t, v))
+        for c, tv in by_control.items():
+            arr = np.asarray(tv, dtype=np.float64)
+            out[:, c] = _hold(arr[:, 0], arr[:, 1].astype(np.float32), frame_t, float(self._state[c]))
+            self._state[c] = arr[-1, 1]
+        return out, inside
+
+
+class TelemetryTrack:
+    """Per-clip telemetry [frames, channels]: the last reading at or before each frame; before a
+    channel's first reading, that first reading (arrays stay finite; the only look-ahead there is)."""
+
+    def __init__(self, s: StreamScan, root: Path | None = None):
+        self.channels = s.names
+        self._stream = EventStream(s, root)
+        self._col = {c: i for i, c in enumerate(self.channels)}
+        self._state = np.array([s.first[c] for c in self.channels], dtype=np.float32)
+
+    def clip(self, frame_t: np.ndarray, t_start: float, t_end: float) -> np.ndarray:
+        evs = self._stream.until(t_end)
+        n = len(self.channels)
+        if not evs or not n:
+            return np.repeat(self._state[None, :], len(frame_t), axis=0)
+        times = np.array([e[0] for e in evs], dtype=np.float64)
+        rows = np.full((len(evs), n), np.nan, dtype=np.float32)
+        col = self._col
+        for i, (_, values) in enumerate(evs):
+            for ch, x in values.items():
+                j = col.get(ch)
+                if j is not None:
+                    rows[i, j] = x
+        # forward fill each channel from the state carried in from earlier clips
+        seen = ~np.isnan(rows)
+        last = np.where(seen, np.arange(len(evs))[:, None], -1)
+        np.maximum.accumulate(last, axis=0, out=last)
+        filled = np.where(last >= 0, rows[np.maximum(last, 0), np.arange(n)[None, :]], self._state[None, :])
+        at = np.searchsorted(times, frame_t, side="right") - 1
+        out = np.where((at >= 0)[:, None], filled[np.maximum(at, 0)], self._state[None, :]).astype(np.float32)
+        self._state = filled[-1].astype(np.float32)
+        return out
+
+
+class TextTrack:
+    """The text events of each clip's window."""
+
+    def __init__(self, s: StreamScan, root: Path | None = None):
+        self._stream = EventStream(s, root)
+
+    def clip(self, t_start: float, t_end: float) -> list[dict]:
+        return [{"t": t, "speaker": speaker, "text": text}
+                for t, speaker, text in self._stream.until(t_end) if t >= t_start]

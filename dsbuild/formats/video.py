@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from dsbuild.errors import FormatError
+from dsbuild.core.errors import FormatError
 
 MAX_PIXELS = 8192 * 8192  # a declared resolution beyond this is hostile or broken, not a game capture
 CUT_EPS = 1e-3  # seconds; keyframe times are rationals, compare with a tolerance below one frame

@@ -1,22 +1,30 @@
-"""WebDataset tar shards: a deterministic writer and a validating member parser.
+"""WebDataset tar shards: a deterministic writer and a reader that trusts nothing it has not proven.
 
-Members are ``<key>.<ext>`` USTAR entries with fixed mtime/owner/mode, sorted by key then canonical
-member order, so the same samples always give the same bytes and GNU tar, ``tarfile`` and the
-``webdataset`` library all read them. The parser trusts nothing: it accepts only regular files whose
-names are ``<key>.<known ext>`` with no path separators.
+Members are ``<key>.<ext>`` USTAR entries with fixed mtime/owner/mode, in canonical member order, so
+the same samples always give the same bytes and GNU tar, ``tarfile`` and the ``webdataset`` library
+all read them. A sample's members do not depend on where they land, so a sample's segment *is* its
+bytes in the shard: assembling a shard is a byte copy, and reusing a sample of an older shard is a
+byte-range read.
+
+Readers parse headers only where bytes are untrusted (verify, validate, the scan for unsafe members);
+the loader slices members by the payload sizes recorded in the index at build time.
 """
 
 from __future__ import annotations
 
+import os
 import tarfile
+from pathlib import Path
+from typing import BinaryIO, Iterable
 
-from dsbuild.errors import FormatError
-from dsbuild.formats.sample import KEY_RE, Sample
-from dsbuild.formats.shards import IndexEntry, ShardWriter
+from dsbuild.core.errors import FormatError
+from dsbuild.formats.base import Entry, Members, Segment, ShardFormat, ShardReader, register_format
+from dsbuild.formats.sample import KEY_RE, MEMBERS
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's record size; archives are padded to it like GNU tar and tarfile do
 MAX_MEMBER_BYTES = 1 << 34  # 16 GiB: more than any clip; a header claiming more is corrupt
+PICKLE_EXTS = (".pyd", ".pickle", ".pkl", ".pt", ".pth", ".joblib", ".npz")
 
 
 def _header(name: str, size: int) -> bytes:
@@ -34,20 +42,13 @@ def _pad(n: int) -> bytes:
     return b"\0" * (-n % BLOCK)
 
 
-class TarShardWriter(ShardWriter):
-    ext = "tar"
-
-    def _append(self, sample: Sample, members: list[tuple[str, bytes]], sha256: str) -> IndexEntry:
-        start = self.out.tell_bytes
-        for ext, payload in members:
-            self.out.write(_header(f"{sample.key}.{ext}", len(payload)))
-            self.out.write(payload)
-            self.out.write(_pad(len(payload)))
-        return IndexEntry(sample.key, sha256, offset=start, length=self.out.tell_bytes - start)
-
-    def _finish(self) -> None:
-        end = self.out.tell_bytes + 2 * BLOCK
-        self.out.write(b"\0" * (2 * BLOCK + (-end % RECORD)))
+def payload_offsets(member_bytes: tuple[int, ...] | list[int]) -> list[int]:
+    """Offset of each member's payload from the start of its sample (headers and padding skipped)."""
+    out, pos = [], 0
+    for n in member_bytes:
+        out.append(pos + BLOCK)
+        pos += BLOCK + n + (-n % BLOCK)
+    return out
 
 
 def _member(block: bytes, pos: int, key: str | None) -> tarfile.TarInfo:
@@ -58,23 +59,22 @@ def _member(block: bytes, pos: int, key: str | None) -> tarfile.TarInfo:
         raise FormatError(f"bad tar header at offset {pos}: {e}") from None
     name = info.name
     if not info.isreg():
-        raise FormatError(f"tar member {name!r} is not a regular file (links and devices are refused)")
+        raise FormatError(f"tar member {name[:120]!r} is not a regular file (links and devices are refused)")
     if "/" in name or "\\" in name or name.startswith(".") or ".." in name:
-        raise FormatError(f"tar member {name!r} has a path; members must be <key>.<ext>")
+        raise FormatError(f"tar member {name[:120]!r} has a path; members must be <key>.<ext>")
     member_key, dot, _ext = name.partition(".")
     if not dot or not KEY_RE.fullmatch(member_key) or (key is not None and member_key != key):
-        raise FormatError(f"tar member {name!r} does not belong to sample {key or '?'}")
+        raise FormatError(f"tar member {name[:120]!r} does not belong to sample {key or '?'}")
     if not 0 <= info.size <= MAX_MEMBER_BYTES:
-        raise FormatError(f"tar member {name!r} claims {info.size} bytes")
+        raise FormatError(f"tar member {name[:120]!r} claims {info.size} bytes")
     return info
 
 
-def parse_members(buf: bytes | memoryview, key: str | None = None, *, views: bool = False) -> list[tuple[str, bytes]]:
-    """Parse a byte range of a tar shard into (name, payload) pairs, refusing anything unsafe.
+def parse_members(buf: bytes | memoryview, key: str | None = None, *, views: bool = False) -> Members:
+    """Parse a byte range of a tar shard into (ext, payload) pairs, refusing anything unsafe.
 
-    ``key``, when given, must own every member (an index entry pointing at the wrong bytes is caught).
-    Stops at the end-of-archive marker. Raises FormatError naming the problem. ``views=True`` returns
-    memoryviews into ``buf`` instead of copies (for readers that only hash or scan the payloads).
+    ``key``, when given, must own every member (an entry pointing at the wrong bytes is caught). Stops
+    at the end-of-archive marker. ``views=True`` returns memoryviews into ``buf`` instead of copies.
     """
     view = memoryview(buf)
     out = []
@@ -88,24 +88,148 @@ def parse_members(buf: bytes | memoryview, key: str | None = None, *, views: boo
         end = start + info.size
         if end > len(view):
             raise FormatError(f"tar member {info.name!r} is truncated ({len(view) - start} of {info.size} bytes)")
-        out.append((info.name, view[start:end] if views else bytes(view[start:end])))
+        out.append((info.name.partition(".")[2], view[start:end] if views else bytes(view[start:end])))
         pos = end + (-info.size % BLOCK)
     return out
 
 
-def member_headers(f, offset: int, length: int, key: str) -> list[tuple[str, int]]:
-    """(name, size) of the members in ``[offset, offset + length)`` of an open shard, reading only the
-    headers: proves an index entry frames exactly its own sample without touching the payloads."""
+class TarReader(ShardReader):
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self._f = None
+
+    def _file(self):
+        if self._f is None:
+            self._f = open(self.path, "rb")
+        return self._f
+
+    def _range(self, entry: Entry) -> bytes:
+        if entry.offset is None or entry.length is None or entry.offset < 0 or entry.length <= 0:
+            raise FormatError(f"{entry.key}: the index gives no byte range")
+        data = os.pread(self._file().fileno(), entry.length, entry.offset)
+        if len(data) != entry.length:
+            raise FormatError(f"{entry.key}: shard ends inside the sample ({len(data)} of {entry.length} bytes)")
+        return data
+
+    def members(self, entry: Entry) -> Members:
+        pairs = parse_members(self._range(entry), entry.key)
+        names = tuple(ext for ext, _ in pairs)
+        if names != MEMBERS:
+            raise FormatError(f"{entry.key}: members {', '.join('.' + n for n in names)} are not the "
+                              f"canonical {', '.join('.' + n for n in MEMBERS)}")
+        if entry.member_bytes is not None and tuple(len(p) for _, p in pairs) != tuple(entry.member_bytes):
+            raise FormatError(f"{entry.key}: member sizes differ from the index")
+        return pairs
+
+    def check(self, entry: Entry, size: int) -> None:
+        if entry.offset is None or entry.length is None or entry.offset < 0 or entry.offset + entry.length > size:
+            raise FormatError(f"byte range {entry.offset}+{entry.length} is outside the shard")
+        f = self._file()
+        pos, sizes = entry.offset, []
+        while pos < entry.offset + entry.length:
+            block = os.pread(f.fileno(), BLOCK, pos)
+            if len(block) < BLOCK:
+                raise FormatError(f"shard ends inside the header at offset {pos}")
+            info = _member(block, pos, entry.key)
+            sizes.append(info.size)
+            pos += BLOCK + info.size + (-info.size % BLOCK)
+        if pos != entry.offset + entry.length or not sizes:
+            raise FormatError(f"index range {entry.offset}+{entry.length} does not end on a member boundary "
+                              f"of {entry.key}")
+        if entry.member_bytes is not None and tuple(sizes) != tuple(entry.member_bytes):
+            raise FormatError(f"member sizes {sizes} differ from the index's {list(entry.member_bytes)}")
+
+    def check_all(self, entries: list[Entry], size: int) -> list[tuple[str, str]]:
+        """Entries must tile the shard: sorted by offset they start at 0, follow each other without gap
+        or overlap, each length equals its members' framed sizes, and the end-of-archive padding
+        follows the last. Arithmetic over the index (the shard's bytes are proven by its sha256);
+        headers are parsed only for the first and last sample, which proves the tiling is anchored."""
+        out = []
+        pos = 0
+        ordered = sorted(entries, key=lambda e: (e.offset if e.offset is not None else -1))
+        for e in ordered:
+            if e.offset is None or e.length is None or e.member_bytes is None:
+                out.append((e.key, "the index gives no byte range or member sizes"))
+                continue
+            framed = sum(BLOCK + n + (-n % BLOCK) for n in e.member_bytes)
+            if e.offset != pos:
+                out.append((e.key, f"byte range starts at {e.offset}, expected {pos} (gap or overlap)"))
+            if e.length != framed or len(e.member_bytes) != len(MEMBERS):
+                out.append((e.key, f"length {e.length} is not its {len(e.member_bytes)} members' framed size"))
+            pos = e.offset + e.length
+        tail = size - pos
+        if ordered and not (2 * BLOCK <= tail and tail % BLOCK == 0 and (size % RECORD == 0)):
+            out.append((ordered[-1].key, f"shard does not end with tar padding after the last sample "
+                                         f"({tail} bytes left)"))
+        for e in {id(x): x for x in (ordered[:1] + ordered[-1:])}.values():
+            if not any(k == e.key for k, _ in out):
+                try:
+                    self.check(e, size)
+                except FormatError as err:
+                    out.append((e.key, str(err)))
+        return out
+
+    def scan(self, keys: set[str]) -> list[tuple[str, str]]:
+        out = []
+        try:
+            with tarfile.open(self.path, "r:") as tf:
+                for info in tf:
+                    why = _member_problems(info, keys)
+                    if why:
+                        out.append((f"{self.path.name}:{info.name[:120]}", "; ".join(why)))
+        except (tarfile.TarError, OSError, EOFError) as e:
+            out.append((self.path.name, f"tar structure unreadable ({str(e)[:120]}); its members cannot be "
+                                        "proven safe"))
+        return out
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def _member_problems(info: tarfile.TarInfo, keys: set[str]) -> list[str]:
+    name = info.name
     out = []
-    pos = offset
-    while pos < offset + length:
-        f.seek(pos)
-        block = f.read(BLOCK)
-        if len(block) < BLOCK:
-            raise FormatError(f"shard ends inside the header at offset {pos}")
-        info = _member(block, pos, key)
-        out.append((info.name, info.size))
-        pos += BLOCK + info.size + (-info.size % BLOCK)
-    if pos != offset + length or not out:
-        raise FormatError(f"index range {offset}+{length} does not end on a member boundary of {key}")
+    if not info.isreg():
+        kind = ("symlink" if info.issym() else "hard link" if info.islnk()
+                else "directory" if info.isdir() else "special file")
+        out.append(f"{kind} member (only regular files are allowed)")
+    if "/" in name or "\\" in name or name.startswith(".") or ".." in name:
+        out.append("member name has a path")
+    if name.lower().endswith(PICKLE_EXTS):
+        out.append("pickle-like member (never unpickled; must not be shipped)")
+    key, _, ext = name.partition(".")
+    if key not in keys:
+        out.append("member belongs to no sample in the index")
+    elif ext not in MEMBERS and not out:
+        out.append(f"unknown member type .{ext[:40]}")
     return out
+
+
+class WebDatasetFormat(ShardFormat):
+    name = "webdataset"
+    ext = "tar"
+
+    def encode(self, key: str, sha256: str, members: Members) -> Segment:
+        parts = []
+        for ext, payload in members:
+            parts += [_header(f"{key}.{ext}", len(payload)), payload, _pad(len(payload))]
+        return Segment(key, sha256, b"".join(parts), tuple(len(p) for _, p in members))
+
+    def write(self, segments: Iterable[Segment], out: BinaryIO) -> list[Entry]:
+        entries, pos = [], 0
+        for seg in segments:
+            out.write(seg.data)
+            entries.append(Entry(seg.key, seg.sha256, offset=pos, length=len(seg.data),
+                                 member_bytes=seg.member_bytes))
+            pos += len(seg.data)
+        end = pos + 2 * BLOCK
+        out.write(b"\0" * (2 * BLOCK + (-end % RECORD)))
+        return entries
+
+    def reader(self, path: Path) -> TarReader:
+        return TarReader(path)
+
+
+register_format(WebDatasetFormat())

@@ -1,75 +1,93 @@
-"""The catalog: a folder holding versions side by side over one pool of content-addressed shards.
+"""The catalog: versions side by side over one pool of content-addressed shards, on any ``Store``.
 
-    <root>/catalog.json                 marker {"format": "dsbuild.catalog/1"}
-    <root>/shards/ab/<sha256>.<ext>     shards, named by their hash, shared by every version using them
-    <root>/versions/<id>/manifest.json  the version (id = sha256 of these bytes)
-    <root>/versions/<id>/index.parquet  per-sample index and lineage
-    <root>/versions/<id>/commit.json    when it was committed and from what (not part of the id)
-    <root>/.tmp/<build>/                work in progress, locked by its build while it runs
+    catalog.json                       marker {"format": "dsbuild.catalog/2"}
+    shards/ab/<sha256>.<ext>           shards, named by their hash, shared by every version using them
+    versions/<id>/manifest.json        the version (id = sha256 of these bytes)
+    versions/<id>/index.parquet        per-sample index and lineage, pinned by sha256 in the manifest
+    versions/<id>/commit.json          when it was committed and from what (not part of the id)
+    splits/<id>/<name>.json            pointer to the current split set folder (replaced atomically)
+    splits/<id>/<name>/<hash>/...      split set folders (immutable, named by their hash)
+    tags.json                          tag -> version id (replaced atomically)
+    .tmp/<build>/                      a local build in progress, flock-ed while it runs
 
-A version becomes visible by one atomic rename of a complete folder, after its shards are in place, so
-a killed build never leaves a version that looks complete. Stale build folders (their lock is free) are
-removed by the next build.
+Tamper-evidence: a manifest is accepted only if its sha256 is the version folder's name; the index
+only if its sha256 is the manifest's pin; a shard only if named by its sha256 (and, when read, its
+bytes hash to it). Commits: shards first, then the version, manifest last (local: one rename of a
+complete folder), and never a version that references a shard the store does not hold.
 """
 
 from __future__ import annotations
 
+import difflib
 import fcntl
-import json
 import os
 import re
 import shutil
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
-from dsbuild.errors import LineageError, StorageError, UsageError
-from dsbuild.formats.safejson import loads_bounded, pretty_json
-from dsbuild.lineage.manifest import Manifest
+from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
+from dsbuild.core.executor import PARENT_ONLY_FDS
+from dsbuild.core.files import fsync_dir, write_durably
+from dsbuild.core.hashing import sha256_bytes
+from dsbuild.core.jsonio import loads_bounded, pretty_json
+from dsbuild.core.records import SHA256, Record, spec
+from dsbuild.core.store import Store, cache_root, open_store
+from dsbuild.lineage.index import INDEX_FILE, MAX_INDEX_BYTES, table_from_bytes
+from dsbuild.lineage.manifest import MAX_MANIFEST_BYTES, Manifest, ShardRecord
 
-CATALOG_FORMAT = "dsbuild.catalog/1"
-TAGS_FORMAT = "dsbuild.tags/1"
+CATALOG_FORMAT = "dsbuild.catalog/2"
 MARKER = "catalog.json"
 TAGS = "tags.json"
-VERSION_RE = re.compile(r"[0-9a-f]{64}")
+VERSION_RE = re.compile(SHA256)
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
+MAX_SMALL_FILE = 16 << 20  # tags, commit records, markers
+STALE_GRACE = 24 * 3600  # object-store gc never removes an unreferenced shard younger than this
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+@dataclass(frozen=True, slots=True)
+class CommitRecord(Record):
+    """How a version came to be (not part of its id): when, in which order, from what."""
+
+    FORMAT = "dsbuild.commit/1"
+    created_at: str
+    sequence: int = field(metadata=spec(minimum=0))
+    parent: str | None = field(metadata=spec(pattern=SHA256))
+    captures: str | None  # where the captures were (a path or URL on the building machine), for healing
+    # A summary, so `log` reads one small file per version (not manifests and indexes):
+    shard_format: str
+    samples: int = field(metadata=spec(minimum=0))
+    bytes: int = field(metadata=spec(minimum=0))
+    content_id: str = field(metadata=spec(pattern=SHA256))
+    change: dict[str, int]  # added / removed / changed samples against the parent (empty without one)
 
 
-def write_file_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+@dataclass(frozen=True, slots=True)
+class TagsFile(Record):
+    FORMAT = "dsbuild.tags/1"
+    tags: dict[str, str]
 
 
-def replace_file_atomically(path: Path, data: bytes) -> None:
-    """Readers see the old bytes or the new ones, never a mix (write beside, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    write_file_durably(tmp, data)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class VersionInfo:
     version_id: str
-    created_at: str
-    commit: dict
+    commit: CommitRecord | None
+
+    @property
+    def created_at(self) -> str:
+        return self.commit.created_at if self.commit else ""
+
+    @property
+    def parent(self) -> str | None:
+        return self.commit.parent if self.commit else None
 
 
 class BuildArea:
-    """A private, locked scratch folder for one build inside the catalog (same file system: rename works)."""
+    """A private, locked scratch folder for one build (for a local catalog: inside it, so renames work)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -79,261 +97,382 @@ class BuildArea:
         self.path.mkdir(parents=True)
         self._lock = open(self.path / "lock", "wb")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        PARENT_ONLY_FDS.add(self._lock.fileno())
         return self
 
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        PARENT_ONLY_FDS.discard(self._lock.fileno())
         self._lock.close()
 
 
+def stale_builds(folder: Path) -> list[Path]:
+    """Build folders under ``folder`` whose build is gone (their lock can be taken)."""
+    out = []
+    for area in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if not area.is_dir():
+            continue
+        try:
+            with open(area / "lock", "rb") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live build
+        except OSError:
+            pass  # no lock file: the build died before creating it
+        out.append(area)
+    return out
+
+
 class Catalog:
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.remote = None  # a RemoteCatalog when this is the local mirror of an object-store catalog
-        self._shard_cache = None
+    """One catalog on a Store. Construct with ``Catalog.open(path_or_url)``."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._manifests: dict[str, Manifest] = {}
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
-    def open(cls, root: Path, *, create: bool = False) -> "Catalog":
-        root = Path(root)
-        if root.exists() and not root.is_dir():
+    def open(cls, location: str | Path, *, create: bool = False) -> "Catalog":
+        store = open_store(location)
+        cat = cls(store)
+        root = store.local_root
+        if root is not None and root.exists() and not root.is_dir():
             raise UsageError(f"{root}: is a file; a catalog is a folder")
-        marker = root / MARKER
-        if not marker.is_file():
+        try:
+            present = store.exists(MARKER)
+        except (OSError, FormatError) as e:
+            raise StorageError(f"{store.url}: cannot read the catalog ({e})") from None
+        if not present:
             if not create:
-                raise UsageError(f"{root}: not a dsbuild catalog (no {MARKER}); create one with `dsbuild convert`")
-            if root.exists() and any(p.name not in ("shards", "versions", ".tmp") for p in root.iterdir()):
+                raise UsageError(f"{store.url}: not a dsbuild catalog (no {MARKER})",
+                                 hint="create one with `dsbuild convert CAPTURES CATALOG`")
+            if root is not None and root.exists() and any(p.name not in ("shards", "versions", ".tmp")
+                                                         for p in root.iterdir()):
                 raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; choose a new folder")
-            for sub in ("shards", "versions", ".tmp"):
-                (root / sub).mkdir(parents=True, exist_ok=True)
-            write_file_durably(marker, pretty_json({"format": CATALOG_FORMAT}))
+            try:
+                store.write(MARKER, pretty_json({"format": CATALOG_FORMAT}))
+            except OSError as e:
+                raise StorageError(f"{store.url}: cannot create the catalog ({e.strerror or e})") from None
         else:
-            doc = loads_bounded(marker.read_bytes(), max_bytes=1 << 16, what=str(marker))
-            if not isinstance(doc, dict) or doc.get("format") != CATALOG_FORMAT:
-                raise UsageError(f"{marker}: unknown catalog format {doc!r}")
-        return cls(root)
+            doc = loads_bounded(cat._read(MARKER, 1 << 16), max_bytes=1 << 16, what=f"{store.url}/{MARKER}")
+            fmt = doc.get("format") if isinstance(doc, dict) else None
+            if fmt != CATALOG_FORMAT:
+                raise UsageError(f"{store.url}: catalog format {str(fmt)[:40]!r} is not {CATALOG_FORMAT}",
+                                 hint="it was made by another dsbuild version; convert the captures again")
+        if root is not None:
+            (root / ".tmp").mkdir(exist_ok=True)
+        return cat
 
-    # -- layout ---------------------------------------------------------------------------------
-    def shard_path(self, sha256: str, ext: str) -> str:
-        return f"shards/{sha256[:2]}/{sha256}.{ext}"
+    @property
+    def url(self) -> str:
+        return self.store.url
 
-    def version_dir(self, version_id: str) -> Path:
-        return self.root / "versions" / version_id
+    @property
+    def root(self) -> Path | None:
+        """The local folder, for a local catalog (None for an object store)."""
+        return self.store.local_root
+
+    def _read(self, key: str, cap: int, *, immutable: bool = False) -> bytes:
+        try:
+            return self.store.read(key, cap, immutable=immutable)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise StorageError(f"{self.url}/{key}: cannot read ({e.strerror or e})") from None
+
+    # -- versions -------------------------------------------------------------------------------
+    def versions(self) -> list[VersionInfo]:
+        """Committed versions (those with a manifest), newest first."""
+        out = []
+        for key in self.store.list("versions"):
+            parts = key.split("/")
+            if len(parts) != 3 or parts[2] != "manifest.json" or not VERSION_RE.fullmatch(parts[1]):
+                continue
+            out.append(VersionInfo(parts[1], self.commit_record(parts[1])))
+        # The commit sequence (assigned under the commit lock) orders versions made within one second.
+        return sorted(out, key=lambda v: (v.commit.sequence if v.commit else 0, v.created_at, v.version_id),
+                      reverse=True)
+
+    def commit_record(self, version_id: str) -> CommitRecord | None:
+        key = f"versions/{version_id}/commit.json"
+        try:
+            data = self._read(key, MAX_SMALL_FILE, immutable=True)
+        except FileNotFoundError:
+            return None
+        try:
+            return CommitRecord.from_json(loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=key), key)
+        except FormatError as e:
+            raise LineageError(f"{self.url}/{e}", hint=f"restore {key} or delete it (the version stays intact; "
+                                                       "only its date and parent are lost)") from None
+
+    def manifest(self, version_id: str) -> Manifest:
+        """The version's manifest, proven: its sha256 must be the version id."""
+        if version_id in self._manifests:
+            return self._manifests[version_id]
+        key = f"versions/{check_version_id(version_id)}/manifest.json"
+        try:
+            data = self._read(key, MAX_MANIFEST_BYTES, immutable=True)
+        except FileNotFoundError:
+            raise LineageError(f"{self.url}: version {version_id[:12]} has no manifest") from None
+        if sha256_bytes(data) != version_id:
+            raise LineageError(f"{self.url}/{key}: sha256 is {sha256_bytes(data)[:16]}…, not the version id: "
+                               "the manifest was edited or damaged", hint="restore it from a copy of the catalog")
+        try:
+            m = Manifest.from_bytes(data, f"{self.url}/{key}")
+        except FormatError as e:
+            raise LineageError(str(e)) from None
+        self._manifests[version_id] = m
+        return m
+
+    def index_data(self, version_id: str) -> bytes:
+        """The index file's bytes, proven against the manifest's pin."""
+        pin = self.manifest(version_id).index
+        key = f"versions/{version_id}/{pin.path}"
+        try:
+            data = self._read(key, MAX_INDEX_BYTES, immutable=True)
+        except FileNotFoundError:
+            raise LineageError(f"{self.url}/{key}: missing") from None
+        if len(data) != pin.bytes or sha256_bytes(data) != pin.sha256:
+            raise LineageError(f"{self.url}/{key}: does not match the sha256 pinned in the manifest "
+                               "(altered or damaged)", hint="restore it from a copy of the catalog")
+        return data
+
+    def index(self, version_id: str, columns: list[str] | None = None):
+        """The version's index as an Arrow table (all or some columns), proven against its pin."""
+        return table_from_bytes(self.index_data(version_id), f"{self.url}/versions/{version_id}/{INDEX_FILE}",
+                                columns)
+
+    def shard_file(self, record: ShardRecord) -> Path:
+        """A local file holding the shard (an object store's shards come through a verified cache)."""
+        return self.store.shard_file(record.path, record.sha256, record.bytes)
+
+    # -- names ----------------------------------------------------------------------------------
+    def tags(self) -> dict[str, str]:
+        try:
+            data = self._read(TAGS, MAX_SMALL_FILE)
+        except FileNotFoundError:
+            return {}
+        try:
+            doc = TagsFile.from_json(loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=TAGS), f"{self.url}/{TAGS}")
+        except FormatError as e:
+            raise LineageError(str(e), hint=f"restore {TAGS} from a copy of the catalog") from None
+        bad = [k for k, v in doc.tags.items() if not TAG_RE.fullmatch(k) or not VERSION_RE.fullmatch(v)]
+        if bad:
+            raise LineageError(f"{self.url}/{TAGS}: malformed tag {bad[0][:64]!r}")
+        return doc.tags
+
+    def set_tag(self, name: str, ref: str | None, *, force: bool = False, delete: bool = False) -> str | None:
+        """Create, move (``force``) or delete a tag; returns the version it points at (None if deleted)."""
+        if not TAG_RE.fullmatch(name) or VERSION_RE.fullmatch(name):
+            raise UsageError(f"tag {name[:64]!r}: use a letter then letters, digits, '.', '_' or '-' (max 64)")
+        with self.lock():
+            tags = self.tags()
+            if delete:
+                if name not in tags:
+                    raise UsageError(f"{self.url}: no tag {name!r}" + _suggest(name, tags))
+                del tags[name]
+                target = None
+            else:
+                target = self.resolve(ref)
+                if name in tags and tags[name] != target and not force:
+                    raise UsageError(f"tag {name!r} already points at {tags[name][:12]}",
+                                     hint="use --force to move it")
+                tags[name] = target
+            self._write(TAGS, pretty_json(TagsFile(dict(sorted(tags.items()))).to_json()))
+        return target
+
+    def resolve(self, ref: str | None) -> str:
+        """A tag, a version id, a unique prefix of one, or None for the newest. Tags win over prefixes."""
+        versions = self.versions()
+        if not versions:
+            raise UsageError(f"{self.url}: catalog has no versions yet")
+        if not ref:
+            return versions[0].version_id
+        tags = self.tags()
+        if ref in tags:
+            return tags[ref]
+        matches = [v.version_id for v in versions if v.version_id.startswith(ref.lower())] \
+            if re.fullmatch(r"[0-9a-fA-F]{1,64}", ref) else []
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise UsageError(f"{self.url}: no version or tag {ref[:80]!r}" + _suggest(ref, tags),
+                             hint="`dsbuild log` lists versions and tags")
+        raise UsageError(f"{self.url}: {ref!r} is ambiguous ({len(matches)} versions)", hint="give more characters")
 
     # -- writing --------------------------------------------------------------------------------
+    def _write(self, key: str, data: bytes) -> None:
+        try:
+            self.store.write(key, data)
+        except OSError as e:
+            raise StorageError(f"{self.url}/{key}: cannot write ({e.strerror or e})",
+                               hint="check free space and permissions, then run the command again") from None
+
+    def builds_folder(self) -> Path:
+        """Where this catalog's build areas live: inside a local catalog (same file system, so renames
+        work), else in the local cache."""
+        if self.root is not None:
+            return self.root / ".tmp"
+        return cache_root() / "builds"
+
     @contextmanager
     def build_area(self) -> Iterator[BuildArea]:
         # Under the catalog lock, so a cleaner never sees a build folder between its mkdir and its flock.
         with self.lock():
             self.clean_stale_builds()
             try:
-                area = BuildArea(self.root / ".tmp" / uuid.uuid4().hex).__enter__()
+                area = BuildArea(self.builds_folder() / uuid.uuid4().hex).__enter__()
             except OSError as e:
-                raise StorageError(f"{self.root}: cannot create a build folder ({e.strerror or e})") from None
+                raise StorageError(f"{self.url}: cannot create a build folder ({e.strerror or e})",
+                                   hint="check free space and permissions of the catalog") from None
         try:
             yield area
         finally:
             area.__exit__(None, None, None)
 
-    def clean_stale_builds(self) -> list[str]:
-        """Remove build folders whose build is gone (their lock can be taken)."""
-        removed = []
-        tmp = self.root / ".tmp"
-        for area in sorted(tmp.iterdir()) if tmp.is_dir() else []:
-            lock = area / "lock"
-            try:
-                with open(lock, "rb") as f:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live build
-            except OSError:
-                pass  # no lock file: the build died before creating it
-            shutil.rmtree(area, ignore_errors=True)
-            removed.append(area.name)
-        return removed
+    def clean_stale_builds(self, *, dry_run: bool = False) -> list[str]:
+        """Remove build folders whose build is gone (their lock can be taken); return their names."""
+        out = []
+        for area in stale_builds(self.builds_folder()):
+            out.append(area.name)
+            if not dry_run:
+                shutil.rmtree(area, ignore_errors=True)
+        return out
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """Serialises commits, tag changes and gc (readers never need it: every write is a rename)."""
-        with open(self.root / ".tmp" / "commit.lock", "ab") as f:
+        """Serialises commits, tag changes and gc of a local catalog (readers never need it: every
+        write is a rename). Object stores have no locks: content addressing and manifest-last commits
+        keep concurrent writers apart."""
+        if self.root is None:
+            yield
+            return
+        try:
+            (self.root / ".tmp").mkdir(exist_ok=True)
+            f = open(self.root / ".tmp" / "commit.lock", "ab")
+        except OSError as e:
+            raise StorageError(f"{self.root}: cannot lock the catalog ({e.strerror or e})",
+                               hint="is the catalog read-only? check its permissions") from None
+        with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             yield
 
-    def commit(self, area: BuildArea, shards: list[tuple[Path, str]], manifest: Manifest,
-               index_bytes: bytes, commit_info: dict) -> tuple[str, bool]:
-        """Move shards into place, then publish the version folder with one rename.
-
-        Returns (version id, existed): re-committing an identical version is a no-op, not an error.
-        """
+    def commit(self, area: BuildArea, shards: list[tuple[Path, ShardRecord]], manifest: Manifest,
+               index: bytes, commit: CommitRecord) -> tuple[str, bool]:
+        """Put shards in place, prove every shard the manifest names is there, then publish the version
+        (manifest last). Returns (version id, existed): an identical version is not an error."""
         try:
-            return self._commit(area, shards, manifest, index_bytes, commit_info)
+            with self.lock():
+                return self._commit(area, shards, manifest, index, commit)
         except OSError as e:
-            raise StorageError(f"{self.root}: commit failed, nothing was committed ({e.strerror or e})") from None
+            raise StorageError(f"{self.url}: commit failed, nothing was committed ({e.strerror or e})",
+                               hint="fix the cause (free space, permissions) and run the same command again") from None
 
-    def _commit(self, area: BuildArea, shards: list[tuple[Path, str]], manifest: Manifest,
-                index_bytes: bytes, commit_info: dict) -> tuple[str, bool]:
-        manifest_bytes = manifest.to_bytes()
-        version_id = manifest.version_id
-        with self.lock():
-            for tmp_path, rel in shards:
-                target = self.root / rel
-                if target.exists():
-                    tmp_path.unlink()  # same name = same sha256 = same bytes
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp_path, target)
-                fsync_dir(target.parent)
-            final = self.version_dir(version_id)
-            if final.is_dir():
-                return version_id, True
-            staging = area.path / "version"
-            staging.mkdir()
-            write_file_durably(staging / manifest.index["path"], index_bytes)
-            sequence = 1 + max((v.commit.get("sequence", 0) for v in self.versions()), default=0)
-            write_file_durably(staging / "commit.json", pretty_json(
-                {"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "sequence": sequence,
-                 **commit_info}))
-            write_file_durably(staging / "manifest.json", manifest_bytes)
-            fsync_dir(staging)
-            os.rename(staging, final)
-            fsync_dir(final.parent)
-        return version_id, False
-
-    # -- shard access (local files, or a remote catalog through its verified cache) ---------------
-    def shard_file(self, rel: str) -> Path:
-        """A local path holding shard ``rel`` (for a remote catalog: a verified cached copy)."""
-        if self.remote is None:
-            return self.root / rel
-        if self._shard_cache is None:
-            from dsbuild.lineage.remote import ShardCache
-
-            self._shard_cache = ShardCache(self.remote)
-        rec = self._shard_records().get(rel)
-        if rec is None:
-            raise LineageError(f"{self.remote.url}: no version references shard {rel}")
-        return self._shard_cache.path(rel, rec.sha256, rec.bytes)
-
-    def _shard_records(self) -> dict:
-        if not hasattr(self, "_records"):
-            self._records = {s.path: s for v in self.versions() for s in self.manifest(v.version_id).shards}
-        return self._records
-
-    def open_shard(self, rel: str):
-        """A binary file object over shard ``rel`` as stored (remote bytes are streamed, not cached)."""
-        return self.remote.open(rel) if self.remote is not None else open(self.root / rel, "rb")
-
-    def shard_exists(self, rel: str) -> tuple[bool, int]:
-        """(exists, size) of a stored shard."""
-        if self.remote is not None:
-            fs, path = self.remote.fs, self.remote._remote(rel)
-            return (True, int(fs.size(path))) if fs.exists(path) else (False, 0)
-        p = self.root / rel
-        return (True, p.stat().st_size) if p.is_file() else (False, 0)
-
-    # -- reading --------------------------------------------------------------------------------
-    def versions(self) -> list[VersionInfo]:
-        """Committed versions, newest first."""
-        out = []
-        vdir = self.root / "versions"
-        for d in vdir.iterdir() if vdir.is_dir() else []:
-            if not VERSION_RE.fullmatch(d.name) or not (d / "manifest.json").is_file():
+    def _commit(self, area: BuildArea, shards, manifest: Manifest, index: bytes,
+                commit: CommitRecord) -> tuple[str, bool]:
+        for tmp_path, rec in shards:
+            if self.store.size(rec.path) == rec.bytes:
+                tmp_path.unlink()  # same name = same sha256 = same bytes
                 continue
-            try:
-                commit = json.loads((d / "commit.json").read_text())
-            except (OSError, ValueError):
-                commit = {}
-            out.append(VersionInfo(d.name, str(commit.get("created_at", "")), commit))
-        # The commit sequence (assigned under the commit lock) orders versions made within one second.
-        return sorted(out, key=lambda v: (v.commit.get("sequence", 0), v.created_at, v.version_id), reverse=True)
+            if self.root is not None:
+                (self.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
+            self.store.put(tmp_path, rec.path)
+        missing = [s.path for s in manifest.shards if self.store.size(s.path) != s.bytes]
+        if missing:
+            raise LineageError(f"{self.url}: refusing to commit a version whose shard {missing[0]} is missing "
+                               f"or has the wrong size ({len(missing)} shard(s))",
+                               hint="run the same convert again: it rewrites missing shards from the captures")
+        vid = manifest.version_id
+        vkey = f"versions/{vid}"
+        if self.store.exists(f"{vkey}/manifest.json"):
+            return vid, True
+        seq = 1 + max((v.commit.sequence for v in self.versions() if v.commit), default=0)
+        record = replace(commit, sequence=seq)
+        files = {manifest.index.path: index, "commit.json": pretty_json(record.to_json()),
+                 "manifest.json": manifest.to_bytes()}
+        if self.root is None:
+            for name, data in files.items():  # manifest last: until it lands, the version is invisible
+                self.store.write(f"{vkey}/{name}", data)
+            return vid, False
+        staging = area.path / "version"
+        staging.mkdir()
+        for name, data in files.items():
+            write_durably(staging / name, data)
+        fsync_dir(staging)
+        (self.root / "versions").mkdir(exist_ok=True)
+        os.rename(staging, self.root / vkey)
+        fsync_dir(self.root / "versions")
+        return vid, False
 
-    def manifest(self, version_id: str) -> Manifest:
-        path = self.version_dir(version_id) / "manifest.json"
-        try:
-            data = path.read_bytes()
-        except OSError:
-            raise LineageError(f"{self.root}: version {version_id} has no manifest") from None
-        return Manifest.from_bytes(data, str(path))
+    # -- garbage ----------------------------------------------------------------------------------
+    def gc(self, *, dry_run: bool = False, grace: float = STALE_GRACE) -> dict:
+        """Remove shards no version references and stale build folders.
 
-    def tags(self) -> dict[str, str]:
-        path = self.root / TAGS
-        if not path.is_file():
-            return {}
-        doc = loads_bounded(path.read_bytes(), max_bytes=1 << 24, what=str(path))
-        tags = doc.get("tags") if isinstance(doc, dict) else None
-        if not isinstance(tags, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and VERSION_RE.fullmatch(v) for k, v in tags.items()):
-            raise LineageError(f"{path}: malformed tags file")
-        return tags
-
-    def set_tag(self, name: str, ref: str | None, *, force: bool = False, delete: bool = False) -> str | None:
-        """Create, move (``force``) or delete a tag; returns the version it points at (None if deleted)."""
-        if not TAG_RE.fullmatch(name) or VERSION_RE.fullmatch(name):
-            raise UsageError(f"tag {name!r}: use a letter then letters, digits, '.', '_' or '-' (max 64)")
-        with self.lock():
-            tags = self.tags()
-            if delete:
-                if name not in tags:
-                    raise UsageError(f"{self.root}: no tag {name!r}")
-                del tags[name]
-                target = None
-            else:
-                target = self.resolve(ref)
-                if name in tags and tags[name] != target and not force:
-                    raise UsageError(f"tag {name!r} already points at {tags[name][:12]}; use --force to move it")
-                tags[name] = target
-            replace_file_atomically(self.root / TAGS, pretty_json({"format": TAGS_FORMAT, "tags": tags}))
-        return target
-
-    def gc(self, *, dry_run: bool = False) -> list[tuple[str, int]]:
-        """Remove shards that no committed version references (every version keeps all of its shards)."""
+        On an object store, which has no locks, a shard a build in progress has uploaded is referenced
+        by no version yet: such shards are protected by ``grace`` seconds (longer than any build), and
+        unpublished version files (no manifest) likewise."""
         with self.lock():
             used = {s.path for v in self.versions() for s in self.manifest(v.version_id).shards}
+            now = time.time()
             garbage = []
-            for p in sorted((self.root / "shards").glob("*/*")):
-                rel = p.relative_to(self.root).as_posix()
-                if rel not in used:
-                    garbage.append((rel, p.stat().st_size))
-                    if not dry_run:
-                        p.unlink()
+            for key in self.store.list("shards"):
+                if key in used:
+                    continue
+                if self.root is None:
+                    stamp = self.store.modified(key)
+                    if stamp is None or now - stamp < grace:
+                        continue
+                garbage.append((key, self.store.size(key) or 0))
+            unpublished = self._unpublished(now, grace)
             if not dry_run:
-                self.clean_stale_builds()
-        return garbage
+                for key, _ in garbage:
+                    self.store.delete(key)
+                for key in unpublished:
+                    self.store.delete(key)
+            builds = self.clean_stale_builds(dry_run=dry_run)
+        return {"shards": [{"path": k, "bytes": b} for k, b in garbage],
+                "bytes": sum(b for _, b in garbage), "stale_builds": builds, "unpublished_files": unpublished,
+                "dry_run": dry_run}
 
-    def resolve(self, ref: str | None) -> str:
-        """A tag, a version id, a unique prefix of one, or None for the newest. Tags win over prefixes."""
-        versions = self.versions()
-        if not versions:
-            raise UsageError(f"{self.root}: catalog has no versions yet")
-        if not ref:
-            return versions[0].version_id
-        tags = self.tags()
-        if ref in tags:
-            return tags[ref]
-        matches = [v.version_id for v in versions if v.version_id.startswith(ref.lower())]
-        if len(matches) == 1:
-            return matches[0]
-        if not matches:
-            raise UsageError(f"{self.root}: no version matches {ref!r}")
-        raise UsageError(f"{self.root}: {ref!r} is ambiguous ({len(matches)} versions); give more characters")
+    def _unpublished(self, now: float, grace: float) -> list[str]:
+        """Files of versions whose manifest never landed (an interrupted upload), past the grace period."""
+        out = []
+        by_version: dict[str, list[str]] = {}
+        for key in self.store.list("versions"):
+            by_version.setdefault(key.split("/")[1], []).append(key)
+        for vid, keys in by_version.items():
+            if f"versions/{vid}/manifest.json" in keys:
+                continue
+            stamps = [self.store.modified(k) or now for k in keys]
+            if now - max(stamps) >= grace:
+                out += keys
+        return sorted(out)
+
+
+def _suggest(word: str, names) -> str:
+    close = difflib.get_close_matches(word, list(names), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_version_id(version_id: str) -> str:
+    if not isinstance(version_id, str) or not VERSION_RE.fullmatch(version_id):
+        raise UsageError(f"{str(version_id)[:80]!r} is not a version id")
+    return version_id
 
 
 def parse_ref(ref: str) -> tuple[str, str | None]:
     """'PATH[@VERSION]' -> (path or URL, version or None). VERSION is an id, a unique id prefix or a tag."""
     path, at, version = str(ref).rpartition("@")
-    if not at:
+    if not at or "/" in version:
         return str(ref), None
     if not version:
-        raise UsageError(f"{ref!r}: nothing after '@'; use PATH@VERSION")
+        raise UsageError(f"{ref!r}: nothing after '@'", hint="use PATH@VERSION (an id, a prefix or a tag)")
     return path, version
 
 
-def open_catalog(path: str | Path, *, create: bool = False) -> Catalog:
-    """A catalog at a local path or an fsspec URL (then: its synced local mirror)."""
-    from dsbuild.lineage.remote import RemoteCatalog, is_url
-
-    if is_url(path):
-        return RemoteCatalog(str(path)).pull(create=create)
-    return Catalog.open(Path(path), create=create)
+def open_catalog(location: str | Path, *, create: bool = False) -> Catalog:
+    """A catalog at a local path, ``file://`` URL or any fsspec URL (``s3://bucket/cat``)."""
+    return Catalog.open(location, create=create)
 
 
 def open_ref(ref: str) -> tuple[Catalog, str]:

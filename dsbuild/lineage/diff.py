@@ -7,7 +7,6 @@ from collections import Counter
 import pyarrow.compute as pc
 
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.index import read_index
 
 STAT_COLUMNS = ["key", "sha256", "title", "frames", "fps", "width", "height", "t_start", "t_end",
                 "action_events", "text_events", "video_bytes"]
@@ -36,8 +35,8 @@ def version_stats(table) -> dict:
 
 
 def diff_versions(catalog_a: Catalog, a: str, catalog_b: Catalog, b: str, *, limit: int = 20) -> dict:
-    ta = read_index(catalog_a.version_dir(a) / "index.parquet", columns=STAT_COLUMNS)
-    tb = read_index(catalog_b.version_dir(b) / "index.parquet", columns=STAT_COLUMNS)
+    ta = catalog_a.index(a, STAT_COLUMNS)
+    tb = catalog_b.index(b, STAT_COLUMNS)
     ha = dict(zip(ta["key"].to_pylist(), ta["sha256"].to_pylist()))
     hb = dict(zip(tb["key"].to_pylist(), tb["sha256"].to_pylist()))
     added = sorted(hb.keys() - ha.keys())

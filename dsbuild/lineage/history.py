@@ -1,46 +1,61 @@
-"""The catalog's history (`log`) and one sample's lineage (`lineage`)."""
+"""The catalog's history (`log`), one version at a glance (`info`) and one sample's lineage (`lineage`)."""
 
 from __future__ import annotations
 
-import pyarrow.compute as pc
-
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.diff import diff_versions, summary_line
-from dsbuild.lineage.index import read_index
-from dsbuild.split.files import list_split_sets
+from dsbuild.lineage.splitsets import list_split_sets
 
 
 def log_entries(catalog: Catalog) -> list[dict]:
-    """Versions newest first, each with its tags and a one-line summary of the change from its parent."""
+    """Versions newest first, each with its tags and the change from its parent.
+
+    Reads one small commit record per version (and the split pointers): it grows with the number of
+    versions, never with their sizes."""
     tags: dict[str, list[str]] = {}
     for name, vid in sorted(catalog.tags().items()):
         tags.setdefault(vid, []).append(name)
-    known = {v.version_id for v in catalog.versions()}
     out = []
     for v in catalog.versions():
-        m = catalog.manifest(v.version_id)
-        parent = v.commit.get("parent")
-        if parent in known and parent != v.version_id:
-            change = summary_line(diff_versions(catalog, parent, catalog, v.version_id, limit=0))
+        c = v.commit
+        if c is None:
+            m = catalog.manifest(v.version_id)
+            summary = {"samples": m.stats.samples, "bytes": m.stats.bytes, "format": m.shard_format,
+                       "content_id": m.content_id, "change": None}
         else:
-            change = f"+{m.stats['samples']} samples (first version)" if not parent else "parent not in catalog"
-        out.append({
-            "version_id": v.version_id, "content_id": m.content_id, "tags": tags.get(v.version_id, []),
-            "created_at": v.created_at, "samples": m.stats["samples"], "bytes": m.stats["bytes"],
-            "format": m.shard_format, "parent": parent, "change": change,
-            "split_sets": [sp.summary() for sp in list_split_sets(catalog.root, v.version_id)],
-        })
+            summary = {"samples": c.samples, "bytes": c.bytes, "format": c.shard_format, "content_id": c.content_id,
+                       "change": dict(c.change) if c.parent else None}
+        out.append({"version_id": v.version_id, "tags": tags.get(v.version_id, []), "created_at": v.created_at,
+                    "parent": v.parent, **summary,
+                    "split_sets": [sp.summary() for sp in list_split_sets(catalog, v.version_id)]})
     return out
+
+
+def version_info(catalog: Catalog, version_id: str) -> dict:
+    """One version without SQL: format, config, counts, hours, statistics, quarantine, splits and tags."""
+    m = catalog.manifest(version_id)
+    commit = catalog.commit_record(version_id)
+    return {
+        "version_id": version_id, "content_id": m.content_id, "catalog": catalog.url,
+        "tags": sorted(t for t, v in catalog.tags().items() if v == version_id),
+        "created_at": commit.created_at if commit else None, "parent": commit.parent if commit else None,
+        "format": m.shard_format, "tool_version": m.tool_version, "config": m.config, "config_hash": m.config_hash,
+        "stats": m.stats.to_json(), "vocabulary": m.vocabulary.to_json(),
+        "quarantined": [q.to_json() for q in m.quarantined],
+        "split_sets": [sp.summary() for sp in list_split_sets(catalog, version_id)],
+    }
 
 
 def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
     """Everything a sample came from: session, source files with sha256, window, config, tool, location."""
+    import pyarrow.compute as pc
+
     m = catalog.manifest(version_id)
-    table = read_index(catalog.version_dir(version_id) / m.index["path"])
+    table = catalog.index(version_id)
     hit = table.filter(pc.equal(table["key"], key))
     if hit.num_rows == 0:
-        raise UsageError(f"{catalog.root}@{version_id[:12]}: no sample with key {key!r}")
+        raise UsageError(f"{catalog.url}@{version_id[:12]}: no sample with key {key[:100]!r}",
+                         hint="`dsbuild query REF \"select key from samples\"` lists keys")
     row = hit.to_pylist()[0]
     return {
         "key": key,
@@ -49,11 +64,10 @@ def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
         "session": {k: row[k] for k in ("session_id", "title", "player", "platform", "build")},
         "window": {"t_start": row["t_start"], "t_end": row["t_end"], "frames": row["frames"],
                    "clip_index": row["clip_index"]},
-        "sources": [{k: s[k] for k in ("role", "path", "sha256", "bytes")}
-                    for s in m.sources if s["session"] == row["session_id"]],
+        "sources": [{"role": s.role, "path": s.path, "sha256": s.sha256, "bytes": s.bytes}
+                    for s in m.sources if s.session == row["session_id"]],
         "config": m.config,
         "config_hash": m.config_hash,
         "tool_version": m.tool_version,
-        "location": {"shard": row["shard"], "offset": row["offset"], "length": row["length"],
-                     "row_group": row["row_group"], "row": row["row"]},
+        "location": {k: row[k] for k in ("shard", "byte_offset", "byte_length", "row_group", "row_index")},
     }

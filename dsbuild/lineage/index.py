@@ -1,70 +1,177 @@
 """The per-sample index of a version: one Parquet row per sample, sorted by key.
 
-It is both the loader's locator table (key -> shard + byte range or row group/row) and the lineage
-table that duckdb queries in place (session fields, window, source video hash, sizes).
+It is both the loader's locator table (key -> shard + byte range and member sizes, or row group/row)
+and the lineage table that duckdb queries in place (session fields, window, source video hash, sizes).
+A value that does not apply is NULL (never -1): ``offset`` for a Parquet shard, ``fps`` of a clip
+without a rate. Column types (documented in the README): ``conditions`` is ``MAP<VARCHAR, VARCHAR>``,
+``started_at`` a UTC timestamp (NULL when the capture gives none or an unparseable one; the sample's
+metadata keeps the original string).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections import defaultdict
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timezone
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from dsbuild.errors import FormatError
+from dsbuild.core.errors import FormatError
+from dsbuild.formats import Entry
 
 INDEX_FILE = "index.parquet"
-INDEX_SCHEMA = pa.schema([
-    ("key", pa.string()),
-    ("sha256", pa.string()),
-    ("shard", pa.string()),
-    ("offset", pa.int64()),
-    ("length", pa.int64()),
-    ("row_group", pa.int32()),
-    ("row", pa.int32()),
-    ("session_id", pa.string()),
-    ("title", pa.string()),
-    ("player", pa.string()),
-    ("platform", pa.string()),
-    ("build", pa.string()),
-    ("conditions", pa.string()),  # canonical JSON object
-    ("clip_index", pa.int32()),
-    ("t_start", pa.float64()),
-    ("t_end", pa.float64()),
-    ("frames", pa.int32()),
-    ("fps", pa.float64()),
-    ("width", pa.int32()),
-    ("height", pa.int32()),
-    ("codec", pa.string()),
-    ("video_bytes", pa.int64()),
-    ("bytes", pa.int64()),
-    ("action_events", pa.int32()),
-    ("text_events", pa.int32()),
-    ("source_video_sha256", pa.string()),
-])
+MAX_INDEX_BYTES = 4 << 30
 
 
+def index_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("key", pa.string()),
+        ("sha256", pa.string()),
+        ("shard", pa.string()),
+        ("byte_offset", pa.int64()),
+        ("byte_length", pa.int64()),
+        ("row_group", pa.int32()),
+        ("row_index", pa.int32()),
+        ("member_bytes", pa.list_(pa.int64())),
+        ("session_id", pa.string()),
+        ("title", pa.string()),
+        ("player", pa.string()),
+        ("platform", pa.string()),
+        ("build", pa.string()),
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("conditions", pa.map_(pa.string(), pa.string())),
+        ("clip_index", pa.int32()),
+        ("t_start", pa.float64()),
+        ("t_end", pa.float64()),
+        ("frames", pa.int32()),
+        ("fps", pa.float64()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("codec", pa.string()),
+        ("has_audio", pa.bool_()),
+        ("n_controls", pa.int32()),
+        ("n_channels", pa.int32()),
+        ("video_bytes", pa.int64()),
+        ("bytes", pa.int64()),
+        ("action_events", pa.int32()),
+        ("text_events", pa.int32()),
+        ("source_video_sha256", pa.string()),
+    ])
+
+
+INDEX_COLUMNS = tuple(index_schema().names)
 # The columns that locate a sample in its shard: what split files and loaders carry.
-LOCATOR_COLUMNS = ("key", "sha256", "shard", "offset", "length", "row_group", "row")
+LOCATOR_COLUMNS = ("key", "sha256", "shard", "byte_offset", "byte_length", "row_group", "row_index", "member_bytes")
 
 
-def index_bytes(rows: list[dict]) -> bytes:
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """One sample's row (the typed form of what convert produces; the file is read as Arrow columns)."""
+
+    key: str
+    sha256: str
+    shard: str
+    session_id: str
+    title: str
+    player: str
+    clip_index: int
+    t_start: float
+    t_end: float
+    frames: int
+    width: int
+    height: int
+    codec: str
+    has_audio: bool
+    n_controls: int
+    n_channels: int
+    video_bytes: int
+    bytes: int
+    action_events: int
+    text_events: int
+    source_video_sha256: str
+    conditions: tuple[tuple[str, str], ...] = ()
+    platform: str | None = None
+    build: str | None = None
+    started_at: datetime | None = None
+    fps: float | None = None
+    byte_offset: int | None = None
+    byte_length: int | None = None
+    row_group: int | None = None
+    row_index: int | None = None
+    member_bytes: tuple[int, ...] | None = None
+
+    def entry(self) -> Entry:
+        return Entry(self.key, self.sha256, self.byte_offset, self.byte_length, self.row_group, self.row_index,
+                     self.member_bytes)
+
+    def located(self, shard: str, e: Entry) -> "IndexRow":
+        return replace(self, shard=shard, byte_offset=e.offset, byte_length=e.length, row_group=e.row_group,
+                       row_index=e.row, member_bytes=e.member_bytes)
+
+
+def parse_started_at(text: str | None) -> datetime | None:
+    """An ISO 8601 time as UTC (naive times are taken as UTC); None when absent or unparseable."""
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+
+
+def index_bytes(rows: list[IndexRow]) -> bytes:
     """Deterministic Parquet bytes of the index rows (sorted by key)."""
-    rows = sorted(rows, key=lambda r: r["key"])
-    table = pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in INDEX_SCHEMA},
-                     schema=INDEX_SCHEMA)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = sorted(rows, key=lambda r: r.key)
+    schema = index_schema()
+    names = [f.name for f in fields(IndexRow)]
+    columns = {n: [getattr(r, n) for r in rows] for n in names}
+    columns["conditions"] = [list(c) for c in columns["conditions"]]
+    table = pa.table({n: pa.array(columns[n], type=schema.field(n).type) for n in INDEX_COLUMNS}, schema=schema)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", row_group_size=1 << 17, store_schema=False)
     return sink.getvalue().to_pybytes()
 
 
-def read_index(path: Path, columns: list[str] | None = None) -> pa.Table:
-    """The index table; a damaged or foreign file is a FormatError naming it, not a pyarrow traceback."""
+def table_from_bytes(data: bytes, what: str, columns: list[str] | None = None):
+    """The index table from its (already pinned) bytes; a foreign schema is a FormatError naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
-        table = pq.read_table(path, columns=columns)
-    except (pa.ArrowException, OSError) as e:
-        raise FormatError(f"{path}: unreadable index ({str(e).splitlines()[0][:200]})") from None
-    expected = INDEX_SCHEMA if columns is None else pa.schema([INDEX_SCHEMA.field(c) for c in columns])
+        table = pq.ParquetFile(pa.BufferReader(data)).read(columns=columns)
+    except (pa.ArrowException, OSError, KeyError) as e:
+        raise FormatError(f"{what}: unreadable index ({str(e).splitlines()[0][:200]})") from None
+    schema = index_schema()
+    expected = schema if columns is None else pa.schema([schema.field(c) for c in columns])
     if not table.schema.equals(expected):
-        raise FormatError(f"{path}: index schema differs from {INDEX_FILE} format")
+        raise FormatError(f"{what}: index schema differs from the {INDEX_FILE} format")
     return table
+
+
+def rows_from_table(table) -> list[IndexRow]:
+    """Typed rows of an index table (for bookkeeping over a version: incremental builds, diff)."""
+    data = table.to_pydict()
+    n = table.num_rows
+    names = [f.name for f in fields(IndexRow)]
+    out = []
+    for i in range(n):
+        values = {k: data[k][i] for k in names}
+        values["conditions"] = tuple(values["conditions"] or ())
+        values["member_bytes"] = tuple(values["member_bytes"]) if values["member_bytes"] is not None else None
+        out.append(IndexRow(**values))
+    return out
+
+
+def entries_by_shard(table) -> dict[str, list[Entry]]:
+    """Index rows as Entries, grouped by shard (one pass over the locator columns)."""
+    cols = table.select(list(LOCATOR_COLUMNS)).to_pydict()
+    out: dict[str, list[Entry]] = defaultdict(list)
+    for i, shard in enumerate(cols["shard"]):
+        mb = cols["member_bytes"][i]
+        out[shard].append(Entry(cols["key"][i], cols["sha256"][i], cols["byte_offset"][i], cols["byte_length"][i],
+                                cols["row_group"][i], cols["row_index"][i], tuple(mb) if mb is not None else None))
+    return out

@@ -6,46 +6,116 @@ same version id) anywhere. The per-sample index lives beside it in Parquet, pinn
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import dataclass, field
 
-from dsbuild.errors import FormatError
-from dsbuild.formats.safejson import loads_bounded, pretty_json
-from dsbuild.lineage.hashing import sha256_bytes
+from dsbuild.core.errors import FormatError
+from dsbuild.core.hashing import sha256_bytes
+from dsbuild.core.jsonio import loads_bounded, pretty_json
+from dsbuild.core.records import SHA256, JsonValue, Record, spec
 
-MANIFEST_FORMAT = "dsbuild.manifest/1"
+MANIFEST_FORMAT = "dsbuild.manifest/2"
 MAX_MANIFEST_BYTES = 1 << 30
+SHARD_KEY = r"shards/([0-9a-f]{2})/([0-9a-f]{64})\.([a-z0-9]{1,16})"
+_SHARD_KEY_RE = re.compile(SHARD_KEY)
 
 
-@dataclass(frozen=True)
-class ShardRecord:
-    path: str  # relative to the catalog root: shards/ab/<sha256>.<ext>
-    sha256: str
-    bytes: int
-    samples: int
+def shard_key(sha256: str, ext: str) -> str:
+    """Where a shard lives in every catalog: named by its own hash, so versions share it."""
+    return f"shards/{sha256[:2]}/{sha256}.{ext}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRecord(Record):
+    path: str = field(metadata=spec(pattern=SHARD_KEY, doc="shards/<sha[:2]>/<sha256>.<ext>, in the catalog"))
+    sha256: str = field(metadata=spec(pattern=SHA256))
+    bytes: int = field(metadata=spec(minimum=0))
+    samples: int = field(metadata=spec(minimum=0))
+
+    def name_matches_hash(self) -> bool:
+        m = _SHARD_KEY_RE.fullmatch(self.path)
+        return bool(m) and m.group(2) == self.sha256 and m.group(1) == self.sha256[:2]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord(Record):
+    """One source file of a session, by hash: what every sample of the session came from."""
+
     session: str
+    role: str  # session, video, actions, telemetry, text
+    path: str  # relative to the capture root (never a host path)
+    sha256: str = field(metadata=spec(pattern=SHA256))
+    bytes: int = field(metadata=spec(minimum=0))
 
 
-@dataclass(frozen=True)
-class Manifest:
+@dataclass(frozen=True, slots=True)
+class SessionRecord(Record):
+    session_id: str
+    path: str  # the session folder, relative to the capture root
+    samples: int = field(metadata=spec(minimum=0))
+    controls: tuple[str, ...]
+    telemetry: tuple[str, ...]
+    repairs: JsonValue  # per stream and the video: what was dropped, sorted or resolved, with counts
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined(Record):
+    """A session left out of the version, and exactly why (file, what was wrong)."""
+
+    session: str
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexPin(Record):
+    path: str = field(metadata=spec(pattern=r"[a-z_]+\.parquet"))
+    sha256: str = field(metadata=spec(pattern=SHA256))
+    rows: int = field(metadata=spec(minimum=0))
+    bytes: int = field(metadata=spec(minimum=0))
+
+
+@dataclass(frozen=True, slots=True)
+class Vocabulary(Record):
+    """Every control and telemetry channel of the version (each sample names its own subset)."""
+
+    controls: tuple[str, ...]
+    telemetry: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Stats(Record):
+    samples: int
+    shards: int
+    bytes: int
+    frames: int
+    hours: float
+    sessions: int
+    quarantined: int
+    long_clips: int
+    repaired_sessions: int
+    samples_per_title: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest(Record):
+    FORMAT = MANIFEST_FORMAT
     tool_version: str
-    config: dict
-    config_hash: str
+    config: JsonValue  # the build options, as hashed into config_hash
+    config_hash: str = field(metadata=spec(pattern=SHA256))
     shard_format: str
-    sources: tuple[dict, ...]
+    sources: tuple[SourceRecord, ...]
     shards: tuple[ShardRecord, ...]
-    sessions: tuple[dict, ...]
-    quarantined: tuple[dict, ...]
-    index: dict
-    schema: dict
-    vocabulary: dict
-    stats: dict
-    content_id: str
-    format: str = MANIFEST_FORMAT
+    sessions: tuple[SessionRecord, ...]
+    quarantined: tuple[Quarantined, ...]
+    index: IndexPin
+    schema: JsonValue  # sample format, members, index columns
+    vocabulary: Vocabulary
+    stats: Stats
+    content_id: str = field(metadata=spec(pattern=SHA256))
 
     def to_bytes(self) -> bytes:
-        doc = asdict(self)
-        doc["shards"] = [asdict(s) for s in self.shards]
-        return pretty_json(doc)
+        return pretty_json(self.to_json())
 
     @property
     def version_id(self) -> str:
@@ -53,25 +123,11 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, what: str) -> "Manifest":
-        doc = loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=what)
-        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-            raise FormatError(f"{what}: not a {MANIFEST_FORMAT} manifest")
-        try:
-            shards = tuple(ShardRecord(**s) for s in doc["shards"])
-            fields = {k: doc[k] for k in cls.__dataclass_fields__ if k != "shards"}
-        except (KeyError, TypeError) as e:
-            raise FormatError(f"{what}: malformed manifest ({e})") from None
-        for s in shards:
-            if not _safe_rel(s.path) or not isinstance(s.sha256, str) or len(s.sha256) != 64:
-                raise FormatError(f"{what}: shard path {s.path!r} is not inside the catalog")
-        for key in ("sources", "sessions", "quarantined"):
-            fields[key] = tuple(fields[key])
-        return cls(shards=shards, **fields)
-
-
-def _safe_rel(path: object) -> bool:
-    return (isinstance(path, str) and path.startswith("shards/") and ".." not in path.split("/")
-            and "\\" not in path and "\0" not in path)
+        m = cls.from_json(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=what), what)
+        for s in m.shards:
+            if not s.name_matches_hash():
+                raise FormatError(f"{what}: shard {s.path[:120]!r} is not named by its own sha256")
+        return m
 
 
 def content_id(sample_hashes: list[tuple[str, str]]) -> str:

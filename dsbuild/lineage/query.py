@@ -1,54 +1,95 @@
-"""SQL over a version with duckdb, reading the Parquet index and JSON manifests in place.
+"""SQL over a version with duckdb, in a sandbox.
 
-Views: ``samples`` (the per-sample index), ``shards`` and ``sources`` (from the manifest), ``lineage``
-(every sample joined with its source files, config hash and tool version) and ``versions`` (every
-version of the catalog). Nothing is loaded into Python but the query's result.
+Views, created only when the SQL names them (so a query costs what it touches, not the history):
+``samples`` (the per-sample index, read in place), ``shards`` and ``sources`` (from the manifest),
+``lineage`` (every sample joined with its source files, config hash and tool version) and
+``versions`` (every version of the catalog, from the commit records).
+
+The sandbox: after the views are registered, duckdb may read only the index file itself
+(``allowed_paths``), external access is disabled and the configuration locked. File functions
+(``read_csv``, ``glob``), ``COPY ... TO``, ``ATTACH`` and ``INSTALL``/``LOAD`` then fail with one
+line, so a query taken from a pull request cannot read or write the machine. ``unsafe=True`` (the
+CLI's ``--unsafe``) skips the sandbox for an analyst's own queries on their own machine.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.history import log_entries
+
+VIEWS = ("samples", "shards", "sources", "lineage", "versions")
 
 
-def _lit(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
-def connect(catalog: Catalog, version_id: str):
+def _glob_literal(path: Path) -> str:
+    """A path as a duckdb file pattern that matches exactly that file (glob characters escaped)."""
+    return _literal(re.sub(r"([\[\]*?{}])", r"[\1]", str(path)).replace("[]]", "]"))
+
+
+def _mentions(sql: str, name: str) -> bool:
+    return re.search(rf"\b{name}\b", sql, re.IGNORECASE) is not None
+
+
+def _arrow(rows: list[dict], columns: list[str]):
+    import pyarrow as pa
+
+    return pa.table({c: [r.get(c) for r in rows] for c in columns})
+
+
+def connect(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False):
     import duckdb
 
-    vdir = catalog.version_dir(version_id)
-    manifest = _lit(vdir / "manifest.json")
+    needed = {v for v in VIEWS if _mentions(sql, v)}
+    if "lineage" in needed:
+        needed |= {"samples", "sources"}
     con = duckdb.connect(":memory:")
-    con.execute(f"CREATE VIEW samples AS SELECT * FROM read_parquet({_lit(vdir / 'index.parquet')})")
-    con.execute(f"CREATE VIEW _manifest AS SELECT * FROM read_json({manifest}, maximum_object_size=1073741824)")
-    con.execute("CREATE VIEW shards AS SELECT unnest(shards, recursive := true) FROM _manifest")
-    con.execute("CREATE VIEW sources AS SELECT unnest(sources, recursive := true) FROM _manifest")
-    con.execute("""CREATE VIEW lineage AS
-        SELECT s.key, s.sha256 AS sample_sha256, s.session_id, s.t_start, s.t_end, s.shard, s.offset, s.length,
-               s.row_group, s.row, src.role, src.path AS source_path, src.sha256 AS source_sha256,
-               m.config_hash, m.tool_version
-        FROM samples s JOIN sources src ON src.session = s.session_id CROSS JOIN _manifest m""")
-    pattern = _lit(catalog.root / "versions" / "*" / "manifest.json")
-    con.execute(f"""CREATE VIEW versions AS
-        SELECT regexp_extract(filename, '([0-9a-f]{{64}})/manifest.json$', 1) AS version_id, content_id,
-               tool_version, config_hash, shard_format, stats.samples AS samples, stats.bytes AS bytes,
-               stats.hours AS hours
-        FROM read_json({pattern}, filename=true, union_by_name=true, maximum_object_size=1073741824)""")
+    allowed = []
+    if "samples" in needed:
+        catalog.index_data(version_id)  # proves the file against the manifest (and caches a remote one)
+        path = catalog.store.cached_file(f"versions/{version_id}/{catalog.manifest(version_id).index.path}")
+        allowed.append(str(path))
+        con.execute(f"CREATE VIEW samples AS SELECT * FROM read_parquet({_glob_literal(path)})")
+    m = catalog.manifest(version_id) if needed & {"shards", "sources", "lineage"} else None
+    if "shards" in needed:
+        con.register("shards", _arrow([s.to_json() for s in m.shards], ["path", "sha256", "bytes", "samples"]))
+    if "sources" in needed:
+        con.register("sources", _arrow([s.to_json() for s in m.sources],
+                                       ["session", "role", "path", "sha256", "bytes"]))
+    if "lineage" in needed:
+        con.execute(f"""CREATE VIEW lineage AS
+            SELECT s.key, s.sha256 AS sample_sha256, s.session_id, s.t_start, s.t_end, s.shard, s.byte_offset,
+                   s.byte_length, s.row_group, s.row_index, src.role, src.path AS source_path,
+                   src.sha256 AS source_sha256, {_literal(m.config_hash)} AS config_hash,
+                   {_literal(m.tool_version)} AS tool_version
+            FROM samples s JOIN sources src ON src.session = s.session_id""")
+    if "versions" in needed:
+        con.register("versions", _arrow(log_entries(catalog), ["version_id", "content_id", "created_at", "parent",
+                                                               "format", "samples", "bytes"]))
+    if not unsafe:
+        con.execute(f"SET allowed_paths=[{', '.join(_literal(p) for p in allowed)}]")
+        con.execute("SET enable_external_access=false")
+        con.execute("SET lock_configuration=true")
     return con
 
 
-def run_query(catalog: Catalog, version_id: str, sql: str) -> tuple[list[str], list[tuple]]:
+def run_query(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False) -> tuple[list[str], list[tuple]]:
     import duckdb
 
-    con = connect(catalog, version_id)
+    con = connect(catalog, version_id, sql, unsafe=unsafe)
     try:
         cur = con.execute(sql)
+    except duckdb.PermissionException as e:
+        raise UsageError(f"query refused: {str(e).splitlines()[0][:200]}",
+                         hint="queries run sandboxed (no file access); --unsafe lifts that for your own queries") from None
     except duckdb.Error as e:
-        raise UsageError(f"query failed: {str(e).splitlines()[0]}") from None
+        raise UsageError(f"query failed: {str(e).splitlines()[0][:200]}") from None
     if cur.description is None:
         return [], []
     return [d[0] for d in cur.description], cur.fetchall()

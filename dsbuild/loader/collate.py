@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsbuild.errors import FormatError
+from dsbuild.core.errors import FormatError
 
 
 def _pad(arrays: list[np.ndarray], length: int) -> np.ndarray:

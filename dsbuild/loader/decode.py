@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 
-from dsbuild.errors import FormatError
+from dsbuild.core.errors import FormatError
 from dsbuild.formats.sample import VIDEO_EXTS, npy_load
 from dsbuild.loader.source import RawSample
 

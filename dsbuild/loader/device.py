@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 
 
 def resolve_device(device: str | None) -> str | None:

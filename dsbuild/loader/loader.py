@@ -20,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from dsbuild.errors import DsbuildError, FormatError, UsageError
+from dsbuild.core.errors import DsbuildError, FormatError, UsageError
 from dsbuild.loader.collate import collate
 from dsbuild.loader.decode import sample_arrays
 from dsbuild.loader.device import Transfer, resolve_device

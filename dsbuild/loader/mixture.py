@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.loader.permutation import derive_key
 
 PHI = (math.sqrt(5) - 1) / 2

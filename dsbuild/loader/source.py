@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsbuild.errors import FormatError, UsageError
+from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.formats.sample import members_sha256
 from dsbuild.lineage.catalog import Catalog, open_ref
 from dsbuild.lineage.index import LOCATOR_COLUMNS, read_index

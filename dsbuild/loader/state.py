@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 
 STATE_FORMAT = "dsbuild.loader/1"
 

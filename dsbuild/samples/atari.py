@@ -40,7 +40,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dsbuild.errors import DsbuildError, UsageError
+from dsbuild.core.errors import DsbuildError, UsageError
 from dsbuild.samples.writer import SessionSpec, VideoSpec, write_session
 
 FPS = 60  # the Atari 2600's NTSC frame rate; with frameskip 1 every emulated frame is a video frame

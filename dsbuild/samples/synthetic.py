@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.samples.writer import SessionSpec, VideoSpec, write_jsonl, write_session
 
 TITLES = ("Kart Storm", "Dungeon Drift", "Sky Rally")

@@ -33,18 +33,19 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.split.assign import RULE, Assignment, assign_groups, expected_std, unit
 from dsbuild.split.check import CheckResult, check_split
 from dsbuild.split.diff import diff_split_sets
-from dsbuild.split.files import SPLIT_FORMAT, SPLIT_SCHEMA, SplitSet, open_split_set
-from dsbuild.split.files import list_split_sets as _list
+from dsbuild.lineage.splitsets import SPLIT_FORMAT, SplitSet, open_split_set
+from dsbuild.lineage.splitsets import list_split_sets as _list
+from dsbuild.split.files import split_schema
 from dsbuild.split.make import SplitResult, make_split
 from dsbuild.split.params import SplitOptions, SplitParams, parse_ratios
 
 __all__ = [
-    "RULE", "SPLIT_FORMAT", "SPLIT_SCHEMA", "Assignment", "CheckResult", "SplitOptions", "SplitParams",
+    "RULE", "SPLIT_FORMAT", "split_schema", "Assignment", "CheckResult", "SplitOptions", "SplitParams",
     "SplitResult", "SplitSet", "assign_groups", "check_split", "diff_split_sets", "expected_std",
     "list_split_sets", "load_split", "make_split", "open_split", "parse_ratios", "unit",
 ]
@@ -57,7 +58,7 @@ def _root(catalog: Path | Catalog) -> Catalog:
 def open_split(catalog: Path | Catalog, version_id: str | None, name: str) -> SplitSet:
     """The split set ``name`` of a version (id, unique prefix, or None for the newest)."""
     cat = _root(catalog)
-    return open_split_set(cat.root, cat.resolve(version_id), name)
+    return open_split_set(cat, cat.resolve(version_id), name)
 
 
 def load_split(catalog: Path | Catalog, version_id: str | None, spec: str) -> pa.Table:
@@ -71,4 +72,4 @@ def load_split(catalog: Path | Catalog, version_id: str | None, spec: str) -> pa
 def list_split_sets(catalog: Path | Catalog, version_id: str | None) -> list[SplitSet]:
     """The split sets of a version, sorted by name (``.summary()`` gives a JSON-ready overview)."""
     cat = _root(catalog)
-    return _list(cat.root, cat.resolve(version_id))
+    return _list(cat, cat.resolve(version_id))

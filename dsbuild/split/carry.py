@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.split.files import MANIFEST, SplitSet, open_split_set, set_dir
+from dsbuild.lineage.splitsets import SplitSet, list_split_sets, open_split_set
 
 
 @dataclass(frozen=True)
@@ -43,27 +43,19 @@ def carry_over(old: Mapping[str, str], present: Iterable[str], hashed_splits: It
 
 
 def resolve_split_set(catalog: Catalog, ref: str, current_version: str) -> SplitSet:
-    """``VERSION/NAME`` (id or unique prefix), a split set folder of this catalog, or ``NAME`` alone
-    when exactly one other version has a split set of that name."""
+    """``VERSION/NAME`` (id, unique prefix or tag) or ``NAME`` alone when exactly one other version has a
+    split set of that name."""
     ref = str(ref)
-    path = Path(ref)
-    if (path / MANIFEST).is_file():
-        folder = path.resolve()
-        splits_root = (catalog.root / "splits").resolve()
-        if folder.parent.parent != splits_root:
-            raise UsageError(f"--from-split {ref}: not a split set of the catalog {catalog.root} "
-                             f"(expected {catalog.root}/splits/<version>/<name>)")
-        return open_split_set(catalog.root, catalog.resolve(folder.parent.name), folder.name)
     version, slash, name = ref.rpartition("/")
     if slash:
         if not version or not name:
-            raise UsageError(f"--from-split {ref!r}: use VERSION/NAME, NAME or a split set folder")
-        return open_split_set(catalog.root, catalog.resolve(version), name)
+            raise UsageError(f"--from-split {ref!r}: use VERSION/NAME or NAME")
+        return open_split_set(catalog, catalog.resolve(version), name)
     found = [v.version_id for v in catalog.versions()
-             if v.version_id != current_version and (set_dir(catalog.root, v.version_id, ref) / MANIFEST).is_file()]
+             if v.version_id != current_version and any(s.name == ref for s in list_split_sets(catalog, v.version_id))]
     if not found:
-        raise UsageError(f"--from-split {ref!r}: no other version of {catalog.root} has a split set of that name")
+        raise UsageError(f"--from-split {ref!r}: no other version of {catalog.url} has a split set of that name")
     if len(found) > 1:
         raise UsageError(f"--from-split {ref!r}: {len(found)} versions have one "
-                         f"({', '.join(v[:12] for v in found)}); give VERSION/NAME")
-    return open_split_set(catalog.root, found[0], ref)
+                         f"({', '.join(v[:12] for v in found)})", hint="give VERSION/NAME")
+    return open_split_set(catalog, found[0], ref)

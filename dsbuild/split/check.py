@@ -12,9 +12,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dsbuild.errors import DsbuildError, FormatError, UsageError
+from dsbuild.core.errors import DsbuildError, FormatError, UsageError
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.split.files import SPLIT_SCHEMA, SplitSet, open_split_set
+from dsbuild.lineage.splitsets import SplitSet, open_split_set
+from dsbuild.split.files import split_schema
 from dsbuild.split.groups import read_version
 from dsbuild.split.make import compute, open_version, resolve_params
 from dsbuild.split.params import SplitOptions, SplitParams
@@ -56,7 +57,7 @@ def check_split(catalog: Path | Catalog, version: str | None, name: str,
                 options: SplitOptions | None = None) -> CheckResult:
     """Check the split set ``name`` of a version. Parameters not given in ``options`` are the recorded ones."""
     cat, version_id = open_version(catalog, version)
-    stored = open_split_set(cat.root, version_id, name)  # UsageError when missing, FormatError when damaged
+    stored = open_split_set(cat, version_id, name)  # UsageError when missing, FormatError when damaged
     problems: list[str] = []
     groups, keys, tables = {}, {}, {}
     for split in stored.splits:
@@ -65,8 +66,8 @@ def check_split(catalog: Path | Catalog, version: str | None, name: str,
         except FormatError as e:
             problems.append(str(e))
             continue
-        if tables[split].schema.names != SPLIT_SCHEMA.names:
-            problems.append(f"{split}.parquet: columns {tables[split].schema.names} are not {SPLIT_SCHEMA.names}")
+        if tables[split].schema.names != split_schema().names:
+            problems.append(f"{split}.parquet: columns {tables[split].schema.names} are not {split_schema().names}")
             continue
         groups[split] = tables[split]["group_value"].to_pylist()
         keys[split] = tables[split]["key"].to_pylist()
@@ -109,8 +110,8 @@ def _recompute(cat: Catalog, version_id: str, stored: SplitSet, tables: dict, op
             continue
         if split not in tables:
             continue  # already reported as unreadable
-        want = fresh.tables[split].select(SPLIT_SCHEMA.names).cast(SPLIT_SCHEMA).sort_by("key")
-        have = tables[split].cast(SPLIT_SCHEMA)
+        want = fresh.tables[split].select(split_schema().names).cast(split_schema()).sort_by("key")
+        have = tables[split].cast(split_schema())
         if not have.equals(want):
             wk, hk = set(want["key"].to_pylist()), set(have["key"].to_pylist())
             problems.append(f"split {split!r} differs from the rule: {len(hk - wk)} sample(s) should not be "

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from pathlib import Path
 
-from dsbuild.split.files import SplitSet, read_manifest
+from dsbuild.lineage.splitsets import SplitSet
 
 
 def compare_assignments(a: Mapping[str, str], b: Mapping[str, str]) -> dict:
@@ -20,21 +19,16 @@ def compare_assignments(a: Mapping[str, str], b: Mapping[str, str]) -> dict:
     }
 
 
-def _open(x: SplitSet | Path | str) -> SplitSet:
-    return x if isinstance(x, SplitSet) else SplitSet(Path(x), read_manifest(Path(x)))
-
-
 def _keys(s: SplitSet) -> dict[str, str]:
     return {k: split for split in s.splits for k in s.table(split, ["key"])["key"].to_pylist()}
 
 
-def diff_split_sets(a: SplitSet | Path | str, b: SplitSet | Path | str) -> dict:
+def diff_split_sets(a: SplitSet, b: SplitSet) -> dict:
     """Groups moved (with from/to), added and removed; sample counts of the same; changed parameters.
 
     ``a`` and ``b`` are split sets or their folders (``<catalog>/splits/<version>/<name>``). Samples are
     matched by key, so a split set of an older version compares with one of a newer version.
     """
-    a, b = _open(a), _open(b)
     groups = compare_assignments(a.group_assignment(), b.group_assignment())
     ka, kb = _keys(a), _keys(b)
     samples = compare_assignments(ka, kb)

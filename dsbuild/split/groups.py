@@ -7,20 +7,18 @@ version with millions of samples costs one pass over a few columns, not a Python
 
 from __future__ import annotations
 
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from dsbuild.errors import LineageError, UsageError
-from dsbuild.formats.safejson import loads_bounded
+from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.hashing import sha256_bytes
+from dsbuild.lineage.index import LOCATOR_COLUMNS
 from dsbuild.split.assign import majority_stratum
 
-LOCATOR_COLUMNS = ("key", "sha256", "shard", "offset", "length", "row_group", "row")
 SESSION_COLUMNS = ("title", "player", "platform", "build", "conditions")
 NO_STRATUM = ""  # the stratum label of groups whose sessions lack the --stratify field
 
@@ -40,14 +38,8 @@ class VersionSamples:
 
 def read_version(catalog: Catalog, version_id: str) -> VersionSamples:
     manifest = catalog.manifest(version_id)
-    path = catalog.version_dir(version_id) / manifest.index["path"]
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise LineageError(f"{path}: cannot read the version's index ({e.strerror})") from None
-    if sha256_bytes(data) != manifest.index["sha256"]:
-        raise LineageError(f"{path}: index does not match the sha256 in its manifest; the version is damaged")
-    table = pq.read_table(pa.BufferReader(data), columns=[*LOCATOR_COLUMNS, "session_id", *SESSION_COLUMNS])
+    path = f"{catalog.url}/versions/{version_id}/{manifest.index.path}"
+    table = catalog.index(version_id, [*LOCATOR_COLUMNS, "session_id", *SESSION_COLUMNS])
     table = table.sort_by("key")
     encoded = table["session_id"].combine_chunks().dictionary_encode()
     names = encoded.dictionary.to_pylist()
@@ -69,22 +61,18 @@ def read_version(catalog: Catalog, version_id: str) -> VersionSamples:
                           session_ids, sessions, per_session, row_session)
 
 
-def _conditions(text: str | None, path) -> dict:
-    if not text:
-        return {}
-    doc = loads_bounded(text, max_bytes=1 << 20, what=f"{path}: conditions")
-    if not isinstance(doc, dict):
-        raise LineageError(f"{path}: conditions is not a JSON object")
-    return doc
+def _conditions(pairs: list | None, path) -> dict:
+    return dict(pairs or ())
 
 
 def field_value(session: dict, name: str) -> str | None:
-    """A session's value of ``name`` (a session field or conditions.<key>); None when it has none."""
+    """A session's value of ``name`` (a session field or conditions.<key>), in Unicode NFC; None when it
+    has none. NFC: the same player typed on two systems (``José`` composed or decomposed) is one group."""
     if name.startswith("conditions."):
         value = session["conditions"].get(name[len("conditions."):])
     else:
         value = session.get(name)
-    return value if isinstance(value, str) and value != "" else None
+    return unicodedata.normalize("NFC", value) if isinstance(value, str) and value != "" else None
 
 
 def group_sessions(vs: VersionSamples, by: str) -> tuple[dict[str, str], tuple[str, ...]]:

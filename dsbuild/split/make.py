@@ -8,12 +8,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from dsbuild import __version__
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog, open_catalog
-from dsbuild.lineage.hashing import sha256_bytes, sha256_json
+from dsbuild.core.hashing import sha256_bytes, sha256_json
 from dsbuild.split.assign import assign_groups, intervals, shares, split_for, unit
 from dsbuild.split.carry import Carry, carry_over, resolve_split_set
-from dsbuild.split.files import SPLIT_FORMAT, SplitSet, publish, seal, set_dir, table_bytes
+from dsbuild.lineage.splitsets import SPLIT_FORMAT, SplitSet, publish_split_set, seal
+from dsbuild.split.files import table_bytes
 from dsbuild.split.groups import (
     VersionSamples,
     group_sessions,
@@ -197,6 +198,7 @@ def make_split(catalog: Path | Catalog, version: str | None, name: str, options:
     params, old = resolve_params(cat, version_id, options)
     vs = read_version(cat, version_id)
     computed = compute(vs, name, params, old, pins_given=options.pins is not None)
-    state = publish(cat, version_id, name, computed.files, computed.manifest, force=force)
-    return SplitResult(catalog=str(cat.root), version_id=version_id, name=name,
-                       path=str(set_dir(cat.root, version_id, name)), state=state, manifest=computed.manifest)
+    state = publish_split_set(cat, version_id, name, computed.files, computed.manifest, force=force)
+    return SplitResult(catalog=cat.url, version_id=version_id, name=name,
+                       path=f"{cat.url}/splits/{version_id}/{name}/{computed.manifest['hash']}", state=state,
+                       manifest=computed.manifest)

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsbuild.errors import UsageError
-from dsbuild.lineage.hashing import sha256_json
+from dsbuild.core.errors import UsageError
+from dsbuild.core.hashing import sha256_json
 from dsbuild.split.assign import RULE, Ratios, canonical_ratios
 
 SESSION_FIELDS = ("session_id", "title", "player", "platform", "build")

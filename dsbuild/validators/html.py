@@ -136,7 +136,7 @@ def offender_thumbnails(report: Report, catalog=None, limit: int = MAX_THUMBS) -
     (``catalog``, or the one the report names)."""
     import pyarrow as pa
 
-    from dsbuild.errors import DsbuildError
+    from dsbuild.core.errors import DsbuildError
     from dsbuild.lineage.catalog import open_catalog
     from dsbuild.lineage.index import read_index
     from dsbuild.validators.png import thumbnail

@@ -15,8 +15,8 @@ from typing import Iterator
 
 import numpy as np
 
-from dsbuild.errors import FormatError
-from dsbuild.formats.safejson import loads_bounded
+from dsbuild.core.errors import FormatError
+from dsbuild.core.jsonio import loads_bounded
 from dsbuild.formats.sample import ARRAY_MEMBERS, EVENTS_MEMBER, VIDEO_EXTS, members_sha256, npy_load
 
 MAX_META_BYTES = 64 << 20  # a sample's metadata holds its text events; 64 MiB is far beyond any clip

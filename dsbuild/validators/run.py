@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from dsbuild.errors import DsbuildError, UsageError
+from dsbuild.core.errors import DsbuildError, UsageError
 from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.validators.checks import dataset as ds
 from dsbuild.validators.checks.common import count_check, fraction_check, judge, skipped
@@ -58,7 +58,7 @@ def _pass(units, workers: int, progress: Callable[[int, int], None] | None,
           options: ValidateOptions = ValidateOptions()) -> list[dict]:
     results = []
     if options.executor == "ray":
-        from dsbuild.parallel import ray_map
+        from dsbuild.core.executor import ray_map
 
         slots: list = [None] * len(units)
 

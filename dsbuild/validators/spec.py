@@ -31,7 +31,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsbuild.errors import UsageError
+from dsbuild.core.errors import UsageError
 
 SPEC_FORMAT = "dsbuild.acceptance/1"
 SEVERITIES = ("fail", "warn", "off")

@@ -15,9 +15,9 @@ import math
 
 import numpy as np
 
-from dsbuild.errors import FormatError
+from dsbuild.core.errors import FormatError
 from dsbuild.formats.sample import decompress_events
-from dsbuild.formats.safejson import loads_bounded
+from dsbuild.core.jsonio import loads_bounded
 
 SAMPLED_FRAMES = 16  # frames converted per clip: enough for a motion statistic, cheap next to decoding
 GRAY_WIDTH = 64  # px; motion and darkness survive this downscale, and swscale at this size is ~free

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from dsbuild.errors import FormatError
+from dsbuild.core.errors import FormatError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.validators.checks.common import judge
 from dsbuild.validators.model import CheckResult

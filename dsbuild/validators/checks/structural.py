@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsbuild.errors import FormatError
-from dsbuild.formats.safejson import canonical_json
+from dsbuild.core.errors import FormatError
+from dsbuild.core.jsonio import canonical_json
 from dsbuild.formats.sample import (
     ARRAY_MEMBERS,
     EVENTS_MEMBER,
@@ -27,7 +27,7 @@ from dsbuild.formats.sample import (
     sample_key,
 )
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.hashing import sha256_bytes
+from dsbuild.core.hashing import sha256_bytes
 from dsbuild.lineage.index import INDEX_SCHEMA
 from dsbuild.lineage.manifest import MANIFEST_FORMAT, Manifest, content_id
 from dsbuild.validators.reading import PARQUET_COLUMNS, PICKLE_EXTS, SampleData

@@ -6,7 +6,8 @@ import hashlib
 from pathlib import Path
 from typing import BinaryIO
 
-from dsbuild.formats.safejson import canonical_json
+from dsbuild.core.files import open_regular
+from dsbuild.core.jsonio import canonical_json
 
 CHUNK = 4 << 20
 
@@ -20,11 +21,11 @@ def sha256_json(obj: object) -> str:
     return sha256_bytes(canonical_json(obj))
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
-    """(hex digest, size) of a file, streamed in 4 MiB chunks."""
+def sha256_file(path: Path, root: Path | None = None) -> tuple[str, int]:
+    """(hex digest, size) of a regular file (inside ``root`` when given), streamed in 4 MiB chunks."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
+    with open_regular(path, root) as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
             size += len(chunk)

@@ -1,0 +1,201 @@
+"""Typed on-disk records: frozen slots dataclasses that validate what they read and describe themselves.
+
+Every record dsbuild writes (manifest, shard and source entries, commit, tags, split manifest, loader
+checkpoint) is a ``Record``. Its field annotations are the single source of truth for three things:
+
+- ``to_json()``: a JSON-ready dict (nested records, tuples -> lists);
+- ``from_json(doc, what)``: the inverse, which trusts nothing: every field is present with its type
+  (bool is not an int, an int is a float), no unknown keys, and per-field constraints (pattern,
+  minimum, maximum length) hold; failures are one-line ``FormatError``s naming ``what`` and the field;
+- ``json_schema()``: the JSON Schema published in ``docs/schemas/``.
+
+Supported annotations: str, int, float, bool, None, ``X | None``, ``tuple[X, ...]``, ``dict[str, X]``,
+nested ``Record`` types and ``JsonValue`` (free-form JSON, depth-bounded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from typing import Any, ClassVar
+
+from dsbuild.core.errors import FormatError
+from dsbuild.core.jsonio import depth_ok
+
+JsonValue = typing.NewType("JsonValue", object)  # free-form JSON (bounded depth), e.g. a config echo
+SHA256 = r"[0-9a-f]{64}"
+_MAX_STR = 1 << 20  # no single string field of a record is a megabyte; longer is hostile
+
+
+def spec(*, pattern: str | None = None, minimum: float | None = None, maximum: float | None = None,
+         doc: str = "") -> dict:
+    """Field metadata: ``field(metadata=spec(pattern=SHA256, doc="..."))``."""
+    return {"pattern": pattern, "minimum": minimum, "maximum": maximum, "doc": doc}
+
+
+def _hints(cls) -> dict[str, Any]:
+    cache = cls.__dict__.get("_hints_cache")
+    if cache is None:
+        cache = typing.get_type_hints(cls)
+        type.__setattr__(cls, "_hints_cache", cache)
+    return cache
+
+
+def _is_record(tp) -> bool:
+    return isinstance(tp, type) and issubclass(tp, Record)
+
+
+def _union_args(tp) -> tuple | None:
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        return typing.get_args(tp)
+    return None
+
+
+class Record:
+    """Base of every typed record (subclasses are ``@dataclass(frozen=True, slots=True)``)."""
+
+    __slots__ = ()
+    FORMAT: ClassVar[str | None] = None  # when set, the JSON carries {"format": FORMAT} and it is checked
+
+    # -- writing ----------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        out = {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        if self.FORMAT is not None:
+            out["format"] = self.FORMAT
+        return out
+
+    # -- reading ----------------------------------------------------------------------------------
+    @classmethod
+    def from_json(cls, doc: object, what: str):
+        if not isinstance(doc, dict):
+            raise FormatError(f"{what}: expected a JSON object, found {type(doc).__name__}")
+        doc = dict(doc)
+        if cls.FORMAT is not None:
+            found = doc.pop("format", None)
+            if found != cls.FORMAT:
+                raise FormatError(f"{what}: format is {str(found)[:80]!r}, expected {cls.FORMAT!r}")
+        hints = _hints(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(doc) - set(names))
+        if unknown:
+            raise FormatError(f"{what}: unknown field {str(unknown[0])[:80]!r}")
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in doc:
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                    continue
+                raise FormatError(f"{what}: missing field {f.name!r}")
+            values[f.name] = _load(doc[f.name], hints[f.name], f"{what}: {f.name}", f.metadata)
+        return cls(**values)
+
+    @classmethod
+    def json_schema(cls) -> dict:
+        hints = _hints(cls)
+        props, required = {}, []
+        if cls.FORMAT is not None:
+            props["format"] = {"const": cls.FORMAT}
+            required.append("format")
+        for f in dataclasses.fields(cls):
+            props[f.name] = _schema(hints[f.name], f.metadata)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                required.append(f.name)
+        out = {"type": "object", "additionalProperties": False, "properties": props, "required": required}
+        if cls.__doc__:
+            out["description"] = " ".join(cls.__doc__.split())
+        return out
+
+
+def _dump(v: Any) -> Any:
+    if isinstance(v, Record):
+        return v.to_json()
+    if isinstance(v, (tuple, list)):
+        return [_dump(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _dump(x) for k, x in v.items()}
+    return v
+
+
+def _load(v: Any, tp: Any, where: str, meta: typing.Mapping) -> Any:
+    args = _union_args(tp)
+    if args is not None:
+        if v is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"unsupported union {tp}")
+        return _load(v, inner[0], where, meta)
+    if tp is JsonValue:
+        if not depth_ok(v):
+            raise FormatError(f"{where}: nested too deeply")
+        return v
+    if _is_record(tp):
+        return tp.from_json(v, where)
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        if not isinstance(v, list):
+            raise FormatError(f"{where}: expected a list, found {type(v).__name__}")
+        (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return tuple(_load(x, item, f"{where}[{i}]", {}) for i, x in enumerate(v))
+    if origin is dict:
+        if not isinstance(v, dict):
+            raise FormatError(f"{where}: expected an object, found {type(v).__name__}")
+        _, item = typing.get_args(tp)
+        return {k: _load(x, item, f"{where}.{str(k)[:40]}", {}) for k, x in v.items()}
+    _scalar(v, tp, where)
+    _constrain(v, where, meta)
+    return float(v) if tp is float else v
+
+
+def _scalar(v: Any, tp: Any, where: str) -> None:
+    ok = {str: isinstance(v, str), bool: isinstance(v, bool),
+          int: isinstance(v, int) and not isinstance(v, bool),
+          float: isinstance(v, (int, float)) and not isinstance(v, bool),
+          type(None): v is None}.get(tp)
+    if ok is None:
+        raise TypeError(f"unsupported record field type {tp}")
+    if not ok:
+        raise FormatError(f"{where}: expected {getattr(tp, '__name__', tp)}, found {type(v).__name__}")
+    if isinstance(v, str) and len(v) > _MAX_STR:
+        raise FormatError(f"{where}: string of {len(v)} characters exceeds {_MAX_STR}")
+
+
+def _constrain(v: Any, where: str, meta: typing.Mapping) -> None:
+    if not meta:
+        return
+    pattern, lo, hi = meta.get("pattern"), meta.get("minimum"), meta.get("maximum")
+    if pattern and isinstance(v, str) and not re.fullmatch(pattern, v):
+        raise FormatError(f"{where}: {v[:80]!r} does not match {pattern}")
+    if lo is not None and isinstance(v, (int, float)) and v < lo:
+        raise FormatError(f"{where}: {v} is below {lo}")
+    if hi is not None and isinstance(v, (int, float)) and v > hi:
+        raise FormatError(f"{where}: {v} is above {hi}")
+
+
+def _schema(tp: Any, meta: typing.Mapping) -> dict:
+    args = _union_args(tp)
+    if args is not None:
+        inner = [a for a in args if a is not type(None)]
+        return {"anyOf": [_schema(inner[0], meta), {"type": "null"}]}
+    if tp is JsonValue:
+        return {}
+    if _is_record(tp):
+        return tp.json_schema()
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return {"type": "array", "items": _schema(item, {})}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _schema(typing.get_args(tp)[1], {})}
+    out = {"type": {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}[tp]}
+    if meta:
+        if meta.get("pattern"):
+            out["pattern"] = f"^{meta['pattern']}$"
+        if meta.get("minimum") is not None:
+            out["minimum"] = meta["minimum"]
+        if meta.get("maximum") is not None:
+            out["maximum"] = meta["maximum"]
+        if meta.get("doc"):
+            out["description"] = meta["doc"]
+    return out

@@ -1,0 +1,326 @@
+"""Where a catalog's bytes live: a local folder or any fsspec URL, behind one small interface.
+
+A ``Store`` maps *keys* (``versions/<id>/manifest.json``, ``shards/ab/<sha256>.tar``) to bytes. Keys
+are untrusted when they come from a listing of someone else's bucket, so every key is checked before
+it touches a local path: segments of ``[A-Za-z0-9_-]`` plus inner dots, no empty segment, no leading
+``/``, no ``..``, no backslash, no drive letter, no control character. Every local target is then
+resolved and must stay inside its root. A hostile bucket can at worst be refused, never write outside
+the catalog, its mirror or the shard cache.
+
+``LocalStore`` reads and writes a folder (writes are atomic renames). ``FsspecStore`` reads and writes
+an object store; immutable keys (a version's files, split sets: named by or pinned to their hashes)
+are read through a local cache, and shards go through ``ShardCache``: whole-shard, bounded, LRU,
+verified against the manifest's sha256 on arrival.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+from dsbuild.core.errors import FormatError, MissingDependency, StorageError
+from dsbuild.core.files import inside, open_regular, read_capped, replace_atomically
+
+_SEGMENT = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9._-]{0,254})")
+RANGE_BYTES = 8 << 20
+RETRIES = 5
+CACHE_LIMIT = 20 << 30  # shards kept locally for a remote catalog; DSBUILD_CACHE_BYTES overrides
+
+
+class UnsafeKey(FormatError):
+    """A key that could name a place outside its store."""
+
+
+def check_key(key: object) -> str:
+    """``key`` if it is a safe relative key, else UnsafeKey naming what is wrong."""
+    if not isinstance(key, str) or not key:
+        raise UnsafeKey(f"key {key!r} is empty or not a string")
+    shown = repr(key[:120])
+    if any(ord(c) < 32 or c == "\x7f" for c in key):
+        raise UnsafeKey(f"key {shown} contains a control character")
+    if key.startswith("/") or "\\" in key or re.match(r"[A-Za-z]:", key):
+        raise UnsafeKey(f"key {shown} is absolute or has a backslash or drive letter")
+    for seg in key.split("/"):
+        if seg in ("", ".", ".."):
+            raise UnsafeKey(f"key {shown} has an empty, '.' or '..' segment")
+        if not _SEGMENT.fullmatch(seg) or seg.endswith("."):
+            raise UnsafeKey(f"key {shown} has a segment with characters outside [A-Za-z0-9._-]")
+    return key
+
+
+def is_url(path: object) -> bool:
+    """An fsspec URL other than ``file://`` (which is a local path)."""
+    text = str(path)
+    return "://" in text and not text.startswith("file://")
+
+
+def local_path(path: object) -> Path:
+    text = str(path)
+    return Path(text[len("file://"):] if text.startswith("file://") else text)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DSBUILD_CACHE", Path.home() / ".cache" / "dsbuild"))
+
+
+class Store(Protocol):
+    """The interface. ``url`` names the store in messages; ``local_root`` is set for local folders."""
+
+    url: str
+    local_root: Path | None
+
+    def read(self, key: str, cap: int, *, immutable: bool = False) -> bytes: ...
+    def exists(self, key: str) -> bool: ...
+    def size(self, key: str) -> int | None: ...
+    def modified(self, key: str) -> float | None: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def write(self, key: str, data: bytes) -> None: ...
+    def put(self, local: Path, key: str) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def read_range(self, key: str, start: int, end: int) -> bytes: ...
+    def shard_file(self, key: str, sha256: str, size: int) -> Path: ...
+    def cached_file(self, key: str) -> Path | None: ...
+
+
+class LocalStore:
+    def __init__(self, root: Path):
+        self.local_root = Path(root)
+        self.url = str(root)
+
+    def path(self, key: str) -> Path:
+        p = self.local_root / check_key(key)
+        if not inside(p.parent, self.local_root):
+            raise UnsafeKey(f"{key}: resolves outside {self.local_root}")
+        return p
+
+    def read(self, key: str, cap: int, *, immutable: bool = False) -> bytes:
+        return read_capped(self.path(key), cap, root=self.local_root, what=f"{self.url}/{key}")
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).is_file()
+
+    def size(self, key: str) -> int | None:
+        p = self.path(key)
+        return p.stat().st_size if p.is_file() else None
+
+    def modified(self, key: str) -> float | None:
+        p = self.path(key)
+        return p.stat().st_mtime if p.exists() else None
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.local_root / prefix if prefix else self.local_root
+        out = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            rel = Path(dirpath).relative_to(self.local_root).as_posix()
+            for name in filenames:
+                key = name if rel == "." else f"{rel}/{name}"
+                try:
+                    out.append(check_key(key))
+                except UnsafeKey:
+                    continue
+        return sorted(out)
+
+    def write(self, key: str, data: bytes) -> None:
+        p = self.path(key)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(p, data)
+
+    def put(self, local: Path, key: str) -> None:
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(local, target)
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        with open_regular(self.path(key), self.local_root) as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def shard_file(self, key: str, sha256: str, size: int) -> Path:
+        return self.path(key)
+
+    def cached_file(self, key: str) -> Path | None:
+        """A local file holding ``key`` (here: the file itself)."""
+        p = self.path(key)
+        return p if p.is_file() else None
+
+
+def _fsspec(url: str):
+    try:
+        import fsspec
+    except ImportError:
+        raise MissingDependency(url, "s3", "fsspec") from None
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise MissingDependency(f"{url} ({e})", "s3") from None
+    return fs, path.rstrip("/")
+
+
+def retry(what: str, fn: Callable):
+    """Run ``fn`` and retry transient I/O failures (dropped connections, timeouts) with backoff; give up
+    with a StorageError naming ``what``. A missing object is not transient: FileNotFoundError passes."""
+    for attempt in range(RETRIES):
+        try:
+            return fn()
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # botocore/aiohttp raise their own types for a reset connection
+            if "NoSuchKey" in type(e).__name__:
+                raise FileNotFoundError(what) from None
+            if attempt == RETRIES - 1 or isinstance(e, (FormatError, PermissionError)):
+                raise StorageError(f"{what}: {type(e).__name__}: {str(e)[:200]}",
+                                   hint="check the URL, credentials and network, then run again") from None
+            time.sleep(0.05 * 2 ** attempt)
+
+
+class FsspecStore:
+    """An object store (or any fsspec file system) with a verified local cache for immutable keys."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
+        self.local_root = None
+        self.fs, self.root = _fsspec(self.url)
+        self.cache = cache_root() / "stores" / hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        self._shards: ShardCache | None = None
+
+    def _remote(self, key: str) -> str:
+        return f"{self.root}/{check_key(key)}"
+
+    def _cached(self, key: str) -> Path:
+        return self.cache / check_key(key)  # checked keys cannot leave the cache; read_capped re-checks
+
+    def read(self, key: str, cap: int, *, immutable: bool = False) -> bytes:
+        if immutable:
+            p = self._cached(key)
+            if p.is_file():
+                return read_capped(p, cap, root=self.cache)
+        size = retry(f"{self.url}/{key}", lambda: self.fs.size(self._remote(key)))
+        if size is not None and size > cap:
+            raise FormatError(f"{self.url}/{key}: larger than the limit of {cap} bytes")
+        data = retry(f"{self.url}/{key}", lambda: self.fs.cat_file(self._remote(key), start=0, end=cap + 1))
+        if len(data) > cap:
+            raise FormatError(f"{self.url}/{key}: larger than the limit of {cap} bytes")
+        if immutable:
+            p = self._cached(key)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            replace_atomically(p, data)
+        return data
+
+    def exists(self, key: str) -> bool:
+        return bool(retry(f"{self.url}/{key}", lambda: self.fs.exists(self._remote(key))))
+
+    def size(self, key: str) -> int | None:
+        try:
+            return int(retry(f"{self.url}/{key}", lambda: self.fs.size(self._remote(key))))
+        except FileNotFoundError:
+            return None
+
+    def modified(self, key: str) -> float | None:
+        try:
+            info = retry(f"{self.url}/{key}", lambda: self.fs.info(self._remote(key)))
+        except FileNotFoundError:
+            return None
+        stamp = info.get("LastModified") or info.get("mtime") or info.get("created")
+        return stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp) if stamp else None
+
+    def list(self, prefix: str) -> list[str]:
+        self.fs.invalidate_cache(self.root)  # other writers may have published since the last listing
+        base = f"{self.root}/{prefix}".rstrip("/")
+        try:
+            found = retry(self.url, lambda: self.fs.find(base))
+        except FileNotFoundError:
+            return []
+        out = []
+        for remote in found:
+            key = remote[len(self.root) + 1:] if remote.startswith(self.root + "/") else None
+            try:
+                out.append(check_key(key))
+            except UnsafeKey:
+                continue  # a hostile or foreign key is never followed; the catalog's checks name gaps
+        return sorted(out)
+
+    def write(self, key: str, data: bytes) -> None:
+        retry(f"{self.url}/{key}", lambda: self.fs.pipe_file(self._remote(key), data))
+
+    def put(self, local: Path, key: str) -> None:
+        retry(f"{self.url}/{key}", lambda: self.fs.put_file(str(local), self._remote(key)))
+
+    def delete(self, key: str) -> None:
+        try:
+            retry(f"{self.url}/{key}", lambda: self.fs.rm_file(self._remote(key)))
+        except FileNotFoundError:
+            pass
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return retry(f"{self.url}/{key}", lambda: self.fs.cat_file(self._remote(key), start=start, end=end))
+
+    def cached_file(self, key: str) -> Path | None:
+        """The local copy of an immutable key read before (``read(..., immutable=True)``), if any."""
+        p = self._cached(key)
+        return p if p.is_file() else None
+
+    def shard_file(self, key: str, sha256: str, size: int) -> Path:
+        if self._shards is None:
+            self._shards = ShardCache(self)
+        return self._shards.path(key, sha256, size)
+
+
+def open_store(location: str | Path) -> Store:
+    return FsspecStore(str(location)) if is_url(location) else LocalStore(local_path(location))
+
+
+class ShardCache:
+    """Whole-shard local cache of a remote store: bounded, LRU-evicted, verified on arrival."""
+
+    def __init__(self, store: FsspecStore, limit: int | None = None, directory: Path | None = None):
+        self.store = store
+        self.limit = limit if limit is not None else int(os.environ.get("DSBUILD_CACHE_BYTES", CACHE_LIMIT))
+        self.dir = directory or cache_root() / "shards"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.downloads = 0
+
+    def path(self, key: str, sha256: str, size: int) -> Path:
+        """Local path of a verified copy of shard ``key``; downloads it (by ranges) if needed."""
+        if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            raise UnsafeKey(f"shard sha256 {sha256[:80]!r} is not a hex digest")
+        local = self.dir / f"{sha256}{Path(check_key(key)).suffix}"
+        with self._lock:
+            if local.is_file() and local.stat().st_size == size:
+                os.utime(local)  # recently used
+                return local
+            self._evict(size)
+            tmp = local.with_name(f".{local.name}.{threading.get_ident()}.part")
+            h = hashlib.sha256()
+            try:
+                with open(tmp, "wb") as f:
+                    for start in range(0, size, RANGE_BYTES):
+                        chunk = self.store.read_range(key, start, min(size, start + RANGE_BYTES))
+                        h.update(chunk)
+                        f.write(chunk)
+                if h.hexdigest() != sha256:
+                    raise StorageError(f"{self.store.url}/{key}: downloaded bytes do not match the manifest's "
+                                       "sha256", hint=f"run `dsbuild verify {self.store.url}` to see what is damaged")
+                os.replace(tmp, local)
+            finally:
+                tmp.unlink(missing_ok=True)
+            self.downloads += 1
+            return local
+
+    def _evict(self, incoming: int) -> None:
+        files = sorted((p for p in self.dir.iterdir() if p.is_file() and not p.name.startswith(".")),
+                       key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in files)
+        while files and total + incoming > self.limit:
+            victim = files.pop(0)
+            total -= victim.stat().st_size
+            victim.unlink(missing_ok=True)

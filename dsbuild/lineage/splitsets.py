@@ -1,0 +1,213 @@
+"""Split sets in the catalog: immutable folders named by their hash, and a pointer per name.
+
+    splits/<version_id>/<NAME>.json                 {"format": "dsbuild.splitref/1", "hash": H}
+    splits/<version_id>/<NAME>/<H>/manifest.json    the split manifest (its own hash is H)
+    splits/<version_id>/<NAME>/<H>/<split>.parquet  one row per sample, sorted by key
+
+A reader resolves the pointer once and then reads only the immutable folder it names, so replacing a
+split set (``--force``) is atomic for readers: the new folder is written completely, then the pointer
+is swapped in one write; a reader never sees a new Parquet file beside an old manifest, and there is
+no moment without a split set. Old folders are removed by ``gc``.
+
+The manifest's ``hash`` is the sha256 of its canonical JSON without the ``hash`` field; it covers the
+parameters, the counts and every split file's sha256, so equal hashes mean equal split sets.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from dsbuild.core.errors import FormatError, LineageError, UsageError
+from dsbuild.core.hashing import sha256_bytes, sha256_json
+from dsbuild.core.jsonio import loads_bounded, pretty_json
+from dsbuild.core.records import SHA256, Record, spec
+from dsbuild.lineage.catalog import Catalog, check_version_id
+
+SPLIT_FORMAT = "dsbuild.split/2"
+MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 1 << 28
+MAX_SPLIT_FILE = 4 << 30
+NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_-]{0,63}"
+NAME_RE = re.compile(NAME_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPointer(Record):
+    FORMAT = "dsbuild.splitref/1"
+    hash: str = field(metadata=spec(pattern=SHA256))
+
+
+def manifest_hash(doc: dict) -> str:
+    return sha256_json({k: v for k, v in doc.items() if k != "hash"})
+
+
+def seal(doc: dict) -> dict:
+    return {**doc, "hash": manifest_hash(doc)}
+
+
+def _check_manifest(doc: object, what: str) -> dict:
+    if not isinstance(doc, dict) or doc.get("format") != SPLIT_FORMAT:
+        raise FormatError(f"{what}: not a {SPLIT_FORMAT} split manifest")
+    if doc.get("hash") != manifest_hash(doc):
+        raise FormatError(f"{what}: hash field does not match the manifest's content; it was edited or damaged")
+    splits = doc.get("splits")
+    if not isinstance(splits, dict):
+        raise FormatError(f"{what}: 'splits' is not an object")
+    for split, rec in splits.items():
+        if not NAME_RE.fullmatch(str(split)) or not isinstance(rec, dict) or rec.get("file") != f"{split}.parquet" \
+                or not isinstance(rec.get("sha256"), str) or not isinstance(rec.get("bytes"), int):
+            raise FormatError(f"{what}: split {str(split)[:40]!r} has a malformed record")
+    return doc
+
+
+@dataclass(frozen=True)
+class SplitSet:
+    """A split set as stored; reading a split proves its file against the manifest."""
+
+    catalog: Catalog
+    folder: str  # key prefix of the immutable folder
+    manifest: dict
+
+    @property
+    def name(self) -> str:
+        return self.manifest["name"]
+
+    @property
+    def version_id(self) -> str:
+        return self.manifest["version_id"]
+
+    @property
+    def hash(self) -> str:
+        return self.manifest["hash"]
+
+    @property
+    def path(self) -> str:
+        return f"{self.catalog.url}/{self.folder}"
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return tuple(sorted(self.manifest["splits"]))
+
+    def file_bytes(self, split: str) -> bytes:
+        if split not in self.manifest["splits"]:
+            raise UsageError(f"{self.path}: no split {split[:40]!r}; have {', '.join(self.splits)}")
+        rec = self.manifest["splits"][split]
+        key = f"{self.folder}/{rec['file']}"
+        try:
+            data = self.catalog.store.read(key, MAX_SPLIT_FILE, immutable=True)
+        except FileNotFoundError:
+            raise LineageError(f"{self.catalog.url}/{key}: missing") from None
+        if len(data) != rec["bytes"] or sha256_bytes(data) != rec["sha256"]:
+            raise LineageError(f"{self.catalog.url}/{key}: does not match the sha256 in its split manifest")
+        return data
+
+    def table(self, split: str, columns: list[str] | None = None):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(pa.BufferReader(self.file_bytes(split))).read(columns=columns)
+
+    def group_assignment(self) -> dict[str, str]:
+        """group value -> split, read from the files."""
+        out: dict[str, str] = {}
+        for split in self.splits:
+            for g in self.table(split, ["group_value"])["group_value"].unique().to_pylist():
+                out[g] = split
+        return dict(sorted(out.items()))
+
+    def summary(self) -> dict:
+        m = self.manifest
+        return {"name": self.name, "version_id": self.version_id, "hash": self.hash, "path": self.path,
+                "parameters": m.get("parameters"),
+                "splits": {s: {k: r.get(k) for k in ("groups", "samples", "ratio_groups", "ratio_samples")}
+                           for s, r in sorted(m["splits"].items())}}
+
+
+def _pointer_key(version_id: str, name: str) -> str:
+    return f"splits/{check_version_id(version_id)}/{name}.json"
+
+
+def _read_pointer(catalog: Catalog, version_id: str, name: str) -> str | None:
+    key = _pointer_key(version_id, name)
+    try:
+        data = catalog.store.read(key, 1 << 16)
+    except FileNotFoundError:
+        return None
+    return SplitPointer.from_json(loads_bounded(data, max_bytes=1 << 16, what=key), f"{catalog.url}/{key}").hash
+
+
+def _load(catalog: Catalog, version_id: str, name: str, digest: str) -> SplitSet:
+    folder = f"splits/{version_id}/{name}/{digest}"
+    key = f"{folder}/{MANIFEST}"
+    try:
+        data = catalog.store.read(key, MAX_MANIFEST_BYTES, immutable=True)
+    except FileNotFoundError:
+        raise LineageError(f"{catalog.url}/{key}: missing (the split set's pointer names it)") from None
+    doc = _check_manifest(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=key), f"{catalog.url}/{key}")
+    if doc["hash"] != digest or doc.get("name") != name or doc.get("version_id") != version_id:
+        raise LineageError(f"{catalog.url}/{key}: describes {str(doc.get('version_id'))[:12]}/{doc.get('name')} "
+                           f"hash {str(doc.get('hash'))[:12]}, not the folder it is in")
+    return SplitSet(catalog, folder, doc)
+
+
+def open_split_set(catalog: Catalog, version_id: str, name: str) -> SplitSet:
+    if not NAME_RE.fullmatch(name):
+        raise UsageError(f"split set name {name[:64]!r}: use a letter then letters, digits, '_' or '-'")
+    digest = _read_pointer(catalog, version_id, name)
+    if digest is None:
+        have = [s.name for s in list_split_sets(catalog, version_id)]
+        import difflib
+
+        close = difflib.get_close_matches(name, have, n=1)
+        raise UsageError(f"{catalog.url}: version {version_id[:12]} has no split set {name!r}"
+                         + (f"; did you mean {close[0]!r}?" if close else "")
+                         + (f" (it has {', '.join(have)})" if have else ""),
+                         hint=None if have else "make one with `dsbuild split`")
+    return _load(catalog, version_id, name, digest)
+
+
+def list_split_sets(catalog: Catalog, version_id: str) -> list[SplitSet]:
+    """The split sets of a version, sorted by name."""
+    out = []
+    for key in catalog.store.list(f"splits/{check_version_id(version_id)}"):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2].endswith(".json") and NAME_RE.fullmatch(parts[2][:-5]):
+            out.append(open_split_set(catalog, version_id, parts[2][:-5]))
+    return sorted(out, key=lambda s: s.name)
+
+
+def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[str, bytes], manifest: dict,
+                      *, force: bool = False) -> str:
+    """Store a sealed split set. Returns "created", "existed" (identical: nothing written) or "replaced"
+    (``force``); refuses to replace a different split set of the same name without ``force``."""
+    _check_manifest(manifest, f"split set {name}")
+    digest = manifest["hash"]
+    with catalog.lock():  # serialised with commits, tags and gc of a local catalog
+        old = _read_pointer(catalog, version_id, name)
+        if old == digest:
+            return "existed"
+        if old is not None and not force:
+            raise UsageError(f"{catalog.url}: a different split set named {name!r} exists for version "
+                             f"{version_id[:12]} (hash {old[:12]}, new {digest[:12]})",
+                             hint="use --force to replace it, or choose another --name")
+        folder = f"splits/{version_id}/{name}/{digest}"
+        for fname, data in sorted(files.items()):
+            catalog._write(f"{folder}/{fname}", data)
+        catalog._write(f"{folder}/{MANIFEST}", pretty_json(manifest))
+        catalog._write(_pointer_key(version_id, name), pretty_json(SplitPointer(digest).to_json()))
+    return "created" if old is None else "replaced"
+
+
+def unreferenced_split_folders(catalog: Catalog) -> list[str]:
+    """Keys of split set folders no pointer names any more (replaced sets), for ``gc``."""
+    keys = catalog.store.list("splits")
+    pointed = set()
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) == 3 and parts[2].endswith(".json"):
+            try:
+                pointed.add(f"splits/{parts[1]}/{parts[2][:-5]}/{_read_pointer(catalog, parts[1], parts[2][:-5])}")
+            except (FormatError, UsageError):
+                continue
+    return [k for k in keys if len(k.split("/")) == 5 and "/".join(k.split("/")[:4]) not in pointed]

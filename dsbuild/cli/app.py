@@ -178,6 +178,8 @@ def report(e: BaseException, *, command: str | None, as_json: bool, debug: bool)
 
         traceback.print_exception(e)
     msg, hint = describe(e, command)
+    if debug:
+        msg = msg.replace(" (run with --debug for the traceback)", "")
     if as_json:
         from dsbuild.cli.render import json_text
 

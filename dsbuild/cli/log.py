@@ -38,10 +38,10 @@ def log(
     for e in entries:
         c = e["change"]
         change = f"+{c.get('added', 0)} -{c.get('removed', 0)} ~{c.get('changed', 0)}" if c else "-"
-        rows.append((o.id(e["version_id"]), ",".join(e["tags"]), e["created_at"], e["format"], e["samples"],
-                     f"{e['bytes']:,}", o.id(e["parent"]), change, ",".join(s["name"] for s in e["split_sets"])))
+        rows.append((o.id(e["version_id"]), ",".join(e["tags"]), o.when(e["created_at"]), e["format"], e["samples"],
+                     o.size(e["bytes"]), o.id(e["parent"]), change, ",".join(s["name"] for s in e["split_sets"])))
     o.table(["version", "tags", "created", "format", "samples", "bytes", "parent", "change", "split sets"], rows,
-            wide=("version", "created", "format", "samples", "bytes", "parent", "change"))
+            wide=("version", "samples", "bytes", "parent", "change"))
 
 
 def register(app: typer.Typer) -> None:

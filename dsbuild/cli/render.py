@@ -82,6 +82,23 @@ class Out:
             return "-"
         return value[:SHORT_ID] if self.tty and not self.no_trunc else value
 
+    def when(self, stamp: str | None) -> str:
+        """A UTC timestamp: to the minute on a terminal, whole otherwise."""
+        if not stamp:
+            return "-"
+        return stamp[:16].replace("T", " ") if self.tty and not self.no_trunc else stamp
+
+    def size(self, n: int | None) -> str:
+        """A byte count: readable on a terminal (1.1 MB), the exact integer otherwise."""
+        if n is None:
+            return "-"
+        if not self.tty:
+            return str(n)
+        for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if n >= scale:
+                return f"{n / scale:.1f} {unit}"
+        return f"{n} B"
+
     def json(self, obj: object) -> None:
         sys.stdout.write(json_text(obj) + "\n")
         sys.stdout.flush()
@@ -115,9 +132,10 @@ class Out:
             return
         from rich.table import Table
 
-        t = Table(title=clean(title) if title else None, show_edge=False, highlight=False)
+        t = Table(title=clean(title) if title else None, box=None, padding=(0, 1, 0, 1), pad_edge=False, highlight=False,
+                  header_style="bold underline")
         for name in columns:
-            t.add_column(name, no_wrap=name in wide, overflow="fold",
+            t.add_column(name, no_wrap=name in wide, overflow="fold", min_width=None if name in wide else 4,
                          style=(styles or {}).get(name, ""))
         for row in rows:
             t.add_row(*(c if isinstance(c, Text) else Text(c) for c in row))

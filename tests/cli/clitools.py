@@ -78,3 +78,27 @@ def processes_in_group(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             out.append(int(entry))
     return out
+
+
+def start_s3(cache_dir: Path):
+    """A moto S3 server on 127.0.0.1 (a real endpoint the subprocesses reach over HTTP) and the
+    environment that points dsbuild at it. Returns (server, env); stop with server.stop()."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    port = server._server.server_port
+    return server, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                    "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                    "DSBUILD_CACHE": str(cache_dir)}
+
+
+def make_buckets(s3_env: dict, *names: str) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    have = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    for name in names:
+        if name not in have:
+            client.create_bucket(Bucket=name)

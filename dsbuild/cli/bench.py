@@ -35,6 +35,7 @@ def bench(
     split: str = typer.Option(None, "--split", metavar="NAME/SPLIT", help="One split of a split set, e.g. main/train."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, metavar="N", help="Samples per batch."),
     threads: int = typer.Option(2, "--threads", min=0, metavar="N", help="Loader decode threads per rank."),
+    old_workers: int = typer.Option(None, "--workers", hidden=True),  # renamed: --workers always means processes
     ranks: int = typer.Option(1, "--ranks", min=1, metavar="N", help="Simulated data-parallel ranks (processes)."),
     step_ms: float = typer.Option(50.0, "--step-ms", min=0, metavar="MS", help="Simulated training step (0: none)."),
     decode: str = typer.Option("frames", "--decode", metavar="frames|bytes", callback=choice("--decode", ("frames", "bytes")),
@@ -68,6 +69,11 @@ def bench(
     from dsbuild.core.errors import CheckFailed
 
     o = Out(as_json, quiet)
+    if old_workers is not None:
+        from dsbuild.core.errors import UsageError
+
+        raise UsageError("bench --workers is now --threads (loader decode threads per rank)",
+                         hint="--workers always means worker processes; use --threads N here")
     options = BenchOptions(ref=ref, split=split, batch_size=batch_size, workers=threads, ranks=ranks, step_ms=step_ms,
                            decode=decode, resize=parse_resize(resize), device=device, duration=duration, rounds=rounds,
                            compare=parse_compare(compare), seed=seed, verify=not no_verify)

@@ -77,7 +77,7 @@ def _render(o: Out, r) -> None:
            f" in {r.catalog}")
     o.pairs([("content id", o.id(r.content_id)), ("format", r.format), ("sessions", r.sessions),
              ("samples", r.samples), ("shards", f"{r.shards} ({r.written_shards} written, {r.reused_shards} reused)"),
-             ("bytes", f"{r.bytes:,} ({r.written_bytes:,} new)"), ("parent", o.id(r.parent)),
+             ("bytes", o.size(r.bytes)), ("bytes written", o.size(r.written_bytes)), ("parent", o.id(r.parent)),
              ("sessions reused", r.reused_sessions), ("sessions healed", r.healed_sessions),
              ("sessions repaired", r.repaired_sessions), ("long clips (kept whole)", r.long_clips),
              ("quarantined", len(r.quarantined)), ("seconds", r.seconds),

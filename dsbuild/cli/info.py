@@ -13,12 +13,17 @@ Examples:
   dsbuild info catalog@gold --json"""
 
 
-def info(ref: str = REF, as_json: bool = JSON, quiet: bool = QUIET) -> None:
+def info(
+    ref: str = REF,
+    no_trunc: bool = typer.Option(False, "--no-trunc", help="Whole ids on a terminal too (piped output always has them)."),
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
+) -> None:
     """Show one version: format, config, counts, hours, splits, tags."""
     from dsbuild.lineage.catalog import open_ref
     from dsbuild.lineage.history import version_info
 
-    o = Out(as_json, quiet)
+    o = Out(as_json, quiet, no_trunc)
     catalog, version = open_ref(ref)
     d = version_info(catalog, version)
     if as_json:
@@ -26,12 +31,12 @@ def info(ref: str = REF, as_json: bool = JSON, quiet: bool = QUIET) -> None:
     if quiet:
         return o.value(version)
     st = d["stats"]
-    o.pairs([("version", d["version_id"]), ("content id", d["content_id"]), ("catalog", d["catalog"]),
+    o.pairs([("version", o.id(d["version_id"])), ("content id", o.id(d["content_id"])), ("catalog", d["catalog"]),
              ("tags", ", ".join(d["tags"]) or "-"), ("created", d["created_at"] or "-"), ("parent", o.id(d["parent"])),
              ("format", d["format"]), ("tool", f"dsbuild {d['tool_version']}"),
              ("config", ", ".join(f"{k}={v}" for k, v in sorted(d["config"].items()))),
              ("config hash", o.id(d["config_hash"])), ("sessions", st["sessions"]), ("samples", st["samples"]),
-             ("shards", st["shards"]), ("bytes", f"{st['bytes']:,}"), ("frames", f"{st['frames']:,}"),
+             ("shards", st["shards"]), ("bytes", o.size(st["bytes"])), ("frames", st["frames"]),
              ("hours", f"{st['hours']:.3f}"), ("long clips", st["long_clips"]),
              ("repaired sessions", st["repaired_sessions"]), ("quarantined", st["quarantined"]),
              ("controls", ", ".join(d["vocabulary"]["controls"]) or "-"),

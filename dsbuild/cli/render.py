@@ -150,9 +150,14 @@ class Out:
             for k, v in items:
                 sys.stdout.write(f"{k}\t{v}\n")
             return
-        width = max((len(k) for k, _ in items), default=0)
+        from rich.table import Table
+
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
         for k, v in items:
-            self.console.print(styled((k.ljust(width), "bold"), "  ", v), overflow="fold")
+            grid.add_row(Text(k), Text(v))
+        self.console.print(grid)
 
     def note(self, *parts: str | tuple[object, str]) -> None:
         """A remark for the person (stderr), e.g. a warning; silent with --quiet or --json."""

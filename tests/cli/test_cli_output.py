@@ -59,6 +59,8 @@ def test_convert_progress_is_plain_lines_when_piped_and_silent_with_quiet(caps, 
     assert HEX64.search(p.stdout) and "\x1b[" not in p.stdout + p.stderr
     q = run("convert", caps, tmp_path / "b", "--clip-seconds", 2, "--quiet")
     assert q.stderr == "" and HEX64.fullmatch(q.stdout.strip())
+    v = run("verify", tmp_path / "b")
+    assert re.search(r"^verify shards: (\d+)/\1$", v.stderr, re.M) and run("verify", tmp_path / "b", "-q").stderr == ""
 
 
 def test_convert_shows_a_live_bar_on_a_terminal(caps, tmp_path):

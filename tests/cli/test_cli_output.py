@@ -41,10 +41,15 @@ JSON_COMMANDS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def a_key(catalog) -> str:
+    return run("query", catalog[0], "select min(key) from samples", "--quiet").stdout.strip()
+
+
 @pytest.mark.parametrize("args", JSON_COMMANDS, ids=lambda a: a[0])
-def test_every_command_prints_one_json_document_and_nothing_else(args, catalog, caps, tmp_path):
+def test_every_command_prints_one_json_document_and_nothing_else(args, catalog, caps, a_key, tmp_path):
     cat, vid = catalog
-    key = run("query", cat, "select min(key) from samples", "--quiet").stdout.strip()
+    key = a_key
     args = [a.format(cat=cat, caps=caps, key=key, tmp=tmp_path) for a in args]
     p = run(*args, "--json")
     json.loads(p.stdout)

@@ -25,16 +25,16 @@ def captures(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def wds_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
-    """(catalog path, version id) of the clean captures as WebDataset shards, 3 s clips."""
+    """(catalog path, version id) of the clean captures as WebDataset shards, 3 s clips, ~400 kB shards."""
     out = tmp_path_factory.mktemp("wds") / "catalog"
-    r = convert(captures, out, ConvertConfig(format="webdataset", clip_seconds=3.0), executor=ExecutorSpec(workers=1))
+    r = convert(captures, out, ConvertConfig(format="webdataset", clip_seconds=3.0, shard_size=400_000), executor=ExecutorSpec(workers=1))
     return out, r.version_id
 
 
 @pytest.fixture(scope="session")
 def parquet_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("pq") / "catalog"
-    r = convert(captures, out, ConvertConfig(format="parquet", clip_seconds=3.0), executor=ExecutorSpec(workers=1))
+    r = convert(captures, out, ConvertConfig(format="parquet", clip_seconds=3.0, shard_size=400_000), executor=ExecutorSpec(workers=1))
     return out, r.version_id
 
 

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.verify import verify
@@ -64,7 +65,7 @@ def small_disk(tmp_path):
 
 def test_disk_full_is_a_clear_error_commits_nothing_and_a_rerun_succeeds(copy_captures, small_disk, tmp_path):
     src = copy_captures()
-    clean = convert(src, tmp_path / "clean", CONFIG, workers=1).version_id
+    clean = convert(src, tmp_path / "clean", CONFIG, executor=ExecutorSpec(workers=1)).version_id
     cat = small_disk / "cat"
     r = subprocess.run(cli_argv("convert", src, cat, *ARGS, "--workers", "2"), capture_output=True, text=True)
     assert r.returncode == 2 and "No space left on device" in r.stderr and "Traceback" not in r.stderr
@@ -107,7 +108,7 @@ def test_bit_flips_are_named_by_verify_and_skipped_by_the_loader(wds_catalog, tm
     row = index_rows(cat, vid)[3]
     shard = cat / row["shard"]
     data = bytearray(shard.read_bytes())
-    data[row["offset"] + 1024] ^= 0x10
+    data[row["byte_offset"] + 1024] ^= 0x10
     shard.write_bytes(bytes(data))
     report = verify(Catalog.open(cat), vid)
     assert [p["shard"] for p in report.problems if p.get("problem") == "altered"] == [row["shard"]]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import zstandard
 
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.errors import CaptureError, FormatError
 from dsbuild.formats.capture import read_session
@@ -119,7 +120,7 @@ def test_hostile_sessions_are_quarantined_with_reasons(tmp_path):
     (cap / "ks-1-0000").rename(cap / "evil\nname")
     sr = cap / "sr-1-0002"
     _huge_resolution_video(sr / "video.mp4")
-    r = convert(cap, tmp_path / "cat", ConvertConfig(clip_seconds=1.0), workers=1)
+    r = convert(cap, tmp_path / "cat", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
     reasons = {q["path"]: q["reason"] for q in r.quarantined}
     assert any("control character" in why for why in reasons.values())
     assert any("declared resolution" in why for why in reasons.values())
@@ -156,7 +157,7 @@ from dsbuild.lineage.verify import verify
 from dsbuild.loader import Loader
 cap, out = sys.argv[1], sys.argv[2]
 for fmt in ("webdataset", "parquet"):
-    r = convert(cap, out + fmt, ConvertConfig(format=fmt, clip_seconds=1.0), workers=1)
+    r = convert(cap, out + fmt, ConvertConfig(format=fmt, clip_seconds=1.0), executor=ExecutorSpec(workers=1))
     assert verify(Catalog.open(out + fmt), r.version_id).ok
     n = sum(len(b["keys"]) for b in Loader(out + fmt, batch_size=2, resize=(16, 16), num_workers=2))
     assert n == r.samples, (n, r.samples)

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert  # noqa: E402
 from dsbuild.lineage.catalog import open_ref  # noqa: E402
 from dsbuild.lineage.remote import RemoteCatalog, ShardCache  # noqa: E402
@@ -96,13 +97,13 @@ def s3(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def remote_catalog(s3, captures):
-    r = convert(captures, "s3://data/catalog", CONFIG, workers=2)
+    r = convert(captures, "s3://data/catalog", CONFIG, executor=ExecutorSpec(workers=2))
     return "s3://data/catalog", r
 
 
 def test_convert_to_s3_is_byte_identical_to_local_and_verifies(remote_catalog, captures, tmp_path):
     url, r = remote_catalog
-    local = convert(captures, tmp_path / "local", CONFIG, workers=1)
+    local = convert(captures, tmp_path / "local", CONFIG, executor=ExecutorSpec(workers=1))
     assert r.version_id == local.version_id and r.catalog == url
     catalog, vid = open_ref(url)
     assert vid == r.version_id and catalog.remote is not None
@@ -132,7 +133,7 @@ def test_captures_on_s3_give_the_same_version(s3, captures, remote_catalog, tmp_
 
     fs = fsspec.filesystem("s3")
     fs.put(str(captures), "data/captures", recursive=True)
-    r = convert("s3://data/captures", tmp_path / "cat", CONFIG, workers=1)
+    r = convert("s3://data/captures", tmp_path / "cat", CONFIG, executor=ExecutorSpec(workers=1))
     assert r.version_id == remote_catalog[1].version_id
 
 
@@ -150,7 +151,7 @@ def test_a_version_without_its_manifest_is_invisible(remote_catalog):
 
 def test_loader_reads_s3_through_a_bounded_verified_cache(remote_catalog, captures, tmp_path):
     url, r = remote_catalog
-    convert(captures, tmp_path / "local", CONFIG, workers=1)
+    convert(captures, tmp_path / "local", CONFIG, executor=ExecutorSpec(workers=1))
 
     def stream(ref):
         return [(k, v) for b in Loader(ref, decode="bytes", batch_size=2, seed=3) for k, v in zip(b["keys"], b["video"])]

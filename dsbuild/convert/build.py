@@ -125,6 +125,7 @@ class _Base:
     sources: dict[str, frozenset]
     compositions: dict[tuple, ShardRecord]
     broken: set[str]  # sessions with a sample in a missing or damaged shard
+    broken_shards: frozenset[str]
 
 
 def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int) -> _Base:
@@ -145,7 +146,8 @@ def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int
     sources = defaultdict(list)
     for s in m.sources:
         sources[s.session].append(s)
-    return _Base(m, rows, {k: source_set(v) for k, v in sources.items()}, compositions, broken)
+    return _Base(m, rows, {k: source_set(v) for k, v in sources.items()}, compositions, broken,
+                 frozenset(rec.path for rec, ok in health.items() if not ok))
 
 
 def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, executor: ExecutorSpec = ExecutorSpec(),
@@ -193,7 +195,7 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
             raise CheckFailed(f"all {len(quarantined)} sessions were quarantined; first: {first.path}: {first.reason}",
                               hint="`--json` lists every reason")
         refs = _refs(good, base)
-        shard_plan = plan(refs, config.shard_size, base.compositions if base else {})
+        shard_plan = plan(refs, fmt, config.shard_size, base.compositions if base else {})
         files = {ref.parent.path: catalog.shard_file(ref.parent) for g, reuse in zip(shard_plan.groups, shard_plan.reuse)
                  if reuse is None for ref in g if ref.parent is not None}
         tasks = [ShardTask(i, config.format, group, area.path / f"shard-{i:06d}.{fmt.ext}.part",
@@ -210,11 +212,13 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
 
         run_tasks(assemble_shard, tasks, executor, on_shard, describe=lambda t: f"shard {t.number}")
         manifest, index, moves = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
-        new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes)
+        new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
+                        or (base and rec.path in base.broken_shards))
         commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, str(captures.resolve()),
                               config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
                               _change(catalog, parent, index))
-        version_id, existed = catalog.commit(area, moves, manifest, index, commit)
+        version_id, existed = catalog.commit(area, moves, manifest, index, commit,
+                                             damaged=base.broken_shards if base else frozenset())
     st = manifest.stats
     return ConvertResult(
         version_id=version_id, content_id=manifest.content_id, existed=existed, catalog=catalog.url,
@@ -232,10 +236,10 @@ def _refs(results: list[SessionResult], base: _Base | None) -> list[SampleRef]:
     for r in results:
         if r.reused:
             for row in base.rows[r.session_id]:
-                refs.append(SampleRef(row.key, row.sha256, row.bytes, row.member_bytes, parent=shards[row.shard],
+                refs.append(SampleRef(row.key, row.sha256, row.member_bytes, parent=shards[row.shard],
                                       entry=row.entry()))
         else:
-            refs += [SampleRef(s.row.key, s.row.sha256, s.row.bytes, s.member_bytes, r.seg_path, s.seg_offset,
+            refs += [SampleRef(s.row.key, s.row.sha256, s.member_bytes, r.seg_path, s.seg_offset,
                                s.seg_length) for s in r.samples]
     return refs
 

@@ -42,7 +42,7 @@ class StreamReport:
     lines: int = 0
     events: int = 0
     malformed: int = 0
-    out_of_order: int = 0
+    out_of_order: int = 0  # events that arrived after a later one (each is counted)
     dropped_fields: int = 0
     duplicate_keys: int = 0  # lines with a key given twice (the last value is kept, as JSON parsers do)
     collisions: int = 0  # a list field `pos` beside a flat `pos.0` in one line (the list wins)

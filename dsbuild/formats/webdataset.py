@@ -210,6 +210,10 @@ def _member_problems(info: tarfile.TarInfo, keys: set[str]) -> list[str]:
 class WebDatasetFormat(ShardFormat):
     name = "webdataset"
     ext = "tar"
+    max_overhead = 2 * BLOCK + RECORD  # end-of-archive blocks, padded to a whole record
+
+    def planned_size(self, member_bytes: tuple[int, ...]) -> int:
+        return sum(BLOCK + n + (-n % BLOCK) for n in member_bytes)
 
     def encode(self, key: str, sha256: str, members: Members) -> Segment:
         parts = []

@@ -358,21 +358,25 @@ class Catalog:
             yield
 
     def commit(self, area: BuildArea, shards: list[tuple[Path, ShardRecord]], manifest: Manifest,
-               index: bytes, commit: CommitRecord) -> tuple[str, bool]:
+               index: bytes, commit: CommitRecord, *, damaged: frozenset[str] = frozenset()) -> tuple[str, bool]:
         """Put shards in place, prove every shard the manifest names is there, then publish the version
-        (manifest last). Returns (version id, existed): an identical version is not an error."""
+        (manifest last). Returns (version id, existed): an identical version is not an error.
+
+        A stored shard of the right size is kept (same name = same sha256 = same bytes), unless it is in
+        ``damaged`` or the catalog is local (a rename costs nothing and replaces any silent damage with
+        bytes this build just wrote and hashed)."""
         try:
             with self.lock():
-                return self._commit(area, shards, manifest, index, commit)
+                return self._commit(area, shards, manifest, index, commit, damaged)
         except OSError as e:
             raise StorageError(f"{self.url}: commit failed, nothing was committed ({e.strerror or e})",
                                hint="fix the cause (free space, permissions) and run the same command again") from None
 
-    def _commit(self, area: BuildArea, shards, manifest: Manifest, index: bytes,
-                commit: CommitRecord) -> tuple[str, bool]:
+    def _commit(self, area: BuildArea, shards, manifest: Manifest, index: bytes, commit: CommitRecord,
+                damaged: frozenset[str]) -> tuple[str, bool]:
         for tmp_path, rec in shards:
-            if self.store.size(rec.path) == rec.bytes:
-                tmp_path.unlink()  # same name = same sha256 = same bytes
+            if self.root is None and rec.path not in damaged and self.store.size(rec.path) == rec.bytes:
+                tmp_path.unlink()  # same name = same sha256 = same bytes: no upload needed
                 continue
             if self.root is not None:
                 (self.root / rec.path).parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.errors import UsageError
 from dsbuild.core.jsonio import canonical_json, pretty_json
@@ -56,7 +57,7 @@ def grown(captures, wds_catalog, tmp_path_factory) -> tuple[Path, str, str]:
     caps = base / "captures"
     shutil.copytree(captures, caps, symlinks=True)
     generate(caps, sessions=4, seconds=4.0, seed=12)
-    v2 = convert(caps, cat, ConvertConfig(format="webdataset", clip_seconds=3.0), workers=1).version_id
+    v2 = convert(caps, cat, ConvertConfig(format="webdataset", clip_seconds=3.0), executor=ExecutorSpec(workers=1)).version_id
     assert v2 != v1
     return cat, v1, v2
 
@@ -70,7 +71,7 @@ def partial(tmp_path_factory) -> tuple[Path, str]:
              SessionSpec("s-b", "Kart Storm", "p-2", video, conditions={"track": "city"}),
              SessionSpec("s-c", "Sky Rally", "p-3", video, conditions={})]
     generate(base / "captures", sessions=3, seconds=2.0, seed=5, specs=specs)
-    r = convert(base / "captures", base / "catalog", ConvertConfig(clip_seconds=1.0), workers=1)
+    r = convert(base / "captures", base / "catalog", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
     return base / "catalog", r.version_id
 
 

@@ -15,7 +15,6 @@ import pytest
 import webdataset as wds
 import zstandard
 
-from dsbuild.formats.parquet import row_arrays
 from dsbuild.formats.sample import members_sha256
 from dsbuild.formats.video import decoded_frame_count
 from dsbuild.formats.webdataset import parse_members
@@ -30,7 +29,8 @@ def test_webdataset_library_reads_every_sample_and_clips_decode_to_the_claimed_f
     for s in wds.WebDataset(urls, shardshuffle=False).decode():
         meta = s["json"]
         frames = meta["clip"]["frames"]
-        video = s[meta["video"]["container"]]
+        assert meta["video"]["container"] == "mp4"
+        video = s["mp4"]
         assert decoded_frame_count(video) == frames
         assert s["actions.npy"].shape == (frames, len(meta["controls"]))
         assert s["telemetry.npy"].shape == (frames, len(meta["telemetry_channels"]))
@@ -60,9 +60,10 @@ def test_index_byte_ranges_hold_exactly_their_sample_and_hash_matches(wds_catalo
     assert len({r["key"] for r in rows}) == len(rows) and all("." not in r["key"] for r in rows)
     for r in rows:
         with open(catalog / r["shard"], "rb") as f:
-            f.seek(r["offset"])
-            members = parse_members(f.read(r["length"]), key=r["key"])
-        assert members_sha256([(n.split(".", 1)[1], p) for n, p in members]) == r["sha256"]
+            f.seek(r["byte_offset"])
+            members = parse_members(f.read(r["byte_length"]), key=r["key"])
+        assert members_sha256(members) == r["sha256"]
+        assert [len(p) for _, p in members] == r["member_bytes"] and r["row_group"] is None
 
 
 def test_manifest_hashes_every_source_and_shard(wds_catalog, captures):
@@ -94,15 +95,40 @@ def test_parquet_shards_read_by_pyarrow_duckdb_and_polars(parquet_catalog, wds_c
     files = [str(p) for p in shard_files(catalog, vid)]
     table = pq.read_table(files[0])
     for row in table.to_pylist():
-        actions, telemetry, ts = row_arrays(row)
-        assert actions.shape[0] == telemetry.shape[0] == len(ts) == row["frames"]
+        assert len(row["actions"]) == row["frames"] * len(row["controls"])
+        assert len(row["telemetry"]) == row["frames"] * len(row["telemetry_channels"])
+        assert len(row["timestamps"]) == row["frames"]
         assert decoded_frame_count(row["video"]) == row["frames"]
     n = duckdb.sql(f"select count(*) from read_parquet({files!r})").fetchall()[0][0]
     assert n == manifest(catalog, vid)["stats"]["samples"] == pl.read_parquet(files).height
     # index row groups/rows point at the right sample
     for r in index_rows(catalog, vid)[:5]:
         rg = pq.ParquetFile(catalog / r["shard"]).read_row_group(r["row_group"], columns=["key"])
-        assert rg.column("key")[r["row"]].as_py() == r["key"]
+        assert rg.column("key")[r["row_index"]].as_py() == r["key"] and r["byte_offset"] is None
+
+
+def test_every_parquet_column_is_compressed_where_it_pays(parquet_catalog):
+    catalog, vid = parquet_catalog
+    for shard in shard_files(catalog, vid):
+        md = pq.ParquetFile(shard).metadata
+        for g in range(md.num_row_groups):
+            for c in range(md.num_columns):
+                col = md.row_group(g).column(c)
+                as_is = col.path_in_schema in ("video", "events")  # already compressed (MP4, zstd)
+                assert col.compression == ("UNCOMPRESSED" if as_is else "ZSTD"), col.path_in_schema
+                if col.path_in_schema in ("actions.list.element", "telemetry.list.element",
+                                          "timestamps.list.element"):
+                    assert "BYTE_STREAM_SPLIT" in col.encodings
+
+
+def test_index_columns_use_null_maps_and_timestamps(wds_catalog):
+    catalog, vid = wds_catalog
+    path = catalog / "versions" / vid / "index.parquet"
+    sql = (f"select typeof(conditions), typeof(started_at), sum(byte_length), count(row_group) "
+           f"from '{path}' group by all")
+    (types_map, types_ts, total, row_groups), = duckdb.sql(sql).fetchall()
+    assert types_map == "MAP(VARCHAR, VARCHAR)" and types_ts.startswith("TIMESTAMP")
+    assert total > 0 and row_groups == 0  # NULL, never -1, where a value does not apply
 
 
 def test_content_id_is_the_same_for_both_formats(parquet_catalog, wds_catalog):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.samples.synthetic import generate
 from tests.helpers import cli, manifest
@@ -32,16 +33,16 @@ def damaged(tmp_path_factory):
     paths = generate(root, sessions=len(kinds) + 1, seconds=4, seed=2,
                      damage={i + 1: k for i, k in enumerate(kinds)})
     out = root.parent / "cat"
-    r = convert(root, out, CONFIG, workers=2)
+    r = convert(root, out, CONFIG, executor=ExecutorSpec(workers=2))
     return {k: paths[i + 1].name for i, k in enumerate(kinds)}, r, manifest(out, r.version_id)
 
 
 @pytest.mark.parametrize("kind", sorted(QUARANTINE))
 def test_unusable_session_is_quarantined_with_a_precise_reason(damaged, kind):
     folders, result, _ = damaged
-    hits = [q for q in result.quarantined if q["path"].startswith(folders[kind] + "/")]
+    hits = [q for q in result.quarantined if q.path.startswith(folders[kind] + "/")]
     assert hits, f"{kind} was not quarantined: {result.quarantined}"
-    assert any(QUARANTINE[kind] in q["reason"] for q in hits), hits
+    assert any(QUARANTINE[kind] in q.reason for q in hits), hits
 
 
 def test_the_build_goes_on_and_counts_everything(damaged):

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.convert.resample import hold
 from dsbuild.core.errors import UsageError
@@ -34,7 +35,7 @@ def ale():
 
 def _build(root: Path, options: AtariOptions):
     recordings = record(root / "captures", options)
-    result = convert(root / "captures", root / "catalog", ConvertConfig(clip_seconds=2.0), workers=1)
+    result = convert(root / "captures", root / "catalog", ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=1))
     return recordings, result, root / "catalog"
 
 
@@ -54,8 +55,8 @@ def _clips(catalog: Path, version_id: str):
 
     for row in pq.read_table(catalog / "versions" / version_id / "index.parquet").to_pylist():
         with open(catalog / row["shard"], "rb") as f:
-            f.seek(row["offset"])
-            members = parse_members(f.read(row["length"]), key=row["key"])
+            f.seek(row["byte_offset"])
+            members = parse_members(f.read(row["byte_length"]), key=row["key"])
         payload = {name.split(".", 1)[1]: data for name, data in members}
         yield json.loads(payload["json"]), payload
 

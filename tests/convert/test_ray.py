@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("ray")
 
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert  # noqa: E402
 from dsbuild.samples.synthetic import generate  # noqa: E402
 from tests.helpers import tree_bytes  # noqa: E402
@@ -26,7 +27,7 @@ def test_validate_on_ray_reports_the_same_checks_as_local(wds_catalog):
     from dsbuild.validators import ValidateOptions, validate
 
     cat, vid = wds_catalog
-    local = validate(cat, vid, options=ValidateOptions(level="full", workers=2))
+    local = validate(cat, vid, options=ValidateOptions(level="full", executor=ExecutorSpec(workers=2)))
     ray = validate(cat, vid, options=ValidateOptions(level="full", workers=2, executor="ray"))
     strip = lambda r: [(c.name, c.status, c.measured) for c in r.checks]  # noqa: E731
     assert strip(ray) == strip(local) and ray.verdict == local.verdict

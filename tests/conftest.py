@@ -46,3 +46,14 @@ def copy_captures(captures, tmp_path):
         shutil.copytree(captures, dst, symlinks=True)
         return dst
     return make
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 endpoint (moto) on 127.0.0.1 with a bucket "data"; the environment points at it."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from tests.s3server import s3_endpoint
+
+    with s3_endpoint(tmp_path_factory.mktemp("cache")) as proxy:
+        yield proxy

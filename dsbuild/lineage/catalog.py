@@ -23,7 +23,6 @@ import fcntl
 import os
 import re
 import shutil
-import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -46,7 +45,6 @@ TAGS = "tags.json"
 VERSION_RE = re.compile(SHA256)
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 MAX_SMALL_FILE = 16 << 20  # tags, commit records, markers
-STALE_GRACE = 24 * 3600  # object-store gc never removes an unreferenced shard younger than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,50 +405,6 @@ class Catalog:
         os.rename(staging, self.root / vkey)
         fsync_dir(self.root / "versions")
         return vid, False
-
-    # -- garbage ----------------------------------------------------------------------------------
-    def gc(self, *, dry_run: bool = False, grace: float = STALE_GRACE) -> dict:
-        """Remove shards no version references and stale build folders.
-
-        On an object store, which has no locks, a shard a build in progress has uploaded is referenced
-        by no version yet: such shards are protected by ``grace`` seconds (longer than any build), and
-        unpublished version files (no manifest) likewise."""
-        with self.lock():
-            used = {s.path for v in self.versions() for s in self.manifest(v.version_id).shards}
-            now = time.time()
-            garbage = []
-            for key in self.store.list("shards"):
-                if key in used:
-                    continue
-                if self.root is None:
-                    stamp = self.store.modified(key)
-                    if stamp is None or now - stamp < grace:
-                        continue
-                garbage.append((key, self.store.size(key) or 0))
-            unpublished = self._unpublished(now, grace)
-            if not dry_run:
-                for key, _ in garbage:
-                    self.store.delete(key)
-                for key in unpublished:
-                    self.store.delete(key)
-            builds = self.clean_stale_builds(dry_run=dry_run)
-        return {"shards": [{"path": k, "bytes": b} for k, b in garbage],
-                "bytes": sum(b for _, b in garbage), "stale_builds": builds, "unpublished_files": unpublished,
-                "dry_run": dry_run}
-
-    def _unpublished(self, now: float, grace: float) -> list[str]:
-        """Files of versions whose manifest never landed (an interrupted upload), past the grace period."""
-        out = []
-        by_version: dict[str, list[str]] = {}
-        for key in self.store.list("versions"):
-            by_version.setdefault(key.split("/")[1], []).append(key)
-        for vid, keys in by_version.items():
-            if f"versions/{vid}/manifest.json" in keys:
-                continue
-            stamps = [self.store.modified(k) or now for k in keys]
-            if now - max(stamps) >= grace:
-                out += keys
-        return sorted(out)
 
 
 def _suggest(word: str, names) -> str:

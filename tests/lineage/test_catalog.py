@@ -17,6 +17,7 @@ from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.lineage.catalog import Catalog, open_ref
 from dsbuild.lineage.diff import diff_versions
+from dsbuild.lineage.gc import collect
 from dsbuild.lineage.history import log_entries, sample_lineage, version_info
 from dsbuild.lineage.query import run_query
 from dsbuild.lineage.verify import verify
@@ -301,10 +302,10 @@ def test_gc_removes_unreferenced_shards_and_stale_builds_and_lists_them(grown, t
     (stale / "lock").write_bytes(b"")
     (stale / "shard-000000.tar.part").write_bytes(b"y" * 10)
     c = Catalog.open(cat)
-    dry = c.gc(dry_run=True)
+    dry = collect(c, dry_run=True)
     assert [s["path"] for s in dry["shards"]] == [orphan.relative_to(cat).as_posix()] and orphan.exists()
     assert dry["stale_builds"] == ["0123abcd"] and stale.exists()
-    done = c.gc()
+    done = collect(c)
     assert not orphan.exists() and not stale.exists() and done["bytes"] == 100
     for v in c.versions():
         assert verify(c, v.version_id).ok

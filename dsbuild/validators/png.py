@@ -1,4 +1,4 @@
-"""A minimal PNG encoder (zlib + struct) and clip thumbnails, for the self-contained HTML report."""
+"""A minimal PNG encoder (zlib + struct) and clip thumbnail strips, for the self-contained HTML report."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import zlib
 
 import numpy as np
 
-THUMB_WIDTH = 160  # px: big enough to recognise a scene, small enough to inline dozens as base64
+THUMB_WIDTH = 120  # px per frame: big enough to recognise a scene, small enough to inline dozens as base64
+STRIP_FRAMES = 4  # frames per clip, first to last: a frozen, black or broken clip shows at a glance
 
 
 def _chunk(tag: bytes, data: bytes) -> bytes:
@@ -26,22 +27,29 @@ def png_rgb(image: np.ndarray) -> bytes:
             + _chunk(b"IDAT", zlib.compress(raw, 6)) + _chunk(b"IEND", b""))
 
 
-def thumbnail(video: bytes, width: int = THUMB_WIDTH) -> bytes | None:
-    """PNG of a clip's 9th frame (or its last one, if shorter): past any fade-in; None when nothing decodes."""
+def strip(video: bytes, frames: int, count: int = STRIP_FRAMES, width: int = THUMB_WIDTH) -> bytes | None:
+    """PNG of ``count`` frames spread over a clip of ``frames`` frames, side by side (decoded with PyAV);
+    None when no frame decodes. Frames that exist before a decode error still show."""
     import av
 
+    want = set(np.linspace(0, max(frames - 1, 0), count).round().astype(int).tolist())
+    tiles = []
     try:
         with av.open(io.BytesIO(video), metadata_errors="ignore") as c:
             stream = c.streams.video[0]
-            frame = None
+            stream.thread_type = "AUTO"
             for i, f in enumerate(c.decode(stream)):
-                frame = f
-                if i >= 8:
+                if i in want:
+                    w = min(width, f.width)
+                    h = max(1, round(w * f.height / f.width))
+                    tiles.append(f.reformat(width=w, height=h, format="rgb24").to_ndarray())
+                if i >= max(want):
                     break
-            if frame is None:
-                return None
-            w = min(width, frame.width)
-            h = max(1, round(w * frame.height / frame.width))
-            return png_rgb(frame.reformat(width=w, height=h, format="rgb24").to_ndarray())
     except (av.error.FFmpegError, OSError, ValueError, IndexError):
+        pass
+    if not tiles:
         return None
+    h = max(t.shape[0] for t in tiles)
+    gap = np.full((h, 2, 3), 255, np.uint8)
+    padded = [np.pad(t, ((0, h - t.shape[0]), (0, 0), (0, 0)), constant_values=255) for t in tiles]
+    return png_rgb(np.concatenate([x for t in padded for x in (t, gap)][:-1], axis=1))

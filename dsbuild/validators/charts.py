@@ -14,6 +14,7 @@ OK = "#4c78a8"
 BAD = "#d62728"
 LINE = "#222"
 MAX_BARS = 30  # beyond this a chart stops being readable; the rest are summed into one line
+OFF_SCALE = 3.0  # a threshold this many times the largest bar is drawn at the chart's edge
 
 
 def _num(v: float) -> str:
@@ -64,7 +65,10 @@ def bar_chart(title: str, items: list[tuple[str, float]], unit: str = "", width:
     label_w, row, top = 170, 20, 26
     height = top + row * max(1, len(items)) + 30
     plot_w = width - label_w - 80
-    vmax = max([v for _, v in items] + [threshold or 0.0]) or 1
+    biggest = max([v for _, v in items], default=0.0)
+    # A threshold far beyond every value would squash the bars to nothing: draw it at the edge, off scale.
+    off_scale = threshold is not None and biggest > 0 and threshold > OFF_SCALE * biggest
+    vmax = (biggest * 1.1 if off_scale else max(biggest, threshold or 0.0)) or 1
     parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
              f'aria-label="{escape(title)}">', f'<text x="4" y="16" class="ct">{escape(title)}</text>']
     if not items:
@@ -79,9 +83,12 @@ def bar_chart(title: str, items: list[tuple[str, float]], unit: str = "", width:
         parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" fill="{colour}"/>')
         parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 14}" class="cv">{escape(_num(v))}{escape(_u(unit))}</text>')
     if threshold is not None:
-        x = label_w + threshold / vmax * plot_w
+        x = label_w + (plot_w if off_scale else threshold / vmax * plot_w)
         parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + row * max(1, len(items))}" '
                      f'stroke="{LINE}" stroke-dasharray="4 3" stroke-width="2"/>')
+        if off_scale:
+            parts.append(f'<text x="{x - 4:.1f}" y="{top - 4}" class="cv" text-anchor="end">threshold off scale '
+                         f'(at {escape(_num(threshold))}{escape(_u(unit))}) →</text>')
     parts.append(legend(8, height - 8, what, threshold, threshold_key, bad, unit))
     parts.append("</svg>")
     return "".join(parts)

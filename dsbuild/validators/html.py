@@ -86,8 +86,12 @@ def table_html(t: Table, cls: str = "") -> str:
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}'
 
 
+def _with_strips(c: CheckResult, strips: dict[str, bytes | None]) -> list:
+    return [o for o in c.offenders if o.kind == "sample" and o.item in strips][:STRIPS_PER_CHECK]
+
+
 def _strips(c: CheckResult, strips: dict[str, bytes | None]) -> str:
-    shown = [o for o in c.offenders if o.kind == "sample" and o.item in strips][:STRIPS_PER_CHECK]
+    shown = _with_strips(c, strips)
     if not shown:
         return ""
     out = []
@@ -100,10 +104,11 @@ def _strips(c: CheckResult, strips: dict[str, bytes | None]) -> str:
             f'clip, left to right.</div><div class="strips">{"".join(out)}</div>')
 
 
-def _offender_table(c: CheckResult) -> str:
-    if not c.offenders:
-        return ""
-    return table_html(Table(("offender", "kind", "what is wrong"), [[o.item, o.kind, o.detail] for o in c.offenders]))
+def _offender_table(c: CheckResult, strips: dict[str, bytes | None]) -> str:
+    """The offenders that no strip shows."""
+    shown = {o.item for o in _with_strips(c, strips)}
+    rest = [[o.item, o.kind, o.detail] for o in c.offenders if o.item not in shown]
+    return table_html(Table(("offender", "kind", "what is wrong"), rest)) if rest else ""
 
 
 def _visual(c: CheckResult, strips: dict[str, bytes | None]) -> str:
@@ -112,7 +117,7 @@ def _visual(c: CheckResult, strips: dict[str, bytes | None]) -> str:
     if c.distribution is not None and (c.distribution.values or c.distribution.bars):
         parts.append(f'<div class="charts">{chart(c.distribution)}</div>')
     parts.append(_strips(c, strips))
-    parts.append(table_html(c.table) if c.table is not None and c.table.rows else _offender_table(c))
+    parts.append(table_html(c.table) if c.table is not None and c.table.rows else _offender_table(c, strips))
     cls = "card warn" if c.status == "warn" else "card"
     return (f'<section class="{cls}" id="visual-{escape(c.name)}"><h3>{escape(c.name)} {_status(c.status)}</h3>'
             f"<p>{escape(c.message)}</p>{''.join(parts)}</section>")

@@ -79,10 +79,10 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
         except (DsbuildError, OSError) as e:  # e.g. an object store's bytes fail the cache's sha256 check
             facts.lost += [(r.key, f"in shard {rec.path}, which cannot be read ({str(e)[:160]})")
                            for r in by_shard[rec.path]]
-    units = make_units(by_shard, paths, m.shard_format, facts.level, spec, set(facts.bad_shards()))
     work = sum(s.bytes for s in m.shards) if facts.level == "structural" else sum(r.frames or 0 for r in facts.rows)
     if executor.kind == "local" and work < POOL_MIN[facts.level]:
         executor = ExecutorSpec(workers=1)
+    units = make_units(by_shard, paths, m.shard_format, facts.level, spec, set(facts.bad_shards()), executor.count)
     results = [None] * len(units)
     total, done = sum(len(u.rows) for u in units), 0
     report = _reporter(progress, "samples")

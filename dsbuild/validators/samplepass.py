@@ -16,9 +16,10 @@ from dsbuild.validators.facts import SampleFacts, UnitResult, Usage
 from dsbuild.validators.registry import CHECKS
 from dsbuild.validators.view import SampleView
 
-# Samples per unit: enough to amortise opening a shard; few enough at level full (decoding is slow)
-# that the units balance over the workers.
+# Samples per unit at most: enough to amortise opening a shard; few enough at level full (decoding is
+# slow) that units balance over the workers. Smaller versions get about UNITS_PER_WORKER units per worker.
 UNIT_SAMPLES = {"structural": 256, "full": 16}
+UNITS_PER_WORKER = 4
 ACTIVE = 0.5  # |value| at which a control counts as in use (buttons are 0/1; axes past half travel)
 
 
@@ -40,9 +41,10 @@ def _order(r: IndexRow) -> tuple:
 
 
 def make_units(shard_rows: dict[str, list[IndexRow]], paths: dict[str, str], shard_format: str, level: str,
-               spec, damaged: set[str]) -> list[Unit]:
+               spec, damaged: set[str], workers: int) -> list[Unit]:
     """Units over every shard that has a local file (``paths``), rows in shard order."""
-    size = UNIT_SAMPLES[level]
+    samples = sum(len(rows) for shard, rows in shard_rows.items() if shard in paths)
+    size = max(1, min(UNIT_SAMPLES[level], -(-samples // (UNITS_PER_WORKER * workers))))
     units = []
     for shard in sorted(shard_rows):
         if shard not in paths:

@@ -113,3 +113,13 @@ def test_missing_unreadable_non_utf8_and_special_files_are_usage_errors(tmp_path
     huge.write_bytes(b"#" * (2 << 20))
     with pytest.raises(UsageError, match="larger than the limit"):
         load_spec(huge)
+
+
+def test_the_ci_doc_lists_every_check_with_its_thresholds_and_defaults():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ci-gate.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line for line in doc.splitlines() if line.startswith("| `")}
+    for c in CHECKS:
+        assert c.name in rows, c.name
+        assert c.severity in rows[c.name] and ("(full)" in rows[c.name]) == (c.level == "full")
+        for t in c.thresholds:
+            assert f"`{t.key}` = {t.default!r}".replace("'", '"') in rows[c.name], t.key

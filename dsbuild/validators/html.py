@@ -1,4 +1,4 @@
-"""The HTML report: one self-contained page (inline CSS, inline SVG, base64 PNG strips; no scripts, no
+"""The HTML report: one self-contained page (inline CSS, inline SVG, base64 JPEG strips; no scripts, no
 network). It shows the verdict and the check table; for every failing or warning check the visual that
 explains it (the distribution with its threshold marked, a thumbnail strip of each offending clip, the
 check's table or its offenders); coverage (hours per title and condition, split x title); the version's
@@ -96,9 +96,9 @@ def _strips(c: CheckResult, strips: dict[str, bytes | None]) -> str:
         return ""
     out = []
     for o in shown:
-        png = strips[o.item]
-        img = (f'<img alt="frames of {escape(o.item)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-               if png else '<div class="nothumb">no frame decodes</div>')
+        picture = strips[o.item]
+        img = (f'<img alt="frames of {escape(o.item)}" src="data:image/jpeg;base64,{base64.b64encode(picture).decode()}">'
+               if picture else '<div class="nothumb">no frame decodes</div>')
         out.append(f'<div class="strip">{img}<code>{escape(o.item)}</code>: {escape(o.detail)}</div>')
     return ('<div class="legend">Each strip: four frames spread from the first to the last of an offending '
             f'clip, left to right.</div><div class="strips">{"".join(out)}</div>')

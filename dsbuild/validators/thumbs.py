@@ -7,7 +7,7 @@ from dsbuild.formats import get_format
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
 from dsbuild.validators.model import Report
-from dsbuild.validators.png import strip
+from dsbuild.validators.images import strip
 
 MAX_STRIPS = 24  # clips shown on the page (each strip is ~20-40 KB of base64)
 STRIPS_PER_CHECK = 6
@@ -23,7 +23,7 @@ def offending_clips(report: Report, per_check: int = STRIPS_PER_CHECK, limit: in
 
 
 def clip_strips(report: Report, catalog: Catalog | None = None) -> dict[str, bytes | None]:
-    """key -> PNG strip (None: no frame decodes) for ``offending_clips``, from ``catalog`` or the one the
+    """key -> JPEG strip (None: no frame decodes) for ``offending_clips``, from ``catalog`` or the one the
     report names. A version too damaged to read gives no strips: the page is still written, and says so."""
     keys = set(offending_clips(report))
     if not keys:

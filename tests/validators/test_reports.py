@@ -26,7 +26,7 @@ from dsbuild.validators import (
     verdict_line,
     write_html,
 )
-from dsbuild.validators.png import png_rgb
+from dsbuild.validators.images import jpeg, strip
 from dsbuild.validators.registry import CHECKS
 from tests.validators.support import build, canonical_meta, reseal, rows, write_moving_session
 
@@ -126,7 +126,7 @@ def test_the_terminal_table_prints_capture_text_literally(hostile):
 
 def test_html_is_self_contained_escaped_and_explains_every_failing_check(hostile):
     cat, report, keys, _ = hostile
-    page = render_html(report, {keys[0]: None, keys[1]: png_rgb(np.zeros((4, 8, 3), np.uint8))})
+    page = render_html(report, {keys[0]: None, keys[1]: jpeg(np.zeros((4, 8, 3), np.uint8))})
     for forbidden in ("http://", "https://", "<script", "<link", "@import", "url("):
         assert forbidden not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "[link=file:///etc]" in page
@@ -137,7 +137,7 @@ def test_html_is_self_contained_escaped_and_explains_every_failing_check(hostile
     decode = page.split('id="visual-decode"')[1].split("</section>")[0]
     assert "no frame decodes" in decode and keys[0] in decode
     index = page.split('id="visual-index"')[1].split("</section>")[0]
-    assert "data:image/png;base64," in index and keys[1] in index
+    assert "data:image/jpeg;base64," in index and keys[1] in index
     assert "Split main: samples and hours per split and title" in page and "train samples" in page
 
 
@@ -151,7 +151,7 @@ def test_written_html_carries_thumbnail_strips_decoded_from_the_catalog(page, ho
     _, report, keys, _ = hostile
     html = page.read_text()
     index = html.split('id="visual-index"')[1].split("</section>")[0]
-    assert "data:image/png;base64," in index and "four frames spread" in index
+    assert "data:image/jpeg;base64," in index and "four frames spread" in index
     assert "no frame decodes" in html.split('id="visual-decode"')[1].split("</section>")[0]
 
 
@@ -171,3 +171,14 @@ def test_html_renders_in_headless_chromium_and_the_screenshot_is_not_blank(page,
     ink = (img.astype(int).sum(axis=2) < 600).mean()  # share of pixels that are not near-white
     colours = len(np.unique(img.reshape(-1, 3)[::97], axis=0))
     assert ink > 0.02 and colours > 20, (ink, colours)
+
+
+def test_thumbnails_are_jpegs_that_decode_back_and_an_undecodable_clip_has_none():
+    import av
+
+    img = np.zeros((7, 11, 3), np.uint8)
+    img[:, 5:] = 200
+    with av.open(io.BytesIO(jpeg(img)), format="mjpeg") as c:
+        frame = next(c.decode(video=0)).to_ndarray(format="rgb24")
+    assert frame.shape == (8, 12, 3) and abs(int(frame[3, 1].mean()) - 0) < 12 and abs(int(frame[3, 9].mean()) - 200) < 12
+    assert strip(b"not a video", 10) is None

@@ -14,6 +14,7 @@ is markup (capture text is carried as plain strings; renderers escape it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dsbuild.core.errors import CheckFailed
@@ -55,8 +56,8 @@ class Distribution(Record):
 
 
 def per_sample(label: str, values: list[float], unit: str = "", **threshold) -> Distribution:
-    """A histogram's worth of per-sample values (rounded; evenly subsampled past MAX_PLOTTED)."""
-    values = [round(float(x), 4) for x in values]
+    """A histogram's worth of per-sample values (finite ones, rounded; evenly subsampled past MAX_PLOTTED)."""
+    values = [round(float(x), 4) for x in values if math.isfinite(x)]
     if len(values) <= MAX_PLOTTED:
         return Distribution(label, unit, values=tuple(values), **threshold)
     step = len(values) / MAX_PLOTTED

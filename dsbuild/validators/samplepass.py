@@ -60,7 +60,7 @@ def make_units(shard_rows: dict[str, list[IndexRow]], paths: dict[str, str], sha
 def usage_of(view: SampleView) -> Usage | None:
     """How often each control is active in this sample (None when its action array is malformed)."""
     s = view.sample
-    if s is None or s.actions.ndim != 2 or s.actions.shape[1] != len(s.meta.controls):
+    if s is None or s.actions.dtype.kind != "f" or s.actions.ndim != 2 or s.actions.shape[1] != len(s.meta.controls):
         return None
     active = (np.abs(np.nan_to_num(s.actions)) >= ACTIVE).sum(axis=0)
     return Usage(tuple(s.meta.controls), tuple(int(x) for x in active), int(s.actions.shape[0]))

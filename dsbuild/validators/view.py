@@ -55,11 +55,13 @@ class SampleView:
         return self.level == "full" and self.sample is not None
 
     def expect(self) -> dict:
-        """What the decoded clip must show, from the sample's own metadata and timestamps."""
-        meta, ts = self.sample.meta, np.asarray(self.sample.timestamps, np.float64).reshape(-1)
+        """What the decoded clip must show, from the sample's own metadata and timestamps (no rate or span
+        from timestamps that are not finite numbers in one row: the ``timestamps`` check names those)."""
+        meta, ts = self.sample.meta, self.sample.timestamps
+        usable = ts.ndim == 1 and ts.dtype.kind in "fiu" and bool(np.isfinite(ts).all())
         audio = meta.video.audio
-        return {"frames": meta.clip.frames, "fps": frame_rate(ts), "width": meta.video.width,
-                "height": meta.video.height, "duration": span(ts), "t_start": meta.clip.t_start,
+        return {"frames": meta.clip.frames, "fps": frame_rate(ts) if usable else None, "width": meta.video.width,
+                "height": meta.video.height, "duration": span(ts) if usable else None, "t_start": meta.clip.t_start,
                 "audio": None if audio is None else {"start": audio.start, "duration": audio.duration}}
 
     def findings(self) -> dict[str, list[str]]:

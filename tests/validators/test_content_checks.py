@@ -5,6 +5,7 @@ bad arrays, events and text are each named by their own check."""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from dsbuild.core.errors import FormatError
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.formats.sample import SampleMeta, npy_bytes, npy_load
 from dsbuild.formats.video import frame_rate
-from dsbuild.validators import ValidateOptions, validate
+from dsbuild.validators import ValidateOptions, render_html, to_json, validate
 from dsbuild.validators.checks.content import (
     action_problems,
     analyse_video,
@@ -137,6 +138,25 @@ def test_timestamps_that_disagree_with_the_clip_fail_fps_and_duration(stills, tm
     assert "the sample's timestamps give" in report.check("fps").offenders[0].detail
     assert [o.item for o in report.check("duration").offenders] == [victim]
     assert report.check("timestamps").status == "pass"
+
+
+def test_hostile_arrays_are_findings_never_crashes(stills, tmp_path):
+    cat = copy_catalog(stills[0], tmp_path / "cat")
+    keys = [r.key for r in rows(cat, stills[1])]
+    pair = [("t", "<f8"), ("u", "<f8")]
+    odd = {keys[0]: {"timestamps.npy": np.zeros(30, dtype=pair), "actions.npy": np.zeros((30, 2), dtype=pair)},
+           keys[1]: {"timestamps.npy": np.full(30, np.nan), "telemetry.npy": np.full((30, 1), np.inf, np.float32)}}
+
+    def edit(key, members):
+        return [(e, npy_bytes(odd[key][e]) if e in odd.get(key, {}) else p) for e, p in members]
+
+    vid = reseal(cat, stills[1], edit)
+    report = validate(cat, vid, options=FULL, executor=ONE)
+    found = {c.name: {o.item for o in c.offenders} for c in report.checks if c.offenders}
+    assert found["timestamps"] == {keys[0], keys[1]} and found["actions"] == {keys[0]}
+    assert found["telemetry"] == {keys[1]} and keys[0] not in found.get("fps", set())
+    assert all(np.isfinite(report.check(n).distribution.values).all() for n in ("fps", "duration"))
+    assert 'id="verdict">REJECTED' in render_html(report) and json.loads(to_json(report))["verdict"] == "rejected"
 
 
 def _encode(frames: list[np.ndarray], fps: int = 30, audio_seconds: float | None = None) -> bytes:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dsbuild.formats.sample import ARRAY_MEMBERS, KEY_RE, MEMBERS, sample_key
-from dsbuild.formats.sample import members_sha256
+from dsbuild.formats.sample import ARRAY_MEMBERS, KEY_RE, MEMBERS, members_sha256, sample_key
 from dsbuild.lineage.index import IndexRow, parse_started_at
 from dsbuild.validators.base import Check, Judge, Threshold
 from dsbuild.validators.facts import SHARD_DAMAGE, VersionFacts

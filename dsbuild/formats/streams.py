@@ -315,7 +315,7 @@ class EventStream:
         return out
 
 
-def _hold(event_t: np.ndarray, event_v: np.ndarray, frame_t: np.ndarray, before: float) -> np.ndarray:
+def hold(event_t: np.ndarray, event_v: np.ndarray, frame_t: np.ndarray, before: float) -> np.ndarray:
     """Value of a sorted event series at each frame time; ``before`` where no event has happened yet.
     A zero-order hold: a frame sees only what had happened when it was shown (no future leaks back)."""
     idx = np.searchsorted(event_t, frame_t, side="right") - 1
@@ -348,7 +348,7 @@ class ActionTrack:
             by_control.setdefault(self._col[c], []).append((t, v))
         for c, tv in by_control.items():
             arr = np.asarray(tv, dtype=np.float64)
-            out[:, c] = _hold(arr[:, 0], arr[:, 1].astype(np.float32), frame_t, float(self._state[c]))
+            out[:, c] = hold(arr[:, 0], arr[:, 1].astype(np.float32), frame_t, float(self._state[c]))
             self._state[c] = arr[-1, 1]
         return out, inside
 

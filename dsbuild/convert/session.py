@@ -7,7 +7,6 @@ later from the segments of all sessions (``convert.assemble``), so workers stay 
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,8 +266,6 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> No
     if not result.samples:
         why = demux.truncated or "no decodable frames"
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
-    seg.flush()
-    os.fsync(seg.fileno())
     result.sources = source_list
     _check_unchanged(session, seen)
     result.repairs = {k: s.report.to_json() for k, s in scans.items()}

@@ -24,7 +24,8 @@ from dsbuild import __version__
 from dsbuild.convert.assemble import SampleRef, ShardTask, assemble_shard, plan
 from dsbuild.convert.captures import read_sessions, staged
 from dsbuild.convert.config import ConvertConfig
-from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_set
+from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_roles, source_set
+from dsbuild.core.hashcache import lookup
 from dsbuild.core.errors import CheckFailed, UsageError
 from dsbuild.core.executor import ExecutorSpec, run_tasks
 from dsbuild.core.hashing import CHUNK, sha256_bytes, sha256_json
@@ -40,6 +41,7 @@ from dsbuild.lineage.manifest import (
     Quarantined,
     SessionRecord,
     ShardRecord,
+    SourceRecord,
     Stats,
     Vocabulary,
     content_id,
@@ -98,6 +100,25 @@ def _parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[
         raise UsageError(f"--onto {onto}: version {parent[:12]} was built with other settings "
                          f"({', '.join(changed)})", hint="convert without --onto for a fresh build")
     return parent, m if same else None
+
+
+def _unchanged(session, parent_set: frozenset) -> list | None:
+    """The session's source records if every file is unchanged since it was hashed (a stat and a hash
+    cache hit each, no read) and they equal the parent's; None when a worker must look."""
+    out = []
+    for role, name in source_roles(session):
+        path = session.path_of(name)
+        try:
+            st = path.stat()
+        except OSError:
+            if role == "video":
+                return None
+            continue
+        digest = lookup(st)
+        if digest is None:
+            return None
+        out.append(SourceRecord(session.session_id, role, session.rel_of(name), digest, st.st_size))
+    return out if source_set(out) == parent_set else None
 
 
 def _shard_healthy(catalog: Catalog, rec: ShardRecord, rehash: bool) -> bool:
@@ -173,9 +194,14 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
     progress = Progress(total=len(sessions))
     results: list[SessionResult] = []
     with catalog.build_area() as area:
-        jobs = [SessionJob(s, captures, area.path, config,
-                           base.sources.get(s.session_id) if base and s.session_id not in base.broken else None)
-                for s in sessions]
+        jobs, known = [], []
+        for s in sessions:
+            parent_set = base.sources.get(s.session_id) if base and s.session_id not in base.broken else None
+            cached = _unchanged(s, parent_set) if parent_set is not None else None
+            if cached is not None:  # every file's stat is in the hash cache and matches the parent
+                known.append(SessionResult(s.rel, s.session_id, sources=cached, reused=True))
+            else:
+                jobs.append(SessionJob(s, captures, area.path, config, parent_set))
 
         def on_session(_: int, r: SessionResult) -> None:
             results.append(r)
@@ -186,6 +212,8 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
             if on_progress:
                 on_progress(progress)
 
+        for r in known:
+            on_session(0, r)
         run_tasks(process_session, jobs, executor, on_session, describe=lambda j: f"session {j.session.rel}")
         results.sort(key=lambda r: r.session_id)
         quarantined += [r.quarantine for r in results if r.quarantine]

@@ -384,14 +384,15 @@ class Catalog:
             raise LineageError(f"{self.url}: refusing to commit a version whose shard {missing[0]} is missing "
                                f"or has the wrong size ({len(missing)} shard(s))",
                                hint="run the same convert again: it rewrites missing shards from the captures")
-        vid = manifest.version_id
+        manifest_bytes = manifest.to_bytes()
+        vid = sha256_bytes(manifest_bytes)
         vkey = f"versions/{vid}"
         if self.store.exists(f"{vkey}/manifest.json"):
             return vid, True
         seq = 1 + max((v.commit.sequence for v in self.versions() if v.commit), default=0)
         record = replace(commit, sequence=seq)
         files = {manifest.index.path: index, "commit.json": pretty_json(record.to_json()),
-                 "manifest.json": manifest.to_bytes()}
+                 "manifest.json": manifest_bytes}
         if self.root is None:
             for name, data in files.items():  # manifest last: until it lands, the version is invisible
                 self.store.write(f"{vkey}/{name}", data)

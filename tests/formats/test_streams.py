@@ -18,6 +18,7 @@ from dsbuild.formats.streams import (
     TelemetryTrack,
     TextTrack,
     events,
+    hold,
     scan,
 )
 from dsbuild.formats.video import should_cut
@@ -166,3 +167,14 @@ def test_cuts_never_make_a_clip_shorter_than_the_target_except_the_last(gaps, cl
             starts.append(k)
     assert all(b - a >= clip_seconds - 1e-3 for a, b in zip(starts, starts[1:]))
     assert set(starts) <= set(keyframes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0, 100, allow_nan=False), max_size=30).map(sorted),
+       st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=30))
+def test_hold_is_the_last_value_at_or_before_each_frame(event_t, frame_t):
+    values = np.arange(len(event_t), dtype=np.float32) + 1
+    out = hold(np.array(event_t), values, np.array(frame_t), before=-1.0)
+    for f, v in zip(frame_t, out):
+        past = [values[i] for i, t in enumerate(event_t) if t <= f]
+        assert v == (past[-1] if past else -1.0)

@@ -354,3 +354,29 @@ def test_two_converts_into_one_catalog_at_once_both_commit(tmp_path):
     assert ids == {v.version_id for v in Catalog.open(cat).versions()} and len(ids) == 2
     for vid in ids:
         assert verify(Catalog.open(cat), vid).ok
+
+
+def test_an_incremental_build_hashes_and_processes_only_what_changed(grown, tmp_path, monkeypatch):
+    import dsbuild.convert.build as build_mod
+    import dsbuild.core.hashcache as hashcache
+
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    caps2 = tmp_path / "caps"
+    shutil.copytree(caps, caps2)  # new inodes: the first build from this copy hashes everything
+    convert(caps2, cat, CONFIG, executor=ExecutorSpec(workers=1))
+    _small_sessions(caps2, 30, 1)
+    hashed_files, jobs = [], []
+    real_hash = hashcache.sha256_file
+    monkeypatch.setattr(hashcache, "sha256_file", lambda p, root=None: hashed_files.append(p) or real_hash(p, root))
+    real_run = build_mod.run_tasks
+
+    def counting(fn, items, *args, **kwargs):
+        jobs.append((fn.__name__, len(items)))
+        return real_run(fn, items, *args, **kwargs)
+
+    monkeypatch.setattr(build_mod, "run_tasks", counting)
+    r = convert(caps2, cat, CONFIG, executor=ExecutorSpec(workers=1))
+    assert r.reused_sessions == 22 and r.written_shards <= 3
+    assert {p.parent.name for p in hashed_files} == {"s-030"}
+    assert jobs[0] == ("process_session", 1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import resource
 import subprocess
 import sys
 import tarfile
@@ -17,10 +16,9 @@ import zstandard
 
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
-from dsbuild.core.errors import CaptureError, FormatError
+from dsbuild.core.errors import CaptureError, FormatError, LineageError
 from dsbuild.formats.capture import read_session
 from dsbuild.formats.sample import decompress_events
-from dsbuild.formats.streams import read_actions
 from dsbuild.formats.webdataset import parse_members
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.verify import verify
@@ -71,21 +69,6 @@ def test_json_nested_100000_deep_is_refused(tmp_path):
         read_session(d, tmp_path / "root")
 
 
-def test_a_1gb_single_line_jsonl_costs_the_line_bound_not_a_gigabyte(tmp_path):
-    p = tmp_path / "actions.jsonl"
-    chunk = b"x" * (8 << 20)
-    with open(p, "wb") as f:
-        f.write(b'{"t": 0.0, "control": "a", "value": 1}\n{"t": 1, "pad": "')
-        for _ in range(128):
-            f.write(chunk)
-        f.write(b'"}\n{"t": 2.0, "control": "a", "value": 0}\n')
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    actions, report = read_actions(p)
-    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    assert report.malformed == 1 and len(actions.t) == 2
-    assert grown_mib < 64
-
-
 def test_ten_million_conditions_are_refused_by_size(tmp_path):
     d = tmp_path / "root" / "s"
     d.mkdir(parents=True)
@@ -94,7 +77,7 @@ def test_ten_million_conditions_are_refused_by_size(tmp_path):
                 '"conditions": {')
         f.write(",".join(f'"c{i}": "v"' for i in range(10_000_000)))
         f.write("}}")
-    with pytest.raises(CaptureError, match="exceeds the limit"):
+    with pytest.raises(CaptureError, match="larger than the limit"):
         read_session(d, tmp_path / "root")
 
 
@@ -121,7 +104,7 @@ def test_hostile_sessions_are_quarantined_with_reasons(tmp_path):
     sr = cap / "sr-1-0002"
     _huge_resolution_video(sr / "video.mp4")
     r = convert(cap, tmp_path / "cat", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
-    reasons = {q["path"]: q["reason"] for q in r.quarantined}
+    reasons = {q.path: q.reason for q in r.quarantined}
     assert any("control character" in why for why in reasons.values())
     assert any("declared resolution" in why for why in reasons.values())
     assert r.sessions == 1
@@ -138,11 +121,12 @@ def test_a_manifest_pointing_outside_the_catalog_is_refused(wds_catalog, tmp_pat
     doc = json.loads(path.read_text())
     doc["shards"][0]["path"] = "../../../etc/passwd"
     path.write_text(json.dumps(doc))
-    with pytest.raises(FormatError, match="not inside the catalog"):
-        verify(Catalog.open(cat), vid)
-    r = subprocess.run([sys.executable, "-c", "from dsbuild.cli.app import main; main()", "verify", f"{cat}@{vid}"],
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "not inside the catalog" in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(LineageError, match="not the version id"):
+        Catalog.open(cat).manifest(vid)
+    from dsbuild.lineage.manifest import Manifest
+
+    with pytest.raises(FormatError, match="does not match"):
+        Manifest.from_bytes(path.read_bytes(), "manifest.json")
 
 
 NO_PICKLE = """
@@ -152,6 +136,7 @@ def refuse(*a, **k):
 pickle.load = pickle.loads = refuse
 pickle.Unpickler = refuse
 from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.verify import verify
 from dsbuild.loader import Loader

@@ -15,7 +15,7 @@ from dsbuild.core.errors import FormatError
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.formats.sample import SampleMeta, npy_bytes, npy_load
 from dsbuild.formats.video import frame_rate
-from dsbuild.validators import ValidateOptions, render_html, to_json, validate
+from dsbuild.validators import ValidateOptions, parse_spec, render_html, to_json, validate
 from dsbuild.validators.checks.content import (
     action_problems,
     analyse_video,
@@ -100,6 +100,13 @@ def test_frozen_and_black_clips_are_named_and_plotted_against_their_threshold(st
     assert sum(v < motion.threshold for v in motion.values) == len(frozen)
     assert {c.name for c in report.checks if c.failed} == {"frozen_clips", "black_clips"}
     assert report.check("near_duplicates").status == "warn"  # still clips look alike: reported, not rejected
+
+
+def test_near_duplicates_decode_the_clips_even_with_every_content_check_off(stills):
+    off = "[severity]\n" + "".join(f'{n} = "off"\n' for n in CONTENT)
+    report = validate(*stills, parse_spec(off, "off.toml"), FULL, executor=ONE)
+    assert all(report.check(n).status == "skip" for n in CONTENT)
+    assert report.check("near_duplicates").status == "warn" and "(8 hashed)" in report.check("near_duplicates").message
 
 
 def test_undecodable_video_fails_decode_naming_the_sample(stills, tmp_path):

@@ -15,6 +15,7 @@ from dsbuild.lineage.index import IndexRow
 from dsbuild.validators.base import Check, Judge, Threshold
 from dsbuild.validators.facts import VersionFacts
 from dsbuild.validators.model import Bar, CheckResult, Distribution, Table
+from dsbuild.validators.view import SampleView
 
 HASH_BITS = 256
 
@@ -146,6 +147,13 @@ def near_duplicate_pairs(keys: list[str], hashes: np.ndarray, max_bits: int) -> 
     return {keys[a]: (dist, keys[b]) for a, (dist, b) in sorted(best.items())}
 
 
+def _hash_clip(v: SampleView) -> list[str]:
+    """Per sample: decode the clip (once, shared with the content checks) so its perceptual hash exists
+    even when every content check is turned off."""
+    v.findings()
+    return []
+
+
 def _near_duplicates(j: Judge, d: VersionFacts) -> CheckResult:
     hashed = [(k, m.phash) for k, m in d.clips() if m.phash]
     keys = [k for k, _ in hashed]
@@ -215,7 +223,7 @@ CHECKS = (
           "within near_duplicate_bits of another clip's.",
           (_t("max_near_duplicate_fraction", 0.05, "fraction", "menus and replays look alike; report, don't block"),
            _t("near_duplicate_bits", 12, "count", "of 256; re-encodes differ by <8, different clips by ~100")),
-          severity="warn", level="full", run=_near_duplicates),
+          severity="warn", level="full", sample=_hash_clip, run=_near_duplicates),
     Check("action_balance", "dataset", "Share of frames on which each control is active (|value| >= 0.5); a "
           "control no one uses, or one dwarfing another, is reported.",
           (_t("min_action_usage", 0.001, "fraction", "a control active on under 0.1% of frames is barely learnable"),

@@ -5,11 +5,12 @@ import tempfile
 from pathlib import Path
 
 import atheris
+import numpy as np
 
 with atheris.instrument_imports():
     from dsbuild.core.errors import CaptureError
     from dsbuild.formats.capture import read_session
-    from dsbuild.formats.streams import read_actions, read_telemetry, read_text
+    from dsbuild.formats.streams import KINDS, ActionTrack, TelemetryTrack, TextTrack, scan
 
 ROOT = Path(tempfile.mkdtemp(prefix="dsbuild-fuzz-"))
 SESSION = ROOT / "s"
@@ -23,8 +24,13 @@ def one(data: bytes) -> None:
         read_session(SESSION, ROOT)
     except CaptureError:
         pass
-    for reader in (read_actions, read_telemetry, read_text):
-        reader(SESSION / "stream.jsonl")
+    for kind, track in zip(KINDS, (ActionTrack, TelemetryTrack, TextTrack)):
+        s = scan(SESSION / "stream.jsonl", kind)
+        t = track(s)
+        if kind == "text":
+            t.clip(0.0, 1e9)
+        else:
+            t.clip(np.linspace(0, 100, 7), 0.0, 1e9)
 
 
 if __name__ == "__main__":

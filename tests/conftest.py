@@ -25,16 +25,16 @@ def captures(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def wds_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
-    """(catalog path, version id) of the clean captures as WebDataset shards, 3 s clips."""
+    """(catalog path, version id) of the clean captures as WebDataset shards, 3 s clips, ~400 kB shards."""
     out = tmp_path_factory.mktemp("wds") / "catalog"
-    r = convert(captures, out, ConvertConfig(format="webdataset", clip_seconds=3.0), executor=ExecutorSpec(workers=1))
+    r = convert(captures, out, ConvertConfig(format="webdataset", clip_seconds=3.0, shard_size=400_000), executor=ExecutorSpec(workers=1))
     return out, r.version_id
 
 
 @pytest.fixture(scope="session")
 def parquet_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("pq") / "catalog"
-    r = convert(captures, out, ConvertConfig(format="parquet", clip_seconds=3.0), executor=ExecutorSpec(workers=1))
+    r = convert(captures, out, ConvertConfig(format="parquet", clip_seconds=3.0, shard_size=400_000), executor=ExecutorSpec(workers=1))
     return out, r.version_id
 
 
@@ -46,3 +46,14 @@ def copy_captures(captures, tmp_path):
         shutil.copytree(captures, dst, symlinks=True)
         return dst
     return make
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 endpoint (moto) on 127.0.0.1 with a bucket "data"; the environment points at it."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from tests.s3server import s3_endpoint
+
+    with s3_endpoint(tmp_path_factory.mktemp("cache")) as proxy:
+        yield proxy

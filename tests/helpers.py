@@ -35,3 +35,20 @@ def cli_argv(*args) -> list[str]:
 
 def cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run(cli_argv(*args), capture_output=True, text=True, timeout=300)
+
+
+def unprivileged(code: str, *args) -> subprocess.CompletedProcess:
+    """Run Python ``code`` where file permissions apply, even for root (DAC override capabilities are
+    dropped from the bounding set), so permission-denied paths are tested on any CI machine."""
+    import os
+    import shutil
+
+    import pytest
+
+    prefix = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("running as root without setpriv: permissions cannot be enforced")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    return subprocess.run([*prefix, sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=300)

@@ -25,8 +25,7 @@ class SampleRef:
 
     key: str
     sha256: str
-    size: int  # payload bytes (the sum of member sizes): what shard planning weighs
-    member_bytes: tuple[int, ...] | None
+    member_bytes: tuple[int, ...]
     seg_path: Path | None = None
     seg_offset: int = 0
     seg_length: int = 0
@@ -51,13 +50,14 @@ class ShardPlan:
     reuse: tuple[ShardRecord | None, ...]
 
 
-def plan(refs: list[SampleRef], target: int, parent_shards: dict[tuple, ShardRecord]) -> ShardPlan:
+def plan(refs: list[SampleRef], fmt, target: int, parent_shards: dict[tuple, ShardRecord]) -> ShardPlan:
     """Cut the sorted samples into shards and match each against the parent's healthy shards.
 
     ``parent_shards``: the composition (tuple of (key, sha256) in order) of each healthy parent shard."""
     refs = sorted(refs, key=lambda r: r.key)
     groups, reuse = [], []
-    for rng in plan_shards([r.key for r in refs], [r.size for r in refs], target):
+    sizes = [fmt.planned_size(r.member_bytes) for r in refs]
+    for rng in plan_shards([r.key for r in refs], sizes, target, fmt.max_overhead):
         group = tuple(refs[i] for i in rng)
         groups.append(group)
         reuse.append(parent_shards.get(tuple((r.key, r.sha256) for r in group)))

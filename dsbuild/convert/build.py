@@ -24,7 +24,8 @@ from dsbuild import __version__
 from dsbuild.convert.assemble import SampleRef, ShardTask, assemble_shard, plan
 from dsbuild.convert.captures import read_sessions, staged
 from dsbuild.convert.config import ConvertConfig
-from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_set
+from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_roles, source_set
+from dsbuild.core.hashcache import lookup
 from dsbuild.core.errors import CheckFailed, UsageError
 from dsbuild.core.executor import ExecutorSpec, run_tasks
 from dsbuild.core.hashing import CHUNK, sha256_bytes, sha256_json
@@ -40,6 +41,7 @@ from dsbuild.lineage.manifest import (
     Quarantined,
     SessionRecord,
     ShardRecord,
+    SourceRecord,
     Stats,
     Vocabulary,
     content_id,
@@ -100,6 +102,25 @@ def _parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[
     return parent, m if same else None
 
 
+def _unchanged(session, parent_set: frozenset) -> list | None:
+    """The session's source records if every file is unchanged since it was hashed (a stat and a hash
+    cache hit each, no read) and they equal the parent's; None when a worker must look."""
+    out = []
+    for role, name in source_roles(session):
+        path = session.path_of(name)
+        try:
+            st = path.stat()
+        except OSError:
+            if role == "video":
+                return None
+            continue
+        digest = lookup(st)
+        if digest is None:
+            return None
+        out.append(SourceRecord(session.session_id, role, session.rel_of(name), digest, st.st_size))
+    return out if source_set(out) == parent_set else None
+
+
 def _shard_healthy(catalog: Catalog, rec: ShardRecord, rehash: bool) -> bool:
     if catalog.store.size(rec.path) != rec.bytes:
         return False
@@ -125,6 +146,7 @@ class _Base:
     sources: dict[str, frozenset]
     compositions: dict[tuple, ShardRecord]
     broken: set[str]  # sessions with a sample in a missing or damaged shard
+    broken_shards: frozenset[str]
 
 
 def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int) -> _Base:
@@ -145,7 +167,8 @@ def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int
     sources = defaultdict(list)
     for s in m.sources:
         sources[s.session].append(s)
-    return _Base(m, rows, {k: source_set(v) for k, v in sources.items()}, compositions, broken)
+    return _Base(m, rows, {k: source_set(v) for k, v in sources.items()}, compositions, broken,
+                 frozenset(rec.path for rec, ok in health.items() if not ok))
 
 
 def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, executor: ExecutorSpec = ExecutorSpec(),
@@ -171,9 +194,14 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
     progress = Progress(total=len(sessions))
     results: list[SessionResult] = []
     with catalog.build_area() as area:
-        jobs = [SessionJob(s, captures, area.path, config,
-                           base.sources.get(s.session_id) if base and s.session_id not in base.broken else None)
-                for s in sessions]
+        jobs, known = [], []
+        for s in sessions:
+            parent_set = base.sources.get(s.session_id) if base and s.session_id not in base.broken else None
+            cached = _unchanged(s, parent_set) if parent_set is not None else None
+            if cached is not None:  # every file's stat is in the hash cache and matches the parent
+                known.append(SessionResult(s.rel, s.session_id, sources=cached, reused=True))
+            else:
+                jobs.append(SessionJob(s, captures, area.path, config, parent_set))
 
         def on_session(_: int, r: SessionResult) -> None:
             results.append(r)
@@ -184,6 +212,8 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
             if on_progress:
                 on_progress(progress)
 
+        for r in known:
+            on_session(0, r)
         run_tasks(process_session, jobs, executor, on_session, describe=lambda j: f"session {j.session.rel}")
         results.sort(key=lambda r: r.session_id)
         quarantined += [r.quarantine for r in results if r.quarantine]
@@ -193,7 +223,7 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
             raise CheckFailed(f"all {len(quarantined)} sessions were quarantined; first: {first.path}: {first.reason}",
                               hint="`--json` lists every reason")
         refs = _refs(good, base)
-        shard_plan = plan(refs, config.shard_size, base.compositions if base else {})
+        shard_plan = plan(refs, fmt, config.shard_size, base.compositions if base else {})
         files = {ref.parent.path: catalog.shard_file(ref.parent) for g, reuse in zip(shard_plan.groups, shard_plan.reuse)
                  if reuse is None for ref in g if ref.parent is not None}
         tasks = [ShardTask(i, config.format, group, area.path / f"shard-{i:06d}.{fmt.ext}.part",
@@ -210,11 +240,13 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
 
         run_tasks(assemble_shard, tasks, executor, on_shard, describe=lambda t: f"shard {t.number}")
         manifest, index, moves = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
-        new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes)
+        new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
+                        or (base and rec.path in base.broken_shards))
         commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, str(captures.resolve()),
                               config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
                               _change(catalog, parent, index))
-        version_id, existed = catalog.commit(area, moves, manifest, index, commit)
+        version_id, existed = catalog.commit(area, moves, manifest, index, commit,
+                                             damaged=base.broken_shards if base else frozenset())
     st = manifest.stats
     return ConvertResult(
         version_id=version_id, content_id=manifest.content_id, existed=existed, catalog=catalog.url,
@@ -232,10 +264,10 @@ def _refs(results: list[SessionResult], base: _Base | None) -> list[SampleRef]:
     for r in results:
         if r.reused:
             for row in base.rows[r.session_id]:
-                refs.append(SampleRef(row.key, row.sha256, row.bytes, row.member_bytes, parent=shards[row.shard],
+                refs.append(SampleRef(row.key, row.sha256, row.member_bytes, parent=shards[row.shard],
                                       entry=row.entry()))
         else:
-            refs += [SampleRef(s.row.key, s.row.sha256, s.row.bytes, s.member_bytes, r.seg_path, s.seg_offset,
+            refs += [SampleRef(s.row.key, s.row.sha256, s.member_bytes, r.seg_path, s.seg_offset,
                                s.seg_length) for s in r.samples]
     return refs
 

@@ -7,7 +7,6 @@ later from the segments of all sessions (``convert.assemble``), so workers stay 
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ import zstandard
 from dsbuild.convert.config import ConvertConfig
 from dsbuild.core.errors import CaptureError, FormatError, StorageError
 from dsbuild.core.files import UnsafeFile
-from dsbuild.core.hashing import sha256_file
+from dsbuild.core.hashcache import hashed
 from dsbuild.core.jsonio import canonical_json, clip_text
 from dsbuild.formats import get_format
 from dsbuild.formats.capture import SESSION_FILE, Session
@@ -80,27 +79,31 @@ def _identity(path: Path) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
+def source_roles(session: Session) -> list[tuple[str, str]]:
+    """(role, file name) of every source file a session names."""
+    return [("session", SESSION_FILE), ("video", session.video)] + sorted(session.streams.items())
+
+
 def _sources(session: Session, root: Path) -> tuple[list[SourceRecord], dict[Path, tuple]]:
     """sha256 of every source file (paths relative to the capture root, never host paths), and the
-    (size, mtime, inode) each had when it was hashed, to detect files that change while read."""
-    roles = [("session", SESSION_FILE), ("video", session.video)] + sorted(session.streams.items())
+    (size, mtime, inode) each had when it was hashed, to detect files that change while read.
+    Unchanged files come from the per-machine hash cache (``core.hashcache``)."""
     out, seen = [], {}
-    for role, name in roles:
+    for role, name in source_roles(session):
         path = session.path_of(name)
         if not path.exists():
             if role == "video":
                 raise CaptureError(session.rel_of(name), "video file is missing")
             continue
         try:
-            before = _identity(path)
-            digest, size = sha256_file(path, root)
+            digest, size, st = hashed(path, root)
         except UnsafeFile as e:
             raise CaptureError(session.rel_of(name), str(e).split(": ", 1)[-1]) from None
         except OSError as e:
             raise CaptureError(session.rel_of(name), f"cannot read: {e.strerror or e}") from None
-        if size != before[0]:
+        if size != st.st_size:
             raise CaptureError(session.rel_of(name), "changed while reading (size changed during hashing)")
-        seen[path] = before
+        seen[path] = (st.st_size, st.st_mtime_ns, st.st_ino)
         out.append(SourceRecord(session.session_id, role, session.rel_of(name), digest, size))
     return out, seen
 
@@ -267,8 +270,6 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> No
     if not result.samples:
         why = demux.truncated or "no decodable frames"
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
-    seg.flush()
-    os.fsync(seg.fileno())
     result.sources = source_list
     _check_unchanged(session, seen)
     result.repairs = {k: s.report.to_json() for k, s in scans.items()}

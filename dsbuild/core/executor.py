@@ -97,15 +97,14 @@ def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Call
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            broken = sorted((f for f in done if isinstance(f.exception(), BrokenProcessPool)), key=futures.get)
+            if broken:
+                names = ", ".join(describe(items[futures[f]]) for f in broken[:4]) + (", ..." if len(broken) > 4 else "")
+                raise WorkerDied(f"a worker process died (killed by the OOM killer or a signal?) while working on "
+                                 f"one of: {names}; nothing was committed",
+                                 hint="run again, with fewer --workers if memory is short")
             for fut in sorted(done, key=futures.get):
-                try:
-                    result = fut.result()
-                except BrokenProcessPool:
-                    raise WorkerDied(
-                        f"a worker process died while working on {describe(items[futures[fut]])} (killed by "
-                        "the OOM killer or a signal?); nothing was committed",
-                        hint="run again, with fewer --workers if memory is short") from None
-                on_result(futures[fut], result)
+                on_result(futures[fut], fut.result())
     finally:
         for fut in futures:
             fut.cancel()

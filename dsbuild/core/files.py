@@ -26,7 +26,22 @@ class UnsafeFile(FormatError):
 
 
 def inside(path: Path, root: Path) -> bool:
-    """``path`` resolves (symlinks followed) to ``root`` or below it."""
+    """``path`` resolves (symlinks followed) to ``root`` or below it.
+
+    Lexically inside with no symlink on the way (one lstat per component below ``root``: the common
+    case) settles it without resolving; anything else is resolved in full."""
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    if path.startswith(root.rstrip(os.sep) + os.sep) and ".." not in path[len(root):].split(os.sep):
+        rest, probe = path[len(root):].strip(os.sep).split(os.sep), root
+        try:
+            for part in rest:
+                probe = os.path.join(probe, part)
+                if os.path.islink(probe):
+                    break
+            else:
+                return True
+        except OSError:
+            pass
     real_root = os.path.realpath(root)
     real = os.path.realpath(path)
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)

@@ -55,8 +55,9 @@ def loads_bounded(data: bytes | str, *, max_bytes: int, what: str, max_depth: in
                 data.decode("utf-8")
             except UnicodeDecodeError as u:
                 raise FormatError(f"{what}: not UTF-8 ({u.reason} at byte {u.start})") from None
-        why = "nested too deeply" if "depth" in str(e) else str(e)
-        raise FormatError(f"{what}: invalid JSON ({why})") from None
+        if "depth" in str(e):
+            raise FormatError(f"{what}: JSON nested deeper than {max_depth}") from None
+        raise FormatError(f"{what}: invalid JSON ({e})") from None
     if not depth_ok(value, max_depth):
         raise FormatError(f"{what}: JSON nested deeper than {max_depth}")
     return value

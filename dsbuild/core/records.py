@@ -16,10 +16,11 @@ nested ``Record`` types and ``JsonValue`` (free-form JSON, depth-bounded).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import depth_ok
@@ -76,18 +77,16 @@ class Record:
             found = doc.pop("format", None)
             if found != cls.FORMAT:
                 raise FormatError(f"{what}: format is {str(found)[:80]!r}, expected {cls.FORMAT!r}")
-        hints = _hints(cls)
-        names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(doc) - set(names))
-        if unknown:
+        plan, names = _plan(cls)
+        if len(doc) > len(names) or not names.issuperset(doc):
+            unknown = sorted(set(doc) - names, key=str)
             raise FormatError(f"{what}: unknown field {str(unknown[0])[:80]!r}")
         values = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in doc:
-                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
-                    continue
-                raise FormatError(f"{what}: missing field {f.name!r}")
-            values[f.name] = _load(doc[f.name], hints[f.name], f"{what}: {f.name}", f.metadata)
+        for name, load, required in plan:
+            if name in doc:
+                values[name] = load(doc[name], f"{what}: {name}")
+            elif required:
+                raise FormatError(f"{what}: missing field {name!r}")
         return cls(**values)
 
     @classmethod
@@ -107,6 +106,16 @@ class Record:
         return out
 
 
+@functools.lru_cache(maxsize=None)
+def _plan(cls) -> tuple[list[tuple[str, Callable, bool]], frozenset[str]]:
+    """Per record class: (field name, its compiled loader, whether it is required), and the names."""
+    hints = _hints(cls)
+    plan = [(f.name, _loader(hints[f.name], tuple(sorted(f.metadata.items())) if f.metadata else ()),
+             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls)]
+    return plan, frozenset(name for name, _, _ in plan)
+
+
 def _dump(v: Any) -> Any:
     if isinstance(v, Record):
         return v.to_json()
@@ -117,60 +126,69 @@ def _dump(v: Any) -> Any:
     return v
 
 
-def _load(v: Any, tp: Any, where: str, meta: typing.Mapping) -> Any:
+@functools.lru_cache(maxsize=None)
+def _loader(tp: Any, meta: tuple) -> Callable[[Any, str], Any]:
+    """A validating loader for one annotation, built once per (type, constraints): reading a manifest
+    with tens of thousands of records then costs a few function calls per value, not type analysis."""
     args = _union_args(tp)
     if args is not None:
-        if v is None and type(None) in args:
-            return None
         inner = [a for a in args if a is not type(None)]
-        if len(inner) != 1:
+        if len(inner) != 1 or type(None) not in args:
             raise TypeError(f"unsupported union {tp}")
-        return _load(v, inner[0], where, meta)
+        load_inner = _loader(inner[0], meta)
+        return lambda v, where: None if v is None else load_inner(v, where)
     if tp is JsonValue:
-        if not depth_ok(v):
-            raise FormatError(f"{where}: nested too deeply")
-        return v
+        def load_json(v, where):
+            if not depth_ok(v):
+                raise FormatError(f"{where}: nested too deeply")
+            return v
+        return load_json
     if _is_record(tp):
-        return tp.from_json(v, where)
+        return tp.from_json
     origin = typing.get_origin(tp)
     if origin is tuple:
-        if not isinstance(v, list):
-            raise FormatError(f"{where}: expected a list, found {type(v).__name__}")
         (item,) = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        return tuple(_load(x, item, f"{where}[{i}]", {}) for i, x in enumerate(v))
+        load_item = _loader(item, ())
+
+        def load_tuple(v, where):
+            if type(v) is not list:
+                raise FormatError(f"{where}: expected a list, found {type(v).__name__}")
+            return tuple(load_item(x, f"{where}[{i}]") for i, x in enumerate(v))
+        return load_tuple
     if origin is dict:
-        if not isinstance(v, dict):
-            raise FormatError(f"{where}: expected an object, found {type(v).__name__}")
-        _, item = typing.get_args(tp)
-        return {k: _load(x, item, f"{where}.{str(k)[:40]}", {}) for k, x in v.items()}
-    _scalar(v, tp, where)
-    _constrain(v, where, meta)
-    return float(v) if tp is float else v
+        load_value = _loader(typing.get_args(tp)[1], ())
 
-
-def _scalar(v: Any, tp: Any, where: str) -> None:
-    ok = {str: isinstance(v, str), bool: isinstance(v, bool),
-          int: isinstance(v, int) and not isinstance(v, bool),
-          float: isinstance(v, (int, float)) and not isinstance(v, bool),
-          type(None): v is None}.get(tp)
-    if ok is None:
+        def load_dict(v, where):
+            if type(v) is not dict:
+                raise FormatError(f"{where}: expected an object, found {type(v).__name__}")
+            return {k: load_value(x, where) for k, x in v.items()}
+        return load_dict
+    check = _SCALARS.get(tp)
+    if check is None:
         raise TypeError(f"unsupported record field type {tp}")
-    if not ok:
-        raise FormatError(f"{where}: expected {getattr(tp, '__name__', tp)}, found {type(v).__name__}")
-    if isinstance(v, str) and len(v) > _MAX_STR:
-        raise FormatError(f"{where}: string of {len(v)} characters exceeds {_MAX_STR}")
+    constraints = dict(meta)
+    pattern = re.compile(constraints["pattern"]) if constraints.get("pattern") else None
+    lo, hi = constraints.get("minimum"), constraints.get("maximum")
+    name = getattr(tp, "__name__", str(tp))
+
+    def load_scalar(v, where):
+        if not check(v):
+            raise FormatError(f"{where}: expected {name}, found {type(v).__name__}")
+        if type(v) is str:
+            if len(v) > _MAX_STR:
+                raise FormatError(f"{where}: string of {len(v)} characters exceeds {_MAX_STR}")
+            if pattern is not None and not pattern.fullmatch(v):
+                raise FormatError(f"{where}: {v[:80]!r} does not match {pattern.pattern}")
+        elif lo is not None and v < lo:
+            raise FormatError(f"{where}: {v} is below {lo}")
+        elif hi is not None and v > hi:
+            raise FormatError(f"{where}: {v} is above {hi}")
+        return float(v) if tp is float else v
+    return load_scalar
 
 
-def _constrain(v: Any, where: str, meta: typing.Mapping) -> None:
-    if not meta:
-        return
-    pattern, lo, hi = meta.get("pattern"), meta.get("minimum"), meta.get("maximum")
-    if pattern and isinstance(v, str) and not re.fullmatch(pattern, v):
-        raise FormatError(f"{where}: {v[:80]!r} does not match {pattern}")
-    if lo is not None and isinstance(v, (int, float)) and v < lo:
-        raise FormatError(f"{where}: {v} is below {lo}")
-    if hi is not None and isinstance(v, (int, float)) and v > hi:
-        raise FormatError(f"{where}: {v} is above {hi}")
+_SCALARS = {str: lambda v: type(v) is str, bool: lambda v: type(v) is bool, type(None): lambda v: v is None,
+            int: lambda v: type(v) is int, float: lambda v: type(v) is float or type(v) is int}
 
 
 def _schema(tp: Any, meta: typing.Mapping) -> dict:

@@ -101,6 +101,11 @@ class ShardReader(ABC):
 class ShardFormat(ABC):
     name: ClassVar[str]
     ext: ClassVar[str]  # shard file extension
+    max_overhead: ClassVar[int] = 0  # bytes a shard adds beyond its samples' planned sizes, at most
+
+    def planned_size(self, member_bytes: tuple[int, ...]) -> int:
+        """What a sample with these member sizes occupies in a shard (what shard planning weighs)."""
+        return sum(member_bytes)
 
     @abstractmethod
     def encode(self, key: str, sha256: str, members: Members) -> Segment:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsbuild.core.errors import CaptureError, FormatError
-from dsbuild.core.files import read_capped
+from dsbuild.core.files import inside, read_capped
 from dsbuild.core.jsonio import clip_text, loads_bounded
 
 CAPTURE_FORMAT = "capture/1"
@@ -108,9 +108,7 @@ def safe_member(directory: Path, name: object, path: str, what: str) -> str:
         raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} is absolute; it must be inside the session folder")
     if ".." in pure.parts:
         raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} escapes the session folder")
-    real_dir = directory.resolve()
-    target = (directory / pure).resolve()
-    if real_dir != target and real_dir not in target.parents:
+    if not inside(directory / pure, directory):
         raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} resolves outside the session folder (symlink?)")
     return pure.as_posix()
 

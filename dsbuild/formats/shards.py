@@ -2,7 +2,7 @@
 
 Boundaries are content-defined over the sorted sequence of samples, so they follow ``--shard-size``
 whatever the session lengths (short sessions share shards, long ones span several) and a change
-only moves the boundaries near it:
+only moves the boundaries near it (sizes are what a sample occupies in the shard, framing included):
 
 - a shard closes after a sample once it holds at least half the target and the sample's keyed hash,
   read as a number u in [0, 1), falls below ``size / (target / 2)`` (a cut about every half target of
@@ -13,8 +13,8 @@ only moves the boundaries near it:
 
 Because a cut depends only on the key and size of the samples since the previous cut, adding,
 removing or changing one session rewrites the shard it lands in and at most the next one or two;
-every other shard is byte-identical and already in the catalog. The plan uses payload bytes (the
-sum of a sample's member sizes), so a WebDataset and a Parquet build place the same samples together.
+every other shard is byte-identical and already in the catalog. For Parquet the sizes are the
+uncompressed member sizes (compression of the arrays makes shards somewhat smaller than planned).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ def boundary_hash(key: str) -> float:
     return int.from_bytes(digest[:8], "little") / 2.0 ** 64
 
 
-def plan_shards(keys: Sequence[str], sizes: Sequence[int], target: int) -> list[range]:
-    """Shards as ranges of positions in the sorted sample sequence (a pure function)."""
-    lo, hi = target // 2, 2 * target
+def plan_shards(keys: Sequence[str], sizes: Sequence[int], target: int, overhead: int = 0) -> list[range]:
+    """Shards as ranges of positions in the sorted sample sequence (a pure function). ``sizes`` are the
+    samples' sizes in the shard; ``overhead`` what a shard adds at most beyond them (tar's end record)."""
+    lo, hi = target // 2, max(2 * target - overhead, target // 2 + 1)
     out: list[range] = []
     start, acc = 0, 0
     for i, (key, size) in enumerate(zip(keys, sizes)):

@@ -32,6 +32,9 @@ MAX_CONTROLS = 1024  # distinct controls, or telemetry channels, per session
 MAX_LIST_LEN = 4096
 MAX_NAME_CHARS = 128
 MAX_EXAMPLES = 5  # malformed-line reasons kept per stream for the report
+# Streams up to this size keep pass 1's events for pass 2 (one parse instead of two); bigger ones are
+# read again, so memory stays bounded (about ten times this, as Python objects) whatever the session.
+RETAIN_BYTES = 8 << 20
 KINDS = ("actions", "telemetry", "text")
 
 
@@ -42,7 +45,7 @@ class StreamReport:
     lines: int = 0
     events: int = 0
     malformed: int = 0
-    out_of_order: int = 0
+    out_of_order: int = 0  # events that arrived after a later one (each is counted)
     dropped_fields: int = 0
     duplicate_keys: int = 0  # lines with a key given twice (the last value is kept, as JSON parsers do)
     collisions: int = 0  # a list field `pos` beside a flat `pos.0` in one line (the list wins)
@@ -96,8 +99,20 @@ def _nan(_name: str) -> float:
     return math.nan
 
 
+def _finite(v: object) -> float | None:
+    """finite_float with a fast path for the plain floats and ints events are made of."""
+    if type(v) is float:
+        return v if v - v == 0.0 else None  # inf - inf and nan - nan are nan
+    if type(v) is int:
+        return float(v)
+    return finite_float(v)
+
+
 def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None:
-    """One line -> a JSON object with a finite ``t``, or None (counted in ``report`` when given)."""
+    """One line -> a JSON object with a finite ``t``, or None (counted in ``report`` when given).
+
+    Depth and duplicate keys are decided by counting bytes where that settles it (no more brackets
+    than the depth limit; no more ``":`` than keys), and by walking the object only when it does not."""
     def bad(reason: str) -> None:
         if report is not None:
             report.bad(lineno, reason)
@@ -111,14 +126,15 @@ def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None
             return bad(f"invalid UTF-8 at byte {u.start}")
         except (ValueError, RecursionError):
             return bad("nested deeper than 1024" if "depth" in str(e) else f"invalid JSON ({e})")
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         return bad("not a JSON object")
-    if not depth_ok(obj, MAX_DEPTH):
+    braces = line.count(b"{")
+    if braces + line.count(b"[") > MAX_DEPTH and not depth_ok(obj, MAX_DEPTH):
         return bad(f"nested deeper than {MAX_DEPTH}")
-    if line.count(b'":') > _key_count(obj) and _has_duplicate_keys(line):
-        if report is not None:
-            report.duplicate_keys += 1
-    t = finite_float(obj.get("t"))
+    keys = len(obj) if braces == 1 else _key_count(obj)
+    if line.count(b'":') > keys and _has_duplicate_keys(line) and report is not None:
+        report.duplicate_keys += 1
+    t = _finite(obj.get("t"))
     if t is None:
         return bad("missing or non-finite 't'")
     obj["t"] = t
@@ -126,7 +142,7 @@ def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None
 
 
 def _action(obj: dict, vocab: dict[str, int] | None) -> tuple | str:
-    control, value = obj.get("control"), finite_float(obj.get("value"))
+    control, value = obj.get("control"), _finite(obj.get("value"))
     if not isinstance(control, str) or not control or len(control) > MAX_NAME_CHARS:
         return "'control' must be a non-empty string"
     if value is None or not -1.0 <= value <= 1.0:
@@ -143,11 +159,12 @@ def _text(obj: dict, vocab: dict[str, int] | None) -> tuple | str:
     return (obj["t"], speaker, text)
 
 
+_NUMBERS = (int, float)
+
+
 def _numeric_list(value: list) -> list[float] | None:
-    if len(value) > MAX_LIST_LEN:
-        return None
-    if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in value):
-        return None
+    if len(value) > MAX_LIST_LEN or not all(type(x) in _NUMBERS for x in value):
+        return None  # (bools are not numbers: type(True) is bool)
     return [float(x) for x in value]
 
 
@@ -174,7 +191,7 @@ def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
         else:
             flat.append((name, value))
     for name, value in flat:  # after the lists, so `pos: [..]` beside `pos.0` is a counted collision
-        x = finite_float(value)
+        x = _finite(value)
         if x is None:
             dropped += 1
         elif name in out:
@@ -236,6 +253,7 @@ class StreamScan:
     first: dict[str, float] = field(default_factory=dict)
     lag: float = 0.0
     report: StreamReport = field(default_factory=StreamReport)
+    retained: list[tuple] | None = None  # pass 1's events in file order, for small streams
 
 
 def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
@@ -249,7 +267,10 @@ def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
     latest = -math.inf
     refused: set[str] = set()
     first_t: dict[str, float] = {}
+    keep: list[tuple] | None = [] if path.stat().st_size <= RETAIN_BYTES else None
     for ev in events(path, kind, root, rep):
+        if keep is not None:
+            keep.append(ev)
         t = ev[0]
         if t < latest:
             rep.out_of_order += 1
@@ -272,6 +293,7 @@ def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
         rep.dropped_fields += len(refused)
         rep.examples.append(f"more than {MAX_CONTROLS} distinct controls; {len(refused)} ignored")
     out.names = tuple(sorted(names)) if kind == "actions" else tuple(sorted(out.first, key=channel_sort_key))
+    out.retained = keep
     return out
 
 
@@ -290,7 +312,12 @@ class EventStream:
 
     def __init__(self, s: StreamScan, root: Path | None = None):
         self.scan = s
-        self._it = iter(()) if s.report.missing else events(s.path, s.kind, root)
+        if s.report.missing:
+            self._it = iter(())
+        elif s.retained is not None:
+            self._it, s.retained = iter(s.retained), None  # handed over once: the track owns them now
+        else:
+            self._it = events(s.path, s.kind, root)
         self._heap: list = []
         self._seq = 0
         self._latest = -math.inf
@@ -315,7 +342,7 @@ class EventStream:
         return out
 
 
-def _hold(event_t: np.ndarray, event_v: np.ndarray, frame_t: np.ndarray, before: float) -> np.ndarray:
+def hold(event_t: np.ndarray, event_v: np.ndarray, frame_t: np.ndarray, before: float) -> np.ndarray:
     """Value of a sorted event series at each frame time; ``before`` where no event has happened yet.
     A zero-order hold: a frame sees only what had happened when it was shown (no future leaks back)."""
     idx = np.searchsorted(event_t, frame_t, side="right") - 1
@@ -348,7 +375,7 @@ class ActionTrack:
             by_control.setdefault(self._col[c], []).append((t, v))
         for c, tv in by_control.items():
             arr = np.asarray(tv, dtype=np.float64)
-            out[:, c] = _hold(arr[:, 0], arr[:, 1].astype(np.float32), frame_t, float(self._state[c]))
+            out[:, c] = hold(arr[:, 0], arr[:, 1].astype(np.float32), frame_t, float(self._state[c]))
             self._state[c] = arr[-1, 1]
         return out, inside
 

@@ -23,7 +23,6 @@ import fcntl
 import os
 import re
 import shutil
-import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -46,7 +45,6 @@ TAGS = "tags.json"
 VERSION_RE = re.compile(SHA256)
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 MAX_SMALL_FILE = 16 << 20  # tags, commit records, markers
-STALE_GRACE = 24 * 3600  # object-store gc never removes an unreferenced shard younger than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,21 +356,25 @@ class Catalog:
             yield
 
     def commit(self, area: BuildArea, shards: list[tuple[Path, ShardRecord]], manifest: Manifest,
-               index: bytes, commit: CommitRecord) -> tuple[str, bool]:
+               index: bytes, commit: CommitRecord, *, damaged: frozenset[str] = frozenset()) -> tuple[str, bool]:
         """Put shards in place, prove every shard the manifest names is there, then publish the version
-        (manifest last). Returns (version id, existed): an identical version is not an error."""
+        (manifest last). Returns (version id, existed): an identical version is not an error.
+
+        A stored shard of the right size is kept (same name = same sha256 = same bytes), unless it is in
+        ``damaged`` or the catalog is local (a rename costs nothing and replaces any silent damage with
+        bytes this build just wrote and hashed)."""
         try:
             with self.lock():
-                return self._commit(area, shards, manifest, index, commit)
+                return self._commit(area, shards, manifest, index, commit, damaged)
         except OSError as e:
             raise StorageError(f"{self.url}: commit failed, nothing was committed ({e.strerror or e})",
                                hint="fix the cause (free space, permissions) and run the same command again") from None
 
-    def _commit(self, area: BuildArea, shards, manifest: Manifest, index: bytes,
-                commit: CommitRecord) -> tuple[str, bool]:
+    def _commit(self, area: BuildArea, shards, manifest: Manifest, index: bytes, commit: CommitRecord,
+                damaged: frozenset[str]) -> tuple[str, bool]:
         for tmp_path, rec in shards:
-            if self.store.size(rec.path) == rec.bytes:
-                tmp_path.unlink()  # same name = same sha256 = same bytes
+            if self.root is None and rec.path not in damaged and self.store.size(rec.path) == rec.bytes:
+                tmp_path.unlink()  # same name = same sha256 = same bytes: no upload needed
                 continue
             if self.root is not None:
                 (self.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
@@ -382,14 +384,15 @@ class Catalog:
             raise LineageError(f"{self.url}: refusing to commit a version whose shard {missing[0]} is missing "
                                f"or has the wrong size ({len(missing)} shard(s))",
                                hint="run the same convert again: it rewrites missing shards from the captures")
-        vid = manifest.version_id
+        manifest_bytes = manifest.to_bytes()
+        vid = sha256_bytes(manifest_bytes)
         vkey = f"versions/{vid}"
         if self.store.exists(f"{vkey}/manifest.json"):
             return vid, True
         seq = 1 + max((v.commit.sequence for v in self.versions() if v.commit), default=0)
         record = replace(commit, sequence=seq)
         files = {manifest.index.path: index, "commit.json": pretty_json(record.to_json()),
-                 "manifest.json": manifest.to_bytes()}
+                 "manifest.json": manifest_bytes}
         if self.root is None:
             for name, data in files.items():  # manifest last: until it lands, the version is invisible
                 self.store.write(f"{vkey}/{name}", data)
@@ -403,50 +406,6 @@ class Catalog:
         os.rename(staging, self.root / vkey)
         fsync_dir(self.root / "versions")
         return vid, False
-
-    # -- garbage ----------------------------------------------------------------------------------
-    def gc(self, *, dry_run: bool = False, grace: float = STALE_GRACE) -> dict:
-        """Remove shards no version references and stale build folders.
-
-        On an object store, which has no locks, a shard a build in progress has uploaded is referenced
-        by no version yet: such shards are protected by ``grace`` seconds (longer than any build), and
-        unpublished version files (no manifest) likewise."""
-        with self.lock():
-            used = {s.path for v in self.versions() for s in self.manifest(v.version_id).shards}
-            now = time.time()
-            garbage = []
-            for key in self.store.list("shards"):
-                if key in used:
-                    continue
-                if self.root is None:
-                    stamp = self.store.modified(key)
-                    if stamp is None or now - stamp < grace:
-                        continue
-                garbage.append((key, self.store.size(key) or 0))
-            unpublished = self._unpublished(now, grace)
-            if not dry_run:
-                for key, _ in garbage:
-                    self.store.delete(key)
-                for key in unpublished:
-                    self.store.delete(key)
-            builds = self.clean_stale_builds(dry_run=dry_run)
-        return {"shards": [{"path": k, "bytes": b} for k, b in garbage],
-                "bytes": sum(b for _, b in garbage), "stale_builds": builds, "unpublished_files": unpublished,
-                "dry_run": dry_run}
-
-    def _unpublished(self, now: float, grace: float) -> list[str]:
-        """Files of versions whose manifest never landed (an interrupted upload), past the grace period."""
-        out = []
-        by_version: dict[str, list[str]] = {}
-        for key in self.store.list("versions"):
-            by_version.setdefault(key.split("/")[1], []).append(key)
-        for vid, keys in by_version.items():
-            if f"versions/{vid}/manifest.json" in keys:
-                continue
-            stamps = [self.store.modified(k) or now for k in keys]
-            if now - max(stamps) >= grace:
-                out += keys
-        return sorted(out)
 
 
 def _suggest(word: str, names) -> str:

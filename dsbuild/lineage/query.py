@@ -5,7 +5,7 @@ Views, created only when the SQL names them (so a query costs what it touches, n
 ``lineage`` (every sample joined with its source files, config hash and tool version) and
 ``versions`` (every version of the catalog, from the commit records).
 
-The sandbox: after the views are registered, duckdb may read only the index file itself
+The sandbox: after the views are registered, duckdb may read only the (proven) index file itself
 (``allowed_paths``), external access is disabled and the configuration locked. File functions
 (``read_csv``, ``glob``), ``COPY ... TO``, ``ATTACH`` and ``INSTALL``/``LOAD`` then fail with one
 line, so a query taken from a pull request cannot read or write the machine. ``unsafe=True`` (the
@@ -15,7 +15,11 @@ CLI's ``--unsafe``) skips the sandbox for an analyst's own queries on their own 
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog
@@ -28,11 +32,6 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _glob_literal(path: Path) -> str:
-    """A path as a duckdb file pattern that matches exactly that file (glob characters escaped)."""
-    return _literal(re.sub(r"([\[\]*?{}])", r"[\1]", str(path)).replace("[]]", "]"))
-
-
 def _mentions(sql: str, name: str) -> bool:
     return re.search(rf"\b{name}\b", sql, re.IGNORECASE) is not None
 
@@ -43,7 +42,13 @@ def _arrow(rows: list[dict], columns: list[str]):
     return pa.table({c: [r.get(c) for r in rows] for c in columns})
 
 
-def connect(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False):
+@contextmanager
+def connect(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False) -> Iterator:
+    """A sandboxed duckdb connection with the views ``sql`` names.
+
+    The index duckdb reads is the very bytes proven against the manifest, written to a private file
+    whose name holds no glob or quote characters (a catalog path like ``cat[1]*`` can then neither
+    break the view nor widen it to other catalogs)."""
     import duckdb
 
     needed = {v for v in VIEWS if _mentions(sql, v)}
@@ -51,11 +56,25 @@ def connect(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False
         needed |= {"samples", "sources"}
     con = duckdb.connect(":memory:")
     allowed = []
-    if "samples" in needed:
-        catalog.index_data(version_id)  # proves the file against the manifest (and caches a remote one)
-        path = catalog.store.cached_file(f"versions/{version_id}/{catalog.manifest(version_id).index.path}")
-        allowed.append(str(path))
-        con.execute(f"CREATE VIEW samples AS SELECT * FROM read_parquet({_glob_literal(path)})")
+    scratch = Path(tempfile.mkdtemp(prefix="dsbuild-query-"))
+    try:
+        if "samples" in needed:
+            path = scratch / "index.parquet"
+            path.write_bytes(catalog.index_data(version_id))
+            allowed.append(str(path))
+            con.execute(f"CREATE VIEW samples AS SELECT * FROM read_parquet({_literal(str(path))})")
+        _views(con, catalog, version_id, needed)
+        if not unsafe:
+            con.execute(f"SET allowed_paths=[{', '.join(_literal(p) for p in allowed)}]")
+            con.execute("SET enable_external_access=false")
+            con.execute("SET lock_configuration=true")
+        yield con
+    finally:
+        con.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _views(con, catalog: Catalog, version_id: str, needed: set[str]) -> None:
     m = catalog.manifest(version_id) if needed & {"shards", "sources", "lineage"} else None
     if "shards" in needed:
         con.register("shards", _arrow([s.to_json() for s in m.shards], ["path", "sha256", "bytes", "samples"]))
@@ -72,24 +91,20 @@ def connect(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False
     if "versions" in needed:
         con.register("versions", _arrow(log_entries(catalog), ["version_id", "content_id", "created_at", "parent",
                                                                "format", "samples", "bytes"]))
-    if not unsafe:
-        con.execute(f"SET allowed_paths=[{', '.join(_literal(p) for p in allowed)}]")
-        con.execute("SET enable_external_access=false")
-        con.execute("SET lock_configuration=true")
-    return con
 
 
 def run_query(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False) -> tuple[list[str], list[tuple]]:
     import duckdb
 
-    con = connect(catalog, version_id, sql, unsafe=unsafe)
-    try:
-        cur = con.execute(sql)
-    except duckdb.PermissionException as e:
-        raise UsageError(f"query refused: {str(e).splitlines()[0][:200]}",
-                         hint="queries run sandboxed (no file access); --unsafe lifts that for your own queries") from None
-    except duckdb.Error as e:
-        raise UsageError(f"query failed: {str(e).splitlines()[0][:200]}") from None
-    if cur.description is None:
-        return [], []
-    return [d[0] for d in cur.description], cur.fetchall()
+    with connect(catalog, version_id, sql, unsafe=unsafe) as con:
+        try:
+            cur = con.execute(sql)
+        except duckdb.PermissionException as e:
+            raise UsageError(f"query refused: {str(e).splitlines()[0][:200]}",
+                             hint="queries run sandboxed (no file access); --unsafe lifts that for your own "
+                                  "queries") from None
+        except duckdb.Error as e:
+            raise UsageError(f"query failed: {str(e).splitlines()[0][:200]}") from None
+        if cur.description is None:
+            return [], []
+        return [d[0] for d in cur.description], cur.fetchall()

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dsbuild.core.errors import DsbuildError, FormatError, UsageError
+from dsbuild.core.errors import DsbuildError, FormatError, LineageError, UsageError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.splitsets import SplitSet, open_split_set
 from dsbuild.split.files import split_schema
@@ -63,7 +63,7 @@ def check_split(catalog: Path | Catalog, version: str | None, name: str,
     for split in stored.splits:
         try:
             tables[split] = stored.table(split)
-        except FormatError as e:
+        except (FormatError, LineageError) as e:
             problems.append(str(e))
             continue
         if tables[split].schema.names != split_schema().names:

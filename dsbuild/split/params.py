@@ -6,6 +6,8 @@ is given); ``SplitParams`` is what was used, written into the split manifest and
 
 from __future__ import annotations
 
+import difflib
+
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -128,6 +130,11 @@ class SplitParams:
         owner: dict[str, str] = {}
         for split, groups in self.pins:
             check_name(split, "pinned split")
+            if split not in names:
+                close = difflib.get_close_matches(split, sorted(names), n=1)
+                raise UsageError(f"--pin {split}=...: {split!r} is not one of the splits {', '.join(sorted(names))}"
+                                 + (f"; did you mean {close[0]!r}?" if close else ""),
+                                 hint="a pinned split must be one of --ratios (its ratio is ignored)")
             for g in groups:
                 if g in owner:
                     raise UsageError(f"--pin: group {g!r} is pinned to both {owner[g]!r} and {split!r}")

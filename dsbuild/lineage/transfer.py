@@ -1,0 +1,164 @@
+"""Copying a version between catalogs on any stores (`push` and `pull`).
+
+Content addressing makes it cheap and safe:
+- only shards the destination lacks (or holds with the wrong size) are sent; each is hashed on the
+  way and must match its name, so what arrives is what the manifest says;
+- the version's files follow, the manifest last (on a local destination: one rename of a complete
+  folder), so an interrupted transfer leaves no visible partial version, and running it again
+  resumes where it stopped (shards already there are skipped);
+- a destination that already holds the version must hold the same bytes (ids are hashes); if its
+  manifest is damaged that is one storage error naming it, never a silent overwrite.
+Tags pointing at the version and its split sets come along when asked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from dsbuild.core.errors import LineageError, StorageError, UsageError
+from dsbuild.core.files import fsync_dir, write_durably
+from dsbuild.core.hashing import CHUNK
+from dsbuild.core.jsonio import pretty_json
+from dsbuild.core.records import Record
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.manifest import ShardRecord
+from dsbuild.lineage.splitsets import list_split_sets, publish_split_set
+
+
+@dataclass(frozen=True, slots=True)
+class TransferReport(Record):
+    version_id: str
+    source: str
+    destination: str
+    shards_sent: int
+    shards_skipped: int
+    bytes_sent: int
+    version_existed: bool
+    tags: tuple[str, ...]
+    split_sets: tuple[str, ...]
+    seconds: float
+
+
+@dataclass
+class _Progress:
+    total: int
+    done: int = 0
+    bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def _copy_verified(src: Path, dst: Path, rec: ShardRecord) -> None:
+    """Copy a shard file, hashing it on the way; refuse bytes that are not what its name says."""
+    h = hashlib.sha256()
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while chunk := fin.read(CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    if h.hexdigest() != rec.sha256:
+        dst.unlink(missing_ok=True)
+        raise LineageError(f"{rec.path}: the source's bytes do not match the shard's sha256 (damaged source)",
+                           hint="run `dsbuild verify` on the source catalog")
+
+
+def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = False, splits: bool = False,
+             progress: Callable[[_Progress], None] | None = None) -> TransferReport:
+    """Copy version ``ref`` of ``source`` into ``dest`` (created if needed by the caller)."""
+    started = time.monotonic()
+    vid = source.resolve(ref)
+    m = source.manifest(vid)  # proven: its sha256 is the id
+    existed = _present(dest, vid)
+    state = _Progress(total=len(m.shards))
+    sent = skipped = nbytes = 0
+    with dest.build_area() as area:
+        for rec in m.shards:
+            if dest.store.size(rec.path) == rec.bytes:
+                skipped += 1
+            else:
+                local = area.path / f"{rec.sha256}.part"
+                _copy_verified(source.shard_file(rec), local, rec)
+                if dest.root is not None:
+                    (dest.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    dest.store.put(local, rec.path)
+                except OSError as e:
+                    raise StorageError(f"{dest.url}/{rec.path}: cannot write ({e.strerror or e})") from None
+                local.unlink(missing_ok=True)
+                if dest.store.size(rec.path) != rec.bytes:
+                    raise StorageError(f"{dest.url}/{rec.path}: arrived with the wrong size")
+                sent += 1
+                nbytes += rec.bytes
+            state.done += 1
+            state.bytes = nbytes
+            if progress:
+                progress(state)
+        if not existed:
+            _publish(source, dest, vid, area.path)
+    moved_tags = _copy_tags(source, dest, vid) if tags else ()
+    moved_splits = _copy_splits(source, dest, vid) if splits else ()
+    return TransferReport(vid, source.url, dest.url, sent, skipped, nbytes, existed, moved_tags, moved_splits,
+                          round(time.monotonic() - started, 3))
+
+
+def _present(dest: Catalog, vid: str) -> bool:
+    if not dest.store.exists(f"versions/{vid}/manifest.json"):
+        return False
+    try:
+        dest.manifest(vid)
+    except LineageError as e:
+        raise LineageError(f"{dest.url}: holds version {vid[:12]} but its manifest is damaged ({e})",
+                           hint="remove that version folder from the destination, then run again") from None
+    return True
+
+
+def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path) -> None:
+    pin = source.manifest(vid).index
+    commit = source.commit_record(vid)
+    seq = 1 + max((v.commit.sequence for v in dest.versions() if v.commit), default=0)
+    files = {pin.path: source.index_data(vid)}
+    if commit is not None:
+        files["commit.json"] = pretty_json(replace(commit, sequence=seq).to_json())
+    files["manifest.json"] = source.store.read(f"versions/{vid}/manifest.json", 1 << 30, immutable=True)
+    with dest.lock():
+        missing = [s.path for s in source.manifest(vid).shards if dest.store.size(s.path) != s.bytes]
+        if missing:
+            raise LineageError(f"{dest.url}: shard {missing[0]} did not arrive; nothing was published")
+        if dest.root is None:
+            for name, data in files.items():  # manifest last
+                dest.store.write(f"versions/{vid}/{name}", data)
+            return
+        staging = scratch / "version"
+        staging.mkdir()
+        for name, data in files.items():
+            write_durably(staging / name, data)
+        fsync_dir(staging)
+        (dest.root / "versions").mkdir(exist_ok=True)
+        os.rename(staging, dest.root / "versions" / vid)
+        fsync_dir(dest.root / "versions")
+
+
+def _copy_tags(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:
+    names = sorted(t for t, v in source.tags().items() if v == vid)
+    theirs = dest.tags()
+    clash = [t for t in names if t in theirs and theirs[t] != vid]
+    if clash:
+        raise UsageError(f"{dest.url}: tag {clash[0]!r} already points at {theirs[clash[0]][:12]}",
+                         hint="move it there with `dsbuild tag --force`, or copy without --tags")
+    for t in names:
+        dest.set_tag(t, vid)
+    return tuple(names)
+
+
+def _copy_splits(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:
+    out = []
+    for sp in list_split_sets(source, vid):
+        files = {f"{split}.parquet": sp.file_bytes(split) for split in sp.splits}
+        publish_split_set(dest, vid, sp.name, files, sp.manifest)
+        out.append(sp.name)
+    return tuple(out)

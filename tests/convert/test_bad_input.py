@@ -1,0 +1,122 @@
+"""Every kind of damaged capture: unusable sessions are quarantined with a precise reason and the build
+goes on; recoverable damage is repaired and counted in the manifest; user mistakes exit 2."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from dsbuild.core.executor import ExecutorSpec
+from dsbuild.convert import ConvertConfig, convert
+from dsbuild.samples.synthetic import generate
+from tests.helpers import cli, manifest
+
+CONFIG = ConvertConfig(clip_seconds=2.0)
+QUARANTINE = {
+    "zero_video": "not a readable video",
+    "not_video": "not a readable video",
+    "bad_json": "invalid JSON",
+    "missing_field": "missing required field 'player'",
+    "escape_dotdot": "escapes the session folder",
+    "escape_absolute": "is absolute",
+    "escape_symlink": "resolves outside the session folder",
+    "duplicate_id": "duplicate session_id",
+}
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory):
+    """One clean session, then one session per damage kind (the first duplicates the clean one's id)."""
+    kinds = sorted(QUARANTINE, key=lambda k: k != "duplicate_id") + ["truncated_video", "malformed_lines", "out_of_order", "nan_telemetry",
+                                "bad_utf8", "missing_streams"]
+    root = tmp_path_factory.mktemp("damaged") / "cap"
+    paths = generate(root, sessions=len(kinds) + 1, seconds=4, seed=2,
+                     damage={i + 1: k for i, k in enumerate(kinds)})
+    out = root.parent / "cat"
+    r = convert(root, out, CONFIG, executor=ExecutorSpec(workers=2))
+    return {k: paths[i + 1].name for i, k in enumerate(kinds)}, r, manifest(out, r.version_id)
+
+
+@pytest.mark.parametrize("kind", sorted(QUARANTINE))
+def test_unusable_session_is_quarantined_with_a_precise_reason(damaged, kind):
+    folders, result, _ = damaged
+    hits = [q for q in result.quarantined if q.path.startswith(folders[kind] + "/")]
+    assert hits, f"{kind} was not quarantined: {result.quarantined}"
+    assert any(QUARANTINE[kind] in q.reason for q in hits), hits
+
+
+def test_the_build_goes_on_and_counts_everything(damaged):
+    folders, result, m = damaged
+    # duplicate_id quarantines both holders of the id; all other damage quarantines one session
+    assert len(result.quarantined) == len(QUARANTINE) + 1
+    assert result.sessions == 6 and result.samples > 0
+    assert m["stats"]["quarantined"] == len(result.quarantined)
+
+
+def _repairs(damaged, kind):
+    folders, _, m = damaged
+    return next(s["repairs"] for s in m["sessions"] if s["path"] == folders[kind])
+
+
+def test_truncated_video_keeps_the_clips_before_the_damage(damaged):
+    video = _repairs(damaged, "truncated_video")["video"]
+    assert video["truncated"] or video["dropped_undecodable"] > 0
+
+
+def test_malformed_lines_are_dropped_and_counted(damaged):
+    r = _repairs(damaged, "malformed_lines")
+    assert r["actions"]["malformed"] == 4 and r["telemetry"]["malformed"] == 4
+    assert any("invalid JSON" in e for e in r["actions"]["examples"])
+
+
+def test_out_of_order_events_are_sorted_and_counted(damaged):
+    assert _repairs(damaged, "out_of_order")["actions"]["out_of_order"] >= 1
+
+
+def test_nan_and_non_numeric_telemetry_fields_are_dropped_and_counted(damaged):
+    assert _repairs(damaged, "nan_telemetry")["telemetry"]["dropped_fields"] == 3
+
+
+def test_invalid_utf8_text_line_is_dropped_and_counted(damaged):
+    r = _repairs(damaged, "bad_utf8")["text"]
+    assert r["malformed"] == 1 and "invalid UTF-8" in r["examples"][0]
+
+
+def test_missing_streams_are_recorded_not_fatal(damaged):
+    r = _repairs(damaged, "missing_streams")
+    assert r["actions"]["missing"] and r["text"]["missing"] and not r["telemetry"]["missing"]
+
+
+def test_strict_turns_quarantine_into_exit_1(tmp_path):
+    generate(tmp_path / "cap", sessions=2, seconds=2, seed=4, damage={1: "zero_video"})
+    loose = cli("convert", tmp_path / "cap", tmp_path / "a", "--workers", "1")
+    strict = cli("convert", tmp_path / "cap", tmp_path / "b", "--workers", "1", "--strict", "--json")
+    assert loose.returncode == 0 and strict.returncode == 1
+    assert '"quarantined": [' in strict.stdout and "not a readable video" in strict.stdout
+
+
+@pytest.mark.parametrize("case", ["missing", "out_is_file", "empty", "bad_size", "bad_format"])
+def test_user_mistakes_get_one_line_and_exit_2(tmp_path, case):
+    cap, out, extra = tmp_path / "cap", tmp_path / "out", []
+    cap.mkdir()
+    if case != "empty":
+        generate(cap, sessions=1, seconds=1, seed=0)
+    if case == "missing":
+        cap = tmp_path / "nope"
+    elif case == "out_is_file":
+        out.write_text("x")
+    elif case == "bad_size":
+        extra = ["--shard-size", "lots"]
+    elif case == "bad_format":
+        extra = ["--format", "csv"]
+    r = cli("convert", cap, out, *extra)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr
+
+
+def test_all_sessions_quarantined_is_exit_1_and_commits_nothing(tmp_path):
+    generate(tmp_path / "cap", sessions=1, seconds=1, seed=0, damage={0: "not_video"})
+    r = cli("convert", tmp_path / "cap", tmp_path / "out")
+    assert r.returncode == 1 and "quarantined" in r.stderr
+    assert not list((tmp_path / "out" / "versions").iterdir())

@@ -1,0 +1,85 @@
+"""No worker outlives its parent; a worker killed mid-task is a clear error, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsbuild.core.errors import UsageError, WorkerDied
+from dsbuild.core.executor import ExecutorSpec, run_tasks
+
+PARENT = """
+import os, sys, time
+from dsbuild.core.executor import ExecutorSpec, run_tasks
+def nap(i):
+    open(os.path.join(sys.argv[1], f"worker-{os.getpid()}"), "w").close()
+    time.sleep(600)
+run_tasks(nap, list(range(4)), ExecutorSpec(workers=2), lambda i, r: None)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _workers(folder: Path, n: int, proc) -> list[int]:
+    for _ in range(600):
+        pids = [int(p.name.split("-")[1]) for p in folder.glob("worker-*")]
+        if len(pids) >= n:
+            return pids
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    raise AssertionError("workers did not start")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_parent_leaves_no_worker_behind(tmp_path, sig):
+    proc = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    pids = _workers(tmp_path, 2, proc)
+    proc.send_signal(sig)
+    proc.wait()
+    for _ in range(200):
+        if not any(_alive(p) for p in pids):
+            break
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids), "a worker survived its parent"
+
+
+def _suicide(i: int) -> int:
+    if i == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+    return i
+
+
+def test_a_worker_killed_mid_task_is_a_clear_error_naming_the_task():
+    with pytest.raises(WorkerDied, match="item 2") as e:
+        run_tasks(_suicide, [0, 1, 2, 3], ExecutorSpec(workers=2), lambda i, r: None,
+                  describe=lambda x: f"item {x}")
+    assert "fewer --workers" in e.value.hint
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_results_come_back_by_index_for_any_worker_count():
+    for workers in (1, 2, 3):
+        got = {}
+        run_tasks(_square, list(range(7)), ExecutorSpec(workers=workers), got.__setitem__)
+        assert got == {i: i * i for i in range(7)}
+
+
+@pytest.mark.parametrize("spec", [dict(workers=-1), dict(kind="threads")])
+def test_bad_executor_settings_are_usage_errors(spec):
+    with pytest.raises(UsageError):
+        ExecutorSpec(**spec)

@@ -1,0 +1,89 @@
+"""Typed records: what they write they read back; what they read they validate; their schema says so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, strategies as st
+
+from dsbuild.core.errors import FormatError
+from dsbuild.core.records import SHA256, JsonValue, Record, spec
+from dsbuild.lineage.catalog import CommitRecord
+from dsbuild.lineage.manifest import Manifest, ShardRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Inner(Record):
+    name: str
+    count: int = field(metadata=spec(minimum=0))
+
+
+@dataclass(frozen=True, slots=True)
+class Outer(Record):
+    FORMAT = "test.outer/1"
+    digest: str = field(metadata=spec(pattern=SHA256))
+    ratio: float
+    flag: bool
+    items: tuple[Inner, ...]
+    labels: dict[str, str]
+    note: str | None = None
+    extra: JsonValue = None
+
+
+DEEP: list = []
+_cur = DEEP
+for _ in range(70):
+    _cur.append([])
+    _cur = _cur[0]
+GOOD = {"format": "test.outer/1", "digest": "a" * 64, "ratio": 1, "flag": True,
+        "items": [{"name": "x", "count": 2}], "labels": {"k": "v"}, "note": None, "extra": {"any": [1, 2]}}
+
+
+def test_round_trip_and_ints_are_accepted_as_floats():
+    r = Outer.from_json(GOOD, "doc")
+    assert r.ratio == 1.0 and isinstance(r.ratio, float) and r.items == (Inner("x", 2),)
+    assert Outer.from_json(r.to_json(), "again") == r
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"format": "test.outer/2"}, "format is 'test.outer/2'"),
+    ({"digest": "zz"}, "does not match"),
+    ({"flag": 1}, "expected bool"),
+    ({"ratio": True}, "expected float"),
+    ({"items": [{"name": "x", "count": -1}]}, "below 0"),
+    ({"items": [{"name": "x", "count": 1.5}]}, "expected int"),
+    ({"items": {"name": "x"}}, "expected a list"),
+    ({"labels": {"k": 1}}, "expected str"),
+    ({"surprise": 1}, "unknown field 'surprise'"),
+    ({"extra": DEEP}, "nested too deeply"),
+])
+def test_every_field_is_validated_with_its_name(change, message):
+    with pytest.raises(FormatError, match=message):
+        Outer.from_json({**GOOD, **change}, "doc")
+
+
+def test_missing_required_fields_are_named_and_defaults_fill_in():
+    doc = {k: v for k, v in GOOD.items() if k not in ("note", "extra")}
+    assert Outer.from_json(doc, "doc").note is None
+    with pytest.raises(FormatError, match="missing field 'digest'"):
+        Outer.from_json({k: v for k, v in GOOD.items() if k != "digest"}, "doc")
+    with pytest.raises(FormatError, match="expected a JSON object, found list"):
+        Outer.from_json([], "doc")
+
+
+@given(st.dictionaries(st.text(max_size=5), st.none() | st.integers() | st.text(max_size=5), max_size=4))
+def test_arbitrary_documents_raise_only_format_errors(doc):
+    try:
+        Outer.from_json(doc, "doc")
+    except FormatError:
+        pass
+
+
+def test_schemas_describe_the_records():
+    schema = Manifest.json_schema()
+    assert schema["properties"]["format"] == {"const": "dsbuild.manifest/2"}
+    assert schema["additionalProperties"] is False and "shards" in schema["required"]
+    shard = ShardRecord.json_schema()
+    assert shard["properties"]["sha256"]["pattern"] == f"^{SHA256}$" and shard["properties"]["bytes"]["minimum"] == 0
+    assert CommitRecord.json_schema()["properties"]["parent"]["anyOf"][1] == {"type": "null"}

@@ -1,0 +1,113 @@
+"""Stores never read or write outside their root, whatever keys a hostile bucket or catalog holds."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+import pytest
+from hypothesis import given, strategies as st
+
+from dsbuild.core.errors import FormatError, StorageError
+from dsbuild.core.files import UnsafeFile, read_capped, replace_atomically
+from dsbuild.core.store import FsspecStore, LocalStore, ShardCache, UnsafeKey, check_key
+
+HOSTILE = ["/etc/passwd", "//home/u/.ssh/x", "cat//x", "versions/../../x", "..", "a/./b", "a\\b", "C:/x", "c:x",
+           "a/\nb", "a/\x00b", "", "a/", "/", "shards/ab/.hidden", "x\x7f"]
+
+
+@pytest.mark.parametrize("key", HOSTILE)
+def test_hostile_keys_are_refused(key):
+    with pytest.raises(UnsafeKey):
+        check_key(key)
+
+
+@given(st.text(max_size=40))
+def test_a_key_that_passes_stays_inside_any_root(key):
+    try:
+        check_key(key)
+    except UnsafeKey:
+        return
+    root = "/srv/catalog"
+    assert os.path.normpath(os.path.join(root, key)).startswith(root + "/")
+
+
+def test_local_store_refuses_keys_through_symlinked_folders(tmp_path):
+    root = tmp_path / "cat"
+    (root / "versions").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    (root / "versions" / "link").symlink_to(outside)
+    store = LocalStore(root)
+    with pytest.raises(UnsafeKey):
+        store.read("versions/link/secret", 100)
+    with pytest.raises(UnsafeKey):
+        store.write("versions/link/new", b"x")
+    assert not (outside / "new").exists()
+
+
+def test_reads_are_capped_and_regular_files_only(tmp_path):
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 101)
+    with pytest.raises(FormatError, match="larger than the limit of 100"):
+        read_capped(p, 100)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(UnsafeFile, match="FIFO"):
+        read_capped(tmp_path / "fifo", 100)
+    with pytest.raises(UnsafeFile, match="device"):
+        read_capped("/dev/zero", 100)
+
+
+def test_a_failed_atomic_replace_leaves_no_temp_file(tmp_path):
+    target = tmp_path / "ro" / "tags.json"
+    target.parent.mkdir()
+    target.write_text("old")
+    target.parent.chmod(0o500)
+    try:
+        if os.access(target.parent, os.W_OK):
+            pytest.skip("running as root: read-only folders are writable")
+        with pytest.raises(StorageError, match="cannot write"):
+            replace_atomically(target, b"new")
+    finally:
+        target.parent.chmod(0o755)
+    assert target.read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == ["tags.json"]
+
+
+def test_a_hostile_bucket_listing_is_filtered_and_cached_files_stay_in_the_cache(tmp_path, monkeypatch):
+    import fsspec
+
+    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
+    fs = fsspec.filesystem("memory")
+    root = f"/bucket-{uuid.uuid4().hex}/cat"
+    fs.pipe_file(f"{root}/versions/ok.json", b"{}")
+    fs.pipe_file(f"{root}/cat//home/evil", b"x")  # an empty segment
+    fs.pipe_file(f"{root}/versions/.hidden", b"x")
+    store = FsspecStore(f"memory://{root}")
+    assert store.list("") == ["versions/ok.json"]
+    assert store.read("versions/ok.json", 100, immutable=True) == b"{}"
+    cached = store.cached_file("versions/ok.json")
+    assert cached is not None and str(cached).startswith(str(tmp_path / "cache"))
+    with pytest.raises(UnsafeKey):
+        store.read("versions/../../../../etc/passwd", 100, immutable=True)
+
+
+def test_shard_cache_verifies_bytes_and_evicts_least_recently_used(tmp_path, monkeypatch):
+    import fsspec
+
+    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
+    root = f"/bucket-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    blobs = {f"shards/{i:02d}/x.tar": os.urandom(1000) for i in range(3)}
+    for key, data in blobs.items():
+        fs.pipe_file(f"{root}/{key}", data)
+    store = FsspecStore(f"memory://{root}")
+    cache = ShardCache(store, limit=2500, directory=tmp_path / "shards")
+    for key, data in blobs.items():
+        path = cache.path(key, hashlib.sha256(data).hexdigest(), len(data))
+        assert path.read_bytes() == data
+    assert len(list((tmp_path / "shards").iterdir())) == 2  # the oldest was evicted
+    with pytest.raises(StorageError, match="do not match the manifest"):
+        cache.path("shards/00/x.tar", "0" * 64, 1000)
+    assert not [p for p in (tmp_path / "shards").iterdir() if p.name.startswith(".")]

@@ -1,0 +1,157 @@
+"""Hostile inputs are refused with a clear message and nothing is written outside the target.
+And no pickle is ever loaded: the library runs end to end with unpickling disabled."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+
+import av
+import numpy as np
+import pytest
+import zstandard
+
+from dsbuild.core.executor import ExecutorSpec
+from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.errors import CaptureError, FormatError, LineageError
+from dsbuild.formats.capture import read_session
+from dsbuild.formats.sample import decompress_events
+from dsbuild.formats.webdataset import parse_members
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.verify import verify
+from dsbuild.samples.synthetic import generate
+
+
+def _tar(*members: tarfile.TarInfo, data: bytes = b"x") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for m in members:
+            tf.addfile(m, io.BytesIO(data) if m.isreg() else None)
+    return buf.getvalue()
+
+
+def _member(name: str, kind=tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, link, 1 if kind == tarfile.REGTYPE else 0
+    return info
+
+
+@pytest.mark.parametrize("member, message", [
+    (_member("../evil.json"), "has a path"),
+    (_member("/etc/passwd.json"), "has a path"),
+    (_member("k__000000.json", tarfile.SYMTYPE, "/etc/passwd"), "not a regular file"),
+    (_member("k__000000.json", tarfile.LNKTYPE, "other"), "not a regular file"),
+    (_member("k__000000"), "does not belong"),
+])
+def test_unsafe_tar_members_are_refused(member, message, tmp_path):
+    with pytest.raises(FormatError, match=message):
+        parse_members(_tar(member))
+    assert not (tmp_path.parent / "evil.json").exists()
+
+
+def test_zstd_bombs_are_bounded():
+    claims = zstandard.ZstdCompressor(level=19).compress(b"\0" * (300 << 20))
+    with pytest.raises(FormatError, match="claims"):
+        decompress_events(claims, limit=16 << 20)
+    hidden = zstandard.ZstdCompressor(write_content_size=False).compress(b"\0" * (64 << 20))
+    with pytest.raises(FormatError, match="expand beyond"):
+        decompress_events(hidden, limit=16 << 20)
+
+
+def test_json_nested_100000_deep_is_refused(tmp_path):
+    d = tmp_path / "root" / "s"
+    d.mkdir(parents=True)
+    (d / "session.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CaptureError, match="nested deeper"):
+        read_session(d, tmp_path / "root")
+
+
+def test_ten_million_conditions_are_refused_by_size(tmp_path):
+    d = tmp_path / "root" / "s"
+    d.mkdir(parents=True)
+    with open(d / "session.json", "w") as f:
+        f.write('{"format": "capture/1", "session_id": "s", "title": "t", "player": "p", "video": "v.mp4", '
+                '"conditions": {')
+        f.write(",".join(f'"c{i}": "v"' for i in range(10_000_000)))
+        f.write("}}")
+    with pytest.raises(CaptureError, match="larger than the limit"):
+        read_session(d, tmp_path / "root")
+
+
+def _huge_resolution_video(path):
+    """A Matroska rawvideo track whose header declares 32767x32767 (patched after encoding 4096x256)."""
+    with av.open(str(path), "w", format="matroska") as c:
+        s = c.add_stream("rawvideo", rate=1)
+        s.width, s.height, s.pix_fmt = 4096, 256, "yuv420p"
+        frame = av.VideoFrame.from_ndarray(np.zeros((256, 4096, 3), np.uint8), format="rgb24").reformat(format="yuv420p")
+        for p in s.encode(frame):
+            c.mux(p)
+    data = bytearray(path.read_bytes())
+    for element, value in ((b"\xb0\x82\x10\x00", b"\xb0\x82\x7f\xff"), (b"\xba\x82\x01\x00", b"\xba\x82\x7f\xff")):
+        at = data.find(element)
+        assert at > 0, "PixelWidth/PixelHeight not found"
+        data[at:at + 4] = value
+    path.write_bytes(bytes(data))
+
+
+def test_hostile_sessions_are_quarantined_with_reasons(tmp_path):
+    cap = tmp_path / "cap"
+    generate(cap, sessions=3, seconds=2, seed=1)
+    (cap / "ks-1-0000").rename(cap / "evil\nname")
+    sr = cap / "sr-1-0002"
+    _huge_resolution_video(sr / "video.mp4")
+    r = convert(cap, tmp_path / "cat", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
+    reasons = {q.path: q.reason for q in r.quarantined}
+    assert any("control character" in why for why in reasons.values())
+    assert any("declared resolution" in why for why in reasons.values())
+    assert r.sessions == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cap", "cat"]  # nothing written beside the target
+
+
+def test_a_manifest_pointing_outside_the_catalog_is_refused(wds_catalog, tmp_path):
+    import shutil
+
+    src, vid = wds_catalog
+    cat = tmp_path / "cat"
+    shutil.copytree(src, cat)
+    path = cat / "versions" / vid / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["shards"][0]["path"] = "../../../etc/passwd"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(LineageError, match="not the version id"):
+        Catalog.open(cat).manifest(vid)
+    from dsbuild.lineage.manifest import Manifest
+
+    with pytest.raises(FormatError, match="does not match"):
+        Manifest.from_bytes(path.read_bytes(), "manifest.json")
+
+
+NO_PICKLE = """
+import pickle, sys
+def refuse(*a, **k):
+    raise AssertionError("pickle was asked to load data")
+pickle.load = pickle.loads = refuse
+pickle.Unpickler = refuse
+from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.executor import ExecutorSpec
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.verify import verify
+from dsbuild.loader import Loader
+cap, out = sys.argv[1], sys.argv[2]
+for fmt in ("webdataset", "parquet"):
+    r = convert(cap, out + fmt, ConvertConfig(format=fmt, clip_seconds=1.0), executor=ExecutorSpec(workers=1))
+    assert verify(Catalog.open(out + fmt), r.version_id).ok
+    n = sum(len(b["keys"]) for b in Loader(out + fmt, batch_size=2, resize=(16, 16), num_workers=2))
+    assert n == r.samples, (n, r.samples)
+print("ok")
+"""
+
+
+def test_no_pickle_is_ever_loaded(tmp_path):
+    generate(tmp_path / "cap", sessions=2, seconds=2, seed=3, damage={1: "malformed_lines"})
+    r = subprocess.run([sys.executable, "-c", NO_PICKLE, str(tmp_path / "cap"), str(tmp_path / "out-")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

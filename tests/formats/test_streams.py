@@ -1,0 +1,180 @@
+"""Capture streams: validated events, counted repairs, and per-clip arrays from a bounded window.
+
+The property tests compare the windowed, streaming tracks with a reference computed from the whole,
+sorted stream at once: clip by clip they must agree exactly, whatever the order events arrive in.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from dsbuild.formats.streams import (
+    ActionTrack,
+    EventStream,
+    TelemetryTrack,
+    TextTrack,
+    events,
+    hold,
+    scan,
+)
+from dsbuild.formats.video import should_cut
+
+
+def _write(path, rows) -> None:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+def _hold_reference(evs, frame_t, before):
+    """The last value at or before each frame over the whole sorted (stable) event list."""
+    out = []
+    for f in frame_t:
+        past = [v for t, v in evs if t <= f]
+        out.append(past[-1] if past else before)
+    return out
+
+
+actions_st = st.lists(st.tuples(st.integers(0, 400).map(lambda x: x / 40), st.sampled_from("abc"),
+                                st.sampled_from([0.0, 1.0, -0.5])), max_size=40)
+cuts_st = st.lists(st.integers(1, 400).map(lambda x: x / 40), max_size=5).map(lambda c: sorted(set(c)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(actions_st, cuts_st)
+def test_action_track_clip_by_clip_equals_the_whole_stream_reference(tmp_path_factory, evs, cuts):
+    p = tmp_path_factory.mktemp("a") / "actions.jsonl"
+    _write(p, [{"t": t, "control": c, "value": v} for t, c, v in evs])
+    s = scan(p, "actions")
+    track = ActionTrack(s)
+    ordered = sorted(enumerate(evs), key=lambda x: (x[1][0], x[0]))  # by time, ties in file order
+    bounds = [0.0] + cuts + [11.0]
+    for lo, hi in zip(bounds, bounds[1:]):
+        frame_t = np.linspace(lo, hi, 5, endpoint=False)
+        dense, raw = track.clip(frame_t, lo, hi)
+        for j, control in enumerate(s.names):
+            ref = _hold_reference([(t, v) for _, (t, c, v) in ordered if c == control], frame_t, 0.0)
+            assert dense[:, j].tolist() == ref
+        assert raw == [e for _, e in ordered if lo <= e[0] < hi]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200).map(lambda x: x / 20), st.sampled_from(["speed", "rpm"]),
+                          st.integers(-5, 5)), min_size=1, max_size=30), cuts_st)
+def test_telemetry_track_holds_and_backfills_only_before_the_first_reading(tmp_path_factory, evs, cuts):
+    p = tmp_path_factory.mktemp("t") / "telemetry.jsonl"
+    _write(p, [{"t": t, ch: v} for t, ch, v in evs])
+    s = scan(p, "telemetry")
+    track = TelemetryTrack(s)
+    ordered = sorted(enumerate(evs), key=lambda x: (x[1][0], x[0]))
+    bounds = [0.0] + [c for c in cuts if c < 10] + [11.0]
+    for lo, hi in zip(bounds, bounds[1:]):
+        frame_t = np.linspace(lo, hi, 4, endpoint=False)
+        out = track.clip(frame_t, lo, hi)
+        for j, ch in enumerate(s.names):
+            series = [(t, v) for _, (t, c, v) in ordered if c == ch]
+            ref = _hold_reference(series, frame_t, series[0][1])
+            assert out[:, j].tolist() == ref
+
+
+def test_a_sorted_stream_is_handed_out_without_buffering_the_session(tmp_path):
+    p = tmp_path / "t.jsonl"
+    _write(p, [{"t": i / 60, "speed": i} for i in range(6000)])
+    s = scan(p, "telemetry")
+    assert s.lag == 0 and s.report.out_of_order == 0
+    stream = EventStream(s)
+    got = stream.until(1.0)
+    assert len(got) == 60 and len(stream._heap) <= 1  # one read-ahead event, never the session
+
+
+def test_out_of_order_events_are_sorted_stably_and_counted(tmp_path):
+    p = tmp_path / "a.jsonl"
+    _write(p, [{"t": 1.0, "control": "b", "value": 1}, {"t": 0.5, "control": "a", "value": 1},
+               {"t": 0.5, "control": "a", "value": 0}, {"t": 0.7, "control": "a", "value": 3},
+               {"t": 0.8, "control": "a", "value": True}])
+    s = scan(p, "actions")
+    assert s.names == ("a", "b") and s.report.out_of_order == 2 and s.report.malformed == 2 and s.lag == 0.5
+    _, raw = ActionTrack(s).clip(np.array([0.0]), 0.0, 2.0)
+    assert [(t, c, v) for t, c, v in raw] == [(0.5, "a", 1.0), (0.5, "a", 0.0), (1.0, "b", 1.0)]
+
+
+def test_a_gigabyte_line_costs_the_bound_not_the_line(tmp_path):
+    p = tmp_path / "actions.jsonl"
+    chunk = b"x" * (8 << 20)
+    with open(p, "wb") as f:
+        f.write(b'{"t": 0.0, "control": "a", "value": 1}\n{"t": 1, "pad": "')
+        for _ in range(128):
+            f.write(chunk)
+        f.write(b'"}\n{"t": 2.0, "control": "a", "value": 0}\n')
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    s = scan(p, "actions")
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert s.report.malformed == 1 and s.report.events == 2 and "longer than" in s.report.examples[0]
+    assert grown_mib < 64
+
+
+def test_telemetry_lists_become_indexed_channels_and_bad_fields_are_counted(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"t":0,"pos":[1,2],"speed":1,"name":"x"}\n{"t":1,"pos":[3,4],"speed":NaN}\n')
+    s = scan(p, "telemetry")
+    assert s.names == ("pos.0", "pos.1", "speed")
+    assert s.report.dropped_fields == 2  # "name" is not numeric; NaN is dropped, not the line
+
+
+def test_duplicate_keys_and_list_flat_collisions_are_counted_repairs(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"t":0,"speed":1,"speed":2}\n{"t":1,"pos":[1,2],"pos.0":9}\n{"t":2,"text":"a \\":b"}\n')
+    s = scan(p, "telemetry")
+    assert s.report.duplicate_keys == 1 and s.report.collisions == 1
+    first = dict(next(iter(events(p, "telemetry")))[1])
+    assert first == {"speed": 2.0}  # the last value wins, as in JSON parsers; the repair is counted
+    assert s.report.repaired
+
+
+def test_text_keeps_unicode_optional_speakers_and_drops_invalid_utf8(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_bytes('{"t":1,"text":"ünï"}\n'.encode() + b'{"t":2,"text":"\xff"}\n'
+                  + b'{"t":3,"speaker":"p1","text":"gg"}\n')
+    s = scan(p, "text")
+    assert s.report.malformed == 1 and s.report.events == 2
+    assert TextTrack(s).clip(0.0, 5.0) == [{"t": 1.0, "speaker": None, "text": "ünï"},
+                                          {"t": 3.0, "speaker": "p1", "text": "gg"}]
+
+
+def test_a_missing_stream_is_reported_not_fatal(tmp_path):
+    s = scan(tmp_path / "nope.jsonl", "actions")
+    assert s.report.missing and s.report.repaired and ActionTrack(s).clip(np.zeros(3), 0, 1)[0].shape == (3, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400))
+def test_stream_readers_never_crash_on_arbitrary_bytes(tmp_path_factory, data):
+    p = tmp_path_factory.mktemp("fuzz") / "s.jsonl"
+    p.write_bytes(data)
+    for kind in ("actions", "telemetry", "text"):
+        rep = scan(p, kind).report
+        assert rep.events + rep.malformed <= rep.lines + 1
+
+
+@given(st.lists(st.floats(0.1, 5), min_size=1, max_size=50), st.floats(0.5, 10))
+def test_cuts_never_make_a_clip_shorter_than_the_target_except_the_last(gaps, clip_seconds):
+    keyframes = np.cumsum([0.0] + gaps)
+    starts = [keyframes[0]]
+    for k in keyframes[1:]:
+        if should_cut(starts[-1], k, clip_seconds):
+            starts.append(k)
+    assert all(b - a >= clip_seconds - 1e-3 for a, b in zip(starts, starts[1:]))
+    assert set(starts) <= set(keyframes)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0, 100, allow_nan=False), max_size=30).map(sorted),
+       st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=30))
+def test_hold_is_the_last_value_at_or_before_each_frame(event_t, frame_t):
+    values = np.arange(len(event_t), dtype=np.float32) + 1
+    out = hold(np.array(event_t), values, np.array(frame_t), before=-1.0)
+    for f, v in zip(frame_t, out):
+        past = [values[i] for i, t in enumerate(event_t) if t <= f]
+        assert v == (past[-1] if past else -1.0)

@@ -1,0 +1,382 @@
+"""Versions side by side: incremental builds, tags, log, diff, lineage, verify, query and gc (in process).
+
+The command line over the same functions is tested in tests/cli/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.errors import LineageError, UsageError
+from dsbuild.core.executor import ExecutorSpec
+from dsbuild.lineage.catalog import Catalog, open_ref
+from dsbuild.lineage.diff import diff_versions
+from dsbuild.lineage.gc import collect
+from dsbuild.lineage.history import log_entries, sample_lineage, version_info
+from dsbuild.lineage.query import run_query
+from dsbuild.lineage.verify import verify
+from dsbuild.samples.synthetic import generate, session_spec
+from dsbuild.samples.writer import VideoSpec
+from tests.helpers import index_rows, manifest
+
+CONFIG = ConvertConfig(clip_seconds=1.0, shard_size=120_000)
+
+
+def _small_sessions(root: Path, first: int, count: int) -> None:
+    specs = [dataclasses.replace(session_spec(8, i, 2), session_id=f"s-{i:03d}", video=VideoSpec(160, 120, 30, 30))
+             for i in range(first, first + count)]
+    generate(root, sessions=count, seconds=2, seed=8, specs=specs)
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory):
+    """A 20-session version, then the same captures plus 2 sessions built onto it."""
+    base = tmp_path_factory.mktemp("grown")
+    caps = base / "caps"
+    _small_sessions(caps, 0, 20)
+    cat = base / "cat"
+    v1 = convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=2))
+    _small_sessions(caps, 20, 2)
+    v2 = convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=2))
+    return caps, cat, v1, v2
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "cat"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_incremental_build_rewrites_only_the_shards_near_the_change(grown):
+    caps, cat, v1, v2 = grown
+    assert v2.parent == v1.version_id and v2.reused_sessions == 20
+    assert v1.shards >= 6 and v2.written_shards <= 3 and v2.reused_shards >= v2.shards - 3
+    old = {s["path"] for s in manifest(cat, v1.version_id)["shards"]}
+    new = {s["path"] for s in manifest(cat, v2.version_id)["shards"]}
+    assert len(old & new) == v2.reused_shards  # shared, not copied
+    assert v2.written_bytes == sum(s["bytes"] for s in manifest(cat, v2.version_id)["shards"] if s["path"] not in old)
+
+
+def test_shards_span_sessions_and_follow_the_size_target(grown):
+    _, cat, _, v2 = grown
+    shards = manifest(cat, v2.version_id)["shards"]
+    sessions_per_shard = {}
+    for row in index_rows(cat, v2.version_id):
+        sessions_per_shard.setdefault(row["shard"], set()).add(row["session_id"])
+    assert max(len(s) for s in sessions_per_shard.values()) > 1
+    assert all(60_000 <= s["bytes"] <= 240_000 for s in shards[:-1])
+
+
+def test_incremental_version_equals_a_from_scratch_build(grown, tmp_path):
+    caps, _, _, v2 = grown
+    fresh = convert(caps, tmp_path / "fresh", CONFIG, executor=ExecutorSpec(workers=1))
+    assert (fresh.content_id, fresh.version_id) == (v2.content_id, v2.version_id)
+
+
+def test_diff_shows_exactly_the_added_samples(grown):
+    _, cat, v1, v2 = grown
+    c = Catalog.open(cat)
+    d = diff_versions(c, v1.version_id, c, v2.version_id, limit=100)
+    new_keys = sorted(x["key"] for x in index_rows(cat, v2.version_id) if x["session_id"] in ("s-020", "s-021"))
+    assert (d["added_keys"], d["removed"], d["changed"]) == (new_keys, 0, 0)
+    assert d["drift"]["samples"]["delta"] == len(new_keys)
+
+
+def test_removed_sessions_drop_out_and_cost_a_shard_or_two(grown, tmp_path):
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    caps2 = tmp_path / "caps"
+    shutil.copytree(caps, caps2)
+    shutil.rmtree(caps2 / "s-003")
+    v3 = convert(caps2, cat, CONFIG, executor=ExecutorSpec(workers=1))
+    c = Catalog.open(cat)
+    d = diff_versions(c, v2.version_id, c, v3.version_id)
+    assert d["removed"] == 2 and d["added"] == 0 and v3.written_shards <= 3
+
+
+def test_log_lists_versions_newest_first_with_parent_and_change(grown):
+    _, cat, v1, v2 = grown
+    entries = log_entries(Catalog.open(cat))
+    by_id = {e["version_id"]: e for e in entries}
+    assert entries[0]["version_id"] == v2.version_id
+    assert by_id[v2.version_id]["parent"] == v1.version_id
+    assert by_id[v2.version_id]["change"] == {"added": 4, "removed": 0, "changed": 0}
+    assert by_id[v1.version_id]["change"] is None and by_id[v1.version_id]["samples"] == v1.samples
+
+
+def test_info_summarises_one_version(grown):
+    _, cat, v1, _ = grown
+    info = version_info(Catalog.open(cat), v1.version_id)
+    assert info["stats"]["samples"] == v1.samples and info["format"] == "webdataset"
+    assert info["config"]["clip_seconds"] == 1.0 and info["quarantined"] == []
+
+
+def test_tags_are_unique_moving_needs_force_and_typos_get_suggestions(grown, tmp_path):
+    _, src, v1, v2 = grown
+    c = Catalog.open(_copy(src, tmp_path))
+    assert c.set_tag("gold", v1.version_id[:8]) == v1.version_id
+    with pytest.raises(UsageError) as e:
+        c.set_tag("gold", v2.version_id)
+    assert "--force" in e.value.hint
+    c.set_tag("gold", v2.version_id, force=True)
+    assert c.resolve("gold") == v2.version_id
+    with pytest.raises(UsageError, match="did you mean 'gold'"):
+        c.resolve("gould")
+    c.set_tag("gold", None, delete=True)
+    assert "gold" not in c.tags()
+    with pytest.raises(UsageError, match="use a letter"):
+        c.set_tag("../x", v2.version_id)
+
+
+def test_unknown_and_ambiguous_versions_are_usage_errors(grown):
+    _, cat, _, _ = grown
+    with pytest.raises(UsageError, match="no version or tag"):
+        Catalog.open(cat).resolve("zzzz")
+    with pytest.raises(UsageError, match="no version or tag"):
+        open_ref(f"{cat}@nope")
+
+
+def test_lineage_traces_a_sample_to_its_sources(grown):
+    _, cat, _, v2 = grown
+    key = index_rows(cat, v2.version_id)[5]["key"]
+    info = sample_lineage(Catalog.open(cat), v2.version_id, key)
+    assert {s["role"] for s in info["sources"]} >= {"video", "session"}
+    assert info["config_hash"] == manifest(cat, v2.version_id)["config_hash"]
+    assert info["location"]["shard"].startswith("shards/") and info["window"]["frames"] > 0
+    with pytest.raises(UsageError, match="no sample"):
+        sample_lineage(Catalog.open(cat), v2.version_id, "no-such-key")
+
+
+def test_query_views_are_created_only_when_named_and_read_in_place(grown):
+    _, cat, _, v2 = grown
+    c = Catalog.open(cat)
+    cols, rows = run_query(c, v2.version_id, "select count(*) n, count(distinct session_id) s from samples")
+    assert rows == [(len(index_rows(cat, v2.version_id)), 22)]
+    assert run_query(c, v2.version_id, "select count(*) from versions")[1][0][0] >= 2
+    roles = run_query(c, v2.version_id, "select distinct role from lineage order by 1")[1]
+    assert [r for r, in roles] == ["actions", "session", "telemetry", "text", "video"]
+    with pytest.raises(UsageError, match="query failed"):
+        run_query(c, v2.version_id, "select nope from samples")
+
+
+@pytest.mark.parametrize("sql", ["select * from read_csv('/etc/passwd')", "copy (select 1) to '/tmp/dsbuild-x.csv'",
+                                 "select * from glob('/root/*')", "attach '/tmp/dsbuild-y.db'", "install httpfs",
+                                 "load httpfs", "set enable_external_access=true"])
+def test_query_is_sandboxed(grown, sql):
+    _, cat, _, v2 = grown
+    with pytest.raises(UsageError, match="query (refused|failed)"):
+        run_query(Catalog.open(cat), v2.version_id, sql)
+    assert not Path("/tmp/dsbuild-x.csv").exists() and not Path("/tmp/dsbuild-y.db").exists()
+
+
+def test_unsafe_query_lifts_the_sandbox(grown, tmp_path):
+    _, cat, _, v2 = grown
+    out = tmp_path / "keys.csv"
+    run_query(Catalog.open(cat), v2.version_id, f"copy (select key from samples) to '{out}'", unsafe=True)
+    assert out.read_text().startswith("key")
+
+
+def test_catalog_paths_with_glob_and_quote_characters_do_not_widen_views(grown, tmp_path):
+    _, src, _, v2 = grown
+    weird = tmp_path / "we'ird[1]*"
+    shutil.copytree(src, weird)
+    other = tmp_path / "we'ird1-other"  # what the glob pattern we'ird[1]* would also match
+    shutil.copytree(src, other)
+    n = run_query(Catalog.open(weird), v2.version_id, "select count(*) from samples")[1][0][0]
+    assert n == len(index_rows(src, v2.version_id))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_verify_names_the_damaged_shard_and_the_command_that_heals(wds_catalog, tmp_path, damage):
+    src, vid = wds_catalog
+    cat = _copy(src, tmp_path)
+    rec = manifest(cat, vid)["shards"][1]
+    shard = cat / rec["path"]
+    data = bytearray(shard.read_bytes())
+    if damage == "flip":
+        data[len(data) // 3] ^= 0x01
+        shard.write_bytes(bytes(data))
+    elif damage == "truncate":
+        shard.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        shard.unlink()
+    report = verify(Catalog.open(cat), vid)
+    assert not report.ok and report.problems[0]["shard"] == rec["path"]
+    assert report.problems[0]["problem"] == {"flip": "altered", "truncate": "size changed", "delete": "missing"}[damage]
+    assert report.heal.startswith("dsbuild convert ") and "--rehash" in report.heal
+
+
+def test_verify_refuses_a_manifest_edited_to_match_a_flipped_shard(wds_catalog, tmp_path):
+    """A forger flips a shard and rewrites the manifest's sha256 for it: the version id (the folder
+    name) no longer matches the manifest, and the shard's name no longer matches its hash."""
+    import hashlib
+
+    src, vid = wds_catalog
+    cat = _copy(src, tmp_path)
+    mpath = cat / "versions" / vid / "manifest.json"
+    doc = json.loads(mpath.read_bytes())
+    shard = cat / doc["shards"][0]["path"]
+    data = bytearray(shard.read_bytes())
+    data[2000] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    doc["shards"][0]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    mpath.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    report = verify(Catalog.open(cat), vid)
+    assert not report.ok and "not the version id" in report.problems[0]["detail"]
+    with pytest.raises(LineageError, match="not the version id"):
+        Catalog.open(cat).manifest(vid)
+
+
+def test_an_index_with_a_duplicated_row_is_refused_by_its_pin(wds_catalog, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src, vid = wds_catalog
+    cat = _copy(src, tmp_path)
+    path = cat / "versions" / vid / "index.parquet"
+    table = pq.read_table(path)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 1)]), path)
+    with pytest.raises(LineageError, match="pinned in the manifest"):
+        Catalog.open(cat).index(vid)
+    assert not verify(Catalog.open(cat), vid).ok
+
+
+def test_verify_sample_checks_a_seeded_subset(wds_catalog):
+    cat, vid = wds_catalog
+    a = verify(Catalog.open(cat), vid, sample=2, seed=3)
+    b = verify(Catalog.open(cat), vid, sample=2, seed=3)
+    assert a.ok and a.shards_checked == 2 and a.to_json() == b.to_json()
+
+
+def test_a_lost_shard_is_healed_by_running_the_same_convert_again(grown, tmp_path):
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    lost = manifest(cat, v2.version_id)["shards"][2]
+    (cat / lost["path"]).unlink()
+    truncated = cat / manifest(cat, v2.version_id)["shards"][4]["path"]
+    truncated.write_bytes(truncated.read_bytes()[:1000])
+    again = convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=2))
+    assert again.version_id == v2.version_id and again.healed_sessions > 0
+    assert verify(Catalog.open(cat), v2.version_id).ok
+
+
+def test_rehash_heals_a_shard_damaged_in_place(grown, tmp_path):
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    shard = cat / manifest(cat, v2.version_id)["shards"][3]["path"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    assert convert(caps, cat, CONFIG, rehash=True).healed_sessions > 0
+    assert verify(Catalog.open(cat), v2.version_id).ok
+
+
+def test_no_version_is_committed_that_references_a_missing_shard(grown, tmp_path):
+    """Building onto a version whose shard vanished: the new version is complete, never dangling."""
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    (cat / manifest(cat, v2.version_id)["shards"][0]["path"]).unlink()
+    caps2 = tmp_path / "caps"
+    shutil.copytree(caps, caps2)
+    _small_sessions(caps2, 22, 1)
+    v3 = convert(caps2, cat, CONFIG)
+    for s in manifest(cat, v3.version_id)["shards"]:
+        assert (cat / s["path"]).stat().st_size == s["bytes"]
+    assert verify(Catalog.open(cat), v3.version_id).ok
+
+
+def test_gc_removes_unreferenced_shards_and_stale_builds_and_lists_them(grown, tmp_path):
+    _, src, _, _ = grown
+    cat = _copy(src, tmp_path)
+    orphan = cat / "shards" / "ff" / ("f" * 64 + ".tar")
+    orphan.parent.mkdir(exist_ok=True)
+    orphan.write_bytes(b"x" * 100)
+    stale = cat / ".tmp" / "0123abcd"  # a build folder whose build died (its lock is free)
+    stale.mkdir(parents=True)
+    (stale / "lock").write_bytes(b"")
+    (stale / "shard-000000.tar.part").write_bytes(b"y" * 10)
+    c = Catalog.open(cat)
+    dry = collect(c, dry_run=True)
+    assert [s["path"] for s in dry["shards"]] == [orphan.relative_to(cat).as_posix()] and orphan.exists()
+    assert dry["stale_builds"] == ["0123abcd"] and stale.exists()
+    done = collect(c)
+    assert not orphan.exists() and not stale.exists() and done["bytes"] == 100
+    for v in c.versions():
+        assert verify(c, v.version_id).ok
+
+
+def test_a_damaged_commit_record_is_one_clear_error(grown, tmp_path):
+    _, src, v1, _ = grown
+    cat = _copy(src, tmp_path)
+    (cat / "versions" / v1.version_id / "commit.json").write_text("[]")
+    with pytest.raises(LineageError, match="commit.json: expected a JSON object") as e:
+        Catalog.open(cat).versions()
+    assert "delete it" in e.value.hint
+
+
+def test_a_commit_record_that_is_a_fifo_or_a_symlink_is_refused(grown, tmp_path):
+    import os
+
+    _, src, v1, _ = grown
+    cat = _copy(src, tmp_path)
+    commit = cat / "versions" / v1.version_id / "commit.json"
+    commit.unlink()
+    os.mkfifo(commit)
+    with pytest.raises(Exception, match="FIFO"):
+        Catalog.open(cat).versions()
+    commit.unlink()
+    commit.symlink_to("/etc/hostname")
+    with pytest.raises(Exception, match="outside"):
+        Catalog.open(cat).versions()
+
+
+def test_two_converts_into_one_catalog_at_once_both_commit(tmp_path):
+    import subprocess
+    import sys
+
+    _small_sessions(tmp_path / "a", 0, 3)
+    _small_sessions(tmp_path / "b", 3, 3)
+    cat = tmp_path / "cat"
+    Catalog.open(cat, create=True)
+    code = ("import sys, json; from dsbuild.convert import convert, ConvertConfig; "
+            "r = convert(sys.argv[1], sys.argv[2], ConvertConfig(clip_seconds=1.0)); print(r.version_id)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / d), str(cat)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for d in "ab"]
+    outs = [p.communicate() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    ids = {o.strip() for o, _ in outs}
+    assert ids == {v.version_id for v in Catalog.open(cat).versions()} and len(ids) == 2
+    for vid in ids:
+        assert verify(Catalog.open(cat), vid).ok
+
+
+def test_an_incremental_build_hashes_and_processes_only_what_changed(grown, tmp_path, monkeypatch):
+    import dsbuild.convert.build as build_mod
+    import dsbuild.core.hashcache as hashcache
+
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    caps2 = tmp_path / "caps"
+    shutil.copytree(caps, caps2)  # new inodes: the first build from this copy hashes everything
+    convert(caps2, cat, CONFIG, executor=ExecutorSpec(workers=1))
+    _small_sessions(caps2, 30, 1)
+    hashed_files, jobs = [], []
+    real_hash = hashcache.sha256_file
+    monkeypatch.setattr(hashcache, "sha256_file", lambda p, root=None: hashed_files.append(p) or real_hash(p, root))
+    real_run = build_mod.run_tasks
+
+    def counting(fn, items, *args, **kwargs):
+        jobs.append((fn.__name__, len(items)))
+        return real_run(fn, items, *args, **kwargs)
+
+    monkeypatch.setattr(build_mod, "run_tasks", counting)
+    r = convert(caps2, cat, CONFIG, executor=ExecutorSpec(workers=1))
+    assert r.reused_sessions == 22 and r.written_shards <= 3
+    assert {p.parent.name for p in hashed_files} == {"s-030"}
+    assert jobs[0] == ("process_session", 1)

@@ -21,21 +21,25 @@ def gc(
 ) -> None:
     """Remove unreferenced shards and stale build folders.
 
-    Unpublished version files too (object stores: only those older than a day); every committed version
-    stays whole."""
+    Also unpublished version files and replaced split sets. On object stores (no locks) only files older
+    than a day go: a build in progress may own younger ones. Every committed version stays whole."""
     from dsbuild.lineage.catalog import open_catalog
+    from dsbuild.lineage.gc import collect
 
     o = Out(as_json, quiet)
-    g = open_catalog(path).gc(dry_run=dry_run)
+    g = collect(open_catalog(path), dry_run=dry_run)
     if as_json:
         return o.json(g)
     verb = "would remove" if dry_run else "removed"
     o.table(["action", "kind", "what", "bytes"],
             [(verb, "shard", s["path"], s["bytes"]) for s in g["shards"]]
             + [(verb, "stale build", b, "") for b in g["stale_builds"]]
-            + [(verb, "unpublished", k, "") for k in g["unpublished_files"]])
+            + [(verb, "unpublished", k, "") for k in g["unpublished_files"]]
+            + [(verb, "replaced split set", k, "") for k in g["replaced_split_files"]]
+            + [("kept (younger than the grace period)", "shard", k, "") for k in g["kept_young_shards"]])
     o.line(f"{len(g['shards'])} shards ({g['bytes']:,} bytes), {len(g['stale_builds'])} stale build folders, "
-           f"{len(g['unpublished_files'])} unpublished files {'to remove' if dry_run else 'removed'}")
+           f"{len(g['unpublished_files'])} unpublished and {len(g['replaced_split_files'])} replaced split set files "
+           f"{'to remove' if dry_run else 'removed'}")
 
 
 def register(app: typer.Typer) -> None:

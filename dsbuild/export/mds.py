@@ -1,0 +1,45 @@
+"""Mosaic Streaming (MDS): per split, an ``index.json`` and ``shard.NNNNN.mds`` files, read with
+``StreamingDataset(local=DEST, split="train")``.
+
+Columns are the sample's canonical members under their tar names (``json``, ``mp4``, ``actions.npy``,
+...) plus ``__key__``: ``json`` decodes to a dict, every other member stays the exact bytes the version
+holds (``numpy.load`` reads the ``.npy`` members; MDS's own ``ndarray`` encoding cannot hold the empty
+arrays of a session without telemetry). Shards are uncompressed, so Streaming reads them in place.
+"""
+
+from __future__ import annotations
+
+import json
+
+from dsbuild.core.jsonio import pretty_json
+from dsbuild.export.chunks import KEY, sample_file
+from dsbuild.export.folder import ExportFolder
+from dsbuild.export.report import Ticker
+from dsbuild.export.source import ExportSource
+from dsbuild.formats.sample import MEMBERS
+
+ENCODINGS = {KEY: "str", "json": "json", **{m: "bytes" for m in MEMBERS if m != "json"}}
+COLUMNS = sorted(ENCODINGS)  # MDS lists columns sorted by name
+
+
+def _config(target: int) -> dict:
+    return {"column_encodings": [ENCODINGS[c] for c in COLUMNS], "column_names": COLUMNS,
+            "column_sizes": [None] * len(COLUMNS), "compression": None, "format": "mds", "hashes": [],
+            "size_limit": target, "version": 2}
+
+
+def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
+    config = _config(target)
+    header = json.dumps(config, sort_keys=True).encode()  # what MDSWriter embeds in each shard
+    for split in source.splits:
+        shards = []
+        for n, group in enumerate(source.chunks(split.entries(), target)):
+            name = f"shard.{n:05d}.mds"
+            rel = f"{split.name}/{name}"
+            if not folder.has(rel):
+                folder.adopt(rel, sample_file(source, group, COLUMNS, folder.temp(f"{split.name}-{name}"), header))
+            tick(len(group))
+            shards.append({**config, "raw_data": {"basename": name, "bytes": folder.path(rel).stat().st_size,
+                                                  "hashes": {}},
+                           "samples": len(group), "zip_data": None})
+        folder.put(f"{split.name}/index.json", pretty_json({"shards": shards, "version": 2}))

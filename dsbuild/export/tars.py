@@ -4,8 +4,8 @@ A shard of a tar version is linked (a relative symlink into the catalog: no byte
 can read it as it is: it holds only the split's samples, or the tool can skip the others
 (``partial="link"``: Energon's per-sample excludes). Every other sample — those of a version in another
 shard format, or of a shard shared by several splits for a tool that cannot skip (wids) — is written into
-new tars by the convert machinery (``convert.assemble``: samples proven against their hash on the way),
-named by their sha256 so basenames are unique (wids caches shards by basename).
+new tars by the tar format's own writer (samples proven against their hash on the way), named by their
+sha256 so basenames are unique (wids caches shards by basename).
 """
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
-from dsbuild.convert.assemble import SampleRef, ShardTask, assemble_shard
-from dsbuild.core.errors import CorruptDataError, LineageError
 from dsbuild.export.folder import ExportFolder
 from dsbuild.export.report import Ticker
-from dsbuild.export.source import ExportSource, Split
+from dsbuild.export.source import ExportSource, Split, proven_members
 from dsbuild.formats import Entry, get_format
+from dsbuild.formats.shards import write_shard
 
 TAR_FORMAT = "webdataset"  # what Energon, wids and the webdataset library read
 
@@ -50,15 +49,9 @@ def split_tars(source: ExportSource, split: Split, folder: ExportFolder, tick: T
             tick(len(part.entries))
         else:
             rest += [(part.shard, e) for e in part.entries]
-    files = {rec.path: source.catalog.shard_file(rec) for rec, _ in rest}
     for n, group in enumerate(source.chunks(rest, target)):
-        refs = tuple(SampleRef(e.key, e.sha256, e.member_bytes or (), parent=rec, entry=e) for rec, e in group)
-        parents = tuple(sorted((p, files[p]) for p in {rec.path for rec, _ in group}))
-        try:
-            w = assemble_shard(ShardTask(n, TAR_FORMAT, refs, folder.temp(f"{split.name}-{n:06d}.tar"), parents))
-        except LineageError as e:
-            raise CorruptDataError(str(e), hint="`dsbuild verify` names the damage and the command that heals it") \
-                from None
+        segments = (tar.encode(e.key, e.sha256, members) for e, members in proven_members(source, group))
+        w = write_shard(tar, segments, folder.temp(f"{split.name}-{n:06d}.{tar.ext}"))
         rel = f"shards/{split.name}/{w.sha256}.{tar.ext}"
         folder.adopt(rel, w.tmp_path)
         out.append(TarFile(rel, w.entries, frozenset()))

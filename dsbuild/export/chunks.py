@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 
 from dsbuild.core.errors import UsageError
-from dsbuild.export.source import ExportSource, proven_members
+from dsbuild.export.source import ExportSource
 
 LIMIT = (1 << 32) - 1
 KEY = "__key__"  # the sample key's column, as webdataset names it
@@ -57,7 +57,7 @@ class OffsetTableFile:
 def sample_file(source: ExportSource, group, columns: list[str], scratch: Path, header: bytes = b"") -> Path:
     """One file of ``group``'s samples (proven), each item the ``columns``: ``__key__`` or a member name."""
     out = OffsetTableFile(scratch, header)
-    for e, pairs in proven_members(source, group):
+    for e, pairs in source.members(group):
         fields = {KEY: e.key.encode(), **dict(pairs)}
         out.add([bytes(fields[c]) for c in columns])
     return out.finish()

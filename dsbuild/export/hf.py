@@ -23,7 +23,7 @@ from dsbuild.core.errors import UsageError
 from dsbuild.core.jsonio import canonical_json, pretty_json
 from dsbuild.export.folder import ExportFolder
 from dsbuild.export.report import Ticker
-from dsbuild.export.source import ExportSource, proven_members
+from dsbuild.export.source import ExportSource
 from dsbuild.formats.sample import Sample, sample_from_members
 
 ROW_GROUP = 16  # rows hold whole clips: small groups keep a random read small
@@ -146,7 +146,7 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
         for n, group in enumerate(source.chunks(split.entries(), target)):
             rel = f"data/{split.name}-{n:05d}.parquet"
             if not folder.has(rel):
-                rows = [(e.sha256, sample_from_members(e.key, dict(pairs))) for e, pairs in proven_members(source, group)]
+                rows = [(e.sha256, sample_from_members(e.key, dict(pairs))) for e, pairs in source.members(group)]
                 tmp = folder.temp(rel.replace("/", "__"))
                 pq.write_table(_table(rows), tmp, row_group_size=ROW_GROUP, compression=compression,
                                use_dictionary=["controls.list.element", "telemetry_channels.list.element"],

@@ -66,6 +66,9 @@ class ExportSource:
     def samples(self) -> int:
         return sum(s.samples for s in self.splits)
 
+    def members(self, items: list[tuple[ShardRecord, Entry]]) -> Iterator[tuple[Entry, Members]]:
+        return proven_members(self.catalog, self.manifest.shard_format, items)
+
     def chunks(self, items: list[tuple[ShardRecord, Entry]], target: int) -> list[list[tuple[ShardRecord, Entry]]]:
         """Cut key-ordered samples into files of about ``target`` bytes (content-defined boundaries, as
         shards are: the same samples always give the same files)."""
@@ -112,17 +115,18 @@ def open_source(ref: str, split: str | None) -> ExportSource:
     return ExportSource(catalog, vid, m, split, split_hash, tuple(splits), sizes)
 
 
-def proven_members(source: ExportSource, items: list[tuple[ShardRecord, Entry]]) -> Iterator[tuple[Entry, Members]]:
+def proven_members(catalog: Catalog, shard_format: str,
+                   items: list[tuple[ShardRecord, Entry]]) -> Iterator[tuple[Entry, Members]]:
     """Each sample of ``items`` (in their order) as its canonical members, proven against its sample
     hash: an export never ships bytes the version does not vouch for."""
-    fmt = get_format(source.manifest.shard_format)
+    fmt = get_format(shard_format)
     reader, current = None, None
     try:
         for rec, e in items:
             if rec is not current:
                 if reader is not None:
                     reader.close()
-                reader, current = fmt.reader(source.catalog.shard_file(rec)), rec
+                reader, current = fmt.reader(catalog.shard_file(rec)), rec
             try:
                 members = reader.members(e)
             except FormatError as err:

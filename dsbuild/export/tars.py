@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from dsbuild.export.folder import ExportFolder
 from dsbuild.export.report import Ticker
-from dsbuild.export.source import ExportSource, Split, proven_members
+from dsbuild.export.source import ExportSource, Split
 from dsbuild.formats import Entry, get_format
 from dsbuild.formats.shards import write_shard
 
@@ -50,7 +50,7 @@ def split_tars(source: ExportSource, split: Split, folder: ExportFolder, tick: T
         else:
             rest += [(part.shard, e) for e in part.entries]
     for n, group in enumerate(source.chunks(rest, target)):
-        segments = (tar.encode(e.key, e.sha256, members) for e, members in proven_members(source, group))
+        segments = (tar.encode(e.key, e.sha256, members) for e, members in source.members(group))
         w = write_shard(tar, segments, folder.temp(f"{split.name}-{n:06d}.{tar.ext}"))
         rel = f"shards/{split.name}/{w.sha256}.{tar.ext}"
         folder.adopt(rel, w.tmp_path)

@@ -9,8 +9,12 @@ arrays of a session without telemetry). Shards are uncompressed, so Streaming re
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+import types
 
+from dsbuild.core.errors import MissingDependency
 from dsbuild.core.jsonio import pretty_json
 from dsbuild.export.chunks import KEY, sample_file
 from dsbuild.export.folder import ExportFolder
@@ -43,3 +47,24 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
                                                   "hashes": {}},
                            "samples": len(group), "zip_data": None})
         folder.put(f"{split.name}/index.json", pretty_json({"shards": shards, "version": 2}))
+
+
+def streaming_dataset():
+    """Mosaic's ``StreamingDataset`` class, imported without ``streaming/__init__.py``: that file imports
+    torchvision (``streaming.vision``) and transformers (``streaming.base.dataloader``) at import time,
+    which MDS reading needs neither of, and no torchvision wheel imports beside the CPU torch this
+    toolchain pins. With a matching torchvision, ``from streaming import StreamingDataset`` is the same class."""
+    if "streaming.base.dataset" in sys.modules:
+        return sys.modules["streaming.base.dataset"].StreamingDataset
+    spec = importlib.util.find_spec("streaming")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependency("reading an MDS export", "peers", "mosaicml-streaming")
+    root = spec.submodule_search_locations[0]
+    for name, path in (("streaming", root), ("streaming.base", f"{root}/base")):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__, package.__package__ = [path], name
+            sys.modules[name] = package
+    from streaming.base.dataset import StreamingDataset
+
+    return StreamingDataset

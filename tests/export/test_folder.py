@@ -81,3 +81,13 @@ def test_the_export_command_prints_the_report(export_catalog, tmp_path):
     report = json.loads(run.stdout)
     assert report["version_id"] == vid and report["splits"] == {"test": 2} and report["tool"] == "wids"
     assert (tmp_path / "w" / "test.json").is_file()
+
+
+def test_without_a_split_set_the_version_is_the_split_train_and_every_shard_is_linked(export_catalog, expected,
+                                                                                   tmp_path):
+    cat, _ = export_catalog
+    r = export(f"{cat}@v1", tmp_path / "w", to="wids", target_bytes=TARGET)
+    assert r.splits == {"train": sum(len(keys) for keys in expected.values())}
+    tars = sorted((tmp_path / "w" / "shards" / "train").glob("*.tar"))
+    assert tars and all(t.is_symlink() for t in tars) and r.linked_shards == len(tars)
+    assert r.bytes_written < 4096  # only the shard list: no shard byte copied

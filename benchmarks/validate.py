@@ -1,16 +1,21 @@
-"""Validation cost against the floor of the same work without our logic, measured in one run.
+"""Validation cost against the floor of the same work without our logic: whole commands, one run.
 
-    .venv/bin/python benchmarks/validate.py [--out bench-out/validate] [--rounds 3] [--workers 2]
+    .venv/bin/python benchmarks/validate.py [--out bench-out/validate] [--rounds 3] [--workers 2] [--copies 4]
 
-Generates (once, cached) 720p30 H.264 captures with grain and converts them to WebDataset shards; then
-per round, interleaved, all from the page cache (a warm-up read comes first):
-  sha256      : sha256 over every shard's bytes (one thread)                    floor of --level structural
-  structural  : validate --level structural --workers W (library call)
-  decode      : a plain PyAV loop decoding every clip's frames, W processes        floor of --level full
-  full        : validate --level full --workers W (library call; includes the structural work)
-Both decoders use thread_type AUTO. Prints medians and the ratios full/decode and structural/sha256 (of the
-medians, and the median of per-round ratios). Versions under 1 GB validate structurally in one process
-(run.POOL_MIN), so --workers only matters for the decode half at this size.
+Builds (once, cached) two WebDataset catalogs from the convert benchmark's 720p30 H.264 captures with
+grain (2 s clips): A holds them once (the decode comparison), B holds ``--copies`` copies under other
+session ids (about 1 GB, the hashing comparison). Each round runs, interleaved, every command below as
+its own process (interpreter start and imports included), all from the page cache (a warm-up read
+comes first):
+
+  sha256      hashlib over every shard of B in W threads               floor of --level structural
+  structural  validate --level structural on B, W workers (library entry point below)
+  decode      a bare PyAV loop decoding every clip of A, W processes   floor of --level full
+  full        validate --level full on A, W workers
+
+Ratios are floor time / our time (1.0 = as fast as the floor), per round and of the medians, for wall
+time and for CPU time (the command and the workers it waited for: steadier on a shared machine). Prints a
+markdown table with each command. ``--cli`` times ``dsbuild validate`` instead of the library entry point.
 """
 
 from __future__ import annotations
@@ -22,55 +27,60 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from convert import make_captures  # noqa: E402
-
-from dsbuild.convert import ConvertConfig, convert  # noqa: E402
-from dsbuild.formats.sample import VIDEO_EXTS  # noqa: E402
-from dsbuild.formats.webdataset import BLOCK, parse_members  # noqa: E402
-from dsbuild.lineage.catalog import Catalog  # noqa: E402
-from dsbuild.lineage.index import read_index  # noqa: E402
-from dsbuild.validators import ValidateOptions, validate  # noqa: E402
-
-def make_catalog(out: Path) -> tuple[Path, str]:
-    """The 245 MB capture set of benchmarks/convert.py (shared), converted once into ``out``."""
-    cat = out / "catalog"
-    if not (cat / "catalog.json").exists():
-        caps = ROOT / "bench-out" / "convert" / "captures"
-        make_captures(caps)
-        shutil.rmtree(cat, ignore_errors=True)
-        convert(caps, cat, ConvertConfig(format="webdataset", clip_seconds=2.0), workers=2)
-    return cat, Catalog.open(cat).resolve(None)
+PY = sys.executable
+ME = str(Path(__file__).resolve())
 
 
-def clip_ranges(cat: Path, vid: str) -> list[tuple[str, int, int]]:
-    """(shard path, byte offset, length) of every clip's video payload (located once, outside the timing)."""
-    c = Catalog.open(cat)
-    rows = read_index(c.version_dir(vid) / "index.parquet").to_pylist()
-    out = []
-    for r in rows:
-        with open(cat / r["shard"], "rb") as f:
-            f.seek(r["offset"])
-            buf = f.read(r["length"])
-        pos = 0
-        for name, payload in parse_members(buf, key=r["key"]):  # one 512-byte USTAR header per member
-            start = pos + BLOCK
-            if name.split(".", 1)[1] in VIDEO_EXTS:
-                out.append((str(cat / r["shard"]), r["offset"] + start, len(payload)))
-            pos = start + len(payload) + (-len(payload) % BLOCK)
-    return out
+def make_catalogs(out: Path, copies: int) -> tuple[Path, Path]:
+    """(A, B): the convert benchmark's captures converted once, and ``copies`` times under other ids."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from convert import make_captures
+
+    from dsbuild.convert import ConvertConfig, convert
+    from dsbuild.core.executor import ExecutorSpec
+
+    caps = ROOT / "bench-out" / "convert" / "captures"
+    make_captures(caps)
+    a, b, many = out / "catalog-a", out / "catalog-b", out / "captures-b"
+    if not (a / "catalog.json").exists():
+        convert(caps, a, ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=2))
+    if not (b / "catalog.json").exists():
+        shutil.rmtree(many, ignore_errors=True)
+        for n in range(copies):
+            for session in sorted(p.parent for p in caps.rglob("session.json")):
+                dst = many / f"{session.name}-{n}"
+                shutil.copytree(session, dst)
+                doc = json.loads((dst / "session.json").read_text())
+                (dst / "session.json").write_text(json.dumps({**doc, "session_id": f"{doc['session_id']}-{n}"}))
+        convert(many, b, ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=2))
+    return a, b
 
 
-def decode_clips(ranges: list[tuple[str, int, int]]) -> int:
+# -- the commands (each runs as its own process) -----------------------------------------------------
+def _hash_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def floor_sha256(catalog: str, threads: int) -> None:
+    shards = sorted(str(p) for p in Path(catalog, "shards").rglob("*") if p.is_file())
+    with ThreadPoolExecutor(threads) as pool:  # hashlib frees the GIL: threads use every core
+        list(pool.map(_hash_file, shards))
+
+
+def _decode(ranges: list) -> int:
     import av
 
     frames = 0
@@ -86,35 +96,55 @@ def decode_clips(ranges: list[tuple[str, int, int]]) -> int:
     return frames
 
 
-def decode_floor(ranges: list, workers: int) -> tuple[float, int]:
-    t = time.perf_counter()
+def floor_decode(ranges_file: str, workers: int) -> None:
+    ranges = json.loads(Path(ranges_file).read_text())
     chunks = [ranges[i::workers * 4] for i in range(workers * 4)]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        frames = sum(pool.map(decode_clips, chunks))
-    return time.perf_counter() - t, frames
+    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+        print(sum(pool.map(_decode, chunks)))
 
 
-def sha256_floor(shards: list[Path]) -> float:
-    t = time.perf_counter()
-    for p in shards:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            while chunk := f.read(4 << 20):
-                h.update(chunk)
-    return time.perf_counter() - t
+def run_validate(catalog: str, level: str, workers: int) -> None:
+    from dsbuild.core.executor import ExecutorSpec
+    from dsbuild.validators import ValidateOptions, validate
+
+    report = validate(catalog, None, options=ValidateOptions(level=level), executor=ExecutorSpec(workers=workers))
+    print(json.dumps({"verdict": report.verdict, "decoded_frames": report.summary.decoded_frames,
+                      "failed": [c.name for c in report.checks if c.failed]}))
 
 
-def run_validate(cat: Path, vid: str, level: str, workers: int) -> tuple[float, dict]:
-    t = time.perf_counter()
-    report = validate(cat, vid, options=ValidateOptions(level=level, workers=workers))
-    elapsed = time.perf_counter() - t
-    if not report.accepted:
-        raise SystemExit(f"the benchmark version was rejected: {[c.name for c in report.checks if c.failed]}")
-    return elapsed, report.summary
+# -- the harness -------------------------------------------------------------------------------------
+def clip_ranges(catalog: Path) -> list[tuple[str, int, int]]:
+    """(shard file, offset, length) of every clip's video payload, from the index (outside the timing)."""
+    from dsbuild.formats.sample import MEMBERS
+    from dsbuild.formats.webdataset import payload_offsets
+    from dsbuild.lineage.catalog import Catalog
+    from dsbuild.lineage.index import rows_from_table
+
+    cat = Catalog.open(catalog)
+    vid = cat.resolve(None)
+    video = MEMBERS.index("mp4")
+    out = []
+    for r in rows_from_table(cat.index(vid)):
+        start = r.byte_offset + payload_offsets(r.member_bytes)[video]
+        out.append((str(catalog / r.shard), start, r.member_bytes[video]))
+    return out
 
 
-def _ratio(a: list[float], b: list[float]) -> float:
-    return round(statistics.median(x / y for x, y in zip(a, b)), 3)
+def timed(cmd: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the command and of the workers it waited for, stdout). CPU time is
+    the steadier figure on a shared machine; the wall time is the one a user waits."""
+    with tempfile.TemporaryFile() as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
+        stdout = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.stdout.close()
+        if proc.returncode not in (0, 1):
+            err.seek(0)
+            raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err.read().decode()[-2000:]}")
+    return elapsed, usage.ru_utime + usage.ru_stime, stdout.decode()
 
 
 def main() -> None:
@@ -122,38 +152,67 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "validate"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--cli", action="store_true", help="time `dsbuild validate` instead of the library entry point")
     args = ap.parse_args()
-    cat, vid = make_catalog(Path(args.out))
-    m = Catalog.open(cat).manifest(vid)
-    shards = [cat / s.path for s in m.shards]
-    total = sum(s.bytes for s in m.shards)
-    ranges = clip_ranges(cat, vid)
-    sha256_floor(shards)  # warm the page cache
-    times: dict[str, list[float]] = {"sha256": [], "structural": [], "decode": [], "full": []}
-    frames = decoded = 0
+    out = Path(args.out)
+    a, b = make_catalogs(out, args.copies)
+    ranges = out / "ranges.json"
+    ranges.write_text(json.dumps(clip_ranges(a)))
+    w = str(args.workers)
+
+    def ours(cat: Path, level: str) -> list[str]:
+        if args.cli:
+            return [str(Path(PY).parent / "dsbuild"), "validate", str(cat), "--level", level, "--workers", w, "--json"]
+        return [PY, ME, "validate", str(cat), level, w]
+
+    commands = {"sha256": [PY, ME, "sha256", str(b), w], "structural": ours(b, "structural"),
+                "decode": [PY, ME, "decode", str(ranges), w], "full": ours(a, "full")}
+    floor_sha256(str(b), 2)  # warm the page cache
+    floor_sha256(str(a), 2)
+    times: dict[str, list[float]] = {k: [] for k in commands}
+    cpu: dict[str, list[float]] = {k: [] for k in commands}
+    outputs = {}
     for _ in range(args.rounds):
-        times["sha256"].append(sha256_floor(shards))
-        times["structural"].append(run_validate(cat, vid, "structural", args.workers)[0])
-        t, frames = decode_floor(ranges, args.workers)
-        times["decode"].append(t)
-        t, summary = run_validate(cat, vid, "full", args.workers)
-        times["full"].append(t)
-        decoded = summary["decoded_frames"]
+        for name, cmd in commands.items():
+            t, c, outputs[name] = timed(cmd)
+            times[name].append(t)
+            cpu[name].append(c)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(json.dumps({
-        "shard_bytes": total, "shards": len(shards), "clips": len(ranges), "frames": frames,
-        "frames_decoded_by_validate": decoded, "workers": args.workers, "rounds": args.rounds,
-        "cores": os.cpu_count(), "seconds_median": {k: round(v, 3) for k, v in med.items()},
-        "seconds_all": {k: [round(x, 3) for x in v] for k, v in times.items()},
-        "mb_per_s": {k: round(total / med[k] / 1e6, 1) for k in ("sha256", "structural")},
-        "frames_per_s": {k: round(frames / med[k], 1) for k in ("decode", "full")},
-        "ratio_full_over_decode": round(med["full"] / med["decode"], 3),
-        "ratio_structural_over_sha256": round(med["structural"] / med["sha256"], 3),
-        # each round measures both sides back to back: the median of per-round ratios resists drifting load
-        "ratio_full_over_decode_per_round_median": _ratio(times["full"], times["decode"]),
-        "ratio_structural_over_sha256_per_round_median": _ratio(times["structural"], times["sha256"]),
-    }, indent=2))
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+    per_round = {pair: round(statistics.median(f / o for f, o in zip(times[pair[0]], times[pair[1]])), 3)
+                 for pair in (("sha256", "structural"), ("decode", "full"))}
+    size = {cat: sum(p.stat().st_size for p in Path(cat, "shards").rglob("*") if p.is_file()) for cat in (a, b)}
+    frames = int(outputs["decode"].split()[0])
+    rel = {"sha256": ("structural", size[b] / 1e6, "MB/s"), "structural": ("structural", size[b] / 1e6, "MB/s"),
+           "decode": ("full", frames, "frames/s"), "full": ("full", frames, "frames/s")}
+    print(f"validate benchmark: {len(json.loads(ranges.read_text()))} clips / {frames} frames of 720p30 in A "
+          f"({size[a] / 1e6:.0f} MB), {size[b] / 1e6:.0f} MB in B; {args.workers} workers; {args.rounds} rounds; "
+          f"verdicts {outputs['structural'].strip()} / {outputs['full'].strip()}\n")
+    print("| measurement | command | median wall s | rate | floor wall / our wall | median CPU s | floor CPU / our CPU |")
+    print("|---|---|---|---|---|---|---|")
+    for name, cmd in commands.items():
+        shown = " ".join(Path(x).name if x in (PY, ME) or x.startswith(str(out)) else x for x in cmd)
+        level, amount, unit = rel[name]
+        ratio = "1 (floor)" if name in ("sha256", "decode") else (
+            f"**{med['sha256' if level == 'structural' else 'decode'] / med[name]:.3f}** "
+            f"(per-round median {per_round[('sha256', 'structural') if level == 'structural' else ('decode', 'full')]})")
+        floor = "sha256" if level == "structural" else "decode"
+        cpu_ratio = "1 (floor)" if name == floor else f"{cpu_med[floor] / cpu_med[name]:.3f}"
+        print(f"| {name} | `{shown}` | {med[name]:.3f} | {amount / med[name]:,.0f} {unit} | {ratio} | "
+              f"{cpu_med[name]:.2f} | {cpu_ratio} |")
+    print("\nall rounds, wall s: " + json.dumps({k: [round(x, 3) for x in v] for k, v in times.items()}))
+    print("all rounds, CPU s: " + json.dumps({k: [round(x, 2) for x in v] for k, v in cpu.items()}))
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] in ("sha256", "decode", "validate"):
+        what, *rest = sys.argv[1:]
+        if what == "sha256":
+            floor_sha256(rest[0], int(rest[1]))
+        elif what == "decode":
+            floor_decode(rest[0], int(rest[1]))
+        else:
+            run_validate(rest[0], rest[1], int(rest[2]))
+    else:
+        main()

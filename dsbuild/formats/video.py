@@ -35,6 +35,14 @@ def should_cut(clip_start: float, keyframe_t: float, clip_seconds: float) -> boo
     return keyframe_t - clip_start >= clip_seconds - CUT_EPS
 
 
+def frame_rate(frame_t: np.ndarray) -> float | None:
+    """Mean frame rate of sorted frame times: (frames - 1) / (last - first). The one definition convert
+    and validate share, exact for constant rates and the true average for variable ones."""
+    if len(frame_t) < 2 or frame_t[-1] <= frame_t[0]:
+        return None
+    return (len(frame_t) - 1) / float(frame_t[-1] - frame_t[0])
+
+
 @dataclass(frozen=True)
 class PacketRecord:
     """A demuxed packet detached from its container, so a clip can be remuxed more than once."""

@@ -1,70 +1,121 @@
-"""What a validation run produces: one ``CheckResult`` per named check, and the ``Report`` around them.
+"""What a validation run produces: one ``CheckResult`` per registered check, and the ``Report`` around them.
 
-A check measures one value, compares it with one or more thresholds of the acceptance spec and names
-its worst offenders (sample keys, shards, titles, groups, controls). Statuses:
+A check measures one value, compares it with the thresholds of the acceptance spec and names its worst
+offenders (sample keys, shards, members, titles, groups, controls). Statuses:
 
     pass  the measured value is within the thresholds
     warn  it is not, and the spec gives the check severity "warn" (reported, does not reject)
-    fail  it is not, and the severity is "fail" (rejects the version: exit 1)
-    skip  the check did not run: it needs --level full or --split, the spec turned it off ("off"),
-          or a check it depends on failed (the message says which)
+    fail  it is not, and the severity is "fail" (rejects the version)
+    skip  the check did not run: it needs level full or a split set, or the spec turned it off
+
+Every record is a frozen ``core.records.Record``: ``to_json()`` is the report's JSON, and nothing here
+is markup (capture text is carried as plain strings; renderers escape it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable
+import math
+from dataclasses import dataclass
+
+from dsbuild.core.errors import CheckFailed
+from dsbuild.core.records import JsonValue, Record
 
 STATUSES = ("pass", "warn", "fail", "skip")
-STAGES = ("structural", "content", "dataset")
+REPORT_FORMAT = "dsbuild.validate/2"
+MAX_PLOTTED = 20_000  # per-sample values a report keeps for a plot; an even subsample beyond this
 
 
-@dataclass(frozen=True)
-class Offender:
-    """One thing that broke a check: ``kind`` says what ``item`` names (sample, shard, title, ...)."""
+@dataclass(frozen=True, slots=True)
+class Offender(Record):
+    """One thing that broke a check: ``kind`` says what ``item`` names (sample, shard, member, title...)."""
 
     item: str
     detail: str
     kind: str = "sample"
 
-    def to_json(self) -> dict:
-        return {"item": self.item, "kind": self.kind, "detail": self.detail}
+
+@dataclass(frozen=True, slots=True)
+class Bar(Record):
+    label: str
+    value: float
 
 
-@dataclass(frozen=True)
-class CheckResult:
+@dataclass(frozen=True, slots=True)
+class Distribution(Record):
+    """What a check measured, for a plot: per-sample ``values`` (a histogram) or labelled ``bars``, with the
+    threshold it was judged against and the side of it that breaks the check."""
+
+    label: str  # what a value is, e.g. "mean gray of the brightest sampled frame"
+    unit: str = ""
+    values: tuple[float, ...] = ()
+    bars: tuple[Bar, ...] = ()
+    threshold: float | None = None
+    threshold_key: str | None = None
+    bad: str = "below"  # below | above: values on this side of the threshold break the check
+    sampled_from: int | None = None  # set when ``values`` is an even subsample of this many values
+
+
+def per_sample(label: str, values: list[float], unit: str = "", **threshold) -> Distribution:
+    """A histogram's worth of per-sample values (finite ones, rounded; evenly subsampled past MAX_PLOTTED)."""
+    values = [round(float(x), 4) for x in values if math.isfinite(x)]
+    if len(values) <= MAX_PLOTTED:
+        return Distribution(label, unit, values=tuple(values), **threshold)
+    step = len(values) / MAX_PLOTTED
+    return Distribution(label, unit, values=tuple(values[int(i * step)] for i in range(MAX_PLOTTED)),
+                        sampled_from=len(values), **threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class Table(Record):
+    """A small table a check produced (coverage per title, split x title), JSON scalars in each cell."""
+
+    columns: tuple[str, ...]
+    rows: JsonValue  # list of lists, one cell per column
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult(Record):
     name: str
     stage: str
     status: str
     message: str
-    measured: object = None  # a number, or a short string when the value is not a number
-    threshold: object = None  # {threshold key: value} of the spec keys this check compared with
+    severity: str
+    measured: JsonValue = None  # a number, or a short string when the value is not a number
+    threshold: dict[str, JsonValue] | None = None  # {threshold key: value} this check compared with
     offenders: tuple[Offender, ...] = ()  # the worst ones, at most the spec's max_offenders
     offender_count: int = 0  # all of them
-    severity: str = "fail"
-    details: dict = field(default_factory=dict)  # per-value tables for reports and plots (JSON-safe)
+    distribution: Distribution | None = None
+    table: Table | None = None
 
     @property
     def failed(self) -> bool:
         return self.status == "fail"
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "stage": self.stage, "status": self.status, "severity": self.severity,
-                "message": self.message, "measured": self.measured, "threshold": self.threshold,
-                "offender_count": self.offender_count, "offenders": [o.to_json() for o in self.offenders],
-                "details": self.details}
+
+@dataclass(frozen=True, slots=True)
+class Summary(Record):
+    samples: int
+    shards: int
+    bytes: int
+    hours: float
+    shard_format: str
+    checked_content: int  # samples whose content was decoded and read (level full)
+    decoded_frames: int
+    seconds: dict[str, float]  # per stage, and "total"
+    durations: Distribution  # clip window lengths
 
 
-@dataclass(frozen=True)
-class Report:
+@dataclass(frozen=True, slots=True)
+class Report(Record):
+    FORMAT = REPORT_FORMAT
     catalog: str
     version_id: str
     level: str
     split: str | None
     spec_source: str  # the spec file, or "defaults"
-    spec: dict  # the effective thresholds and severities
+    spec: JsonValue  # the effective thresholds and severities
     checks: tuple[CheckResult, ...]
-    summary: dict  # samples, shards, hours, seconds taken, plot data (see run.py)
+    summary: Summary
 
     @property
     def accepted(self) -> bool:
@@ -83,19 +134,14 @@ class Report:
                 return c
         raise KeyError(name)
 
+    def raise_if_rejected(self) -> None:
+        """The gate: ``CheckFailed`` (the CLI's exit 1) naming the failed checks when the version is rejected."""
+        failed = [c.name for c in self.checks if c.failed]
+        if failed:
+            raise CheckFailed(f"version {self.version_id[:12]} rejected: {len(failed)} check(s) failed "
+                              f"({', '.join(failed)})", hint="the report names the offending samples")
+
     def to_json(self) -> dict:
-        return {"format": "dsbuild.validate/1", "catalog": self.catalog, "version_id": self.version_id,
-                "level": self.level, "split": self.split, "verdict": self.verdict, "accepted": self.accepted,
-                "counts": self.counts(), "spec_source": self.spec_source, "spec": self.spec,
-                "summary": self.summary, "checks": [c.to_json() for c in self.checks]}
-
-
-def offenders_from(items: Iterable[tuple], limit: int, kind: str = "sample") -> tuple[Offender, ...]:
-    """The first ``limit`` (item, detail) or (item, detail, kind) tuples as Offenders (callers sort worst
-    first); ``kind`` applies where a tuple does not name its own."""
-    out = []
-    for t in items:
-        if len(out) >= limit:
-            break
-        out.append(Offender(str(t[0]), str(t[1]), t[2] if len(t) > 2 else kind))
-    return tuple(out)
+        out = Record.to_json(self)
+        out.update(verdict=self.verdict, accepted=self.accepted, counts=self.counts())
+        return out

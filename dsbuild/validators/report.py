@@ -10,7 +10,9 @@ import json
 import re
 import xml.etree.ElementTree as ET
 
-from dsbuild.validators.model import STAGES, CheckResult, Report
+from dsbuild.core.jsonio import pretty_json
+from dsbuild.validators.base import STAGES
+from dsbuild.validators.model import CheckResult, Report
 
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -34,7 +36,8 @@ def xml_safe(text: object) -> str:
 
 
 def to_json(report: Report) -> str:
-    return json.dumps(report.to_json(), indent=2, sort_keys=True, default=str) + "\n"
+    """The whole report: every check with its offenders, distribution and table (``dsbuild.validate/2``)."""
+    return pretty_json(report.to_json()).decode()
 
 
 def _lines(c: CheckResult) -> str:
@@ -49,7 +52,7 @@ def to_junit(report: Report) -> str:
     counts = report.counts()
     root = ET.Element("testsuites", name="dsbuild validate", tests=str(len(report.checks)),
                       failures=str(counts["fail"]), skipped=str(counts["skip"]), errors="0",
-                      time=f"{report.summary.get('seconds', {}).get('total', 0):.3f}")
+                      time=f"{report.summary.seconds.get('total', 0):.3f}")
     for stage in STAGES:
         checks = [c for c in report.checks if c.stage == stage]
         suite = ET.SubElement(root, "testsuite", name=f"dsbuild.validate.{stage}", tests=str(len(checks)),

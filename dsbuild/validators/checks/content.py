@@ -1,11 +1,11 @@
-"""Content checks (--level full): decode every clip and read every array.
+"""Content measurements and their per-sample judgements (level full): pure functions over one sample.
 
 Decoding is the cost, so each clip is decoded exactly once, strictly (a concealed bitstream error is a
-decode failure): every frame is decoded (that is what proves
-it decodes and gives the frame count), but only a strided subset of about ``SAMPLED_FRAMES`` frames is
-converted, to 64 px wide gray, for the black / frozen statistics and the perceptual hash. Workers
-return measurements; thresholds are applied in the parent (``video_problems``), so the per-sample work
-does not depend on the spec.
+decode failure): every frame is decoded (that is what proves it decodes and gives the frame count), but
+only a strided subset of about ``SAMPLED_FRAMES`` frames is converted, to 64 px wide gray, for the black /
+frozen statistics and the perceptual hash. ``analyse_video`` measures; ``video_problems`` compares the
+measurement with what the sample itself says (its metadata, and its timestamps the way convert computes
+rates and spans: ``formats.video.frame_rate``) under the spec's tolerances.
 """
 
 from __future__ import annotations
@@ -16,19 +16,26 @@ import math
 import numpy as np
 
 from dsbuild.core.errors import FormatError
-from dsbuild.formats.sample import decompress_events
 from dsbuild.core.jsonio import loads_bounded
+from dsbuild.formats.sample import SampleMeta, decompress_events
+from dsbuild.formats.video import frame_rate
 
 SAMPLED_FRAMES = 16  # frames converted per clip: enough for a motion statistic, cheap next to decoding
 GRAY_WIDTH = 64  # px; motion and darkness survive this downscale, and swscale at this size is ~free
 HASH_FRAMES = 4  # frames in the perceptual hash (4 x 64-bit dHash = 256 bits)
-MAX_EVENTS_BYTES = 64 << 20  # decompressed action events of one clip; beyond this it is a zip bomb
 TIME_EPS = 1e-6  # seconds; window edges are compared with float tolerance
+AUDIO_SLACK = 1e-3  # seconds beyond one audio frame: timestamp rounding in the clip's MP4 clocks
 
 
 def _why(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return (msg[0][:160] if msg else "") or type(e).__name__
+
+
+def span(frame_t: np.ndarray) -> float | None:
+    """Time covered by frames at ``frame_t``: frames / frame_rate (each frame lasts one mean interval)."""
+    rate = frame_rate(frame_t)
+    return len(frame_t) / rate if rate else None
 
 
 def dhash(gray: np.ndarray) -> int:
@@ -42,9 +49,11 @@ def dhash(gray: np.ndarray) -> int:
 
 
 def analyse_video(data: bytes, frames_hint: int) -> dict:
-    """Decode one clip: frame count, size, frame rate and span from timestamps, audio, darkness, motion, hash.
+    """Decode one clip: frame count, size, frame rate and span from timestamps, audio placement, darkness,
+    motion, hash.
 
     Never raises for bad data; ``error`` says why decoding stopped (None when every frame decoded).
+    ``audio`` is False without an audio track, else where its packets lie (seconds from the first frame).
     """
     import av
 
@@ -56,7 +65,7 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
     except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
         out["error"] = f"not a readable video ({_why(e)})"
         return out
-    times, grays, sizes = [], [], set()
+    times, grays, sizes, audio_spans = [], [], set(), []
     with container:
         if not container.streams.video:
             out["error"] = "no video stream"
@@ -66,30 +75,45 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
         # Strict: stop at the first bitstream error instead of concealing it (FFmpeg's default hides flipped
         # bytes in H.264 behind error concealment, and the clip would "decode" with smeared frames).
         vs.codec_context.options = {"err_detect": "explode"}
-        out["audio"] = bool(container.streams.audio)
+        audio = container.streams.audio[0] if container.streams.audio else None
         gw = gh = None
         try:
-            for i, frame in enumerate(container.decode(vs)):
-                out["decoded"] += 1
-                sizes.add((frame.width, frame.height))
-                if frame.time is not None:
-                    times.append(frame.time)
-                if i % stride == 0 and frame.width > 0 and frame.height > 0:
-                    if gw is None:
-                        gw = min(GRAY_WIDTH, frame.width)
-                        gh = max(8, round(gw * frame.height / frame.width))
-                    grays.append(frame.reformat(width=gw, height=gh, format="gray").to_ndarray())
+            for packet in container.demux(*([vs] if audio is None else [vs, audio])):
+                if packet.stream is audio:
+                    if packet.pts is not None and packet.size:
+                        tb = audio.time_base
+                        audio_spans.append((float(packet.pts * tb), float((packet.pts + (packet.duration or 0)) * tb)))
+                    continue
+                for frame in packet.decode():
+                    i = out["decoded"]
+                    out["decoded"] += 1
+                    sizes.add((frame.width, frame.height))
+                    if frame.time is not None:
+                        times.append(frame.time)
+                    if i % stride == 0 and frame.width > 0 and frame.height > 0:
+                        if gw is None:
+                            gw = min(GRAY_WIDTH, frame.width)
+                            gh = max(8, round(gw * frame.height / frame.width))
+                        grays.append(frame.reformat(width=gw, height=gh, format="gray").to_ndarray())
         except (av.error.FFmpegError, OSError, ValueError) as e:
             out["error"] = f"decode error after {out['decoded']} frames ({_why(e)})"
+        if audio is not None:
+            cc = audio.codec_context
+            first = min(times) if times else 0.0
+            out["audio"] = {"codec": cc.codec.canonical_name, "sample_rate": cc.sample_rate,
+                            "start": min(a for a, _ in audio_spans) - first if audio_spans else None,
+                            "end": max(b for _, b in audio_spans) - first if audio_spans else None,
+                            "frame_seconds": max((b - a for a, b in audio_spans), default=0.0),
+                            "packets": len(audio_spans)}
+        else:
+            out["audio"] = False
     if out["decoded"] == 0 and out["error"] is None:
         out["error"] = "no frame decodes"
     out["sizes"] = sorted(sizes)
     if len(times) >= 2:
         ts = np.sort(np.asarray(times, np.float64))
-        step = float(np.median(np.diff(ts)))
-        if step > 0:
-            out["fps"] = 1.0 / step
-            out["span"] = float(ts[-1] - ts[0]) + step
+        out["fps"] = frame_rate(ts)
+        out["span"] = span(ts)
     if grays:
         g = np.stack(grays).astype(np.float32)
         out["luma_max"] = float(g.mean(axis=(1, 2)).max())
@@ -104,7 +128,13 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
 
 
 def video_problems(v: dict, expect: dict, spec, audio_expected: bool) -> list[tuple[str, str]]:
-    """Measurements of one clip against its metadata and the spec's tolerances."""
+    """Measurements of one clip against the sample and the spec's tolerances.
+
+    ``expect["fps"]`` and ``expect["duration"]`` come from the sample's timestamps (``frame_rate`` and
+    ``span``, as convert computes them), so variable-rate clips and clips whose undecodable leading frames
+    convert dropped (and counted) compare like for like. ``expect["audio"]`` is the metadata's audio
+    placement (start from the first frame, duration), when the clip carries audio.
+    """
     out = []
     if v["error"]:
         out.append(("decode", v["error"]))
@@ -113,77 +143,104 @@ def video_problems(v: dict, expect: dict, spec, audio_expected: bool) -> list[tu
         out.append(("frame_count", f"{v['decoded']} frames decode, metadata says {frames}"))
     fps = expect["fps"]
     if fps and v["fps"] is not None and abs(v["fps"] - fps) > spec["fps_tolerance"] * fps:
-        out.append(("fps", f"measured {v['fps']:.3f} fps, metadata says {fps:g}"))
+        out.append(("fps", f"decoded {v['fps']:.3f} fps, the sample's timestamps give {fps:.3f}"))
     want = (expect["width"], expect["height"])
     if v["sizes"] and [tuple(s) for s in v["sizes"]] != [want]:
         got = ", ".join(f"{w}x{h}" for w, h in v["sizes"])
         out.append(("resolution", f"decoded {got}, metadata says {want[0]}x{want[1]}"))
-    if fps and v["span"] is not None:
+    if fps and v["span"] is not None and expect["duration"] is not None:
         tol = spec["duration_tolerance_frames"] / fps
         if abs(v["span"] - expect["duration"]) > tol:
-            out.append(("duration", f"decoded span {v['span']:.3f} s, window is {expect['duration']:.3f} s"))
+            out.append(("duration", f"decoded span {v['span']:.3f} s, the sample's frames span "
+                                    f"{expect['duration']:.3f} s"))
     if v["luma_max"] is not None and v["luma_max"] < spec["black_luma"]:
         out.append(("black_clips", f"brightest sampled frame has mean gray {v['luma_max']:.1f}"))
     if v["motion"] is not None and v["motion"] < spec["frozen_motion"]:
-        out.append(("frozen_clips", f"mean frame difference {v['motion']:.3f} gray levels"))
-    if v["audio"] is not None and v["audio"] != audio_expected:
+        out.append(("frozen_clips", f"largest gray change between sampled frames {v['motion']:.3f}"))
+    if v["audio"] is not None and bool(v["audio"]) != audio_expected:
         out.append(("audio", "clip has an audio stream the metadata does not announce" if v["audio"] else
                     "metadata announces audio, the clip has none"))
+    elif v["audio"] and audio_expected:
+        out += [("audio", p) for p in _audio_problems(v["audio"], expect, v["span"])]
     return out
 
 
-def array_problems(meta: dict, actions: np.ndarray, telemetry: np.ndarray, ts: np.ndarray) -> list[tuple[str, str]]:
+def _audio_problems(a: dict, expect: dict, video_span: float | None) -> list[str]:
+    """The clip's audio starts and ends with its video, and where the metadata says, within one audio
+    frame (convert cuts copied audio at packet boundaries)."""
+    if a["start"] is None:
+        return ["audio track has no packets"]
+    tol = a["frame_seconds"] + AUDIO_SLACK
     out = []
-    frames = meta["clip"]["frames"]
-    want = (frames, len(meta["controls"]))
-    if actions.dtype != np.float32 or actions.shape != want:
-        out.append(("actions", f"{actions.dtype} {list(actions.shape)}, expected float32 {list(want)}"))
-    elif not np.isfinite(actions).all():
-        out.append(("actions", f"{int((~np.isfinite(actions)).sum())} non-finite values"))
-    elif actions.size and (actions.min() < -1 or actions.max() > 1):
-        out.append(("actions", f"values span [{actions.min():g}, {actions.max():g}], outside [-1, 1]"))
-    want = (frames, len(meta["telemetry_channels"]))
-    if telemetry.dtype != np.float32 or telemetry.shape != want:
-        out.append(("telemetry", f"{telemetry.dtype} {list(telemetry.shape)}, expected float32 {list(want)}"))
-    elif not np.isfinite(telemetry).all():
-        out.append(("telemetry", f"{int((~np.isfinite(telemetry)).sum())} non-finite values"))
-    t0, t1 = meta["clip"]["t_start"], meta["clip"]["t_end"]
-    if ts.dtype != np.float64 or ts.shape != (frames,):
-        out.append(("timestamps", f"{ts.dtype} {list(ts.shape)}, expected float64 [{frames}]"))
-    elif not np.isfinite(ts).all():
-        out.append(("timestamps", "non-finite timestamps"))
-    elif len(ts) > 1 and not (np.diff(ts) > 0).all():
-        i = int(np.argmin(np.diff(ts) > 0))
-        out.append(("timestamps", f"not strictly increasing at frame {i + 1} ({ts[i]:.6f} -> {ts[i + 1]:.6f})"))
-    elif len(ts) and (ts[0] < t0 - TIME_EPS or ts[-1] >= t1 + TIME_EPS):
-        out.append(("timestamps", f"[{ts[0]:.6f}, {ts[-1]:.6f}] outside the window [{t0:.6f}, {t1:.6f})"))
+    meta = expect.get("audio")
+    if meta is not None and abs(a["start"] - meta["start"]) > tol:
+        out.append(f"audio starts {a['start']:+.4f} s from the first frame, metadata says {meta['start']:+.4f} s")
+    if meta is not None and abs((a["end"] - a["start"]) - meta["duration"]) > tol:
+        out.append(f"audio lasts {a['end'] - a['start']:.4f} s, metadata says {meta['duration']:.4f} s")
+    if abs(a["start"]) > tol or (video_span is not None and abs(a["end"] - video_span) > tol):
+        out.append(f"audio [{a['start']:+.4f}, {a['end']:.4f}] s is out of sync with the video "
+                   f"[0, {video_span or 0:.4f}] s by more than one audio frame ({tol:.4f} s)")
     return out
 
 
-def events_problems(meta: dict, blob: bytes) -> list[tuple[str, str]]:
-    """Raw action events: bounded zstd JSONL, each inside the window, known control, value in [-1, 1]."""
+def action_problems(meta: SampleMeta, actions: np.ndarray) -> list[str]:
+    want = (meta.clip.frames, len(meta.controls))
+    if actions.dtype != np.float32 or actions.shape != want:
+        return [f"{actions.dtype} {list(actions.shape)}, expected float32 {list(want)}"]
+    if not np.isfinite(actions).all():
+        return [f"{int((~np.isfinite(actions)).sum())} non-finite values"]
+    if actions.size and (actions.min() < -1 or actions.max() > 1):
+        return [f"values span [{actions.min():g}, {actions.max():g}], outside [-1, 1]"]
+    return []
+
+
+def telemetry_problems(meta: SampleMeta, telemetry: np.ndarray) -> list[str]:
+    want = (meta.clip.frames, len(meta.telemetry_channels))
+    if telemetry.dtype != np.float32 or telemetry.shape != want:
+        return [f"{telemetry.dtype} {list(telemetry.shape)}, expected float32 {list(want)}"]
+    if not np.isfinite(telemetry).all():
+        return [f"{int((~np.isfinite(telemetry)).sum())} non-finite values"]
+    return []
+
+
+def timestamp_problems(meta: SampleMeta, ts: np.ndarray) -> list[str]:
+    frames, t0, t1 = meta.clip.frames, meta.clip.t_start, meta.clip.t_end
+    if ts.dtype != np.float64 or ts.shape != (frames,):
+        return [f"{ts.dtype} {list(ts.shape)}, expected float64 [{frames}]"]
+    if not np.isfinite(ts).all():
+        return ["non-finite timestamps"]
+    if len(ts) > 1 and not (np.diff(ts) > 0).all():
+        i = int(np.argmin(np.diff(ts) > 0))
+        return [f"not strictly increasing at frame {i + 1} ({ts[i]:.6f} -> {ts[i + 1]:.6f})"]
+    if len(ts) and (ts[0] < t0 - TIME_EPS or ts[-1] >= t1 + TIME_EPS):
+        return [f"[{ts[0]:.6f}, {ts[-1]:.6f}] outside the window [{t0:.6f}, {t1:.6f})"]
+    return []
+
+
+def events_problems(meta: SampleMeta, blob: bytes) -> list[str]:
+    """Raw action events: bounded zstd JSONL (``formats.sample.MAX_EVENTS_BYTES``, the loader's bound),
+    each inside the window, a known control, a value in [-1, 1], in time order; as many as the metadata says."""
     try:
-        data = decompress_events(blob, MAX_EVENTS_BYTES)
+        data = decompress_events(blob)
     except FormatError as e:
-        return [("action_events", str(e))]
+        return [str(e)]
     lines = [x for x in data.split(b"\n") if x]
-    t0, t1 = meta["clip"]["t_start"], meta["clip"]["t_end"]
-    controls = set(meta["controls"])
+    t0, t1 = meta.clip.t_start, meta.clip.t_end
+    controls = set(meta.controls)
     bad, first, last_t = 0, None, -math.inf
     for n, line in enumerate(lines, 1):
         why = None
         try:
             e = loads_bounded(line, max_bytes=1 << 16, what=f"event {n}")
         except FormatError as err:
-            why = str(err)
-            e = None
+            why, e = str(err), None
         if why is None and not (isinstance(e, dict) and isinstance(e.get("t"), (int, float))
                                 and isinstance(e.get("value"), (int, float)) and isinstance(e.get("control"), str)):
             why = f"event {n} is not {{t, control, value}}"
         elif why is None and not (t0 - TIME_EPS <= e["t"] < t1 + TIME_EPS):
             why = f"event {n} at t={e['t']} is outside the window [{t0}, {t1})"
         elif why is None and e["control"] not in controls:
-            why = f"event {n} names unknown control {e['control']!r}"
+            why = f"event {n} names unknown control {e['control'][:80]!r}"
         elif why is None and not -1 <= e["value"] <= 1:
             why = f"event {n} value {e['value']} is outside [-1, 1]"
         elif why is None and e["t"] < last_t:
@@ -195,23 +252,17 @@ def events_problems(meta: dict, blob: bytes) -> list[tuple[str, str]]:
             first = first or why
     out = []
     if bad:
-        out.append(("action_events", first + (f" (and {bad - 1} more)" if bad > 1 else "")))
-    if len(lines) != meta["action_events"]:
-        out.append(("action_events", f"{len(lines)} events, metadata says {meta['action_events']}"))
+        out.append(first + (f" (and {bad - 1} more)" if bad > 1 else ""))
+    if len(lines) != meta.action_events:
+        out.append(f"{len(lines)} events, metadata says {meta.action_events}")
     return out
 
 
-def text_problems(meta: dict) -> list[tuple[str, str]]:
-    t0, t1 = meta["clip"]["t_start"], meta["clip"]["t_end"]
-    for n, e in enumerate(meta["text"], 1):
-        if not isinstance(e, dict) or not isinstance(e.get("text"), str) or not isinstance(e.get("speaker"), str):
-            return [("text", f"text event {n} is not {{t, speaker, text}} with string fields")]
-        try:
-            e["text"].encode("utf-8")
-            e["speaker"].encode("utf-8")
-        except UnicodeEncodeError as err:
-            return [("text", f"text event {n} is not valid UTF-8 ({err.reason} at {err.start})")]
-        t = e.get("t")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not (t0 - TIME_EPS <= t < t1 + TIME_EPS):
-            return [("text", f"text event {n} at t={t!r} is outside the window [{t0}, {t1})")]
+def text_problems(meta: SampleMeta) -> list[tuple[str, str]]:
+    """Text events lie inside the clip window. ``speaker`` is optional (system lines, narration); types and
+    UTF-8 are already proven by ``SampleMeta`` when the metadata is read."""
+    t0, t1 = meta.clip.t_start, meta.clip.t_end
+    for n, e in enumerate(meta.text, 1):
+        if not (t0 - TIME_EPS <= e.t < t1 + TIME_EPS):
+            return [("text", f"text event {n} at t={e.t!r} is outside the window [{t0}, {t1})")]
     return []

@@ -6,115 +6,114 @@ the content pass computed; action balance uses the per-control usage the sample 
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
+from typing import Callable, Iterable
 
 import numpy as np
 
-from dsbuild.validators.checks.common import judge
-from dsbuild.validators.model import CheckResult
-from dsbuild.validators.spec import AcceptanceSpec
+from dsbuild.lineage.index import IndexRow
+from dsbuild.validators.base import Check, Judge, Threshold
+from dsbuild.validators.facts import VersionFacts
+from dsbuild.validators.model import Bar, CheckResult, Distribution, Table
+from dsbuild.validators.view import SampleView
 
 HASH_BITS = 256
 
 
-def hours_by(rows: list[dict], value) -> dict[str, dict]:
-    """{value: {"samples", "hours"}} with value = value(row), sorted by value."""
-    out: dict[str, dict] = defaultdict(lambda: {"samples": 0, "hours": 0.0})
+def seconds(r: IndexRow) -> float:
+    """A sample's window length; 0 for a row without a usable window."""
+    return max(0.0, r.t_end - r.t_start) if r.t_start is not None and r.t_end is not None else 0.0
+
+
+def hours_by(rows: Iterable[IndexRow], value: Callable[[IndexRow], Iterable[str]]) -> dict[str, tuple[int, float]]:
+    """{value: (samples, hours)} with values = value(row), sorted by value."""
+    out: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for r in rows:
         for v in value(r):
-            out[v]["samples"] += 1
-            out[v]["hours"] += max(0.0, (r["t_end"] or 0.0) - (r["t_start"] or 0.0)) / 3600  # nulls: 0 h
-    return {k: {"samples": v["samples"], "hours": round(v["hours"], 6)} for k, v in sorted(out.items())}
+            out[v][0] += 1
+            out[v][1] += seconds(r) / 3600
+    return {k: (n, round(h, 6)) for k, (n, h) in sorted(out.items())}
 
 
 def fps_label(fps: float | None) -> str:
     return "unknown" if fps is None else f"{round(fps, 3):g}"
 
 
-def conditions_of(row: dict) -> list[str]:
-    try:
-        doc = json.loads(row["conditions"] or "{}")
-    except ValueError:
-        return []
-    return [f"{k}={v}" for k, v in sorted(doc.items())] if isinstance(doc, dict) else []
+def conditions_of(r: IndexRow) -> list[str]:
+    return [f"{k}={v}" for k, v in sorted(r.conditions)]
 
 
-def _coverage(spec: AcceptanceSpec, name: str, table: dict[str, dict], required: list[str], min_hours: float,
-              min_samples: int, what: str) -> CheckResult:
+def _coverage_table(what: str, table: dict[str, tuple[int, float]]) -> Table:
+    return Table((what, "samples", "hours"), [[k, n, h] for k, (n, h) in table.items()])
+
+
+def _coverage(j: Judge, table: dict[str, tuple[int, float]], required: list[str], min_hours: float,
+              min_samples: int, what: str, hours_key: str) -> CheckResult:
     offenders, breaches = [], []
     missing = [v for v in required if v not in table]
     offenders += [(v, f"required {what} has no samples") for v in missing]
-    thin = sorted((v for v, t in table.items() if t["hours"] < min_hours or t["samples"] < min_samples),
-                  key=lambda v: table[v]["hours"])
-    offenders += [(v, f"{table[v]['samples']} samples, {table[v]['hours']:.4f} h") for v in thin]
+    thin = sorted((v for v, (n, h) in table.items() if h < min_hours or n < min_samples), key=lambda v: table[v][1])
+    offenders += [(v, f"{table[v][0]} samples, {table[v][1]:.4f} h") for v in thin]
     if missing:
         breaches.append(f"{len(missing)} required {what}(s) missing")
     if thin:
         breaches.append(f"{len(thin)} {what}(s) under the minimum")
-    least = min((t["hours"] for t in table.values()), default=0.0)
-    return judge(spec, name, measured=round(least, 6), breaches=breaches,
-                 message=f"{len(table)} {what}(s), least {least:.4f} h", offenders=offenders, kind=what,
-                 details={"per_value": table})
+    least = min((h for _, h in table.values()), default=0.0)
+    bars = tuple(Bar(k, h) for k, (_, h) in table.items()) + tuple(Bar(v, 0.0) for v in missing)
+    return j.result(measured=round(least, 6), breaches=breaches, message=f"{len(table)} {what}(s), least {least:.4f} h",
+                    offenders=offenders, kind=what, table=_coverage_table(what, table),
+                    distribution=Distribution(f"hours per {what}", "h", bars=bars, threshold=float(min_hours),
+                                              threshold_key=hours_key, bad="below"))
 
 
-def titles_check(spec: AcceptanceSpec, rows: list[dict]) -> CheckResult:
-    table = hours_by(rows, lambda r: [r["title"]])
-    return _coverage(spec, "titles", table, spec["required_titles"], spec["min_hours_per_title"],
-                     spec["min_samples_per_title"], "title")
+def _titles(j: Judge, d: VersionFacts) -> CheckResult:
+    return _coverage(j, hours_by(d.rows, lambda r: [r.title]), j["required_titles"], j["min_hours_per_title"],
+                     j["min_samples_per_title"], "title", "min_hours_per_title")
 
 
-def conditions_check(spec: AcceptanceSpec, rows: list[dict]) -> CheckResult:
-    table = hours_by(rows, conditions_of)
-    return _coverage(spec, "conditions", table, spec["required_conditions"], spec["min_hours_per_condition"], 0,
-                     "condition")
+def _conditions(j: Judge, d: VersionFacts) -> CheckResult:
+    return _coverage(j, hours_by(d.rows, conditions_of), j["required_conditions"], j["min_hours_per_condition"], 0,
+                     "condition", "min_hours_per_condition")
 
 
-def _allowed(spec: AcceptanceSpec, name: str, key: str, table: dict[str, dict], match, what: str) -> CheckResult:
-    allowed = spec[key]
+def _allowed(j: Judge, key: str, table: dict[str, tuple[int, float]], match, what: str) -> CheckResult:
+    allowed = j[key]
     bad = [v for v in table if allowed and not any(match(v, a) for a in allowed)]
-    return judge(spec, name, measured=len(table), breaches=[f"{len(bad)} {what}(s) not in {key}"] if bad else [],
-                 message=f"{len(table)} {what}(s): " + ", ".join(f"{v} ({t['samples']})" for v, t in table.items()),
-                 offenders=[(v, f"{table[v]['samples']} samples not allowed") for v in bad], kind=what,
-                 details={"per_value": table})
+    return j.result(measured=len(table), breaches=[f"{len(bad)} {what}(s) not in {key}"] if bad else [],
+                    message=f"{len(table)} {what}(s): " + ", ".join(f"{v} ({n})" for v, (n, _) in table.items()),
+                    offenders=[(v, f"{table[v][0]} samples not allowed") for v in bad], kind=what,
+                    table=_coverage_table(what, table),
+                    distribution=Distribution(f"samples per {what}", bars=tuple(Bar(k, n) for k, (n, _) in table.items())))
 
 
-def resolutions_check(spec: AcceptanceSpec, rows: list[dict]) -> CheckResult:
-    table = hours_by(rows, lambda r: [f"{r['width']}x{r['height']}"])
-    return _allowed(spec, "resolutions", "allowed_resolutions", table, lambda v, a: v == a.strip(), "resolution")
+def _resolutions(j: Judge, d: VersionFacts) -> CheckResult:
+    table = hours_by(d.rows, lambda r: [f"{r.width}x{r.height}"])
+    return _allowed(j, "allowed_resolutions", table, lambda v, a: v == a.strip(), "resolution")
 
 
-def frame_rates_check(spec: AcceptanceSpec, rows: list[dict]) -> CheckResult:
-    table = hours_by(rows, lambda r: [fps_label(r["fps"])])
-
-    def match(v: str, a: str) -> bool:
-        try:
-            return v != "unknown" and abs(float(v) - float(a)) < 1e-3
-        except ValueError:
-            return False
-    return _allowed(spec, "frame_rates", "allowed_fps", table, match, "frame rate")
+def _fps_match(v: str, a: str) -> bool:
+    return v != "unknown" and abs(float(v) - float(a)) < 1e-3
 
 
-def duplicates_check(spec: AcceptanceSpec, rows: list[dict]) -> CheckResult:
+def _frame_rates(j: Judge, d: VersionFacts) -> CheckResult:
+    return _allowed(j, "allowed_fps", hours_by(d.rows, lambda r: [fps_label(r.fps)]), _fps_match, "frame rate")
+
+
+def _duplicates(j: Judge, d: VersionFacts) -> CheckResult:
     """Same sample hash, or the same window of the same source video: the later key is redundant."""
     first: dict[tuple, str] = {}
     offenders = []
-    for r in sorted(rows, key=lambda r: r["key"]):
-        ids = [("sha256", r["sha256"])]
-        if r["source_video_sha256"]:
-            ids.append(("window", r["source_video_sha256"], r["t_start"], r["t_end"]))
+    for r in sorted(d.rows, key=lambda r: r.key):
+        ids = [("sha256", r.sha256)]
+        if r.source_video_sha256:
+            ids.append(("window", r.source_video_sha256, r.t_start, r.t_end))
         twin = next((first[i] for i in ids if i in first), None)
-        if twin is not None and twin != r["key"]:
-            how = "same sample hash" if ("sha256", r["sha256"]) in first else "same window of the same source video"
-            offenders.append((r["key"], f"duplicate of {twin} ({how})"))
+        if twin is not None and twin != r.key:
+            how = "same sample hash" if ("sha256", r.sha256) in first else "same window of the same source video"
+            offenders.append((r.key, f"duplicate of {twin} ({how})"))
         for i in ids:
-            first.setdefault(i, r["key"])
-    n, total = len(offenders), len(rows)
-    frac = n / total if total else 0.0
-    limit = spec["max_duplicate_fraction"]
-    return judge(spec, "duplicates", measured=round(frac, 6),
-                 breaches=[f"fraction {frac:.4g} > max_duplicate_fraction = {limit}"] if frac > limit else [],
-                 message=f"{n} of {total} samples duplicate another", offenders=offenders)
+            first.setdefault(i, r.key)
+    return j.fraction("max_duplicate_fraction", offenders, len(d.rows), "samples duplicate another")
 
 
 def near_duplicate_pairs(keys: list[str], hashes: np.ndarray, max_bits: int) -> dict[str, tuple[int, str]]:
@@ -142,54 +141,92 @@ def near_duplicate_pairs(keys: list[str], hashes: np.ndarray, max_bits: int) -> 
                 dist = np.bitwise_count(hashes[part][:, None, :] ^ hashes[idx][None, :, :]).sum(axis=2)
                 dist[part[:, None] == idx[None, :]] = HASH_BITS + 1
                 for a, row in zip(part.tolist(), dist):
-                    j = int(np.argmin(row))
-                    if row[j] <= max_bits and (a not in best or row[j] < best[a][0]):
-                        best[a] = (int(row[j]), int(idx[j]))
-    return {keys[a]: (d, keys[b]) for a, (d, b) in sorted(best.items())}
+                    k = int(np.argmin(row))
+                    if row[k] <= max_bits and (a not in best or row[k] < best[a][0]):
+                        best[a] = (int(row[k]), int(idx[k]))
+    return {keys[a]: (dist, keys[b]) for a, (dist, b) in sorted(best.items())}
 
 
-def near_duplicates_check(spec: AcceptanceSpec, facts: list[dict]) -> CheckResult:
-    hashed = [(f["key"], f["video"]["phash"]) for f in facts if f.get("video") and f["video"].get("phash")]
+def _hash_clip(v: SampleView) -> list[str]:
+    """Per sample: decode the clip (once, shared with the content checks) so its perceptual hash exists
+    even when every content check is turned off."""
+    v.findings()
+    return []
+
+
+def _near_duplicates(j: Judge, d: VersionFacts) -> CheckResult:
+    hashed = [(k, m.phash) for k, m in d.clips() if m.phash]
     keys = [k for k, _ in hashed]
     hashes = np.array([h for _, h in hashed], dtype=np.uint64).reshape(len(hashed), 4)
-    found = near_duplicate_pairs(keys, hashes, spec["near_duplicate_bits"])
-    offenders = [(k, f"{d} bits from {other}") for k, (d, other) in sorted(found.items(), key=lambda x: x[1][0])]
-    total = len(facts)
-    frac = len(found) / total if total else 0.0
-    limit = spec["max_near_duplicate_fraction"]
-    return judge(spec, "near_duplicates", measured=round(frac, 6),
-                 breaches=[f"fraction {frac:.4g} > max_near_duplicate_fraction = {limit}"] if frac > limit else [],
-                 message=f"{len(found)} of {total} clips have a near-duplicate ({len(hashed)} hashed)",
-                 offenders=offenders)
+    found = near_duplicate_pairs(keys, hashes, j["near_duplicate_bits"])
+    offenders = [(k, f"{dist} bits from {other}") for k, (dist, other) in sorted(found.items(), key=lambda x: x[1][0])]
+    return j.fraction("max_near_duplicate_fraction", offenders, len(d.clips()),
+                      f"clips have a near-duplicate ({len(hashed)} hashed)")
 
 
-def action_usage(facts: list[dict]) -> dict[str, float]:
+def action_usage(d: VersionFacts) -> dict[str, float]:
+    """control -> share of its frames on which it is active, over every sample that has it."""
     active: dict[str, int] = defaultdict(int)
     frames: dict[str, int] = defaultdict(int)
-    for f in facts:
-        u = f.get("usage")
-        if not u:
-            continue
-        for c, a in zip(u["controls"], u["active"]):
-            active[c] += a
-            frames[c] += u["frames"]
+    for s in d.samples:
+        if s.usage is not None:
+            for c, a in zip(s.usage.controls, s.usage.active):
+                active[c] += a
+                frames[c] += s.usage.frames
     return {c: round(active[c] / frames[c], 6) if frames[c] else 0.0 for c in sorted(frames)}
 
 
-def action_balance_check(spec: AcceptanceSpec, facts: list[dict]) -> CheckResult:
-    usage = action_usage(facts)
+def _action_balance(j: Judge, d: VersionFacts) -> CheckResult:
+    usage = action_usage(d)
     if not usage:
-        return judge(spec, "action_balance", measured=None, breaches=[], message="no action arrays to measure")
-    low = sorted((c for c, u in usage.items() if u < spec["min_action_usage"]), key=usage.get)
+        return j.result(measured=None, breaches=[], message="no action arrays to measure")
+    low = sorted((c for c, u in usage.items() if u < j["min_action_usage"]), key=usage.get)
     lo, hi = min(usage.values()), max(usage.values())
     imbalance = hi / lo if lo > 0 else None
     breaches = []
     if low:
-        breaches.append(f"{len(low)} control(s) under min_action_usage = {spec['min_action_usage']}")
+        breaches.append(f"{len(low)} control(s) under min_action_usage = {j['min_action_usage']}")
     ratio = f"{imbalance:.1f}" if imbalance is not None else "unbounded"  # a control never used: hi / 0
-    if hi > 0 and (imbalance is None or imbalance > spec["max_action_imbalance"]):
-        breaches.append(f"imbalance {ratio} > max_action_imbalance = {spec['max_action_imbalance']}")
-    return judge(spec, "action_balance", measured=lo, breaches=breaches,
-                 message=f"{len(usage)} controls, usage {lo:.4f}..{hi:.4f}, imbalance {ratio}",
-                 offenders=[(c, f"active on {usage[c]:.4%} of frames") for c in low], kind="control",
-                 details={"usage": usage, "imbalance": imbalance})
+    if hi > 0 and (imbalance is None or imbalance > j["max_action_imbalance"]):
+        breaches.append(f"imbalance {ratio} > max_action_imbalance = {j['max_action_imbalance']}")
+    return j.result(measured=lo, breaches=breaches, message=f"{len(usage)} controls, usage {lo:.4f}..{hi:.4f}, "
+                                                            f"imbalance {ratio}",
+                    offenders=[(c, f"active on {usage[c]:.4%} of frames") for c in low], kind="control",
+                    distribution=Distribution("share of frames on which each control is active", bars=tuple(
+                        Bar(c, u) for c, u in usage.items()), threshold=float(j["min_action_usage"]),
+                        threshold_key="min_action_usage", bad="below"))
+
+
+def _t(key, default, kind, reason) -> Threshold:
+    return Threshold(key, default, kind, reason)
+
+
+CHECKS = (
+    Check("titles", "dataset", "Samples and hours per title; every required title is present and every title "
+          "has enough data.",
+          (_t("min_hours_per_title", 0.0, "number", "no minimum unless the project sets one"),
+           _t("min_samples_per_title", 1, "count", "a title that is listed must have data"),
+           _t("required_titles", [], "strings", "titles the model must see; none by default")), run=_titles),
+    Check("conditions", "dataset", "Hours per condition value (key=value); required values are present and every "
+          "value has enough data.",
+          (_t("min_hours_per_condition", 0.0, "number", "no minimum unless the project sets one"),
+           _t("required_conditions", [], "strings", "key=value pairs, e.g. weather=rain")), run=_conditions),
+    Check("resolutions", "dataset", "Samples and hours per resolution; only allowed ones (empty = any).",
+          (_t("allowed_resolutions", [], "strings", "WxH, e.g. 1280x720; any by default"),), run=_resolutions),
+    Check("frame_rates", "dataset", "Samples and hours per frame rate; only allowed ones (empty = any).",
+          (_t("allowed_fps", [], "strings", "e.g. \"30\", \"59.94\"; any by default"),), run=_frame_rates),
+    Check("duplicates", "dataset", "Samples with the same sample hash, or the same window of the same source "
+          "video (a capture converted twice under two session ids).",
+          (_t("max_duplicate_fraction", 0.001, "fraction", "one in a thousand is noise; more skews training"),),
+          run=_duplicates),
+    Check("near_duplicates", "dataset", "Clips whose perceptual hash (dHash of 4 sampled frames, 256 bits) is "
+          "within near_duplicate_bits of another clip's.",
+          (_t("max_near_duplicate_fraction", 0.05, "fraction", "menus and replays look alike; report, don't block"),
+           _t("near_duplicate_bits", 12, "count", "of 256; re-encodes differ by <8, different clips by ~100")),
+          severity="warn", level="full", sample=_hash_clip, run=_near_duplicates),
+    Check("action_balance", "dataset", "Share of frames on which each control is active (|value| >= 0.5); a "
+          "control no one uses, or one dwarfing another, is reported.",
+          (_t("min_action_usage", 0.001, "fraction", "a control active on under 0.1% of frames is barely learnable"),
+           _t("max_action_imbalance", 1000.0, "number", "most-used / least-used control share")),
+          severity="warn", run=_action_balance),
+)

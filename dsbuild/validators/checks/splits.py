@@ -1,100 +1,114 @@
-"""Split checks (given --split NAME): no group in two splits, and every title in every split.
+"""Split checks (with a split set): no group in two splits, and every title in every split.
 
-The split set is read through ``dsbuild.split`` (which verifies each file against the split manifest's
-sha256); ``read_split`` is the only code here that knows where split files live.
+Groups are recomputed from the version's index with the split package's own rule
+(``dsbuild.split.groups.field_value``: a session field or condition, in Unicode NFC), never taken from
+the split files: a player written once composed and once decomposed (``José``) is one group here too,
+and a hand-edited ``group_value`` cannot hide a leak.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
-from dsbuild.core.errors import FormatError
+from dsbuild.core.errors import FormatError, LineageError
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.validators.checks.common import judge
-from dsbuild.validators.model import CheckResult
-from dsbuild.validators.spec import AcceptanceSpec
+from dsbuild.lineage.index import IndexRow
+from dsbuild.lineage.splitsets import open_split_set
+from dsbuild.split.groups import field_value
+from dsbuild.validators.base import Check, Judge, Threshold
+from dsbuild.validators.checks.dataset import seconds
+from dsbuild.validators.facts import SplitData, VersionFacts
+from dsbuild.validators.model import CheckResult, Table
+
+MAX_LISTED_GROUPS = 100  # leaked groups in the report's table
 
 
-@dataclass(frozen=True)
-class SplitRows:
-    name: str
-    by: str  # the group field, e.g. player
-    rows: dict[str, list[tuple[str, str]]]  # split -> [(key, group value)]
+def read_split(catalog: Catalog, version_id: str, name: str) -> SplitData:
+    """The split set ``name`` of the version: UsageError when there is none (asking for it is the user's
+    mistake), LineageError when its files are damaged."""
+    import pyarrow as pa
+
+    try:
+        s = open_split_set(catalog, version_id, name)
+        keys = {split: tuple(s.table(split, ["key"])["key"].to_pylist()) for split in s.splits}
+        by = s.manifest["parameters"]["by"]
+    except (FormatError, KeyError, TypeError, OSError, pa.ArrowException) as e:
+        raise LineageError(f"{catalog.url}: split set {name!r} of {version_id[:12]} is damaged ({str(e)[:200]})",
+                           hint="make it again with `dsbuild split --force`") from None
+    return SplitData(name, str(by), keys)
 
 
-def read_split(catalog: Catalog, version_id: str, name: str) -> SplitRows:
-    """The split set ``name`` of the version. UsageError when there is none; FormatError when damaged."""
-    from dsbuild.split import open_split
-
-    s = open_split(catalog, version_id, name)
-    rows = {}
-    for split in s.splits:
-        t = s.table(split, ["key", "group_value"])
-        rows[split] = list(zip(t["key"].to_pylist(), t["group_value"].to_pylist()))
-    return SplitRows(name, str(s.manifest.get("parameters", {}).get("by", "group")), rows)
+def session_of(r: IndexRow) -> dict:
+    """The session fields of a sample's row, as ``field_value`` reads them."""
+    return {"session_id": r.session_id, "title": r.title, "player": r.player, "platform": r.platform,
+            "build": r.build, "conditions": dict(r.conditions)}
 
 
-def leakage_check(spec: AcceptanceSpec, split: SplitRows) -> CheckResult:
+def _leakage(j: Judge, d: VersionFacts) -> CheckResult:
+    split = d.split
+    row_of = {r.key: r for r in d.rows}
     splits_of_group: dict[str, set[str]] = defaultdict(set)
     splits_of_key: dict[str, set[str]] = defaultdict(set)
-    for sp, pairs in split.rows.items():
-        for key, group in pairs:
-            splits_of_group[group].add(sp)
+    group_of: dict[str, str] = {}
+    for sp, keys in split.keys.items():
+        for key in keys:
             splits_of_key[key].add(sp)
+            group = field_value(session_of(row_of[key]), split.by) if key in row_of else None
+            if group is not None:
+                group_of[key] = group
+                splits_of_group[group].add(sp)
     leaked = {g: sorted(s) for g, s in splits_of_group.items() if len(s) > 1}
     twice = {k: sorted(s) for k, s in splits_of_key.items() if len(s) > 1}
     offenders = [(k, f"sample is in {', '.join(s)}") for k, s in sorted(twice.items())]
-    for sp, pairs in sorted(split.rows.items()):
-        offenders += [(key, f"{split.by} {g!r} is in {', '.join(leaked[g])}; this sample is in {sp}")
-                      for key, g in sorted(pairs) if g in leaked and key not in twice]
-    limit = spec["max_leaked_groups"]
-    breaches = []
-    if len(leaked) > limit:
-        breaches.append(f"{len(leaked)} > max_leaked_groups = {limit}")
+    for sp, keys in sorted(split.keys.items()):
+        offenders += [(k, f"{split.by} {group_of[k]!r} is in {', '.join(leaked[group_of[k]])}; this sample is in {sp}")
+                      for k in sorted(keys) if group_of.get(k) in leaked and k not in twice]
+    limit = j["max_leaked_groups"]
+    breaches = [f"{len(leaked)} > max_leaked_groups = {limit}"] if len(leaked) > limit else []
     if twice:
         breaches.append(f"{len(twice)} sample(s) in two splits")
-    return judge(spec, "split_leakage", measured=len(leaked), breaches=breaches,
-                 message=f"split set {split.name!r} by {split.by}: {len(splits_of_group)} groups in "
-                         f"{len(split.rows)} splits, {len(leaked)} in more than one",
-                 offenders=offenders, details={"leaked_groups": dict(sorted(leaked.items())[:100])})
+    return j.result(measured=len(leaked), breaches=breaches,
+                    message=f"split set {split.name!r} by {split.by}: {len(splits_of_group)} groups in "
+                            f"{len(split.keys)} splits, {len(leaked)} in more than one",
+                    offenders=offenders,
+                    table=Table((split.by, "splits"), [[g, ", ".join(s)] for g, s in
+                                                       sorted(leaked.items())[:MAX_LISTED_GROUPS]]))
 
 
-def coverage_check(spec: AcceptanceSpec, split: SplitRows, rows: list[dict]) -> CheckResult:
-    title_of = {r["key"]: r["title"] for r in rows}
-    titles = sorted(set(title_of.values()))
-    per_split = {sp: defaultdict(int) for sp in split.rows}
+def _coverage(j: Judge, d: VersionFacts) -> CheckResult:
+    split = d.split
+    row_of = {r.key: r for r in d.rows}
+    titles = sorted({r.title for r in d.rows})
+    cells: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0.0])
     unknown = []
-    for sp, pairs in split.rows.items():
-        for key, _ in pairs:
-            if key in title_of:
-                per_split[sp][title_of[key]] += 1
+    for sp, keys in split.keys.items():
+        for key in keys:
+            if key in row_of:
+                cell = cells[(sp, row_of[key].title)]
+                cell[0] += 1
+                cell[1] += seconds(row_of[key]) / 3600
             else:
                 unknown.append((key, f"in split {sp} but not in this version", "sample"))
-    missing = [(t, f"missing from split {sp}") for sp in sorted(per_split) for t in titles if not per_split[sp][t]]
-    limit = spec["max_missing_titles"]
+    splits = sorted(split.keys)
+    missing = [(t, f"missing from split {sp}") for sp in splits for t in titles if not cells[(sp, t)][0]]
+    limit = j["max_missing_titles"]
     breaches = [f"{len(missing)} > max_missing_titles = {limit}"] if len(missing) > limit else []
     if unknown:
         breaches.append(f"{len(unknown)} split key(s) are not samples of this version")
-    return judge(spec, "split_coverage", measured=len(missing), breaches=breaches,
-                 message=f"{len(titles)} titles x {len(per_split)} splits, {len(missing)} pair(s) empty",
-                 offenders=missing + unknown, kind="title",
-                 details={"per_split": {sp: dict(sorted(c.items())) for sp, c in sorted(per_split.items())}})
+    table = Table(("title", *(f"{sp} samples" for sp in splits), *(f"{sp} hours" for sp in splits)),
+                  [[t, *(cells[(sp, t)][0] for sp in splits), *(round(cells[(sp, t)][1], 6) for sp in splits)]
+                   for t in titles])
+    return j.result(measured=len(missing), breaches=breaches,
+                    message=f"{len(titles)} titles x {len(splits)} splits, {len(missing)} pair(s) empty",
+                    offenders=missing + unknown, kind="title", table=table)
 
 
-def load_split(catalog: Catalog, version_id: str, name: str) -> SplitRows | FormatError:
-    """The split set, or the FormatError that says how it is damaged (a check failure, not a usage error).
-    A split set that does not exist raises UsageError: asking for it is the user's mistake (exit 2)."""
-    try:
-        return read_split(catalog, version_id, name)
-    except FormatError as e:
-        return e
-
-
-def split_checks(spec: AcceptanceSpec, split: SplitRows | FormatError, name: str,
-                 rows: list[dict]) -> list[CheckResult]:
-    """Both split checks; a damaged split set fails both with the reason."""
-    if isinstance(split, FormatError):
-        return [judge(spec, c, measured=None, breaches=[f"split set unreadable: {split}"],
-                      message=f"split set {name!r}") for c in ("split_leakage", "split_coverage")]
-    return [leakage_check(spec, split), coverage_check(spec, split, rows)]
+CHECKS = (
+    Check("split_leakage", "dataset", "No group of the split set (its --by field, NFC-normalised like the split "
+          "rule) and no sample is in two splits.",
+          (Threshold("max_leaked_groups", 0, "count", "one leaked player inflates every metric"),), needs_split=True,
+          run=_leakage),
+    Check("split_coverage", "dataset", "Every title of the version appears in every split of the split set.",
+          (Threshold("max_missing_titles", 0, "count", "a split without a title cannot measure it"),),
+          needs_split=True, run=_coverage),
+)

@@ -18,7 +18,7 @@ app = typer.Typer(
     add_completion=False,
 )
 # One module per command; each exposes `register(app)`. Heavy imports happen inside the commands.
-COMMANDS = ("samples", "convert", "log", "tag", "diff", "lineage", "verify", "query", "gc", "split", "validate", "bench")
+COMMANDS = ("samples", "convert", "log", "tag", "diff", "lineage", "verify", "query", "gc", "split", "validate", "bench", "export")
 for _name in COMMANDS:
     importlib.import_module(f"dsbuild.cli.{_name}").register(app)
 

@@ -52,7 +52,7 @@ TERMINATED = 143
 
 # One module per command, in the order of `dsbuild --help`; each exposes `register(app)`.
 COMMANDS = ("samples", "convert", "info", "log", "shards", "tag", "diff", "lineage", "verify", "query",
-            "split", "validate", "bench", "gc")
+            "split", "validate", "bench", "export", "gc")
 # What an interrupted command leaves behind (commits are atomic: a version, tag or split set appears
 # whole or not at all).
 KEPT = {"convert": "nothing was committed", "tag": "nothing was committed", "split": "nothing was committed",

@@ -19,15 +19,17 @@ WORKERS = typer.Option(0, "--workers", min=0, metavar="N", help="Worker processe
 EXECUTORS = ("local", "ray")
 
 
-def choice(flag: str, values: tuple[str, ...]):
-    """A callback refusing values outside ``values``, naming the flag and the closest valid value."""
+def choice(flag: str, values):
+    """A callback refusing values outside ``values`` (a tuple, or a function returning one, for lists that
+    live in a heavy module), naming the flag and the closest valid value."""
 
     def check(value: str | None) -> str | None:
-        if value is not None and value not in values:
+        allowed = values() if callable(values) else values
+        if value is not None and value not in allowed:
             import difflib
 
-            close = difflib.get_close_matches(value, values, n=1)
-            raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}"
+            close = difflib.get_close_matches(value, allowed, n=1)
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}"
                                      + (f"; did you mean {close[0]!r}?" if close else ""), param_hint=flag)
         return value
 

@@ -244,7 +244,7 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
                         or (base and rec.path in base.broken_shards))
         commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, str(captures.resolve()),
                               config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
-                              _change(catalog, parent, index))
+                              change_counts(catalog, parent, index))
         version_id, existed = catalog.commit(area, moves, manifest, index, commit,
                                              damaged=base.broken_shards if base else frozenset())
     st = manifest.stats
@@ -296,45 +296,49 @@ def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], bas
         for e in w.entries:
             rows.append(rows_by_key[e.key].located(rec.path, e))
     sources, sessions = [], []
-    controls, channels, titles = set(), set(), Counter()
-    long_clips = repaired = 0
     base_sessions = {s.session_id: s for s in base.manifest.sessions} if base else {}
     for r in results:
         sources += r.sources
-        if r.reused:
-            sessions.append(base_sessions[r.session_id])
-            rec = base_sessions[r.session_id]
-            controls.update(rec.controls)
-            channels.update(rec.telemetry)
-            repairs = rec.repairs
-        else:
-            sessions.append(SessionRecord(r.session_id, r.rel, len(r.samples), r.controls, r.channels, r.repairs))
-            controls.update(r.controls)
-            channels.update(r.channels)
-            repairs = r.repairs
-        long_clips += repairs["video"]["long_clips"]
-        repaired += _is_repaired(repairs)
-    rows.sort(key=lambda x: x.key)
+        sessions.append(base_sessions[r.session_id] if r.reused else
+                        SessionRecord(r.session_id, r.rel, len(r.samples), r.controls, r.channels, r.repairs))
+    manifest, index = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions,
+                                       quarantined)
+    return manifest, index, moves
+
+
+def version_manifest(config: dict, shard_format: str, shards: list[ShardRecord], rows: list[IndexRow],
+                     sources: list[SourceRecord], sessions: list[SessionRecord],
+                     quarantined: list[Quarantined]) -> tuple[Manifest, bytes]:
+    """The manifest and index bytes of a version from its located rows and its sessions' records (shared
+    by convert and derived versions)."""
+    controls, channels, titles = set(), set(), Counter()
+    long_clips = repaired = 0
+    for rec in sessions:
+        controls.update(rec.controls)
+        channels.update(rec.telemetry)
+        long_clips += rec.repairs["video"]["long_clips"]
+        repaired += _is_repaired(rec.repairs)
+    rows = sorted(rows, key=lambda x: x.key)
     for row in rows:
         titles[row.title] += 1
     index = index_bytes(rows)
     manifest = Manifest(
-        tool_version=__version__, config=config.to_json(), config_hash=sha256_json(config.to_json()),
-        shard_format=config.format, sources=tuple(sorted(sources, key=lambda s: s.path)), shards=tuple(shards),
+        tool_version=__version__, config=config, config_hash=sha256_json(config),
+        shard_format=shard_format, sources=tuple(sorted(sources, key=lambda s: s.path)), shards=tuple(shards),
         sessions=tuple(sessions), quarantined=tuple(sorted(quarantined, key=lambda q: (q.path, q.session))),
         index=IndexPin(INDEX_FILE, sha256_bytes(index), len(rows), len(index)),
         schema={"sample_format": SAMPLE_FORMAT, "members": list(MEMBERS), "index_columns": list(INDEX_COLUMNS)},
         vocabulary=Vocabulary(tuple(sorted(controls)), tuple(sorted(channels))),
         stats=Stats(samples=len(rows), shards=len(shards), bytes=sum(s.bytes for s in shards),
                     frames=sum(r.frames for r in rows), hours=round(sum(r.t_end - r.t_start for r in rows) / 3600, 6),
-                    sessions=len(results), quarantined=len(quarantined), long_clips=long_clips,
+                    sessions=len(sessions), quarantined=len(quarantined), long_clips=long_clips,
                     repaired_sessions=repaired, samples_per_title=dict(sorted(titles.items()))),
         content_id=content_id([(r.key, r.sha256) for r in rows]),
     )
-    return manifest, index, moves
+    return manifest, index
 
 
-def _change(catalog: Catalog, parent: str | None, index: bytes) -> dict[str, int]:
+def change_counts(catalog: Catalog, parent: str | None, index: bytes) -> dict[str, int]:
     """Added / removed / changed samples against the parent (by key and sample hash)."""
     if parent is None:
         return {}

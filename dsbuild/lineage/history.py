@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsbuild.core.errors import UsageError
+from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.splitsets import list_split_sets
 
@@ -47,7 +47,10 @@ def version_info(catalog: Catalog, version_id: str) -> dict:
 
 
 def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
-    """Everything a sample came from: session, source files with sha256, window, config, tool, location."""
+    """Everything a sample came from: session, source files with sha256, window, config, tool, location.
+
+    A derived version's sample also names what it was made from: ``derived_from`` is the chain of
+    (version, key, config) back to the sample converted from captures."""
     import pyarrow.compute as pc
 
     m = catalog.manifest(version_id)
@@ -70,4 +73,21 @@ def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
         "config_hash": m.config_hash,
         "tool_version": m.tool_version,
         "location": {k: row[k] for k in ("shard", "byte_offset", "byte_length", "row_group", "row_index")},
+        "derived_from": _chain(catalog, row["parent_version"], row["parent_key"]),
     }
+
+
+def _chain(catalog: Catalog, version_id: str | None, key: str | None) -> list[dict]:
+    """(version, key, config) of each ancestor of a derived sample, nearest first. Each step reads one
+    index row; a version cannot name itself or a descendant (its id hashes its parent's), so this ends."""
+    import pyarrow.compute as pc
+
+    out = []
+    while version_id is not None:
+        table = catalog.index(version_id, ["key", "parent_version", "parent_key"])
+        hit = table.filter(pc.equal(table["key"], key)).to_pylist()
+        if not hit:
+            raise LineageError(f"{catalog.url}@{version_id[:12]}: parent sample {str(key)[:100]!r} is missing")
+        out.append({"version_id": version_id, "key": key, "config": catalog.manifest(version_id).config})
+        version_id, key = hit[0]["parent_version"], hit[0]["parent_key"]
+    return out

@@ -5,7 +5,8 @@ and the lineage table that duckdb queries in place (session fields, window, sour
 A value that does not apply is NULL (never -1): ``offset`` for a Parquet shard, ``fps`` of a clip
 without a rate. Column types (documented in the README): ``conditions`` is ``MAP<VARCHAR, VARCHAR>``,
 ``started_at`` a UTC timestamp (NULL when the capture gives none or an unparseable one; the sample's
-metadata keeps the original string).
+metadata keeps the original string). ``parent_version``/``parent_key`` name the sample a derived
+version's sample was made from (NULL for samples converted from captures).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def index_schema():
         ("action_events", pa.int32()),
         ("text_events", pa.int32()),
         ("source_video_sha256", pa.string()),
+        ("parent_version", pa.string()),  # a derived version's sample: the version and key it was made from
+        ("parent_key", pa.string()),
     ])
 
 
@@ -99,6 +102,8 @@ class IndexRow:
     row_group: int | None = None
     row_index: int | None = None
     member_bytes: tuple[int, ...] | None = None
+    parent_version: str | None = None  # NULL for a sample converted from captures
+    parent_key: str | None = None
 
     def entry(self) -> Entry:
         return Entry(self.key, self.sha256, self.byte_offset, self.byte_length, self.row_group, self.row_index,

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from clitools import run
+from tests.cli.clitools import run
 
 
 @pytest.fixture(scope="session")

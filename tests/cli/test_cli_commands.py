@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from clitools import run, run_json
+from tests.cli.clitools import run, run_json
 
 
 def test_info_shows_one_version_without_sql(catalog):

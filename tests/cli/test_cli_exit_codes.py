@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from clitools import env, run
+from tests.cli.clitools import argv, env, run
 
 
 def one_line_error(p, code: int, *needles: str) -> str:
@@ -109,7 +109,7 @@ def test_an_unexpected_exception_is_internal_error_70_never_1():
 
 def test_a_closed_pipe_exits_quietly(catalog):
     cat, _ = catalog
-    p = subprocess.Popen([*__import__("clitools").argv("query", cat, "select * from range(300000)")],
+    p = subprocess.Popen(argv("query", cat, "select * from range(300000)"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
     first = p.stdout.readline()
     p.stdout.close()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from clitools import argv, env, run
+from tests.cli.clitools import argv, env, run
 
 from dsbuild import __version__
 from dsbuild.cli.app import COMMANDS

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from clitools import make_buckets, run, start_s3
+from tests.cli.clitools import make_buckets, run, start_s3
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")

@@ -11,7 +11,7 @@ import subprocess
 import time
 
 import pytest
-from clitools import argv, env, processes_in_group, run
+from tests.cli.clitools import argv, env, processes_in_group, run
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,139 @@
+"""The export folder: refused unless empty or an earlier export of the same thing, written atomically,
+finished by a marker written last, so an interrupted export finishes when run again.
+
+The marker ``.dsbuild-export.json`` is written first with ``complete: false`` (it claims the folder) and
+rewritten with ``complete: true`` after every other file. Every file lands by rename from a private temp
+folder, so a file that exists is whole: a re-run skips files it would write with the same name (exports
+are deterministic, so the bytes would be the same). The marker holds no time and no host path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from dsbuild.core.errors import FormatError, StorageError, UsageError
+from dsbuild.core.files import fsync_dir, replace_atomically, write_durably
+from dsbuild.core.jsonio import loads_bounded, pretty_json
+from dsbuild.core.records import SHA256, Record, spec
+
+MARKER = ".dsbuild-export.json"
+TMP = ".dsbuild-export.tmp"
+
+
+@dataclass(frozen=True, slots=True)
+class ExportMarker(Record):
+    """What an export folder holds: which version, for which tool, with which split set."""
+
+    FORMAT = "dsbuild.export/1"
+    tool: str
+    version_id: str = field(metadata=spec(pattern=SHA256))
+    split: str | None  # NAME or NAME/SPLIT as asked
+    split_hash: str | None = field(metadata=spec(pattern=SHA256))
+    splits: dict[str, int]  # tool split -> samples
+    complete: bool
+
+    def describe(self) -> str:
+        split = f" split {self.split}" if self.split else ""
+        return f"a {self.tool} export of version {self.version_id[:12]}{split}"
+
+
+def read_marker(dest: Path) -> ExportMarker | None:
+    path = dest / MARKER
+    if not path.is_file():
+        return None
+    try:
+        data = path.read_bytes()
+        return ExportMarker.from_json(loads_bounded(data, max_bytes=1 << 20, what=str(path)), str(path))
+    except (OSError, FormatError):
+        return None
+
+
+class ExportFolder:
+    """Claims ``dest`` for ``marker`` (refusing anything else there) and writes files into it."""
+
+    def __init__(self, dest: Path, marker: ExportMarker):
+        self.dest = Path(dest)
+        self.marker = replace(marker, complete=False)
+        self.written = 0  # files written by this run
+        self.bytes = 0
+        self.kept = 0  # files an earlier run had already written
+        self.linked = 0  # catalog shards shared by a symlink
+
+    def claim(self) -> bool:
+        """Take the folder; True when it already holds this export complete (nothing to do)."""
+        d = self.dest
+        if d.exists() and not d.is_dir():
+            raise UsageError(f"{d}: is a file; export into a folder")
+        found = read_marker(d) if d.is_dir() else None
+        if found is not None:
+            if replace(found, complete=False) != self.marker:
+                raise UsageError(f"{d}: holds {found.describe()}, not {self.marker.describe()}; "
+                                 "choose an empty folder")
+            if found.complete:
+                return True
+        elif d.is_dir() and any(d.iterdir()):
+            raise UsageError(f"{d}: folder is not empty and is not an earlier export; choose an empty folder")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(d / TMP, ignore_errors=True)  # an interrupted run's half-written files
+            (d / TMP).mkdir()
+        except OSError as e:
+            raise StorageError(f"{d}: cannot create the export folder ({e.strerror or e})") from None
+        if found is None:
+            replace_atomically(d / MARKER, pretty_json(self.marker.to_json()))
+        return False
+
+    def path(self, rel: str) -> Path:
+        return self.dest / rel
+
+    def has(self, rel: str) -> bool:
+        """The file (or link) is in place from an earlier run: it is whole (files land by rename)."""
+        if os.path.lexists(self.dest / rel):
+            self.kept += 1
+            return True
+        return False
+
+    def temp(self, name: str) -> Path:
+        """A private scratch path (removed when the export finishes)."""
+        return self.dest / TMP / name
+
+    def put(self, rel: str, data: bytes) -> None:
+        tmp = self.temp(rel.replace("/", "__"))
+        self._land(rel, lambda: write_durably(tmp, data), tmp)
+        self.bytes += len(data)
+
+    def adopt(self, rel: str, tmp: Path) -> None:
+        """Move a finished scratch file into place."""
+        size = tmp.stat().st_size
+        self._land(rel, lambda: None, tmp)
+        self.bytes += size
+
+    def link(self, rel: str, target: Path) -> None:
+        """A relative symlink ``rel`` -> ``target`` (the catalog's shard: bytes shared, not copied)."""
+        where = self.dest / rel
+        tmp = self.temp(rel.replace("/", "__"))
+        self._land(rel, lambda: os.symlink(os.path.relpath(Path(target).resolve(), where.parent.resolve()), tmp),
+                   tmp)
+        self.linked += 1
+
+    def _land(self, rel: str, make, tmp: Path) -> None:
+        where = self.dest / rel
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            make()
+            os.replace(tmp, where)
+        except OSError as e:
+            raise StorageError(f"{where}: cannot write ({e.strerror or e})",
+                               hint="check free space and permissions, then run the export again") from None
+        self.written += 1
+
+    def finish(self) -> None:
+        """Write the marker last (``complete: true``) and drop the scratch folder."""
+        shutil.rmtree(self.dest / TMP, ignore_errors=True)
+        for folder in sorted({p.parent for p in self.dest.rglob("*")} | {self.dest}):
+            fsync_dir(folder)
+        self.marker = replace(self.marker, complete=True)
+        replace_atomically(self.dest / MARKER, pretty_json(self.marker.to_json()))

@@ -1,0 +1,70 @@
+"""WebDataset tar files for the tools that read tars (Energon, wids), shared with the catalog when they can be.
+
+A shard of a tar version is linked (a relative symlink into the catalog: no byte copied) when the tool
+can read it as it is: it holds only the split's samples, or the tool can skip the others
+(``partial="link"``: Energon's per-sample excludes). Every other sample — those of a version in another
+shard format, or of a shard shared by several splits for a tool that cannot skip (wids) — is written into
+new tars by the tar format's own writer (samples proven against their hash on the way), named by their
+sha256 so basenames are unique (wids caches shards by basename).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+from dsbuild.export.folder import ExportFolder
+from dsbuild.export.report import Ticker
+from dsbuild.export.source import ExportSource, Split
+from dsbuild.formats import Entry, get_format
+from dsbuild.formats.shards import write_shard
+
+TAR_FORMAT = "webdataset"  # what Energon, wids and the webdataset library read
+
+
+@dataclass(frozen=True)
+class TarFile:
+    """One tar in the export: its path there, every sample it holds in file order, and the keys of
+    those that belong to another split (the tool must skip them)."""
+
+    rel: str
+    samples: tuple[Entry, ...]
+    foreign: frozenset[str]
+
+
+def split_tars(source: ExportSource, split: Split, folder: ExportFolder, tick: Ticker, *, partial: str,
+               target: int) -> list[TarFile]:
+    """The tars holding ``split``, in key order: linked catalog shards first where possible, then
+    written ones. ``partial`` is "link" (the tool skips foreign samples) or "write"."""
+    tar = get_format(TAR_FORMAT)
+    linkable = get_format(source.manifest.shard_format) is tar
+    out, rest = [], []
+    for part in split.parts:
+        if linkable and (part.whole or partial == "link"):
+            rel = f"shards/{split.name}/{part.shard.sha256}.{tar.ext}"
+            if not folder.has(rel):
+                _share(source, part.shard, folder, rel)
+            every = sorted(part.entries + part.foreign, key=lambda e: e.offset)
+            out.append(TarFile(rel, tuple(every), frozenset(e.key for e in part.foreign)))
+            tick(len(part.entries))
+        else:
+            rest += [(part.shard, e) for e in part.entries]
+    for n, group in enumerate(source.chunks(rest, target)):
+        segments = (tar.encode(e.key, e.sha256, members) for e, members in source.members(group))
+        w = write_shard(tar, segments, folder.temp(f"{split.name}-{n:06d}.{tar.ext}"))
+        rel = f"shards/{split.name}/{w.sha256}.{tar.ext}"
+        folder.adopt(rel, w.tmp_path)
+        out.append(TarFile(rel, w.entries, frozenset()))
+        tick(len(group))
+    return out
+
+
+def _share(source: ExportSource, shard, folder: ExportFolder, rel: str) -> None:
+    """Link a local catalog's shard; copy one from an object store (through the verified cache)."""
+    root = source.catalog.root
+    if root is not None:
+        folder.link(rel, root / shard.path)
+        return
+    tmp = folder.temp(shard.sha256)
+    shutil.copyfile(source.catalog.shard_file(shard), tmp)
+    folder.adopt(rel, tmp)

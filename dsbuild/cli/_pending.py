@@ -8,7 +8,6 @@ each moves to its package. Suggested homes:
 - ``shard_locations``  -> ``dsbuild.lineage.history`` (or a ``lineage.shards`` module)
 - ``parse_damage``     -> ``dsbuild.samples.synthetic``
 - ``load_baseline``    -> ``dsbuild.bench.report``
-- ``check_pins``       -> ``dsbuild.split.params.SplitParams.__post_init__``
 """
 
 from __future__ import annotations
@@ -171,15 +170,3 @@ def load_baseline(path: Path) -> dict:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("ratios"), dict):
         raise UsageError(f"--baseline {path}: not a {FORMAT} report", hint="write one with `dsbuild bench ... --save FILE`")
     return doc
-
-
-# -- dsbuild split --pin -------------------------------------------------------------------------
-def check_pins(pins: list[str], ratio_names: tuple[str, ...]) -> None:
-    """Every pinned split must be one of the ratios' splits (a typo must not create a new split)."""
-    for item in pins:
-        split = str(item).partition("=")[0].strip()
-        if split not in ratio_names:
-            close = difflib.get_close_matches(split, ratio_names, n=1)
-            raise UsageError(f"--pin {item!r}: split {split!r} is not among the ratios ({', '.join(ratio_names)})"
-                             + (f"; did you mean {close[0]!r}?" if close else ""),
-                             hint="pin one of the --ratios splits, or add it to --ratios")

@@ -39,16 +39,13 @@ def split(
     """Make or check a split set (reproducible, leak-free).
 
     Groups go to splits by a keyed hash of a group field: reproducible, and stable as captures are added."""
-    from dsbuild.cli._pending import check_pins
     from dsbuild.core.errors import CheckFailed
     from dsbuild.lineage.catalog import parse_ref
     from dsbuild.split import SplitOptions, check_split, make_split
-    from dsbuild.split.params import DEFAULT_RATIOS, parse_pin, parse_ratios
+    from dsbuild.split.params import parse_pin
 
     o = Out(as_json, quiet)
     path, version = parse_ref(ref)
-    if pin and (ratios is not None or from_split is None):
-        check_pins(pin, tuple(n for n, _ in (parse_ratios(ratios) if ratios is not None else DEFAULT_RATIOS)))
     options = SplitOptions(by=by, ratios=ratios, salt=salt, stratify=stratify,
                            pins=[parse_pin(p) for p in pin] or None, from_split=from_split)
     if check:

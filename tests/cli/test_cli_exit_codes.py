@@ -38,13 +38,14 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["samples", "out", "--damage", "9=bad_json"], ["--damage", "out of range", "0..2"]),
     (["samples", "out", "--damage", "truncated_vidoe"], ["did you mean 'truncated_video'"]),
     (["samples", "out", "--source", "atrai"], ["--source", "did you mean 'atari'"]),
-    (["split", "cat", "--name", "x", "--pin", "tset=f.txt"], ["--pin", "did you mean 'test'"]),
-    (["split", "cat", "--name", "x", "--pin", "holdout=f.txt", "--ratios", "train=0.9,val=0.1"], ["holdout"]),
+    (["split", "cat", "--name", "x", "--pin", "tset=pins.txt"], ["--pin", "did you mean 'test'"]),
+    (["split", "cat", "--name", "x", "--pin", "holdout=pins.txt", "--ratios", "train=0.9,val=0.1"], ["holdout"]),
     (["shards", "cat", "--split", "main"], ["NAME/SPLIT"]),
 ])
 def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):
     cat, _ = catalog
     args = [str(cat) if a == "cat" else a for a in args]
+    (tmp_path / "pins.txt").write_text("p-0000\n")
     one_line_error(run(*args, cwd=tmp_path, check=None), 2, *needles)
 
 

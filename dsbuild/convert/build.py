@@ -15,7 +15,7 @@ from dsbuild.convert.executors import run
 from dsbuild.convert.session import SessionJob, SessionResult, source_set
 from dsbuild.errors import CaptureError, DsbuildError, UsageError
 from dsbuild.formats.capture import Session, discover_sessions, read_session
-from dsbuild.formats.sample import ARRAY_MEMBERS, EVENTS_MEMBER, SAMPLE_FORMAT, VIDEO_EXTS
+from dsbuild.formats.sample import ARRAY_MEMBERS, EVENTS_MEMBER, SAMPLE_FORMAT, VIDEO_EXT
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.hashing import sha256_bytes, sha256_json
 from dsbuild.lineage.index import INDEX_FILE, INDEX_SCHEMA, index_bytes, read_index
@@ -244,7 +244,7 @@ def _assemble(catalog: Catalog, config: ConvertConfig, results: list[SessionResu
         sessions=tuple(sessions),
         quarantined=tuple(sorted(quarantined, key=lambda q: (q["path"], q["session"]))),
         index={"path": INDEX_FILE, "sha256": sha256_bytes(index), "rows": len(rows), "bytes": len(index)},
-        schema={"sample_format": SAMPLE_FORMAT, "members": ["json", "|".join(VIDEO_EXTS), *ARRAY_MEMBERS,
+        schema={"sample_format": SAMPLE_FORMAT, "members": ["json", VIDEO_EXT, *ARRAY_MEMBERS,
                                                             EVENTS_MEMBER],
                 "index_columns": INDEX_SCHEMA.names},
         vocabulary={"controls": sorted(controls), "telemetry": sorted(channels)},

@@ -36,6 +36,11 @@ class ConvertConfig:
     parquet_row_group_samples: int = 8
     # zstd level 3: 5.5x on action JSON at ~180 MB/s; level 10 costs 4-8x the CPU for <20% more.
     zstd_level: int = 3
+    # Carry the capture's first audio track in each clip (False: video only, recorded as a repair).
+    audio: bool = True
+    # None: clips are the source's packets, remuxed. A spec (formats.transcode, e.g. "h264:256x256:30fps:gop8")
+    # re-encodes them; stored in its canonical form so equal specs hash equally.
+    transcode: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -44,6 +49,19 @@ class ConvertConfig:
             raise UsageError(f"--clip-seconds must be between 0.5 and 3600, not {self.clip_seconds}")
         if self.shard_size < 1 << 16:
             raise UsageError(f"--shard-size must be at least 64KiB, not {self.shard_size}")
+        if self.transcode is not None:
+            from dsbuild.formats.transcode import TranscodeSpecError, parse_transcode
+
+            try:
+                object.__setattr__(self, "transcode", str(parse_transcode(self.transcode)))
+            except TranscodeSpecError as e:
+                raise UsageError(f"--transcode: {e}") from None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """The options, plus the encoder and library versions when transcoding: they define the bytes."""
+        out = asdict(self)
+        if self.transcode is not None:
+            from dsbuild.formats.transcode import parse_transcode
+
+            out["transcode_encoder"] = parse_transcode(self.transcode).encoder_settings()
+        return out

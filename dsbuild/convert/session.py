@@ -22,7 +22,7 @@ from dsbuild.formats.sample import SAMPLE_FORMAT, Sample, members_sha256, sample
 from dsbuild.formats.safejson import canonical_json
 from dsbuild.formats.shards import ShardWriter, WrittenShard
 from dsbuild.formats.streams import Actions, read_actions, read_telemetry, read_text
-from dsbuild.formats.video import Clip, DemuxReport, VideoReader, decoded_frame_count
+from dsbuild.formats.video import DemuxReport, VideoSource
 from dsbuild.lineage.hashing import sha256_file
 
 
@@ -97,29 +97,6 @@ def _events_blob(actions: Actions, sl: slice, compressor: zstandard.ZstdCompress
     return compressor.compress(b"\n".join(lines) + (b"\n" if lines else b""))
 
 
-def _verified_final(reader: VideoReader, clip: Clip, report: DemuxReport) -> tuple[bytes, Clip] | None:
-    """Decode the last clip of a truncated video and trim the packets that do not decode.
-
-    Only truncated files pay for decoding: elsewhere the demuxer has whole packets and remux is lossless.
-    """
-    packets = clip.packets
-    for _ in range(3):
-        data = reader.remux(packets)
-        good = decoded_frame_count(data)
-        if good == len(packets):
-            dropped = len(clip.packets) - len(packets)
-            report.dropped_undecodable += dropped
-            if dropped:
-                keep = np.sort(clip.frame_t)[:len(packets)]
-                clip = Clip(clip.index, packets, keep, clip.t_start, clip.t_end, final=True)
-            return data, clip
-        if good == 0:
-            break
-        packets = packets[:good]
-    report.dropped_undecodable += len(clip.packets)
-    return None
-
-
 def process_session(job: SessionJob) -> SessionResult:
     """Cut, encode and write one session; a CaptureError quarantines it with a precise reason."""
     session, config = job.session, job.config
@@ -167,21 +144,14 @@ def _process(session: Session, config: ConvertConfig, writer: ShardWriter, resul
     demux = DemuxReport()
     video_path = session.path_of(session.video)
     try:
-        reader = VideoReader(video_path).__enter__()
+        source = VideoSource(video_path, audio=config.audio, transcode=config.transcode).__enter__()
     except FormatError as e:
         raise CaptureError(session.rel_of(session.video), str(e)) from None
     pending: deque[Future] = deque()
     try:
-        info = reader.info
-        for clip in reader.clips(config.clip_seconds, demux):
-            if clip.final and demux.truncated:
-                verified = _verified_final(reader, clip, demux)
-                if verified is None:
-                    continue
-                video, clip = verified
-            else:
-                video = reader.remux(clip.packets)
-            frame_t = clip.frame_t
+        info = source.info
+        for clip in source.clips(config.clip_seconds, demux):
+            video, frame_t = clip.data, clip.frame_t
             key = sample_key(session.session_id, clip.index)
             sl = window(actions.t, clip.t_start, clip.t_end)
             tsl = window(text_t, clip.t_start, clip.t_end)
@@ -191,7 +161,7 @@ def _process(session: Session, config: ConvertConfig, writer: ShardWriter, resul
                 "session": session.fields(),
                 "clip": {"index": clip.index, "t_start": clip.t_start, "t_end": clip.t_end,
                          "frames": len(frame_t), "duration": clip.t_end - clip.t_start},
-                "video": info.to_json(),
+                "video": info.to_json(clip.audio),
                 "controls": list(actions.controls),
                 "telemetry_channels": list(telemetry.channels),
                 "text": [e.to_json() for e in text[tsl]],
@@ -228,12 +198,12 @@ def _process(session: Session, config: ConvertConfig, writer: ShardWriter, resul
     finally:
         for f in pending:
             f.cancel()
-        reader.__exit__(None, None, None)
+        source.__exit__(None, None, None)
     if not result.rows:
         why = demux.truncated or "no decodable frames"
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
     result.repairs = {"actions": a_rep.to_json(), "telemetry": t_rep.to_json(), "text": x_rep.to_json(),
-                      "video": demux.to_json(), "audio_not_carried": info.has_audio}
+                      "video": demux.to_json(), "audio_not_carried": demux.audio_not_carried}
 
 
 def _write(sample: Sample, members: list[tuple[str, bytes]], row: dict, writer: ShardWriter,

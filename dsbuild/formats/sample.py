@@ -21,7 +21,8 @@ KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,80}")
 # Member extensions in canonical order (the order of tar members and of the hash).
 ARRAY_MEMBERS = ("actions.npy", "telemetry.npy", "timestamps.npy")
 EVENTS_MEMBER = "events.jsonl.zst"
-VIDEO_EXTS = ("mp4", "webm", "mkv")
+VIDEO_EXT = "mp4"  # the video member of every sample convert writes: every clip is MP4
+VIDEO_EXTS = ("mp4", "webm", "mkv")  # video members readers accept (versions written before clips were all MP4)
 
 
 def sample_key(session_id: str, clip_index: int) -> str:

@@ -29,7 +29,7 @@ CONTENT = ("decode", "frame_count", "fps", "resolution", "duration", "black_clip
 
 
 def _session_with_audio(root: Path, session_id: str) -> None:
-    """A capture whose video file also has an AAC track (convert records that it does not carry audio)."""
+    """A capture whose video file also has an AAC track (convert carries it into every clip)."""
     import av
 
     d = root / session_id
@@ -82,7 +82,7 @@ def test_clean_versions_pass_every_content_check(fixture, workers, request):
     assert report.summary["decoded_frames"] == sum(r["frames"] for r in index_rows(cat, vid))
 
 
-def test_frozen_and_black_clips_are_named_and_audio_that_was_not_carried_is_fine(stills):
+def test_frozen_and_black_clips_are_named_and_carried_audio_passes(stills):
     cat, vid = stills
     report = validate(cat, vid, options=ValidateOptions(level="full", workers=1))
     keys = [r["key"] for r in index_rows(cat, vid)]
@@ -92,7 +92,7 @@ def test_frozen_and_black_clips_are_named_and_audio_that_was_not_carried_is_fine
     assert set(o.item for o in report.check("black_clips").offenders) == black
     assert report.check("frozen_clips").status == report.check("black_clips").status == "fail"
     assert report.check("frozen_clips").measured == round(len(frozen) / len(keys), 6)
-    assert report.check("audio").status == "pass"  # "loud" has audio in the capture, dropped by convert
+    assert report.check("audio").status == "pass"  # "loud" carries its AAC track, in sync
     others = {c.name for c in report.checks if c.status == "fail"} - {"frozen_clips", "black_clips"}
     assert not others
     assert report.check("near_duplicates").status == "warn"  # still clips look alike: reported, not rejected
@@ -216,6 +216,8 @@ def test_events_problems_check_window_controls_values_count_and_bounds():
 def test_text_problems_catch_lone_surrogates_and_events_outside_the_window():
     good = {"t": 0.05, "speaker": "p", "text": "ünïcödé ok"}
     assert text_problems(_meta(text=[good])) == []
+    assert text_problems(_meta(text=[{"t": 0.05, "text": "no speaker"}, {**good, "speaker": None}])) == []
+    assert "string fields" in text_problems(_meta(text=[{**good, "speaker": 3}]))[0][1]
     surrogate = json.loads('{"t": 0.05, "speaker": "p", "text": "bad \\udcff"}')
     assert "not valid UTF-8" in text_problems(_meta(text=[surrogate]))[0][1]
     assert "outside the window" in text_problems(_meta(text=[{**good, "t": 3.0}]))[0][1]

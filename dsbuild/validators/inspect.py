@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dsbuild.formats.video import frame_rate
 from dsbuild.validators.checks.content import analyse_video, array_problems, events_problems, text_problems
 from dsbuild.validators.checks.structural import meta_problems, sample_problems, scan_shard
 from dsbuild.validators.reading import read_samples
@@ -97,8 +98,11 @@ def inspect_unit(unit: Unit) -> dict:
             clip, video = meta["clip"], meta["video"]
             fact["content"] = True
             fact["video"] = analyse_video(d.video, clip["frames"])
-            fact["expect"] = {"frames": clip["frames"], "fps": video["fps"], "width": video["width"],
-                              "height": video["height"], "duration": clip["t_end"] - clip["t_start"]}
+            ts = d.timestamps
+            rate = frame_rate(ts) if isinstance(ts, np.ndarray) and ts.shape == (clip["frames"],) else None
+            fact["expect"] = {"frames": clip["frames"], "fps": rate or video["fps"], "width": video["width"],
+                              "height": video["height"], "duration": clip["t_end"] - clip["t_start"],
+                              "t_start": clip["t_start"], "audio": video.get("audio")}
             dropped = meta["session"]["session_id"] in unit.audio_dropped
             fact["audio_expected"] = bool(video["has_audio"]) and not dropped
             problems += array_problems(meta, d.actions, d.telemetry, d.timestamps)

@@ -90,14 +90,16 @@ CHECKS: tuple[CheckDef, ...] = (
              (_t("max_decode_failures", 0, "count", _ZERO),), level="full"),
     CheckDef("frame_count", "content", "Decoded frames = metadata frames = timestamps length.",
              (_t("max_frame_count_mismatches", 0, "count", _ZERO),), level="full"),
-    CheckDef("fps", "content", "The frame rate measured from decoded timestamps (median interval) matches the "
-             "metadata.", (_t("max_fps_mismatches", 0, "count", _ZERO),
-                           _t("fps_tolerance", 0.02, "fraction", "relative; median intervals absorb VFR jitter")),
+    CheckDef("fps", "content", "The mean frame rate of the decoded timestamps matches the one of the clip's "
+             "recorded timestamps (the metadata's rate when those are unreadable).",
+             (_t("max_fps_mismatches", 0, "count", _ZERO),
+              _t("fps_tolerance", 0.02, "fraction", "relative; both rates come from the same timestamps, so "
+                                                    "variable-rate clips agree too")),
              level="full"),
     CheckDef("resolution", "content", "Decoded frames have the metadata's width and height.",
              (_t("max_resolution_mismatches", 0, "count", _ZERO),), level="full"),
-    CheckDef("duration", "content", "The decoded span (first to last frame plus one interval) matches the "
-             "clip window.", (_t("max_duration_mismatches", 0, "count", _ZERO),
+    CheckDef("duration", "content", "The decoded span (first to last frame plus the last one's duration) matches "
+             "the clip window (convert ends a window where its last carried frame ends).", (_t("max_duration_mismatches", 0, "count", _ZERO),
                               _t("duration_tolerance_frames", 1.5, "number",
                                  "frames; remuxed clips end on a keyframe, so one frame of slack plus jitter")),
              level="full"),
@@ -113,8 +115,9 @@ CHECKS: tuple[CheckDef, ...] = (
               _t("frozen_motion", 8.0, "number", "gray levels; a still image re-encoded changes by a few levels, "
                                                  "one small moving sprite by tens")),
              level="full"),
-    CheckDef("audio", "content", "A clip carries an audio stream exactly when the metadata says the source had "
-             "one and the build did not record dropping it.",
+    CheckDef("audio", "content", "A clip carries an audio track exactly when its metadata says so; the track "
+             "decodes, and starts and ends where the metadata says (within one audio frame of the first video "
+             "frame).",
              (_t("max_audio_mismatches", 0, "count", _ZERO),), level="full"),
     CheckDef("actions", "content", "The action array is float32 [frames, controls], finite, in [-1, 1].",
              (_t("max_action_errors", 0, "count", _ZERO),), level="full"),
@@ -125,8 +128,8 @@ CHECKS: tuple[CheckDef, ...] = (
     CheckDef("action_events", "content", "Raw action events decompress (bounded), parse, lie inside the clip "
              "window, name known controls, stay in [-1, 1] and match the metadata's count.",
              (_t("max_action_event_errors", 0, "count", _ZERO),), level="full"),
-    CheckDef("text", "content", "Text events are valid UTF-8 (no lone surrogates), inside the window, with a "
-             "speaker.", (_t("max_text_errors", 0, "count", _ZERO),), level="full"),
+    CheckDef("text", "content", "Text events are valid UTF-8 (no lone surrogates), inside the window; the "
+             "speaker is optional.", (_t("max_text_errors", 0, "count", _ZERO),), level="full"),
     # -- dataset level ------------------------------------------------------------------------------------
     CheckDef("titles", "dataset", "Samples and hours per title; every required title is present and every "
              "title has enough data.",

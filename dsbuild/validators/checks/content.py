@@ -10,7 +10,6 @@ does not depend on the spec.
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
@@ -24,6 +23,7 @@ GRAY_WIDTH = 64  # px; motion and darkness survive this downscale, and swscale a
 HASH_FRAMES = 4  # frames in the perceptual hash (4 x 64-bit dHash = 256 bits)
 MAX_EVENTS_BYTES = 64 << 20  # decompressed action events of one clip; beyond this it is a zip bomb
 TIME_EPS = 1e-6  # seconds; window edges are compared with float tolerance
+AUDIO_SLACK = 1e-3  # seconds beyond one audio frame: timestamp rounding in the clip's MP4 clocks
 
 
 def _why(e: BaseException) -> str:
@@ -42,54 +42,32 @@ def dhash(gray: np.ndarray) -> int:
 
 
 def analyse_video(data: bytes, frames_hint: int) -> dict:
-    """Decode one clip: frame count, size, frame rate and span from timestamps, audio, darkness, motion, hash.
+    """Decode one clip (``formats.probe``): frame count, sizes, frame rate and span from timestamps, audio
+    placement, darkness, motion, hash.
 
     Never raises for bad data; ``error`` says why decoding stopped (None when every frame decoded).
     """
-    import av
+    from dsbuild.formats.probe import probe_clip
+    from dsbuild.formats.video import frame_rate
 
-    out = {"decoded": 0, "error": None, "sizes": [], "fps": None, "span": None, "audio": None,
-           "luma_max": None, "motion": None, "phash": None}
     stride = max(1, int(frames_hint) // SAMPLED_FRAMES)
-    try:
-        container = av.open(io.BytesIO(data), metadata_errors="ignore")
-    except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
-        out["error"] = f"not a readable video ({_why(e)})"
-        return out
-    times, grays, sizes = [], [], set()
-    with container:
-        if not container.streams.video:
-            out["error"] = "no video stream"
-            return out
-        vs = container.streams.video[0]
-        vs.thread_type = "AUTO"  # ~1.8x over the SLICE default on one-slice-per-frame captures
-        # Strict: stop at the first bitstream error instead of concealing it (FFmpeg's default hides flipped
-        # bytes in H.264 behind error concealment, and the clip would "decode" with smeared frames).
-        vs.codec_context.options = {"err_detect": "explode"}
-        out["audio"] = bool(container.streams.audio)
-        gw = gh = None
-        try:
-            for i, frame in enumerate(container.decode(vs)):
-                out["decoded"] += 1
-                sizes.add((frame.width, frame.height))
-                if frame.time is not None:
-                    times.append(frame.time)
-                if i % stride == 0 and frame.width > 0 and frame.height > 0:
-                    if gw is None:
-                        gw = min(GRAY_WIDTH, frame.width)
-                        gh = max(8, round(gw * frame.height / frame.width))
-                    grays.append(frame.reformat(width=gw, height=gh, format="gray").to_ndarray())
-        except (av.error.FFmpegError, OSError, ValueError) as e:
-            out["error"] = f"decode error after {out['decoded']} frames ({_why(e)})"
-    if out["decoded"] == 0 and out["error"] is None:
-        out["error"] = "no frame decodes"
-    out["sizes"] = sorted(sizes)
-    if len(times) >= 2:
-        ts = np.sort(np.asarray(times, np.float64))
-        step = float(np.median(np.diff(ts)))
-        if step > 0:
-            out["fps"] = 1.0 / step
-            out["span"] = float(ts[-1] - ts[0]) + step
+    grays: list[np.ndarray] = []
+    size: list[int] = []
+
+    def sample(i: int, frame) -> None:
+        if i % stride or frame.width <= 0 or frame.height <= 0:
+            return
+        if not size:
+            gw = min(GRAY_WIDTH, frame.width)
+            size[:] = [gw, max(8, round(gw * frame.height / frame.width))]
+        grays.append(frame.reformat(width=size[0], height=size[1], format="gray").to_ndarray())
+
+    p = probe_clip(data, sample)
+    readable = p.codec is not None
+    out = {"decoded": p.frames, "error": p.error, "sizes": list(p.sizes),
+           "fps": frame_rate(p.frame_t), "span": p.span if len(p.frame_t) >= 2 else None,
+           "audio": (p.audio.to_json() if p.audio else False) if readable else None,
+           "luma_max": None, "motion": None, "phash": None}
     if grays:
         g = np.stack(grays).astype(np.float32)
         out["luma_max"] = float(g.mean(axis=(1, 2)).max())
@@ -104,7 +82,12 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
 
 
 def video_problems(v: dict, expect: dict, spec, audio_expected: bool) -> list[tuple[str, str]]:
-    """Measurements of one clip against its metadata and the spec's tolerances."""
+    """Measurements of one clip against its metadata and the spec's tolerances.
+
+    ``expect["fps"]`` is the clip's own rate from its timestamps (``formats.video.frame_rate``, as convert
+    computes them), so variable-rate clips compare like for like. ``expect["audio"]`` (the metadata's audio
+    span, seconds from the session's first frame) and ``expect["t_start"]``, when given, place the audio.
+    """
     out = []
     if v["error"]:
         out.append(("decode", v["error"]))
@@ -126,10 +109,31 @@ def video_problems(v: dict, expect: dict, spec, audio_expected: bool) -> list[tu
         out.append(("black_clips", f"brightest sampled frame has mean gray {v['luma_max']:.1f}"))
     if v["motion"] is not None and v["motion"] < spec["frozen_motion"]:
         out.append(("frozen_clips", f"mean frame difference {v['motion']:.3f} gray levels"))
-    if v["audio"] is not None and v["audio"] != audio_expected:
+    if v["audio"] is not None and bool(v["audio"]) != audio_expected:
         out.append(("audio", "clip has an audio stream the metadata does not announce" if v["audio"] else
                     "metadata announces audio, the clip has none"))
+    elif v["audio"] and audio_expected:
+        out += _audio_problems(v["audio"], expect)
     return out
+
+
+def _audio_problems(a: dict, expect: dict) -> list[tuple[str, str]]:
+    """The clip's audio decodes and sits where the metadata says, within one audio frame (convert cuts
+    copied audio at packet boundaries, so its start and end are up to one frame after the window's)."""
+    if a["error"]:
+        return [("audio", a["error"])]
+    if a["start"] is None:
+        return [("audio", "audio track has no packets")]
+    meta = expect.get("audio")
+    if not isinstance(meta, dict) or "t_start" not in expect:
+        return []
+    tol = a["frame_seconds"] + AUDIO_SLACK
+    start, end = meta["t_start"] - expect["t_start"], meta["t_end"] - expect["t_start"]
+    if abs(a["start"] - start) > tol:
+        return [("audio", f"audio starts {a['start']:+.4f} s from the first frame, metadata says {start:+.4f} s")]
+    if abs(a["end"] - end) > tol:
+        return [("audio", f"audio ends {a['end']:+.4f} s from the first frame, metadata says {end:+.4f} s")]
+    return []
 
 
 def array_problems(meta: dict, actions: np.ndarray, telemetry: np.ndarray, ts: np.ndarray) -> list[tuple[str, str]]:
@@ -202,13 +206,16 @@ def events_problems(meta: dict, blob: bytes) -> list[tuple[str, str]]:
 
 
 def text_problems(meta: dict) -> list[tuple[str, str]]:
+    """Text events: string ``text``, optional string ``speaker`` (the capture contract makes it optional),
+    valid UTF-8, inside the window."""
     t0, t1 = meta["clip"]["t_start"], meta["clip"]["t_end"]
     for n, e in enumerate(meta["text"], 1):
-        if not isinstance(e, dict) or not isinstance(e.get("text"), str) or not isinstance(e.get("speaker"), str):
-            return [("text", f"text event {n} is not {{t, speaker, text}} with string fields")]
+        if not isinstance(e, dict) or not isinstance(e.get("text"), str) or not isinstance(e.get("speaker"),
+                                                                                           (str, type(None))):
+            return [("text", f"text event {n} is not {{t, text[, speaker]}} with string fields")]
         try:
             e["text"].encode("utf-8")
-            e["speaker"].encode("utf-8")
+            (e.get("speaker") or "").encode("utf-8")
         except UnicodeEncodeError as err:
             return [("text", f"text event {n} is not valid UTF-8 ({err.reason} at {err.start})")]
         t = e.get("t")

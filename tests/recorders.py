@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 FFMPEG = shutil.which("ffmpeg")
 FFPROBE = shutil.which("ffprobe")
 SECONDS = 2.0
@@ -90,6 +92,9 @@ def write_streams(d: Path, video: str, session_id: str) -> None:
 
 
 def ffmpeg(*args: str) -> None:
+    """Run the ffmpeg CLI; the calling test skips (with the reason) where it is not installed."""
+    if FFMPEG is None or FFPROBE is None:
+        pytest.skip("the ffmpeg CLI is not installed (make ffmpeg, or apt-get install ffmpeg)")
     subprocess.run([FFMPEG, "-v", "error", "-nostdin", "-y", *args], check=True, capture_output=True,
                    timeout=120)
 

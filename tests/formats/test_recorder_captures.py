@@ -22,10 +22,8 @@ from dsbuild.formats.transcode import TranscodeSpecError, parse_transcode
 from dsbuild.formats.video import DemuxReport, VideoSource
 from dsbuild.validators import ValidateOptions, validate
 from tests.helpers import manifest, shard_files
-from tests.recorders import FFMPEG, FFPROBE, RECORDERS, ffmpeg, ffprobe_frames, record, write_streams
+from tests.recorders import RECORDERS, ffmpeg, ffprobe_frames, record, write_streams
 
-pytestmark = pytest.mark.skipif(FFMPEG is None or FFPROBE is None,
-                                reason="the ffmpeg CLI is not installed (make ffmpeg, or apt-get install ffmpeg)")
 CLIP = 0.5  # seconds: four clips per 2 s capture, so every kind has cuts inside it
 SLACK = 1e-3  # seconds beyond one audio frame
 

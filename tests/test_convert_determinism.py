@@ -48,7 +48,7 @@ def test_other_codecs_and_variable_frame_rate_are_cut_by_timestamps(tmp_path):
         with open(tmp_path / "cat" / row["shard"], "rb") as f:
             f.seek(row["offset"])
             from dsbuild.formats.webdataset import parse_members
-            video = next(p for n, p in parse_members(f.read(row["length"])) if n.endswith((".mp4", ".webm", ".mkv")))
+            video = next(p for n, p in parse_members(f.read(row["length"])) if n.endswith(".mp4"))  # every codec
         assert decoded_frame_count(video) == row["frames"]
         assert 1.5 <= row["t_end"] - row["t_start"] <= 2.5 or row["clip_index"] == 1
 

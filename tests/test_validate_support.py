@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from dsbuild.convert import ConvertConfig, convert
-from dsbuild.formats.sample import members_sha256
+from dsbuild.formats.sample import VIDEO_EXT, members_sha256
 from dsbuild.formats.webdataset import BLOCK, RECORD, _header, parse_members
 from dsbuild.lineage.hashing import sha256_bytes
 from dsbuild.lineage.index import index_bytes
@@ -102,7 +102,7 @@ def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None =
         doc["shards"][n] = {**rec, "path": path, "sha256": sha, "bytes": len(blob)}
         for r, (key, members), (off, length) in zip(srows, samples, ranges):
             canon = [(name.split(".", 1)[1], p) for name, p in members]
-            video = next((p for e, p in canon if e in ("mp4", "webm", "mkv")), b"")
+            video = next((p for e, p in canon if e == VIDEO_EXT), b"")
             new_rows.append({**r, "shard": path, "offset": off, "length": length, "sha256": members_sha256(canon),
                              "bytes": sum(len(p) for _, p in canon), "video_bytes": len(video)})
     idx = index_bytes(new_rows)

@@ -93,7 +93,7 @@ class _CopiedCut:
         rate = self.rate
         timed = [PacketRecord(p.data, round((t - base) * rate), None, round(d * rate), True)
                  for p, (t, d) in zip(self.packets, self.times)]
-        writer.write(stream, timed, Fraction(1, rate), 0, monotonic_dts(timed))
+        writer.write(stream, timed, monotonic_dts(timed), Fraction(1, rate), 0)
 
 
 class _EncodedCut:
@@ -289,8 +289,8 @@ def decode_audio(data: bytes, rate: int, channels: int | None = None) -> np.ndar
     """The first audio track of a clip as float32 PCM [samples, channels] at ``rate`` Hz.
 
     Resampled by swresample with its fixed default filter, so the same bytes give the same array.
-    ``channels`` None keeps the clip's channel count. Raises FormatError when the clip has no decodable
-    audio.
+    ``channels`` None keeps the clip's channel layout; 1 and 2 down/up-mix. Raises FormatError when the clip
+    has no decodable audio, ValueError for another channel count.
     """
     import io
 
@@ -304,12 +304,15 @@ def decode_audio(data: bytes, rate: int, channels: int | None = None) -> np.ndar
             if not c.streams.audio:
                 raise FormatError("clip has no audio track")
             s = c.streams.audio[0]
-            n = channels or s.codec_context.channels
-            layout = av.AudioLayout(n).name
+            own = s.codec_context.layout
+            n = channels or own.nb_channels
+            layout = own.name if n == own.nb_channels else {1: "mono", 2: "stereo"}.get(n)
+            if layout is None:
+                raise ValueError(f"channels={channels}: use 1, 2 or the clip's own {own.nb_channels}")
             resampler = av.AudioResampler(format="flt", layout=layout, rate=rate)
             for frame in c.decode(s):
                 out += [r.to_ndarray().reshape(-1, n) for r in resampler.resample(frame)]
             out += [r.to_ndarray().reshape(-1, n) for r in resampler.resample(None)]
-    except (av.error.FFmpegError, OSError, ValueError) as e:
+    except (av.error.FFmpegError, OSError) as e:
         raise FormatError(f"clip audio does not decode ({why(e)})") from None
     return np.concatenate(out) if out else np.zeros((0, channels or 1), np.float32)

@@ -87,13 +87,12 @@ class Mp4Writer:
         """An output stream fed by an encoder (transcoded video, re-encoded audio)."""
         return self._out.add_stream(codec, **kwargs)
 
-    def write(self, stream, packets: list[PacketRecord], time_base: Fraction, shift: int,
-              dts: list[int] | None = None) -> None:
-        """Mux ``packets`` (decode order) into ``stream`` with timestamps moved back by ``shift`` ticks."""
+    def write(self, stream, packets: list[PacketRecord], dts: list[int], time_base: Fraction, shift: int) -> None:
+        """Mux ``packets`` (decode order; ``dts`` from ``monotonic_dts``) into ``stream``, timestamps moved
+        back by ``shift`` ticks."""
         import av
 
-        dts = dts if dts is not None else [p.pts if p.dts is None else p.dts for p in packets]
-        for rec, d in zip(packets, dts):
+        for rec, d in zip(packets, dts, strict=True):
             pkt = av.Packet(rec.data)
             pkt.pts, pkt.dts = rec.pts - shift, d - shift
             pkt.duration, pkt.time_base, pkt.is_keyframe = rec.duration, time_base, rec.keyframe

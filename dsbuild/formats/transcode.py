@@ -26,6 +26,7 @@ options is removed, so a clip's bytes depend only on the source and the spec, gi
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -64,6 +65,8 @@ _INT = re.compile(r"(gop|crf|bf)(\d{1,4})")
 
 @dataclass(frozen=True)
 class TranscodeSpec:
+    """One training encoding (see the module docstring for the grammar); ``str()`` is its canonical form."""
+
     codec: str
     width: int | None = None
     height: int | None = None
@@ -73,17 +76,16 @@ class TranscodeSpec:
     bf: int = 0
     pix_fmt: str | None = None
 
+    def __post_init__(self) -> None:
+        """Defaults resolved, so equal encodings compare (and hash) equal."""
+        if self.crf is None:
+            object.__setattr__(self, "crf", self.encoder.crf[0])
+        if self.pix_fmt is None:
+            object.__setattr__(self, "pix_fmt", self.encoder.pix_fmt)
+
     @property
     def encoder(self) -> _Encoder:
         return ENCODERS[self.codec]
-
-    @property
-    def out_pix_fmt(self) -> str:
-        return self.pix_fmt or self.encoder.pix_fmt
-
-    @property
-    def out_crf(self) -> int:
-        return self.encoder.crf[0] if self.crf is None else self.crf
 
     def __str__(self) -> str:
         """The canonical spec string: parses back to an equal spec."""
@@ -93,26 +95,26 @@ class TranscodeSpec:
         if self.fps:
             parts.append(f"{self.fps.numerator}/{self.fps.denominator}fps" if self.fps.denominator != 1
                          else f"{self.fps.numerator}fps")
-        parts += [f"gop{self.gop}", f"crf{self.out_crf}"] + ([f"bf{self.bf}"] if self.bf else [])
-        return ":".join(parts + [self.out_pix_fmt])
+        parts += [f"gop{self.gop}", f"crf{self.crf}"] + ([f"bf{self.bf}"] if self.bf else [])
+        return ":".join(parts + [self.pix_fmt])
 
     def encoder_options(self) -> dict[str, str]:
         """FFmpeg options of the encoder (besides size, rate, pixel format): what defines the bitstream."""
         enc, gop = self.encoder, str(self.gop)
         opts = dict(enc.options)
         if self.codec == "h264":
-            opts.update(crf=str(self.out_crf), g=gop, keyint_min=gop, sc_threshold="0", bf=str(self.bf),
+            opts.update(crf=str(self.crf), g=gop, keyint_min=gop, sc_threshold="0", bf=str(self.bf),
                         flags="+cgop", threads="1")
         elif self.codec == "hevc":
-            opts.update(crf=str(self.out_crf), g=gop, **{"x265-params": (
+            opts.update(crf=str(self.crf), g=gop, **{"x265-params": (
                 f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:bframes={self.bf}:info=0:"
                 "pools=none:frame-threads=1:wpp=0:log-level=error")})
         elif self.codec == "av1":
-            opts.update(crf=str(self.out_crf), g=gop, **{"svtav1-params": "scd=0:lp=1"})
+            opts.update(crf=str(self.crf), g=gop, **{"svtav1-params": "scd=0:lp=1"})
         elif self.codec == "vp9":
-            opts.update(crf=str(self.out_crf), g=gop, keyint_min=gop, threads="1", **{"row-mt": "0"})
+            opts.update(crf=str(self.crf), g=gop, keyint_min=gop, threads="1", **{"row-mt": "0"})
         else:  # mjpeg: every frame is a keyframe; quality is the fixed qscale
-            opts.update(qscale=str(self.out_crf))
+            opts.update(qscale=str(self.crf))
         return opts
 
     def encoder_settings(self) -> dict:
@@ -120,15 +122,15 @@ class TranscodeSpec:
         import av
 
         return {"spec": str(self), "encoder": self.encoder.name, "options": self.encoder_options(),
-                "pix_fmt": self.out_pix_fmt, "scale_flags": SCALE_FLAGS, "pyav": av.__version__,
+                "pix_fmt": self.pix_fmt, "scale_flags": SCALE_FLAGS, "pyav": av.__version__,
                 "ffmpeg": av.ffmpeg_version_info,
                 "libraries": {k: ".".join(map(str, v)) for k, v in sorted(av.library_versions.items())},
                 "encoder_library": _library_version(self.encoder.name)}
 
     def to_json(self) -> dict:
         return {"spec": str(self), "codec": self.codec, "width": self.width, "height": self.height,
-                "fps": str(self.fps) if self.fps else None, "gop": self.gop, "crf": self.out_crf, "bf": self.bf,
-                "pix_fmt": self.out_pix_fmt}
+                "fps": str(self.fps) if self.fps else None, "gop": self.gop, "crf": self.crf, "bf": self.bf,
+                "pix_fmt": self.pix_fmt}
 
 
 def parse_transcode(text: str) -> TranscodeSpec:
@@ -203,9 +205,11 @@ def open_encoder(writer, spec: TranscodeSpec, width: int, height: int, rate: Fra
     its version SEI, only to read the version)."""
     import av
 
+    if spec.codec == "av1":
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner to stderr past FFmpeg's log level
     stream = writer.add_stream(spec.encoder.name, rate=rate or None)
     cc = stream.codec_context
-    stream.width, stream.height, stream.pix_fmt = width, height, spec.out_pix_fmt
+    stream.width, stream.height, stream.pix_fmt = width, height, spec.pix_fmt
     stream.time_base = cc.time_base = time_base
     cc.thread_count = 1
     cc.flags |= av.codec.context.Flags.bitexact
@@ -230,7 +234,7 @@ class _Scaler:
         import av
 
         key = (frame.width, frame.height, frame.format.name)
-        if key == (*self.size, self.spec.out_pix_fmt):
+        if key == (*self.size, self.spec.pix_fmt):
             return frame
         if key != self._key:
             g = av.filter.Graph()
@@ -238,7 +242,7 @@ class _Scaler:
             src = g.add_buffer(width=frame.width, height=frame.height, format=frame.format,
                                time_base=frame.time_base or Fraction(1, 1000))
             scale = g.add("scale", f"{self.size[0]}:{self.size[1]}:flags={SCALE_FLAGS}")
-            fmt = g.add("format", self.spec.out_pix_fmt)
+            fmt = g.add("format", self.spec.pix_fmt)
             sink = g.add("buffersink")
             src.link_to(scale)
             scale.link_to(fmt)
@@ -271,7 +275,7 @@ def _encode_raw(spec: TranscodeSpec, frames, info: bool = False) -> bytes:
         for i, arr in enumerate([*frames, None]):
             frame = None
             if arr is not None:
-                frame = av.VideoFrame.from_ndarray(arr, format="rgb24").reformat(format=spec.out_pix_fmt)
+                frame = av.VideoFrame.from_ndarray(arr, format="rgb24").reformat(format=spec.pix_fmt)
                 frame.pts = i
             out += [bytes(p) for p in stream.encode(frame)]
         return (stream.codec_context.extradata or b"") + b"".join(out)

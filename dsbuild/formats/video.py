@@ -63,8 +63,8 @@ class VideoInfo:
     codec_tag: str | None
     width: int
     height: int
-    fps: float | None
-    time_base: Fraction
+    fps: float | None  # nominal: the container's average rate (the spec's when transcoding to a rate)
+    time_base: Fraction  # of the clips' video timestamps
     audio: AudioInfo | None
     source: str  # "<codec> in <container>" of the capture file, for messages
     container: str = CONTAINER
@@ -189,7 +189,8 @@ class VideoSource:
                        height=s.height or cc.height + cc.height % 2, fps=float(s.fps) if s.fps else fps)
         self._audio_report.tracks = len(c.streams.audio)
         audio = self._open_audio() if self._want_audio and c.streams.audio else None
-        self.info = VideoInfo(**out, time_base=vs.time_base, audio=audio, source=f"{codec} in {fmt}")
+        tb = 1 / self.spec.fps if self.spec is not None and self.spec.fps else vs.time_base
+        self.info = VideoInfo(**out, time_base=tb, audio=audio, source=f"{codec} in {fmt}")
 
     def _open_audio(self) -> AudioInfo | None:
         import av
@@ -283,7 +284,7 @@ class VideoSource:
         for this decode: elsewhere the demuxer has whole packets and remux is lossless)."""
         kept = packets
         for _ in range(TRIM_TRIES):
-            good = sum(1 for _ in self._decode(kept))
+            good = sum(1 for _ in self._decode(kept, strict=False))
             if good == len(kept):
                 break
             kept = kept[:good]
@@ -299,13 +300,14 @@ class VideoSource:
         if t_end - t_start > 1.5 * clip_seconds:
             report.long_clips += 1
         cut = self._audio.cut(t_start, t_end) if self._audio is not None else None
+        packets = seg.packets
         try:
-            data, frame_t = self._mux(seg.packets, t_start, t_end, cut)
+            data, frame_t = self._mux(packets, t_start, t_end, cut)
         except FormatError:
             if cut is None:
                 raise
             report.audio.clips_without_audio += 1  # the audio would not mux: keep the video
-            data, frame_t = self._mux(seg.packets, t_start, t_end, None)
+            data, frame_t = self._mux(packets, t_start, t_end, None)
             cut = None
         report.audio.clips_with_audio += cut is not None
         return Clip(index, data, frame_t, t_start, t_end, None if cut is None else cut.audio)
@@ -321,7 +323,7 @@ class VideoSource:
                 vstream = w.copy_stream(self._stream, self._tag)
                 astream = cut.add_to(w) if cut is not None else None
                 dts = monotonic_dts(packets)
-                w.write(vstream, packets, tb, min(dts), dts)
+                w.write(vstream, packets, dts, tb, min(dts))
                 frame_t = np.sort(np.array([self._t(p.pts) for p in packets], dtype=np.float64))
                 base = Fraction(min(dts) - self._t0) * tb
             else:
@@ -336,14 +338,19 @@ class VideoSource:
             w.abort()
             what = f"audio {cut.audio.codec}" if cut is not None else f"video {self.info.codec}"
             raise FormatError(f"{self.info.source}: writing an MP4 clip failed ({what}: {why(e)})") from None
+        except BaseException:
+            w.abort()
+            raise
 
-    def _decode(self, packets: list[PacketRecord]) -> Iterator[tuple[Fraction, object]]:
+    def _decode(self, packets: list[PacketRecord], strict: bool = True) -> Iterator[tuple[Fraction, object]]:
         """(seconds from the first video frame, frame) of a clip's packets, in presentation order, up to the
-        first packet the decoder refuses or the first frame it had to conceal."""
+        first packet the decoder refuses or the first frame it had to conceal: a FormatError when
+        ``strict`` (a transcode never encodes damage), else the end of the frames."""
         import av
 
         cc, tb = self._stream.codec_context, self._stream.time_base
         cc.flush_buffers()
+        n, why_not = 0, None
         try:
             for rec in [*packets, None]:
                 pkt = None
@@ -352,11 +359,18 @@ class VideoSource:
                     pkt.pts, pkt.dts, pkt.time_base = rec.pts, rec.dts, tb
                 for frame in cc.decode(pkt):
                     if frame.is_corrupt:
-                        return
+                        why_not = f"frame {n + 1} is damaged"
+                        break
+                    n += 1
                     if frame.pts is not None:
                         yield Fraction(frame.pts - self._t0) * tb, frame
-        except (av.error.FFmpegError, ValueError):
-            return
+                if why_not:
+                    break
+        except (av.error.FFmpegError, ValueError) as e:
+            why_not = why(e)
+        if why_not and strict:
+            raise FormatError(f"{self.info.source}: the clip at {self._t(packets[0].pts):.3f} s does not decode "
+                              f"for transcoding after {n} frames ({why_not})")
 
 
 def decoded_frame_count(data: bytes) -> int:

@@ -102,7 +102,8 @@ class _EncodedCut:
     def __init__(self, samples: np.ndarray, start: Fraction, layout: str, info: AudioInfo):
         self.samples, self.start, self.layout = samples, start, layout
         rate = info.sample_rate
-        self.audio = ClipAudio(info.codec, rate, info.channels, float(start), float(start + Fraction(len(samples), rate)))
+        end = start + Fraction(len(samples), rate)
+        self.audio = ClipAudio(info.codec, rate, info.channels, float(start), float(end))
 
     def add_to(self, writer: Mp4Writer):
         import av
@@ -144,6 +145,8 @@ class AudioTrack:
         try:
             s = self._stream = self._container.streams.audio[0]
             cc = s.codec_context
+            if cc is None:
+                raise ValueError("FFmpeg has no decoder for this audio codec")
             if not 0 < cc.channels <= MAX_CHANNELS or not 0 < cc.sample_rate <= 768_000:
                 raise ValueError(f"{cc.channels} channels at {cc.sample_rate} Hz is not a usable audio track")
             codec = cc.codec.canonical_name
@@ -184,14 +187,25 @@ class AudioTrack:
                 duration = p.duration or round(Fraction(frame_ticks, self.info.sample_rate) / tb)
                 rec = PacketRecord(bytes(p), p.pts, p.dts, duration, True)
                 yield p.pts * tb - self.origin, rec, frames
-        except (av.error.FFmpegError, OSError) as e:
+        except (av.error.FFmpegError, OSError, IndexError) as e:  # IndexError: PyAV, on a stream added mid-file
             self.report.error = f"audio demux stopped after {self.report.packets} packets: {why(e)}"
 
     def cut(self, t_start: float, t_end: float):
         """The audio of window [t_start, t_end) as a cut to mux (``add_to(writer)`` then ``write``; ``.audio``
-        describes it), or None when the window has none or part of it did not decode (then counted)."""
+        describes it), or None when the window has none or part of it did not decode (then counted). An
+        error the decoder or resampler raises ends the track's audio (``report.error``), never the video."""
+        import av
+
+        if self.report.error is not None:
+            self.report.clips_without_audio += 1
+            return None
         lo, hi = Fraction(t_start), Fraction(t_end)
-        return self._copy_cut(lo, hi) if self._copy else self._encode_cut(lo, hi)
+        try:
+            return self._copy_cut(lo, hi) if self._copy else self._encode_cut(lo, hi)
+        except (av.error.FFmpegError, ValueError) as e:
+            self.report.error = f"audio stopped at {t_start:.3f} s: {why(e)}"
+            self.report.clips_without_audio += 1
+            return None
 
     def _take(self, hi: Fraction):
         """Packets starting before ``hi`` that were not taken yet."""

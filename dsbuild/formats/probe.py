@@ -18,6 +18,15 @@ from dsbuild.formats.mp4 import why
 ERR_DETECT = "crccheck+bitstream+buffer"  # find damage (and flag the frame) without aborting on warnings
 
 
+def frame_rate(frame_t: np.ndarray) -> float | None:
+    """Mean frame rate of sorted frame times: (frames - 1) / (last - first). One definition for a clip's
+    recorded timestamps (convert's, from packet times) and its decoded ones: exact for constant rates, the
+    true average for variable ones."""
+    if len(frame_t) < 2 or frame_t[-1] <= frame_t[0]:
+        return None
+    return (len(frame_t) - 1) / float(frame_t[-1] - frame_t[0])
+
+
 @dataclass(frozen=True)
 class AudioProbe:
     """The clip's first audio track; times in seconds from the clip's first video frame."""
@@ -55,6 +64,10 @@ class ClipProbe:
     @property
     def height(self) -> int | None:
         return self.sizes[0][1] if self.sizes else None
+
+    @property
+    def fps(self) -> float | None:
+        return frame_rate(self.frame_t)
 
     @property
     def span(self) -> float | None:
@@ -103,8 +116,9 @@ def probe_clip(data: bytes, on_frame=None) -> ClipProbe:
                     if frame.duration:
                         last_duration = float(frame.duration * frame.time_base) if frame.time_base else None
         except _Damaged as d:
-            error = f"decode error after {d.args[0]} frames (frame {d.args[0] + 1} is damaged; the decoder concealed it)"
-        except (av.error.FFmpegError, OSError, ValueError) as e:
+            n = d.args[0]
+            error = f"decode error after {n} frames (frame {n + 1} is damaged; the decoder concealed it)"
+        except (av.error.FFmpegError, OSError, ValueError, IndexError) as e:  # IndexError: PyAV, on a new stream
             error = f"decode error after {len(times)} frames ({why(e)})"
         if not times and error is None:
             error = "no frame decodes"

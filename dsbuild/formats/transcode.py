@@ -135,46 +135,42 @@ class TranscodeSpec:
 
 def parse_transcode(text: str) -> TranscodeSpec:
     """``"h264:256x256:30fps:gop8"`` -> TranscodeSpec; TranscodeSpecError names the bad part and the grammar."""
-    parts = str(text).strip().lower().split(":")
-    codec = parts[0]
+
+    def bad(why: str) -> TranscodeSpecError:
+        return TranscodeSpecError(f"transcode spec {text!r}: {why}")
+
+    codec, *parts = str(text).strip().lower().split(":")
     if codec not in ENCODERS:
-        raise TranscodeSpecError(f"transcode spec {text!r}: codec {codec!r} is not one of {', '.join(ENCODERS)}")
-    fields: dict = {}
-
-    def put(key: str, value, part: str) -> None:
-        if key in fields:
-            raise TranscodeSpecError(f"transcode spec {text!r}: {part!r} sets {key} a second time")
-        fields[key] = value
-
-    for part in parts[1:]:
+        raise bad(f"codec {codec!r} is not one of {', '.join(ENCODERS)}")
+    enc, fields = ENCODERS[codec], {}
+    for part in parts:
         if m := _SIZE.fullmatch(part):
-            w, h = int(m[1]), int(m[2])
-            if not (16 <= w <= MAX_SIDE and 16 <= h <= MAX_SIDE and w % 2 == 0 and h % 2 == 0):
-                raise TranscodeSpecError(f"transcode spec {text!r}: size {part} must be even, 16..{MAX_SIDE} a side")
-            put("size", (w, h), part)
+            key, value = "size", (int(m[1]), int(m[2]))
+            if not all(16 <= x <= MAX_SIDE and x % 2 == 0 for x in value):
+                raise bad(f"size {part} must be even, 16..{MAX_SIDE} a side")
         elif m := _RATE.fullmatch(part):
-            fps = Fraction(m[1])
-            if not 1 <= fps <= 240:
-                raise TranscodeSpecError(f"transcode spec {text!r}: rate {part} must be 1..240 fps")
-            put("fps", fps, part)
+            key, value = "fps", Fraction(m[1])
+            if not 1 <= value <= 240:
+                raise bad(f"rate {part} must be 1..240 fps")
         elif m := _INT.fullmatch(part):
-            put(m[1], int(m[2]), part)
-        elif part in _pix_fmts(ENCODERS[codec].name):
-            put("pix_fmt", part, part)
+            key, value = m[1], int(m[2])
+        elif part in _pix_fmts(enc.name):
+            key, value = "pix_fmt", part
         else:
-            raise TranscodeSpecError(
-                f"transcode spec {text!r}: cannot read {part!r}; options are WxH, <rate>fps, gop<N>, crf<N>, "
-                f"bf<N> or a pixel format {ENCODERS[codec].name} takes ({', '.join(_pix_fmts(ENCODERS[codec].name))})")
-    enc = ENCODERS[codec]
+            raise bad(f"cannot read {part!r}; options are WxH, <rate>fps, gop<N>, crf<N>, bf<N> or a pixel "
+                      f"format {enc.name} takes ({', '.join(_pix_fmts(enc.name))})")
+        if key in fields:
+            raise bad(f"{part!r} sets {key} a second time")
+        fields[key] = value
     gop, crf, bf = fields.get("gop", 30), fields.get("crf"), fields.get("bf", 0)
     if not 1 <= gop <= 1000:
-        raise TranscodeSpecError(f"transcode spec {text!r}: gop{gop} must be 1..1000 frames")
+        raise bad(f"gop{gop} must be 1..1000 frames")
     if crf is not None and not enc.crf[1] <= crf <= enc.crf[2]:
-        raise TranscodeSpecError(f"transcode spec {text!r}: crf{crf} is outside {enc.crf[1]}..{enc.crf[2]} for {codec}")
+        raise bad(f"crf{crf} is outside {enc.crf[1]}..{enc.crf[2]} for {codec}")
     if bf and not enc.b_frames:
-        raise TranscodeSpecError(f"transcode spec {text!r}: bf{bf} is only for h264 and hevc")
+        raise bad(f"bf{bf} is only for h264 and hevc")
     if not 0 <= bf <= 8:
-        raise TranscodeSpecError(f"transcode spec {text!r}: bf{bf} must be 0..8")
+        raise bad(f"bf{bf} must be 0..8")
     w, h = fields.get("size", (None, None))
     return TranscodeSpec(codec, w, h, fields.get("fps"), gop, crf, bf, fields.get("pix_fmt"))
 

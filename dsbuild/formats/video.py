@@ -47,14 +47,6 @@ def should_cut(clip_start: float, keyframe_t: float, clip_seconds: float) -> boo
     return keyframe_t - clip_start >= clip_seconds - CUT_EPS
 
 
-def frame_rate(frame_t: np.ndarray) -> float | None:
-    """Mean frame rate of sorted frame times: (frames - 1) / (last - first). The one definition convert
-    and validate share, exact for constant rates and the true average for variable ones."""
-    if len(frame_t) < 2 or frame_t[-1] <= frame_t[0]:
-        return None
-    return (len(frame_t) - 1) / float(frame_t[-1] - frame_t[0])
-
-
 @dataclass(frozen=True)
 class VideoInfo:
     """What the clips of a session hold (the transcoded stream when a spec is given)."""
@@ -173,6 +165,8 @@ class VideoSource:
             raise FormatError(f"no video stream in the {fmt} file")
         vs = self._stream = c.streams.video[0]
         cc = vs.codec_context
+        if cc is None:
+            raise FormatError(f"FFmpeg has no decoder for the video stream of the {fmt} file")
         if cc.width <= 0 or cc.height <= 0 or cc.width * cc.height > MAX_PIXELS:
             raise FormatError(f"declared resolution {cc.width}x{cc.height} is outside 1..{MAX_PIXELS} pixels")
         codec = cc.codec.canonical_name  # "av1", not the decoder name "libdav1d"
@@ -272,7 +266,7 @@ class VideoSource:
                     report.dropped_no_pts += 1
                     continue
                 yield PacketRecord(bytes(p), p.pts, p.dts, p.duration or 0, p.is_keyframe)
-        except (av.error.FFmpegError, OSError) as e:
+        except (av.error.FFmpegError, OSError, IndexError) as e:  # IndexError: PyAV, on a stream added mid-file
             report.truncated = f"demux stopped after {report.packets} packets: {why(e)}"
             return
         declared = self._stream.frames

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsbuild.formats.video import frame_rate
+from dsbuild.formats.probe import frame_rate
 from dsbuild.validators.checks.content import analyse_video, array_problems, events_problems, text_problems
 from dsbuild.validators.checks.structural import meta_problems, sample_problems, scan_shard
 from dsbuild.validators.reading import read_samples

@@ -48,7 +48,6 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
     Never raises for bad data; ``error`` says why decoding stopped (None when every frame decoded).
     """
     from dsbuild.formats.probe import probe_clip
-    from dsbuild.formats.video import frame_rate
 
     stride = max(1, int(frames_hint) // SAMPLED_FRAMES)
     grays: list[np.ndarray] = []
@@ -65,7 +64,7 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
     p = probe_clip(data, sample)
     readable = p.codec is not None
     out = {"decoded": p.frames, "error": p.error, "sizes": list(p.sizes),
-           "fps": frame_rate(p.frame_t), "span": p.span if len(p.frame_t) >= 2 else None,
+           "fps": p.fps, "span": p.span if len(p.frame_t) >= 2 else None,
            "audio": (p.audio.to_json() if p.audio else False) if readable else None,
            "luma_max": None, "motion": None, "phash": None}
     if grays:
@@ -84,7 +83,7 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
 def video_problems(v: dict, expect: dict, spec, audio_expected: bool) -> list[tuple[str, str]]:
     """Measurements of one clip against its metadata and the spec's tolerances.
 
-    ``expect["fps"]`` is the clip's own rate from its timestamps (``formats.video.frame_rate``, as convert
+    ``expect["fps"]`` is the clip's own rate from its timestamps (``formats.probe.frame_rate``, as convert
     computes them), so variable-rate clips compare like for like. ``expect["audio"]`` (the metadata's audio
     span, seconds from the session's first frame) and ``expect["t_start"]``, when given, place the audio.
     """

@@ -38,9 +38,6 @@ class AudioInfo:
     sample_rate: int
     channels: int
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class ClipAudio:

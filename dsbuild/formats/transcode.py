@@ -195,7 +195,7 @@ def _library_version(encoder: str) -> str | None:
     return m[1].decode() if m else None
 
 
-def open_encoder(writer, spec: TranscodeSpec, width: int, height: int, rate: Fraction | None, time_base: Fraction,
+def _open_encoder(writer, spec: TranscodeSpec, width: int, height: int, rate: Fraction | None, time_base: Fraction,
                  info: bool = False):
     """An encoder stream in ``writer`` for ``spec`` at the output size and clock (``info``: let x265 write
     its version SEI, only to read the version)."""
@@ -266,7 +266,7 @@ def _encode_raw(spec: TranscodeSpec, frames, info: bool = False) -> bytes:
 
     w = Mp4Writer()
     try:
-        stream = open_encoder(w, spec, spec.width, spec.height, Fraction(30), Fraction(1, 30), info)
+        stream = _open_encoder(w, spec, spec.width, spec.height, Fraction(30), Fraction(1, 30), info)
         out = []
         for i, arr in enumerate([*frames, None]):
             frame = None
@@ -287,7 +287,7 @@ class ClipEncoder:
                  source_tb: Fraction):
         self.writer, self.spec, self.source_tb = writer, spec, source_tb
         rate, tb = (spec.fps, 1 / spec.fps) if spec.fps else (source_rate, source_tb)
-        self.stream = open_encoder(writer, spec, size[0], size[1], rate, tb)
+        self.stream = _open_encoder(writer, spec, size[0], size[1], rate, tb)
         self.time_base = tb  # the encoder's clock (the muxer changes the stream's once the header is out)
         self._scale = _Scaler(spec, *size)
         self._bsf = _sei_filter(spec, self.stream)

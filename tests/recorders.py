@@ -46,6 +46,8 @@ RECORDERS = {
                                             "-x265-params", "log-level=error", "-tag:v", "hvc1", "-c:a", "aac")),
     # Capture cards / broadcast: open-GOP H.264 in MPEG-TS, Annex-B, ADTS AAC.
     "x264_opengop_ts": Recorder("video.ts", (*_x264("-bf", "3", "-x264-params", "open-gop=1"), "-c:a", "aac")),
+    "x265_ts": Recorder("video.ts", ("-c:v", "libx265", "-preset", "ultrafast", "-g", str(GOP),
+                                     "-x265-params", "log-level=error:bframes=3", "-c:a", "aac")),
     "mpeg2_ts": Recorder("video.ts", ("-c:v", "mpeg2video", "-bf", "2", "-g", str(GOP), "-q:v", "4",
                                       "-c:a", "mp2")),
     "vfr_aac_mp4": Recorder("video.mp4", (*_x264("-bf", "2"), "-c:a", "aac", "-fps_mode", "vfr",

@@ -112,7 +112,7 @@ def _cat(recorded) -> tuple[Path, str]:
 
 def test_hevc_tags_survive_and_untagged_hevc_gets_hvc1(recorded, tmp_path):
     _, _, _, samples = recorded
-    for kind in ("x265-hvc1-mov", "x265-mkv"):
+    for kind in ("x265-hvc1-mov", "x265-mkv", "x265-ts"):
         for s in samples[kind]:
             (tmp_path / "c.mp4").write_bytes(s["mp4"])
             assert ffprobe_frames(tmp_path / "c.mp4")[1] == "hvc1" == s["json"]["video"]["codec_tag"]

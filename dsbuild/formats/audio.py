@@ -132,34 +132,17 @@ class _EncodedCut:
 class AudioTrack:
     """The first audio stream of a capture, read by its own demuxer (memory holds one window, whatever the
     interleaving), cut to successive clip windows with ``cut``. Times are seconds from the first video
-    frame (``origin``, in the audio demuxer's clock)."""
+    frame (``origin``, in the audio demuxer's clock). Made by ``open_audio``."""
 
-    def __init__(self, path: Path, report: AudioReport):
-        import av
-
-        self.report = report
-        self._container = av.open(str(path), metadata_errors="ignore")
-        try:
-            s = self._stream = self._container.streams.audio[0]
-            cc = s.codec_context
-            if cc is None:
-                raise ValueError("FFmpeg has no decoder for this audio codec")
-            if not 0 < cc.channels <= MAX_CHANNELS or not 0 < cc.sample_rate <= 768_000:
-                raise ValueError(f"{cc.channels} channels at {cc.sample_rate} Hz is not a usable audio track")
-            codec = cc.codec.canonical_name
-            copy = codec in COPY_CODECS
-            if not copy:
-                report.reencoded_from = codec
-            self.info = AudioInfo(codec if copy else REENCODE_CODEC, codec, cc.sample_rate, cc.channels)
-            self._layout = cc.layout.name
-            self._copy = copy
-        except Exception:
-            self._container.close()
-            raise
+    def __init__(self, container, info: AudioInfo, report: AudioReport):
+        self.report, self.info, self._container = report, info, container
+        self._stream = container.streams.audio[0]
+        self._layout = self._stream.codec_context.layout.name
+        self._copy = info.codec == info.source_codec
         self.origin = Fraction(0)
         self._packets = self._demux()
-        self._next: tuple[Fraction, PacketRecord] | None = None
-        self._samples = _Samples(self.info.sample_rate, self.info.channels)  # re-encode path: decoded, not cut
+        self._next: tuple[Fraction, PacketRecord, list | None] | None = None
+        self._samples = _Samples(info.sample_rate, info.channels)  # re-encode path: decoded, not yet cut
         self._resampler = None
 
     def close(self) -> None:
@@ -294,6 +277,27 @@ class _Samples:
         self.start += Fraction(last, self.rate)
         self.count -= last
         return buf[first:last], start
+
+
+def open_audio(path: Path, report: AudioReport) -> AudioTrack:
+    """The capture's first audio track; ValueError/FFmpegError when it cannot be decoded or is implausible."""
+    import av
+
+    container = av.open(str(path), metadata_errors="ignore")
+    try:
+        cc = container.streams.audio[0].codec_context
+        if cc is None:
+            raise ValueError("FFmpeg has no decoder for this audio codec")
+        if not 0 < cc.channels <= MAX_CHANNELS or not 0 < cc.sample_rate <= 768_000:
+            raise ValueError(f"{cc.channels} channels at {cc.sample_rate} Hz is not a usable audio track")
+        codec = cc.codec.canonical_name
+        if codec not in COPY_CODECS:
+            report.reencoded_from = codec
+        info = AudioInfo(codec if codec in COPY_CODECS else REENCODE_CODEC, codec, cc.sample_rate, cc.channels)
+        return AudioTrack(container, info, report)
+    except BaseException:
+        container.close()
+        raise
 
 
 def decode_audio(data: bytes, rate: int, channels: int | None = None) -> np.ndarray:

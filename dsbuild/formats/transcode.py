@@ -20,7 +20,10 @@ t_start + k / rate (the last one whose time is at or before it), so the clip win
 Determinism: encoders run single-threaded with the bitexact flag, scaling goes through swscale with
 ``accurate_rnd+bitexact`` (no CPU-specific rounding), and the SEI in which x264 writes its version and
 options is removed, so a clip's bytes depend only on the source and the spec, given the same libraries.
-``TranscodeSpec.encoder_settings()`` names those libraries for the build's config hash.
+``TranscodeSpec.encoder_settings()`` names those libraries for the build's config hash. x264 runs without
+macroblock-tree rate control: with it, x264 read memory it never wrote when a clip ended inside its
+lookahead, and about 1 encode in 50 differed. SVT-AV1 prints a banner to stderr past FFmpeg's log level
+on every encoder it opens: the first AV1 encode sets ``SVT_LOG=1`` (errors only) unless it is set.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from dsbuild.errors import FormatError
-from dsbuild.formats.audio import AudioInfo, AudioReport, AudioTrack, ClipAudio
+from dsbuild.formats.audio import AudioInfo, AudioReport, ClipAudio, open_audio
 from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, check_mp4_video, monotonic_dts, mp4_tag, why
 from dsbuild.formats.sample import VIDEO_EXT
 from dsbuild.formats.transcode import ClipEncoder, TranscodeSpec, parse_transcode
@@ -190,7 +190,7 @@ class VideoSource:
         import av
 
         try:
-            self._audio = AudioTrack(self.path, self._audio_report)
+            self._audio = open_audio(self.path, self._audio_report)
         except (av.error.FFmpegError, OSError, ValueError) as e:
             self._audio_report.error = f"audio track cannot be read ({why(e)}); clips carry no audio"
             return None

@@ -33,7 +33,7 @@ from dsbuild.samples.writer import VideoSpec, encode_video  # noqa: E402
 
 SPECS = ("h264:128x128:gop8", "h264:128x128:30fps:gop8", "av1:128x128:gop8", "mjpeg:128x128")
 SIZE = 128
-GRAIN = 8  # noise amplitude: ~10 Mbit/s at 720p60, a typical capture bitrate
+GRAIN = 8  # noise amplitude: ~24 Mbit/s at 720p60, a high-quality recorder setting
 
 
 def make_source(out: Path, seconds: float) -> Path:

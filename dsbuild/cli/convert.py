@@ -15,6 +15,9 @@ def convert(
     format: str = typer.Option("webdataset", "--format", help="webdataset (tar) or parquet."),
     clip_seconds: float = typer.Option(8.0, "--clip-seconds", help="Target clip length (cut at keyframes)."),
     shard_size: str = typer.Option("256MB", "--shard-size", help="Target shard size, e.g. 256MB or 1GiB."),
+    audio: bool = typer.Option(True, "--audio/--no-audio", help="Carry the capture's audio in each clip."),
+    transcode: str = typer.Option(None, "--transcode", help="Re-encode clips, e.g. h264:256x256:30fps:gop8 "
+                                  "(codec[:WxH][:<rate>fps][:gop<N>][:crf<N>][:bf<N>][:<pix_fmt>])."),
     workers: int = typer.Option(0, "--workers", help="Worker processes (0 = one per core)."),
     executor: str = typer.Option("local", "--executor", help="local (process pool) or ray."),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start a local Ray)."),
@@ -26,7 +29,8 @@ def convert(
     from dsbuild.convert import ConvertConfig, convert as run_convert
     from dsbuild.convert.config import parse_size
 
-    config = ConvertConfig(format=format, clip_seconds=clip_seconds, shard_size=parse_size(shard_size))
+    config = ConvertConfig(format=format, clip_seconds=clip_seconds, shard_size=parse_size(shard_size),
+                           audio=audio, transcode=transcode)
     with SessionProgress("convert", enabled=not as_json) as progress:
         result = run_convert(captures, out, config, workers=workers or None, onto=onto,
                                  executor=executor, ray_address=ray_address, on_progress=progress)

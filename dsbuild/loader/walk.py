@@ -102,13 +102,14 @@ def walk_batches(start: Position, plans: Sequence[Plan], weights: np.ndarray, se
 
 
 def sample_chunk(cursors: Sequence[tuple[int, int]], plans: Sequence[Plan], weights: np.ndarray, seed: int,
-                 stop: bool, size: int) -> tuple[list[SampleRef], tuple[tuple[int, int], ...], bool]:
-    """The next ``size`` sample slots from ``cursors``: (refs, cursors after them, ended).
+                 stop: bool, size: int) -> tuple[list[SampleRef], tuple[tuple[int, int], ...], int | None]:
+    """The next ``size`` sample slots from ``cursors``: (refs, cursors after them, stopper).
 
     Slot s (counted over the whole stream: the sum of every source's consumed samples) goes to source
     ``schedule(s)``; a source's k-th use is position at + k of its epoch order (rolling into its next
     epoch). Under ``stop`` the chunk ends before the first slot that would start a new epoch of any
-    source, and that source is rolled to its next epoch (as ``walk_batches`` does)."""
+    source: ``stopper`` is that source (None if the chunk is whole), and its cursor stays at the end of
+    its epoch, so a walk restored after the chunk stops at once, as the uninterrupted one does."""
     slot = sum(e * plans[s].n + a for s, (e, a) in enumerate(cursors))
     srcs = schedule(weights, seed, slot, size)
     end = size
@@ -136,11 +137,8 @@ def sample_chunk(cursors: Sequence[tuple[int, int]], plans: Sequence[Plan], weig
                 refs[slot_k] = SampleRef(s, ep, i)
         total = e * n + a + len(uses)
         after[s] = (e, a + len(uses)) if stop else (total // n, total % n)
-    ended = end < size
-    if ended:
-        s = int(schedule(weights, seed, slot + end, 1)[0])
-        after[s] = (after[s][0] + 1, 0)
-    return refs, tuple(after), ended  # type: ignore[return-value]
+    stopper = int(schedule(weights, seed, slot + end, 1)[0]) if end < size else None
+    return refs, tuple(after), stopper  # type: ignore[return-value]
 
 
 def walk_samples(start: Position, plans: Sequence[Plan], weights: np.ndarray, seed: int, stop: bool,
@@ -148,7 +146,7 @@ def walk_samples(start: Position, plans: Sequence[Plan], weights: np.ndarray, se
     """mix="sample": batches planned over chunks of the interleaved sample stream."""
     cursors, j, inner = start.cursors, start.step, start.inner
     while True:
-        refs, after, ended = sample_chunk(cursors, plans, weights, seed, stop, spec.chunk)
+        refs, after, stopper = sample_chunk(cursors, plans, weights, seed, stop, spec.chunk)
         keys = _column(refs, plans, "bucket_keys")
         lengths = _column(refs, plans, "lengths")
         batches = plan_chunk(np.arange(len(refs)), spec, keys, lengths) if refs else []
@@ -157,8 +155,10 @@ def walk_samples(start: Position, plans: Sequence[Plan], weights: np.ndarray, se
             pos = Position(j + 1, after) if last else Position(j + 1, cursors, k + 1)
             yield Step(j, pos, items=tuple(tuple(refs[p] for p in item) for item in batches[k]))
             j += 1
-        if ended:
-            yield End(Position(j, after))
+        if stopper is not None:  # every rank moves past the end: that source's next epoch
+            rolled = list(after)
+            rolled[stopper] = (after[stopper][0] + 1, 0)
+            yield End(Position(j, tuple(rolled)))
             return
         cursors, inner = after, 0
 

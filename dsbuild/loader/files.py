@@ -107,6 +107,11 @@ class ShardFiles:
                 del self._open[shard]
                 h.close()
 
+    @property
+    def open_files(self) -> int:
+        """Shards open now (at most ``limit``, plus any held by threads mid-read when it was reached)."""
+        return len(self._open)
+
     def fd(self, h: _Handle) -> int:
         if h.fd is None:
             with self._lock:

@@ -20,7 +20,6 @@ from dsbuild.convert import ConvertConfig, convert  # noqa: E402
 from dsbuild.lineage.catalog import open_ref  # noqa: E402
 from dsbuild.lineage.remote import RemoteCatalog, ShardCache  # noqa: E402
 from dsbuild.lineage.verify import verify  # noqa: E402
-from dsbuild.loader import Loader  # noqa: E402
 
 CONFIG = ConvertConfig(clip_seconds=2.0)
 
@@ -146,26 +145,6 @@ def test_a_version_without_its_manifest_is_invisible(remote_catalog):
     fs.pipe(f"data/catalog/versions/{fake}/commit.json", b"{}")
     cat = RemoteCatalog(url).pull()
     assert fake not in {v.version_id for v in cat.versions()}
-
-
-def test_loader_reads_s3_through_a_bounded_verified_cache(remote_catalog, captures, tmp_path):
-    url, r = remote_catalog
-    convert(captures, tmp_path / "local", CONFIG, workers=1)
-
-    def stream(ref):
-        return [(k, v) for b in Loader(ref, decode="bytes", batch_size=2, seed=3) for k, v in zip(b["keys"], b["video"])]
-
-    assert stream(url) == stream(str(tmp_path / "local"))  # same version, same stream, same bytes
-    catalog, vid = open_ref(url)
-    sizes = sorted(s.bytes for s in catalog.manifest(vid).shards)
-    cache = ShardCache(catalog.remote, limit=sizes[-1] + sizes[-2], directory=tmp_path / "bounded")
-    for s in catalog.manifest(vid).shards:
-        cache.path(s.path, s.sha256, s.bytes)
-    total = sum(p.stat().st_size for p in cache.dir.iterdir())
-    assert total <= cache.limit and cache.downloads == len(sizes)
-    last = catalog.manifest(vid).shards[-1]
-    cache.path(last.path, last.sha256, last.bytes)
-    assert cache.downloads == len(sizes)  # cached and verified: not downloaded again
 
 
 def test_a_dropped_connection_mid_read_is_retried_and_data_is_identical(s3, remote_catalog, tmp_path):

@@ -21,10 +21,17 @@ import numpy as np
 from dsbuild.core.errors import FormatError
 
 
-def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None,
-                skip_nonref: bool = False) -> np.ndarray:
+def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:
+    """Index (decode order) of the packet to start decoding at for a frame at ``first_pts``: the last
+    keyframe at or before it. ``keyframes`` is (pts, is_keyframe) per packet in decode order."""
+    return max((k for k, (pts, key) in enumerate(keyframes) if key and pts <= first_pts), default=0)
+
+
+def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, skip_nonref: bool = False,
+                counts: dict | None = None) -> np.ndarray:
     """uint8 [len(indices), H, W, 3]: the clip's frames at ``indices`` (presentation order), resized to
-    ``size`` = (height, width) by swscale."""
+    ``size`` = (height, width) by swscale. ``counts["decoded"]`` (if given) grows by the frames the
+    decoder produced, ``counts["skipped_packets"]`` by the packets before the start keyframe."""
     import av
 
     try:
@@ -37,28 +44,34 @@ def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None,
             if int(indices[-1]) >= len(pts):
                 raise FormatError(f"video holds {len(pts)} frames, frame {int(indices[-1])} was asked for")
             wanted = {pts[int(i)]: k for k, i in enumerate(indices)}
-            first = pts[int(indices[0])]
-            start = max((k for k, p in enumerate(packets) if p.is_keyframe and p.pts <= first), default=0)
+            start = start_packet([(p.pts, p.is_keyframe) for p in packets], pts[int(indices[0])])
             stream.codec_context.thread_type = "AUTO"
-            got = _decode(stream, packets[start:], wanted, size, skip_nonref)
+            got, decoded = _decode(stream, packets[start:], wanted, size, skip_nonref)
             if got is None and skip_nonref:
-                got = _decode(stream, packets[start:], wanted, size, False)
+                got, more = _decode(stream, packets[start:], wanted, size, False)
+                decoded += more
     except (av.error.FFmpegError, IndexError, ValueError) as e:
         raise FormatError(f"video does not decode ({e})") from None
+    if counts is not None:
+        counts["decoded"] = counts.get("decoded", 0) + decoded
+        counts["skipped_packets"] = counts.get("skipped_packets", 0) + start
     if got is None:
         raise FormatError(f"video decoded fewer frames than its {len(pts)} packets")
     return got
 
 
-def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool) -> np.ndarray | None:
-    """Frames at the ``wanted`` pts (-> output slot) decoded from ``packets``; None if any is missing."""
+def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool) -> tuple[np.ndarray | None, int]:
+    """(frames at the ``wanted`` pts (-> output slot) decoded from ``packets`` or None if any is
+    missing, frames decoded)."""
     ctx = stream.codec_context
     ctx.flush_buffers()
     ctx.skip_frame = "NONREF" if skip_nonref else "DEFAULT"
     out = None
     left = len(wanted)
+    decoded = 0
     for packet in [*packets, None]:
         for frame in ctx.decode(packet):
+            decoded += 1
             slot = wanted.get(frame.pts)
             if slot is None:
                 continue
@@ -71,8 +84,8 @@ def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bo
             out[slot] = arr
             left -= 1
         if left == 0:
-            return out
-    return None
+            return out, decoded
+    return None, decoded
 
 
 def decode_torchcodec(data, indices: np.ndarray, size: tuple[int, int] | None, device: str) -> np.ndarray:

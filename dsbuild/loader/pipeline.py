@@ -126,7 +126,7 @@ class Mixture:
             files = [ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
                      for s in self.sources]
             self._readers = [SampleReader(s, f, o.verify) for s, f in zip(self.sources, files)]
-            self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend)
+            self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend, self._stats)
             self._io_pid = os.getpid()
         return self._readers, self._preparer
 

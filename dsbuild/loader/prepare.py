@@ -24,6 +24,7 @@ from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.permutation import derive_key
 from dsbuild.loader.read import RawSample, sample_arrays
 from dsbuild.loader.source import Source
+from dsbuild.loader.stats import Stats
 
 VIDEO_SLOT = MEMBERS.index(VIDEO_EXT)
 JSON_SLOT = MEMBERS.index("json")
@@ -57,8 +58,8 @@ class Preparer:
     """Turns read samples of the loader's sources into batch-ready samples (thread-safe)."""
 
     def __init__(self, options: LoaderOptions, sources: list[Source], controls: list[str], channels: list[str],
-                 backend: Backend):
-        self.o, self.sources, self.backend = options, sources, backend
+                 backend: Backend, stats: Stats):
+        self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
         self.widths = (len(controls), len(channels))
         self.maps: list[list[ColumnMap]] = [
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
@@ -95,7 +96,9 @@ class Preparer:
 
     def _decode(self, video, idx: np.ndarray) -> np.ndarray:
         if self.backend.name == "pyav":
-            frames = decode_pyav(video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1)
+            counts: dict = {}
+            frames = decode_pyav(video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts)
+            self.stats.add(counts={"decoded_frames": counts["decoded"]})
         else:
             frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)
         if len(frames) != len(idx):

@@ -8,7 +8,8 @@ MAX_KEYS = 100  # offending keys kept in stats
 
 
 class Stats:
-    """Counters and per-stage seconds (thread-safe). ``wait`` is time the consumer waited for data.
+    """Counters and per-stage seconds (thread-safe). ``wait`` is time the consumer waited for data;
+    ``decoded_frames`` against ``frames`` shows what crops and strides saved.
 
     ``threads`` attributes the same seconds (and batches) to the thread that recorded them: the loader's
     workers (``dsbuild-load_0``...) for read/decode/collate, the consumer's thread for wait/h2d.
@@ -17,7 +18,7 @@ class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts = {"batches": 0, "samples": 0, "frames": 0, "padding_frames": 0, "truncated": 0,
-                       "corrupt": 0, "bytes": 0}
+                       "corrupt": 0, "bytes": 0, "decoded_frames": 0}
         self.seconds = {"read": 0.0, "decode": 0.0, "collate": 0.0, "h2d": 0.0, "wait": 0.0}
         self.corrupt_keys: list[str] = []
         self.threads: dict[str, dict[str, float]] = {}

@@ -241,33 +241,36 @@ class Mixture:
         return batch
 
     def _metadata(self, batch: dict, nested: list) -> None:
-        """Per-sample fields (aligned with ``keys``: per item, or per item a list when packing)."""
+        """Per-sample fields, aligned with ``keys`` (per item; per item a list of them when packing)."""
         o = self.options
-
-        def field(get):
-            rows = [[get(ref, s) for ref, s, _ in item] for item in nested]
-            return rows if o.pack_frames else [r[0] for r in rows]
-
-        session = lambda ref: self.sources[ref.source].sessions[self.sources[ref.source].session_code[ref.index]]
-        batch["keys"] = field(lambda r, s: s["key"])
-        batch["source"] = field(lambda r, s: r.source)
-        batch["session_id"] = field(lambda r, s: session(r).session_id)
-        batch["title"] = field(lambda r, s: session(r).title)
-        batch["player"] = field(lambda r, s: session(r).player)
-        batch["conditions"] = field(lambda r, s: session(r).conditions)
-        src = lambda r: self.sources[r.source]
-        batch["codec"] = field(lambda r, s: src(r).codecs[src(r).codec_id[r.index]])
-        batch["width"] = field(lambda r, s: int(src(r).width[r.index]))
-        batch["height"] = field(lambda r, s: int(src(r).height[r.index]))
+        refs = [ref for item in nested for ref, _, _ in item]
+        samples = [s for item in nested for _, s, _ in item]
+        src = np.array([r.source for r in refs])
+        idx = np.array([r.index for r in refs])
+        flat: dict[str, list] = {"keys": [s["key"] for s in samples], "source": src.tolist()}
+        for k in np.unique(src).tolist():
+            at = np.flatnonzero(src == k)
+            for name, values in self.sources[k].fields(idx[at]).items():
+                if len(at) == len(refs):  # one source (always so with mix="batch")
+                    flat[name] = values
+                    continue
+                column = flat.setdefault(name, [None] * len(refs))
+                for p, v in zip(at.tolist(), values):
+                    column[p] = v
         if o.text:
-            batch["text"] = field(lambda r, s: s["text"])
+            flat["text"] = [s["text"] for s in samples]
         if o.decode == "bytes":
-            batch["video"] = field(lambda r, s: s["video"])
-            batch["container"] = field(lambda r, s: VIDEO_EXT)
-            batch["fps"] = field(lambda r, s: float(src(r).fps[r.index]) or None)
             _, prepare = self._io()
-            batch["codec_tag"] = field(lambda r, s: prepare.codec_tag(r.source, r.index))
-            batch["has_audio"] = field(lambda r, s: bool(src(r).has_audio[r.index]))
+            flat["video"] = [s["video"] for s in samples]
+            flat["container"] = [VIDEO_EXT] * len(refs)
+            flat["codec_tag"] = [prepare.codec_tag(r.source, r.index) for r in refs]
+        else:
+            for name in ("fps", "has_audio"):
+                flat.pop(name)
+        if o.pack_frames:
+            bounds = np.cumsum([0] + [len(item) for item in nested]).tolist()
+            flat = {name: [v[a:b] for a, b in zip(bounds, bounds[1:])] for name, v in flat.items()}
+        batch.update(flat)
 
     def __iter__(self) -> Iterator[dict]:
         self.open()

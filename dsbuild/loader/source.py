@@ -195,6 +195,22 @@ class Source:
                 raise FormatError(f"{self.keys[i]}: {m} member is smaller than its {self.frames[i]} x {rows[k][i]} "
                                   "array")
 
+    def fields(self, idx: np.ndarray) -> dict[str, list]:
+        """Per-sample fields of samples ``idx`` for a batch: session fields and the clip's encoding
+        (vectorised takes over per-session tables; no sample is read)."""
+        if not hasattr(self, "_tables"):
+            obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # 1-d even for dicts
+            self._tables = {name: obj([getattr(s, name) for s in self.sessions])
+                            for name in ("session_id", "title", "player", "conditions")}
+            self._codecs = obj(list(self.codecs))
+        codes = self.session_code[idx]
+        out = {name: table[codes].tolist() for name, table in self._tables.items()}
+        fps = self.fps[idx]
+        out.update(codec=self._codecs[self.codec_id[idx]].tolist(), width=self.width[idx].tolist(),
+                   height=self.height[idx].tolist(), fps=[f or None for f in fps.tolist()],
+                   has_audio=self.has_audio[idx].tolist())
+        return out
+
     def __len__(self) -> int:
         return len(self.keys)
 

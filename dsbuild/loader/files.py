@@ -199,6 +199,7 @@ class BufferPool:
         self.keep = keep
         self._buffers: list[bytearray] = []
         self._lock = threading.Lock()
+        self.allocated = 0  # buffers made so far (reuse keeps this flat)
 
     def take(self, n: int) -> bytearray:
         with self._lock:
@@ -207,6 +208,7 @@ class BufferPool:
                 if len(buf) >= n and sys.getrefcount(buf) <= self.IDLE_REFS:
                     del self._buffers[k]  # by position: list.remove would compare contents
                     return buf
+        self.allocated += 1
         return bytearray(-(-n // (1 << 20)) << 20)  # whole MiBs, so buffers fit many samples
 
     def give(self, buf: bytearray) -> None:

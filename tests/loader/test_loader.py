@@ -295,3 +295,13 @@ def test_numpy_by_default_and_torch_tensors_on_cpu(cat):
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="CUDA is not available"):
             next(iter(Loader(ref, batch_size=2, resize=(8, 8), device="cuda")))
+
+
+def test_parquet_and_webdataset_versions_deliver_the_same_samples(wds_catalog, parquet_catalog):
+    def by_key(ref):
+        loader = Loader(str(ref), decode="bytes", batch_size=2, seed=1, verify="sample")
+        out = {k: (bytes(v), a.tobytes()) for b in loader for k, v, a in zip(b["keys"], b["video"], b["actions"])}
+        assert loader.stats()["corrupt"] == 0
+        return out
+
+    assert by_key(wds_catalog[0]) == by_key(parquet_catalog[0])

@@ -190,17 +190,17 @@ def litdata_peer(data: Data, work: Path):
 
 def mosaic_peer(data: Data, work: Path):
     try:
-        sys.path.insert(0, "/work/scratch/peers")
         from importlib.util import find_spec
         import types
-        spec = find_spec("streaming")
-        if spec is None:
-            raise ImportError("mosaicml-streaming is not installed")
-        root = spec.submodule_search_locations[0]
-        for name, path in (("streaming", root), ("streaming.base", root + "/base")):  # skip torchvision imports
-            mod = types.ModuleType(name)
-            mod.__path__ = [path]
-            sys.modules.setdefault(name, mod)
+        if "streaming" not in sys.modules:
+            spec = find_spec("streaming")
+            if spec is None:
+                raise ImportError("mosaicml-streaming is not installed")
+            root = spec.submodule_search_locations[0]
+            for name, path in (("streaming", root), ("streaming.base", root + "/base")):  # skip torchvision
+                mod = types.ModuleType(name)
+                mod.__path__ = [path]
+                sys.modules[name] = mod
         from streaming.base.dataset import StreamingDataset
         from streaming.base.format.mds.writer import MDSWriter
         from streaming.base.util import clean_stale_shared_memory

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
 
-.PHONY: demo test readme venv clean chromium
+.PHONY: demo test readme venv clean chromium ffmpeg
 
 # torch is pinned (extra "torch"): a plain `torch` pulls a multi-GB CUDA build. ale-py is optional:
 # without it the demo falls back to synthetic captures and the Atari tests skip.
@@ -44,7 +44,13 @@ chromium:
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium >/dev/null 2>&1; } || \
 	  echo "note: could not install chromium; the HTML render test will skip"
 
-test: venv chromium
+# The recorder-capture tests write captures with the ffmpeg CLI (Debian's package); without it they skip.
+ffmpeg:
+	@command -v ffmpeg >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq ffmpeg >/dev/null 2>&1; } || \
+	  echo "note: could not install ffmpeg; the recorder-capture tests will skip"
+
+test: venv chromium ffmpeg
 	$(BIN)/python -m pytest
 
 # Runs every shell block of README.md and docs/*.md as written (tests/cli/test_readme.py).

@@ -22,7 +22,10 @@ def convert(
     format: str = typer.Option("webdataset", "--format", metavar="FORMAT", help="Shard format: webdataset or parquet."),
     clip_seconds: float = typer.Option(8.0, "--clip-seconds", metavar="S", help="Target clip length (cut at keyframes)."),
     shard_size: str = typer.Option("256MB", "--shard-size", metavar="SIZE", help="Target shard size: 256MB, 1GiB, bytes."),
-    no_audio: bool = typer.Option(False, "--no-audio", help="Leave game audio out of the clips."),
+    audio: bool = typer.Option(True, "--audio/--no-audio", help="Carry the capture's first audio track in each clip."),
+    transcode: str = typer.Option(None, "--transcode", metavar="SPEC",
+                                  help="Re-encode clips: codec[:WxH][:<rate>fps][:gop<N>][:crf<N>][:bf<N>][:<pix_fmt>], "
+                                       "e.g. h264:256x256:30fps:gop8."),
     workers: int = WORKERS,
     executor: str = EXECUTOR,
     ray_address: str = RAY_ADDRESS,
@@ -44,7 +47,7 @@ def convert(
 
     o = Out(as_json, quiet)
     config = ConvertConfig(format=format, clip_seconds=clip_seconds, shard_size=parse_size(shard_size, "--shard-size"),
-                           audio=not no_audio)
+                           audio=audio, transcode=transcode)
     spec = ExecutorSpec(executor, workers, ray_address)
     if dry_run:
         from dsbuild.cli._pending import plan_convert

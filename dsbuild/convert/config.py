@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from dsbuild.core.errors import UsageError
-from dsbuild.core.records import Record
+from dsbuild.core.records import JsonValue, Record
 from dsbuild.formats import format_names
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
@@ -38,6 +38,12 @@ class ConvertConfig(Record):
     zstd_level: int = 3
     # Game audio is a modality (world models, captioners train on it); --no-audio drops it.
     audio: bool = True
+    # None: clips are the source's packets, remuxed. A spec (formats.transcode, e.g. "h264:256x256:30fps:gop8")
+    # re-encodes them; stored in its canonical form so equal specs hash equally.
+    transcode: str | None = None
+    # Derived from ``transcode``: the encoder, its options and library versions (they define the bytes, so
+    # they are part of the config hash). Never set by hand.
+    transcode_encoder: JsonValue = None
 
     def __post_init__(self) -> None:
         if self.format not in format_names():
@@ -49,3 +55,14 @@ class ConvertConfig(Record):
             raise UsageError(f"--shard-size must be at least 64KiB, not {self.shard_size}")
         if not 1 <= self.zstd_level <= 22:
             raise UsageError(f"zstd level must be 1..22, not {self.zstd_level}")
+        encoder = None
+        if self.transcode is not None:
+            from dsbuild.formats.transcode import TranscodeSpecError, parse_transcode
+
+            try:
+                spec = parse_transcode(self.transcode)
+            except TranscodeSpecError as e:
+                raise UsageError(f"--transcode: {e}") from None
+            object.__setattr__(self, "transcode", str(spec))
+            encoder = spec.encoder_settings()
+        object.__setattr__(self, "transcode_encoder", encoder)

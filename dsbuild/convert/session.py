@@ -22,6 +22,7 @@ from dsbuild.core.jsonio import canonical_json, clip_text
 from dsbuild.formats import get_format
 from dsbuild.formats.capture import SESSION_FILE, Session
 from dsbuild.formats.sample import (
+    ClipAudio,
     ClipVideo,
     ClipWindow,
     Sample,
@@ -32,7 +33,7 @@ from dsbuild.formats.sample import (
     sample_key,
 )
 from dsbuild.formats.streams import ActionTrack, TelemetryTrack, TextTrack, scan
-from dsbuild.formats.video import Clip, DemuxReport, VideoReader, decoded_frame_count
+from dsbuild.formats.video import DemuxReport, VideoSource
 from dsbuild.lineage.index import IndexRow, parse_started_at
 from dsbuild.lineage.manifest import Quarantined, SourceRecord
 
@@ -130,29 +131,6 @@ def _events_blob(events: list[tuple], controls: tuple[str, ...], compressor: zst
     return compressor.compress(b"\n".join(lines) + (b"\n" if lines else b""))
 
 
-def _verified_final(reader: VideoReader, clip: Clip, report: DemuxReport) -> tuple[bytes, Clip] | None:
-    """Decode the last clip of a truncated video and trim the packets that do not decode.
-
-    Only truncated files pay for decoding: elsewhere the demuxer has whole packets and remux is lossless.
-    """
-    packets = clip.packets
-    for _ in range(3):
-        data = reader.remux(packets)
-        good = decoded_frame_count(data)
-        if good == len(packets):
-            dropped = len(clip.packets) - len(packets)
-            report.dropped_undecodable += dropped
-            if dropped:
-                keep = np.sort(clip.frame_t)[:len(packets)]
-                clip = Clip(clip.index, packets, keep, clip.t_start, clip.t_end, final=True)
-            return data, clip
-        if good == 0:
-            break
-        packets = packets[:good]
-    report.dropped_undecodable += len(clip.packets)
-    return None
-
-
 def process_session(job: SessionJob) -> SessionResult:
     """Cut and encode one session into its segment file; a CaptureError quarantines it with the reason."""
     session = job.session
@@ -195,6 +173,15 @@ def _reason(session: Session, e: Exception) -> tuple[str, str]:
     return session.rel_of(session.video), clip_text(f"unexpected {type(e).__name__}: {e}", 400)
 
 
+def _clip_video(info, clip) -> ClipVideo:
+    """The clip's encoding for its metadata; audio placement relative to the clip's first video frame."""
+    a = clip.audio
+    audio = None if a is None else ClipAudio(a.codec, a.sample_rate, a.channels,
+                                             start=a.t_start - float(clip.frame_t[0]), duration=a.t_end - a.t_start)
+    return ClipVideo(info.codec, info.width, info.height, info.fps, codec_tag=info.codec_tag,
+                     has_audio=audio is not None, audio=audio)
+
+
 def _stream(session: Session, kind: str, root: Path):
     name = session.streams.get(kind)
     path = session.path_of(name) if name else None
@@ -218,20 +205,15 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> No
                            session.started_at, dict(session.conditions))
     demux = DemuxReport()
     try:
-        reader = VideoReader(session.path_of(session.video)).__enter__()
+        video_source = VideoSource(session.path_of(session.video), audio=config.audio,
+                                   transcode=config.transcode).__enter__()
     except FormatError as e:
         raise CaptureError(session.rel_of(session.video), str(e)) from None
     source_list, seen = None, None
     try:
-        info = reader.info
-        for clip in reader.clips(config.clip_seconds, demux):
-            if clip.final and demux.truncated:
-                verified = _verified_final(reader, clip, demux)
-                if verified is None:
-                    continue
-                video, clip = verified
-            else:
-                video = reader.remux(clip.packets)
+        info = video_source.info
+        for clip in video_source.clips(config.clip_seconds, demux):
+            video = clip.data
             if source_list is None:
                 source_list, seen = sources.result()
             frame_t = clip.frame_t
@@ -241,7 +223,7 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> No
             meta = SampleMeta(
                 key=key, session=fields,
                 clip=ClipWindow(clip.index, clip.t_start, clip.t_end, len(frame_t), clip.t_end - clip.t_start),
-                video=ClipVideo(info.codec, info.width, info.height, info.fps, has_audio=False),
+                video=_clip_video(info, clip),
                 controls=actions.controls, telemetry_channels=telemetry.channels,
                 text=tuple(TextEvent(e["t"], e["text"], e["speaker"]) for e in texts),
                 action_events=len(raw), sources={s.role: s.sha256 for s in source_list})
@@ -259,18 +241,18 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> No
                          started_at=parse_started_at(session.started_at),
                          conditions=tuple(sorted(session.conditions.items())), clip_index=clip.index,
                          t_start=clip.t_start, t_end=clip.t_end, frames=len(frame_t), fps=info.fps,
-                         width=info.width, height=info.height, codec=info.codec, has_audio=False,
+                         width=info.width, height=info.height, codec=info.codec, has_audio=clip.audio is not None,
                          n_controls=len(actions.controls), n_channels=len(telemetry.channels),
                          video_bytes=len(video), bytes=sum(len(p) for _, p in members),
                          action_events=len(raw), text_events=len(texts),
                          source_video_sha256=meta.sources["video"]),
                 offset, len(segment.data), segment.member_bytes))
     finally:
-        reader.__exit__(None, None, None)
+        video_source.__exit__(None, None, None)
     if not result.samples:
         why = demux.truncated or "no decodable frames"
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
     result.sources = source_list
     _check_unchanged(session, seen)
     result.repairs = {k: s.report.to_json() for k, s in scans.items()}
-    result.repairs.update(video=demux.to_json(), audio_not_carried=info.has_audio)
+    result.repairs.update(video=demux.to_json(), audio_not_carried=demux.audio_not_carried)

@@ -1,14 +1,23 @@
-"""Video through PyAV: keyframe-aligned clips remuxed without re-encoding, and decoding for checks.
+"""A capture's video (and audio) as keyframe-aligned MP4 clips: ``VideoSource``.
 
-Clips are cut while demuxing, so memory holds one clip's packets, never a whole session. A clip starts
-at a keyframe and ends at the first keyframe at least ``clip_seconds`` later (``should_cut``); when the
-keyframe interval is longer than that, the clip is longer (never re-encoded) and counted as long.
+Clips are cut while demuxing, so memory holds about two clips' packets, never a whole session. A clip
+starts at a keyframe and ends at the first keyframe at least ``clip_seconds`` later (``should_cut``);
+when the keyframe interval is longer than that, the clip is longer (never re-encoded) and counted as long.
 Time comes from packet timestamps, so variable frame rate needs no special case.
+
+Open GOPs (x265's default, x264 ``open-gop``, MPEG-2, MPEG-4 Part 2): frames that follow a cut keyframe
+in decode order but are shown before it reference the previous GOP, so they cannot decode in the new
+clip. They are dropped and counted (``dropped_leading``), and the previous clip's window ends where they
+would have started: a window always ends where its last frame ends, so every modality cut to the window
+matches the video, and the duration check keeps its one-frame tolerance.
+
+Every clip is MP4 (member extension ``mp4``): see ``formats.mp4`` for what the remux repairs and
+``formats.audio`` for how audio is cut. A codec MP4 cannot hold (ProRes, VP8, ...) is a FormatError at
+open unless a ``transcode`` spec re-encodes the video (``formats.transcode``).
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -17,12 +26,15 @@ from typing import Iterator
 import numpy as np
 
 from dsbuild.core.errors import FormatError
+from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, open_audio
+from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, check_mp4_video, monotonic_dts, mp4_tag, why
+from dsbuild.formats.sample import VIDEO_EXT
+from dsbuild.formats.transcode import ClipEncoder, TranscodeSpec, parse_transcode
 
 MAX_PIXELS = 8192 * 8192  # a declared resolution beyond this is hostile or broken, not a game capture
 CUT_EPS = 1e-3  # seconds; keyframe times are rationals, compare with a tolerance below one frame
-# Output container per codec: mp4 where players and loaders expect it, WebM for VP8/9, Matroska otherwise.
-_CONTAINERS = {"h264": ("mp4", "mp4"), "hevc": ("mp4", "mp4"), "av1": ("mp4", "mp4"),
-               "mpeg4": ("mp4", "mp4"), "vp8": ("webm", "webm"), "vp9": ("webm", "webm")}
+CONTAINER = "mp4"
+TRIM_TRIES = 3  # decode-and-trim rounds for the final clip of a truncated file
 
 
 def seconds(ticks: int, time_base: Fraction) -> float:
@@ -44,54 +56,49 @@ def frame_rate(frame_t: np.ndarray) -> float | None:
 
 
 @dataclass(frozen=True)
-class PacketRecord:
-    """A demuxed packet detached from its container, so a clip can be remuxed more than once."""
+class VideoInfo:
+    """What the clips of a session hold (the transcoded stream when a spec is given)."""
 
-    data: bytes
-    pts: int
-    dts: int | None
-    duration: int
-    keyframe: bool
+    codec: str
+    codec_tag: str | None
+    width: int
+    height: int
+    fps: float | None  # nominal: the container's average rate (the spec's when transcoding to a rate)
+    time_base: Fraction  # of the clips' video timestamps
+    audio: AudioInfo | None
+    source: str  # "<codec> in <container>" of the capture file, for messages
+    container: str = CONTAINER
+    ext: str = VIDEO_EXT
 
 
 @dataclass(frozen=True)
-class VideoInfo:
-    codec: str
-    width: int
-    height: int
-    fps: float | None
-    time_base: Fraction
-    has_audio: bool
-    container_format: str  # muxer used for clips
-    ext: str  # member extension of clips
-
-    def to_json(self) -> dict:
-        return {"codec": self.codec, "width": self.width, "height": self.height, "fps": self.fps,
-                "has_audio": self.has_audio, "container": self.ext}
-
-
-@dataclass
 class Clip:
     index: int
-    packets: list[PacketRecord]
-    frame_t: np.ndarray  # presentation times in seconds from the session's first frame, sorted
-    t_start: float
+    data: bytes  # a standalone MP4
+    frame_t: np.ndarray  # float64 seconds from the session's first frame, sorted, one per frame in ``data``
+    t_start: float  # the source window [t_start, t_end) the clip covers
     t_end: float
-    final: bool = False
+    audio: AudioSpan | None
 
 
 @dataclass
 class DemuxReport:
-    """Frames we could not carry, by reason (all counted, none silent)."""
+    """Frames and audio we could not carry, by reason (all counted, none silent)."""
 
     packets: int = 0
     dropped_before_keyframe: int = 0
     dropped_leading: int = 0  # open-GOP frames shown before their clip's keyframe
     dropped_no_pts: int = 0
+    dropped_duplicate_pts: int = 0
     dropped_undecodable: int = 0
     truncated: str | None = None  # set when the file ended early: the final clip is then decode-checked
     long_clips: int = 0
-    notes: list[str] = field(default_factory=list)
+    audio: AudioReport = field(default_factory=AudioReport)
+
+    @property
+    def audio_not_carried(self) -> bool:
+        """The capture has audio and no clip carries any (``audio=False``, or it was unusable)."""
+        return self.audio.tracks > 0 and self.audio.clips_with_audio == 0
 
     def to_json(self) -> dict:
         return {
@@ -99,49 +106,151 @@ class DemuxReport:
             "dropped_before_keyframe": self.dropped_before_keyframe,
             "dropped_leading": self.dropped_leading,
             "dropped_no_pts": self.dropped_no_pts,
+            "dropped_duplicate_pts": self.dropped_duplicate_pts,
             "dropped_undecodable": self.dropped_undecodable,
             "truncated": self.truncated,
             "long_clips": self.long_clips,
+            "audio": self.audio.to_json(),
         }
 
 
-class VideoReader:
-    """Demuxes one video file into keyframe-aligned clips. Use as a context manager."""
+@dataclass
+class _Segment:
+    """Packets from one cut keyframe to the next, in decode order (leading frames already dropped)."""
 
-    def __init__(self, path: Path):
-        self.path = path
-        self._container = None
-        self._stream = None
+    packets: list[PacketRecord]
+    key_pts: int
+    first_leading_pts: int | None = None  # earliest dropped leading frame: where the previous window ends
+    seen: set[int] = field(default_factory=set)  # pts in the segment (a repeated pts cannot be muxed)
+
+
+class VideoSource:
+    """One capture file as MP4 clips. ``with VideoSource(path) as src: for clip in src.clips(8.0, report)``.
+
+    ``audio=False`` drops the audio; ``transcode`` (a spec string or TranscodeSpec) re-encodes the video.
+    Raises FormatError (one line: codec, container, what failed) when the video cannot be read or stored.
+    """
+
+    def __init__(self, path: Path | str, audio: bool = True, transcode: TranscodeSpec | str | None = None):
+        self.path = Path(path)
+        self.spec = parse_transcode(transcode) if isinstance(transcode, str) else transcode
+        self._want_audio = audio
+        self._container = self._stream = self._audio = self._tag = None
+        self._audio_report = AudioReport()
+        self._t0: int | None = None  # pts of the first video frame: the session clock's zero
         self.info: VideoInfo | None = None
 
-    def __enter__(self) -> "VideoReader":
+    def __enter__(self) -> "VideoSource":
         import av
 
         try:
             self._container = av.open(str(self.path), metadata_errors="ignore")
         except (av.error.FFmpegError, OSError, ValueError) as e:
-            raise FormatError(f"not a readable video ({_why(e)})") from None
-        if not self._container.streams.video:
-            self._container.close()
-            raise FormatError("no video stream")
-        vs = self._stream = self._container.streams.video[0]
-        cc = vs.codec_context
-        if cc.width <= 0 or cc.height <= 0 or cc.width * cc.height > MAX_PIXELS:
-            self._container.close()
-            raise FormatError(f"declared resolution {cc.width}x{cc.height} is outside 1..{MAX_PIXELS} pixels")
-        codec = cc.codec.canonical_name  # "av1", not the decoder name "libdav1d"
-        fmt, ext = _CONTAINERS.get(codec, ("matroska", "mkv"))
-        rate = vs.average_rate or vs.guessed_rate
-        self.info = VideoInfo(
-            codec=codec, width=cc.width, height=cc.height,
-            fps=round(float(rate), 6) if rate else None, time_base=vs.time_base,
-            has_audio=bool(self._container.streams.audio), container_format=fmt, ext=ext,
-        )
+            raise FormatError(f"not a readable video ({why(e)})") from None
+        try:
+            self._open()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._audio is not None:
+            self._audio.close()
         if self._container is not None:
             self._container.close()
+
+    def _open(self) -> None:
+        c = self._container
+        fmt = c.format.name.split(",")[0]
+        if not c.streams.video:
+            raise FormatError(f"no video stream in the {fmt} file")
+        vs = self._stream = c.streams.video[0]
+        cc = vs.codec_context
+        if cc is None:
+            raise FormatError(f"FFmpeg has no decoder for the video stream of the {fmt} file")
+        if cc.width <= 0 or cc.height <= 0 or cc.width * cc.height > MAX_PIXELS:
+            raise FormatError(f"declared resolution {cc.width}x{cc.height} is outside 1..{MAX_PIXELS} pixels")
+        codec = cc.codec.canonical_name  # "av1", not the decoder name "libdav1d"
+        rate = vs.average_rate or vs.guessed_rate
+        fps = round(float(rate), 6) if rate else None
+        if self.spec is None:
+            self._tag = mp4_tag(codec, vs.codec_tag)
+            check_mp4_video(vs, codec, fmt, self._tag)
+            out = dict(codec=codec, codec_tag=self._tag, width=cc.width, height=cc.height, fps=fps)
+        else:
+            s = self.spec
+            vs.thread_type = "AUTO"  # decoding is bit-exact whatever the threads
+            out = dict(codec=s.codec, codec_tag=mp4_tag(s.codec, None), width=s.width or cc.width + cc.width % 2,
+                       height=s.height or cc.height + cc.height % 2, fps=float(s.fps) if s.fps else fps)
+        self._audio_report.tracks = len(c.streams.audio)
+        audio = self._open_audio() if self._want_audio and c.streams.audio else None
+        tb = 1 / self.spec.fps if self.spec is not None and self.spec.fps else vs.time_base
+        self.info = VideoInfo(**out, time_base=tb, audio=audio, source=f"{codec} in {fmt}")
+
+    def _open_audio(self) -> AudioInfo | None:
+        import av
+
+        try:
+            self._audio = open_audio(self.path, self._audio_report)
+        except (av.error.FFmpegError, OSError, ValueError) as e:
+            self._audio_report.error = f"audio track cannot be read ({why(e)}); clips carry no audio"
+            return None
+        return self._audio.info
+
+    def clips(self, clip_seconds: float, report: DemuxReport) -> Iterator[Clip]:
+        """Clips in order. A clip is emitted once the next segment is read (its leading frames set the
+        window's end); the final clip of a truncated file is decode-checked and trimmed first."""
+        report.audio = self._audio_report
+        prev: _Segment | None = None
+        index = 0
+        for seg in self._segments(clip_seconds, report):
+            if prev is not None:
+                lead = seg.first_leading_pts
+                yield self._clip(index, prev, seg.key_pts if lead is None else min(lead, seg.key_pts),
+                                 clip_seconds, report)
+                index += 1
+            prev = seg
+        if prev is not None:
+            packets = self._decodable(prev.packets, report) if report.truncated else prev.packets
+            if packets:
+                last = max(packets, key=lambda p: p.pts)
+                dur = last.duration or (round(1 / self.info.fps / float(self._stream.time_base))
+                                        if self.info.fps else 1)
+                yield self._clip(index, _Segment(packets, prev.key_pts), last.pts + max(dur, 1), clip_seconds,
+                                 report)
+
+    def _segments(self, clip_seconds: float, report: DemuxReport) -> Iterator[_Segment]:
+        seg: _Segment | None = None
+        for p in self._packets(report):
+            if self._t0 is None:
+                if not p.keyframe:
+                    report.dropped_before_keyframe += 1
+                    continue
+                start = self._stream.start_time
+                self._t0 = p.pts if start is None else min(p.pts, start)
+                if self._audio is not None:
+                    self._audio.origin = self._t0 * self._stream.time_base
+            if p.keyframe and seg is not None and should_cut(self._t(seg.key_pts), self._t(p.pts), clip_seconds):
+                yield seg
+                seg = None
+            if seg is None:
+                seg = _Segment([], p.pts)
+            elif p.pts < seg.key_pts:
+                report.dropped_leading += 1
+                lead = seg.first_leading_pts
+                seg.first_leading_pts = p.pts if lead is None else min(lead, p.pts)
+                continue
+            elif p.pts in seg.seen:
+                report.dropped_duplicate_pts += 1
+                continue
+            seg.seen.add(p.pts)
+            seg.packets.append(p)
+        if seg is not None:
+            yield seg
+
+    def _t(self, pts: int) -> float:
+        return seconds(pts - self._t0, self._stream.time_base)
 
     def _packets(self, report: DemuxReport) -> Iterator[PacketRecord]:
         import av
@@ -159,93 +268,109 @@ class VideoReader:
                     report.dropped_no_pts += 1
                     continue
                 yield PacketRecord(bytes(p), p.pts, p.dts, p.duration or 0, p.is_keyframe)
-        except (av.error.FFmpegError, OSError) as e:
-            report.truncated = f"demux stopped after {report.packets} packets: {_why(e)}"
+        except (av.error.FFmpegError, OSError, IndexError) as e:  # IndexError: PyAV, on a stream added mid-file
+            report.truncated = f"demux stopped after {report.packets} packets: {why(e)}"
             return
         declared = self._stream.frames
         if declared and report.packets < declared:
             report.truncated = f"container declares {declared} frames, {report.packets} were readable"
 
-    def clips(self, clip_seconds: float, report: DemuxReport) -> Iterator[Clip]:
-        """Keyframe-aligned clips in order; the last one is marked ``final``."""
-        tb = self.info.time_base
-        t0: int | None = None
-        current: list[PacketRecord] = []
-        start = 0.0
-        index = 0
-        for p in self._packets(report):
-            if t0 is None:
-                if not p.keyframe:
-                    report.dropped_before_keyframe += 1
-                    continue
-                t0 = p.pts if self._stream.start_time is None else min(p.pts, self._stream.start_time)
-            t = seconds(p.pts - t0, tb)
-            if p.keyframe and current and should_cut(start, t, clip_seconds):
-                yield self._clip(index, current, start, t, clip_seconds, t0, report)
-                index += 1
-                current = []
-            if not current:
-                start = t
-            elif t < start:
-                report.dropped_leading += 1
-                continue
-            current.append(p)
-        if current:
-            last = max(p.pts for p in current)
-            dur = next((p.duration for p in current if p.pts == last), 0) or (
-                round(1 / self.info.fps / float(tb)) if self.info.fps else 0)
-            clip = self._clip(index, current, start, seconds(last - t0 + dur, tb), clip_seconds, t0, report)
-            clip.final = True
-            yield clip
+    def _decodable(self, packets: list[PacketRecord], report: DemuxReport) -> list[PacketRecord]:
+        """The final packets of a truncated file, trimmed until every one decodes (only truncated files pay
+        for this decode: elsewhere the demuxer has whole packets and remux is lossless)."""
+        kept = packets
+        for _ in range(TRIM_TRIES):
+            good = sum(1 for _ in self._decode(kept, strict=False))
+            if good == len(kept):
+                break
+            kept = kept[:good]
+            if not kept:
+                break
+        else:
+            kept = []
+        report.dropped_undecodable += len(packets) - len(kept)
+        return kept
 
-    def _clip(self, index, packets, start, end, clip_seconds, t0, report) -> Clip:
-        tb = self.info.time_base
-        frame_t = np.sort(np.array([seconds(p.pts - t0, tb) for p in packets], dtype=np.float64))
-        if end - start > 1.5 * clip_seconds:
+    def _clip(self, index: int, seg: _Segment, end_pts: int, clip_seconds: float, report: DemuxReport) -> Clip:
+        t_start, t_end = self._t(seg.key_pts), self._t(end_pts)
+        if t_end - t_start > 1.5 * clip_seconds:
             report.long_clips += 1
-        return Clip(index, packets, frame_t, float(start), float(end))
+        cut = self._audio.cut(t_start, t_end) if self._audio is not None else None
+        packets = seg.packets
+        try:
+            data, frame_t = self._mux(packets, t_start, t_end, cut)
+        except FormatError:
+            if cut is None:
+                raise
+            report.audio.clips_without_audio += 1  # the audio would not mux: keep the video
+            data, frame_t = self._mux(packets, t_start, t_end, None)
+            cut = None
+        report.audio.clips_with_audio += cut is not None
+        return Clip(index, data, frame_t, t_start, t_end, None if cut is None else cut.audio)
 
-    def remux(self, packets: list[PacketRecord]) -> bytes:
-        """The packets as a standalone file in ``info.container_format``; timestamps start near 0.
-
-        ``+bitexact`` keeps library version strings out of the bytes (determinism across machines).
-        """
+    def _mux(self, packets: list[PacketRecord], t_start: float, t_end: float, cut) -> tuple[bytes, np.ndarray]:
+        """The clip's MP4 and its frame times: packets copied (or transcoded) plus the audio cut."""
         import av
 
-        buf = io.BytesIO()
-        out = av.open(buf, "w", format=self.info.container_format, options={"fflags": "+bitexact"})
+        tb = self._stream.time_base
+        w = Mp4Writer()
         try:
-            ostream = out.add_stream_from_template(self._stream, opaque=True)
-            base = min(p.dts if p.dts is not None else p.pts for p in packets)
-            for rec in packets:
-                pkt = av.Packet(rec.data)
-                pkt.pts = rec.pts - base
-                pkt.dts = (rec.dts if rec.dts is not None else rec.pts) - base
-                pkt.duration = rec.duration
-                pkt.time_base = self.info.time_base
-                pkt.is_keyframe = rec.keyframe
-                pkt.stream = ostream
-                out.mux(pkt)
-        finally:
-            out.close()
-        return buf.getvalue()
+            if self.spec is None:
+                vstream = w.copy_stream(self._stream, self._tag)
+                astream = cut.add_to(w) if cut is not None else None
+                dts = monotonic_dts(packets)
+                w.write(vstream, packets, dts, tb, min(dts))
+                frame_t = np.sort(np.array([self._t(p.pts) for p in packets], dtype=np.float64))
+                base = Fraction(min(dts) - self._t0) * tb
+            else:
+                enc = ClipEncoder(w, self.spec, (self.info.width, self.info.height), self._stream.average_rate, tb)
+                astream = cut.add_to(w) if cut is not None else None
+                frame_t = enc.encode(self._decode(packets), Fraction(t_start), Fraction(t_end))
+                base = Fraction(t_start)
+            if cut is not None:
+                cut.write(w, astream, base)
+            return w.close(), frame_t
+        except (av.error.FFmpegError, ValueError) as e:
+            w.abort()
+            what = f"audio {cut.audio.codec}" if cut is not None else f"video {self.info.codec}"
+            raise FormatError(f"{self.info.source}: writing an MP4 clip failed ({what}: {why(e)})") from None
+        except BaseException:
+            w.abort()
+            raise
+
+    def _decode(self, packets: list[PacketRecord], strict: bool = True) -> Iterator[tuple[Fraction, object]]:
+        """(seconds from the first video frame, frame) of a clip's packets, in presentation order, up to the
+        first packet the decoder refuses or the first frame it had to conceal: a FormatError when
+        ``strict`` (a transcode never encodes damage), else the end of the frames."""
+        import av
+
+        cc, tb = self._stream.codec_context, self._stream.time_base
+        cc.flush_buffers()
+        n, why_not = 0, None
+        try:
+            for rec in [*packets, None]:
+                pkt = None
+                if rec is not None:
+                    pkt = av.Packet(rec.data)
+                    pkt.pts, pkt.dts, pkt.time_base = rec.pts, rec.dts, tb
+                for frame in cc.decode(pkt):
+                    if frame.is_corrupt:
+                        why_not = f"frame {n + 1} is damaged"
+                        break
+                    n += 1
+                    if frame.pts is not None:
+                        yield Fraction(frame.pts - self._t0) * tb, frame
+                if why_not:
+                    break
+        except (av.error.FFmpegError, ValueError) as e:
+            why_not = why(e)
+        if why_not and strict:
+            raise FormatError(f"{self.info.source}: the clip at {self._t(packets[0].pts):.3f} s does not decode "
+                              f"for transcoding after {n} frames ({why_not})")
 
 
 def decoded_frame_count(data: bytes) -> int:
-    """How many frames PyAV decodes from an encoded clip before the first error."""
-    import av
+    """How many frames of a clip decode before the first error or damaged frame."""
+    from dsbuild.formats.probe import probe_clip
 
-    n = 0
-    try:
-        with av.open(io.BytesIO(data)) as c:
-            c.streams.video[0].thread_type = "AUTO"
-            for _ in c.decode(video=0):
-                n += 1
-    except (av.error.FFmpegError, OSError, IndexError):
-        pass
-    return n
-
-
-def _why(e: BaseException) -> str:
-    msg = getattr(e, "strerror", None) or str(e)
-    return msg.strip().splitlines()[0][:200] if msg else type(e).__name__
+    return probe_clip(data).frames

@@ -4,9 +4,15 @@
     loader = Loader("catalog@v3", split="main/train", seed=17, batch_size=8, rank=r, world_size=W)
     for batch in loader: ...
     state = loader.state_dict()      # small JSON-safe dict; loader.load_state_dict(state) resumes exactly
+
+Options (``LoaderOptions``, with their defaults and reasons) are documented in ``loader.options``; the
+order of batches in ``loader.walk``; reading and verification in ``loader.read``; checkpoints in
+``loader.state``; decoding in ``loader.decode``/``loader.backends``/``loader.audio``; the torch and JAX
+adapters in ``loader.torch`` and ``loader.jax``.
 """
 
-from dsbuild.loader.loader import Loader, LoaderOptions, Mixture
+from dsbuild.loader.options import LoaderOptions
+from dsbuild.loader.pipeline import Loader, Mixture
 from dsbuild.loader.state import LoaderState
 
 __all__ = ["Loader", "LoaderOptions", "LoaderState", "Mixture"]

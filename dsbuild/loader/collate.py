@@ -1,59 +1,95 @@
-"""Samples -> one batch of arrays. Frames of different lengths are padded (with ``lengths``); packed
-items concatenate their samples along time with ``segment_ids`` and ``cu_seqlens`` for attention."""
+"""Samples -> one batch of arrays, written straight into preallocated, zero-padded batch arrays.
+
+Clips of different lengths are padded (``lengths`` says how much is real); packed items concatenate
+their samples along time with ``segment_ids`` (-1 = padding) and ``cu_seqlens`` for attention.
+Actions and telemetry land on the loader's vocabulary: each sample's session columns are written at
+cached column indices (identity sessions take a plain slice), so no per-sample remapped copy exists.
+``alloc(shape, dtype)`` makes the batch arrays (zeroed): numpy by default, shared memory in torch's
+DataLoader workers, so a batch crosses processes without being copied or pickled.
+"""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
-from dsbuild.core.errors import FormatError
+from dsbuild.core.errors import UsageError
+
+ColumnMap = tuple[np.ndarray | None, np.ndarray | None]  # (controls, channels) columns; None = identity
+Alloc = Callable[[tuple, np.dtype], np.ndarray]
 
 
-def _pad(arrays: list[np.ndarray], length: int) -> np.ndarray:
-    out = np.zeros((len(arrays), length, *arrays[0].shape[1:]), dtype=arrays[0].dtype)
-    for i, a in enumerate(arrays):
-        out[i, : len(a)] = a[:length]
-    return out
-
-
-def _same_frame_shape(items: list[list[dict]]) -> None:
-    shapes = {s["frames"].shape[1:] for item in items for s in item if "frames" in s}
+def _same_frame_shape(samples: list[dict]) -> tuple | None:
+    shapes = {s["frames"].shape[1:] for s in samples if "frames" in s}
     if len(shapes) > 1:
-        raise FormatError(f"batch mixes frame shapes {sorted(shapes)}: use bucket_by='resolution' or resize=")
+        raise UsageError(f"a batch mixes frame shapes {sorted(shapes)}", hint="use bucket_by='resolution' or resize=")
+    return shapes.pop() if shapes else None
 
 
-def collate(items: list[list[dict]], pack_frames: int | None) -> tuple[dict, dict]:
-    """(batch, counters). Each item is one sample, or several packed into ``pack_frames`` frames."""
-    _same_frame_shape(items)
-    fields = [f for f in ("frames", "actions", "telemetry", "timestamps") if f in items[0][0]]
-    batch: dict = {"keys": [[s["key"] for s in item] if pack_frames else item[0]["key"] for item in items]}
-    counters = {"frames": 0, "padding": 0, "truncated": 0}
-    if pack_frames:
-        seg = np.full((len(items), pack_frames), -1, dtype=np.int32)
-        cu = []
-        joined = {f: [] for f in fields}
-        for i, item in enumerate(items):
-            lens = [min(len(s["timestamps"]), pack_frames) for s in item]
-            counters["truncated"] += sum(len(s["timestamps"]) > pack_frames for s in item)
-            bounds = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-            cu.append(bounds)
-            for j, (a, b) in enumerate(zip(bounds, bounds[1:])):
-                seg[i, a:b] = j
-            for f in fields:
-                joined[f].append(np.concatenate([s[f][:n] for s, n in zip(item, lens)]))
-        for f in fields:
-            batch[f] = _pad(joined[f], pack_frames)
-        batch["segment_ids"], batch["cu_seqlens"] = seg, cu
-        counters["frames"] = int((seg >= 0).sum())
-        counters["padding"] = int((seg < 0).sum())
+def _put(dst: np.ndarray, b: int, pos: int, a: np.ndarray, cols: np.ndarray | None) -> None:
+    if cols is None:
+        dst[b, pos:pos + len(a), :a.shape[1]] = a
     else:
-        samples = [item[0] for item in items]
-        lengths = np.array([len(s["timestamps"]) for s in samples], dtype=np.int32)
-        longest = int(lengths.max())
-        for f in fields:
-            batch[f] = _pad([s[f] for s in samples], longest)
-        batch["lengths"] = lengths
-        counters["frames"] = int(lengths.sum())
-        counters["padding"] = int(longest * len(samples) - lengths.sum())
-    if "video" in items[0][0]:
-        batch["video"] = [s["video"] for item in items for s in item]
-    return batch, counters
+        dst[b, pos:pos + len(a), cols] = a
+
+
+def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[int, int],
+            pack_frames: int | None, alloc: Alloc = np.zeros) -> tuple[dict, dict]:
+    """(batch, counters). Each item is one sample, or several packed into ``pack_frames`` frames."""
+    samples = [s for item in items for s in item]
+    frame_shape = _same_frame_shape(samples)
+    cut = [[len(s["timestamps"]) for s in item] for item in items]
+    truncated = 0
+    if pack_frames:
+        for lens in cut:
+            for k, n in enumerate(lens):
+                room = pack_frames - sum(lens[:k])
+                truncated += n > room
+                lens[k] = max(0, min(n, room))
+    length = pack_frames or max(n for lens in cut for n in lens)
+    batch_size = len(items)
+    out = {"actions": alloc((batch_size, length, widths[0]), np.float32),
+           "telemetry": alloc((batch_size, length, widths[1]), np.float32),
+           "timestamps": alloc((batch_size, length), np.float64)}
+    if frame_shape is not None:
+        out["frames"] = alloc((batch_size, length, *frame_shape), np.uint8)
+    for b, (item, lens) in enumerate(zip(items, cut)):
+        pos = 0
+        for s, (cmap, tmap), n in zip(item, maps[b], lens):
+            _put(out["actions"], b, pos, s["actions"][:n], cmap)
+            _put(out["telemetry"], b, pos, s["telemetry"][:n], tmap)
+            out["timestamps"][b, pos:pos + n] = s["timestamps"][:n]
+            if frame_shape is not None:
+                out["frames"][b, pos:pos + n] = s["frames"][:n]
+            pos += n
+    real = sum(sum(lens) for lens in cut)
+    if pack_frames:
+        seg = alloc((batch_size, length), np.int32)
+        seg -= 1
+        out["cu_seqlens"] = []
+        for b, lens in enumerate(cut):
+            bounds = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            out["cu_seqlens"].append(bounds)
+            for k, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+                seg[b, lo:hi] = k
+        out["segment_ids"] = seg
+    else:
+        lengths = alloc((batch_size,), np.int32)
+        lengths[:] = [lens[0] for lens in cut]
+        out["lengths"] = lengths
+    if "audio" in samples[0]:
+        _audio(out, samples, alloc)
+    return out, {"frames": real, "padding": batch_size * length - real, "truncated": truncated}
+
+
+def _audio(out: dict, samples: list[dict], alloc: Alloc) -> None:
+    channels = samples[0]["audio"].shape[0]
+    longest = max(s["audio"].shape[1] for s in samples)
+    audio = alloc((len(samples), channels, longest), np.float32)
+    lengths = alloc((len(samples),), np.int32)
+    for b, s in enumerate(samples):
+        a = s["audio"]
+        audio[b, :, :a.shape[1]] = a
+        lengths[b] = a.shape[1]
+    out["audio"], out["audio_lengths"] = audio, lengths

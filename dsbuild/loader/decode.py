@@ -1,4 +1,12 @@
-"""Turning a raw sample into arrays: PyAV decode with stride/resize, and controls on a shared vocabulary.
+"""PyAV decoding of only the frames a sample delivers.
+
+The clip's packets are demuxed first (cheap: no decoding), which gives every frame's presentation
+time; decoding then starts at the last keyframe at or before the first wanted frame — a crop in the
+middle of a clip never decodes from frame 0 — and stops once the last wanted frame is out.
+With ``stride >= 2`` the decoder is told to skip non-reference frames (``skip_frame="NONREF"``):
+streams whose non-reference frames are exactly the ones a stride drops (IPBPB... with ``stride=2``)
+decode about half the frames. If a frame the sample needs was skipped, the clip is decoded again
+without skipping, so the result is always exactly the wanted frames.
 
 ``thread_type="AUTO"`` lets FFmpeg use frame threads: on captures with one slice per frame (most real
 encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (DESIGN.md section 7).
@@ -7,73 +15,92 @@ encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (DESIG
 from __future__ import annotations
 
 import io
-import json
 
 import numpy as np
 
 from dsbuild.core.errors import FormatError
-from dsbuild.formats.sample import VIDEO_EXTS, npy_load
-from dsbuild.loader.source import RawSample
 
 
-def decode_frames(data: bytes, stride: int = 1, size: tuple[int, int] | None = None,
-                  limit: int | None = None) -> np.ndarray:
-    """uint8 [T, H, W, 3]: every ``stride``-th frame, resized to ``size`` = (height, width) by swscale."""
+def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:
+    """Index (decode order) of the packet to start decoding at for a frame at ``first_pts``: the last
+    keyframe at or before it. ``keyframes`` is (pts, is_keyframe) per packet in decode order."""
+    return max((k for k, (pts, key) in enumerate(keyframes) if key and pts <= first_pts), default=0)
+
+
+def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, skip_nonref: bool = False,
+                counts: dict | None = None) -> np.ndarray:
+    """uint8 [len(indices), H, W, 3]: the clip's frames at ``indices`` (presentation order), resized to
+    ``size`` = (height, width) by swscale. ``counts["decoded"]`` (if given) grows by the frames the
+    decoder produced, ``counts["skipped_packets"]`` by the packets before the start keyframe."""
     import av
 
-    out = []
     try:
-        with av.open(io.BytesIO(data)) as c:
-            stream = c.streams.video[0]
-            stream.thread_type = "AUTO"
-            for i, frame in enumerate(c.decode(stream)):
-                if i % stride:
-                    continue
-                if size is not None:
-                    frame = frame.reformat(width=size[1], height=size[0], format="rgb24")
-                out.append(frame.to_ndarray(format="rgb24"))
-                if limit is not None and len(out) >= limit:
-                    break
+        with av.open(io.BytesIO(data)) as container:
+            stream = container.streams.video[0]
+            packets = [p for p in container.demux(stream) if p.size and p.pts is not None]
+            pts = sorted(p.pts for p in packets)
+            if not len(indices):
+                raise FormatError("no frames asked for")
+            if int(indices[-1]) >= len(pts):
+                raise FormatError(f"video holds {len(pts)} frames, frame {int(indices[-1])} was asked for")
+            wanted = {pts[int(i)]: k for k, i in enumerate(indices)}
+            start = start_packet([(p.pts, p.is_keyframe) for p in packets], pts[int(indices[0])])
+            stream.codec_context.thread_type = "AUTO"
+            got, decoded = _decode(stream, packets[start:], wanted, size, skip_nonref)
+            if got is None and skip_nonref:
+                got, more = _decode(stream, packets[start:], wanted, size, False)
+                decoded += more
     except (av.error.FFmpegError, IndexError, ValueError) as e:
         raise FormatError(f"video does not decode ({e})") from None
-    if not out:
-        raise FormatError("video decoded to no frames")
-    return np.stack(out)
+    if counts is not None:
+        counts["decoded"] = counts.get("decoded", 0) + decoded
+        counts["skipped_packets"] = counts.get("skipped_packets", 0) + start
+    if got is None:
+        raise FormatError(f"video decoded fewer frames than its {len(pts)} packets")
+    return got
 
 
-def remap_columns(arr: np.ndarray, names: list[str], vocabulary: list[str]) -> np.ndarray:
-    """Put a sample's columns (its session's controls/channels) on the dataset's vocabulary (0 elsewhere)."""
-    out = np.zeros((arr.shape[0], len(vocabulary)), dtype=np.float32)
-    col = {n: j for j, n in enumerate(vocabulary)}
-    for i, name in enumerate(names):
-        if name in col:
-            out[:, col[name]] = arr[:, i]
-    return out
+def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool) -> tuple[np.ndarray | None, int]:
+    """(frames at the ``wanted`` pts (-> output slot) decoded from ``packets`` or None if any is
+    missing, frames decoded)."""
+    ctx = stream.codec_context
+    ctx.flush_buffers()
+    ctx.skip_frame = "NONREF" if skip_nonref else "DEFAULT"
+    out = None
+    left = len(wanted)
+    decoded = 0
+    for packet in [*packets, None]:
+        for frame in ctx.decode(packet):
+            decoded += 1
+            slot = wanted.get(frame.pts)
+            if slot is None:
+                continue
+            if size is not None:
+                arr = frame.to_ndarray(format="rgb24", width=size[1], height=size[0])
+            else:
+                arr = frame.to_ndarray(format="rgb24")
+            if out is None:
+                out = np.empty((len(wanted), *arr.shape), dtype=np.uint8)
+            out[slot] = arr
+            left -= 1
+        if left == 0:
+            return out, decoded
+    return None, decoded
 
 
-def sample_arrays(raw: RawSample, controls: list[str], channels: list[str], *, decode: str, stride: int,
-                  size: tuple[int, int] | None, max_frames: int | None = None) -> dict:
-    """One sample as arrays: frames (or video bytes), actions, telemetry, timestamps, all strided alike."""
+def decode_torchcodec(data, indices: np.ndarray, size: tuple[int, int] | None, device: str) -> np.ndarray:
+    """The same frames through torchcodec (FFmpeg on CPU, NVDEC with ``device="cuda"``). Resizing is
+    bilinear with antialias in torch (not swscale): same shapes as PyAV, not the same bytes."""
+    import torch
+    from torchcodec.decoders import VideoDecoder
+
     try:
-        meta = json.loads(bytes(raw.members["json"]))
-        video = next(raw.members[e] for e in VIDEO_EXTS if e in raw.members)
-        actions = npy_load(raw.members["actions.npy"])
-        telemetry = npy_load(raw.members["telemetry.npy"])
-        timestamps = npy_load(raw.members["timestamps.npy"])
-    except (KeyError, StopIteration, ValueError) as e:
-        raise FormatError(f"{raw.key}: incomplete sample ({e})") from None
-    sl = slice(0, max_frames * stride if max_frames else None, stride)
-    out = {
-        "key": raw.key,
-        "actions": remap_columns(actions[sl], meta.get("controls", []), controls),
-        "telemetry": remap_columns(telemetry[sl], meta.get("telemetry_channels", []), channels),
-        "timestamps": timestamps[sl],
-    }
-    if decode == "frames":
-        frames = decode_frames(video, stride, size, limit=len(out["timestamps"]))
-        if len(frames) != len(out["timestamps"]):
-            raise FormatError(f"{raw.key}: decoded {len(frames)} frames, metadata says {len(out['timestamps'])}")
-        out["frames"] = frames
-    else:
-        out["video"] = video
-    return out
+        decoder = VideoDecoder(bytes(data), device=device, dimension_order="NHWC", seek_mode="exact")
+        frames = decoder.get_frames_at(indices=[int(i) for i in indices]).data
+    except (RuntimeError, ValueError, IndexError) as e:
+        raise FormatError(f"video does not decode with torchcodec ({e})") from None
+    if size is not None:
+        x = frames.permute(0, 3, 1, 2).float()
+        x = torch.nn.functional.interpolate(x, size=tuple(size), mode="bilinear", antialias=True)
+        frames = x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+    return frames.contiguous().cpu().numpy()

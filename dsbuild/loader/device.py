@@ -5,22 +5,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsbuild.core.errors import UsageError
+from dsbuild.core.errors import MissingDependency, UsageError
 
 
-def resolve_device(device: str | None) -> str | None:
-    """None -> numpy arrays (no torch needed); 'auto' -> 'cuda' when available, else 'cpu'."""
+def resolve_device(device: str | None, *, cuda: bool | None = None) -> tuple[str | None, str | None]:
+    """(device, note): None -> numpy arrays (no torch needed); 'auto' -> 'cuda' when available, else
+    'cpu', and numpy (with a note) when torch is not installed. ``cuda`` overrides the probe (tests)."""
     if device is None:
-        return None
+        return None, None
     try:
         import torch
     except ImportError:
-        raise UsageError("device= needs torch: pip install 'dsbuild[torch]' (or device=None for numpy)") from None
+        if device == "auto":
+            return None, "device='auto': torch is not installed, delivering numpy arrays"
+        raise MissingDependency(f"device={device!r}", "torch") from None
+    has_cuda = torch.cuda.is_available() if cuda is None else cuda
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"device={device!r} but CUDA is not available; use device='auto' or 'cpu'")
-    return device
+        return ("cuda", None) if has_cuda else ("cpu", "device='auto': no CUDA device, torch tensors on CPU")
+    if device.startswith("cuda") and not has_cuda:
+        raise UsageError(f"device={device!r} but CUDA is not available", hint="use device='auto' or 'cpu'")
+    return device, None
 
 
 class Transfer:

@@ -9,8 +9,6 @@ import numpy as np
 from dsbuild.loader.permutation import block_order, derive_key, global_order
 from dsbuild.loader.plan import CHUNK_BATCHES, Batch, PlanSpec, chunk_batch_count, plan_chunk
 
-SHUFFLES = ("global", "blocks", "none")
-
 
 class EpochPlan:
     """Pure function of (seed, epoch, version, split, options) -> batches. Holds no per-sample table

@@ -1,4 +1,4 @@
-"""Deterministic mixing schedules: which source feeds global batch j.
+"""Deterministic mixing schedules: which source feeds global batch j (or, mixing per sample, slot j).
 
 A low-discrepancy sequence (the golden-ratio additive recurrence) compared against cumulative weights:
 batch j goes to the source whose weight interval holds frac(phase + j * phi). Realised proportions
@@ -16,7 +16,6 @@ from dsbuild.core.errors import UsageError
 from dsbuild.loader.permutation import derive_key
 
 PHI = (math.sqrt(5) - 1) / 2
-POLICIES = ("reepoch", "stop")
 
 
 def normalise(weights: list[float]) -> np.ndarray:
@@ -27,7 +26,7 @@ def normalise(weights: list[float]) -> np.ndarray:
 
 
 def schedule(weights: np.ndarray, seed: int, start: int, count: int) -> np.ndarray:
-    """Source index of global batches [start, start + count)."""
+    """Source index of global batches (or sample slots) [start, start + count)."""
     phase = (derive_key(seed, "mixture") % (1 << 52)) / float(1 << 52)
     j = np.arange(start, start + count, dtype=np.float64)
     u = np.mod(phase + j * PHI, 1.0)

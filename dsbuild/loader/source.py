@@ -1,77 +1,55 @@
-"""A version (or one split of it) as the loader sees it: an index in columns, and random-access reads.
+"""A version (or one split of it) as the loader sees it: its index as numpy columns, checked at open.
 
-The index is held as numpy columns (the per-sample locators: shard, byte range or row group/row, and
-the shape facts planning needs). Reads are positional (``os.pread`` on cached descriptors, one
-small Parquet row group), so any thread may read any sample and nothing depends on read order.
+Opening proves the index against the manifest's pin (``Catalog.index``), keeps only the columns the
+loader needs, and refuses an index that could make a reader misbehave: a duplicated key (one sample
+delivered twice, another never), a byte range outside its shard (a length of 2^40 would otherwise be
+a MemoryError), overlapping ranges, member sizes that do not fit their sample, or array members too
+small for the shapes the index gives. Session fields (title, player, conditions) come from the index
+once per session, so batches carry them without parsing any sample's JSON.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from dsbuild.core.errors import FormatError, UsageError
-from dsbuild.formats.sample import members_sha256
+from dsbuild.formats import Entry, get_format
+from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS
 from dsbuild.lineage.catalog import Catalog, open_ref
-from dsbuild.lineage.index import LOCATOR_COLUMNS, read_index
+from dsbuild.lineage.index import LOCATOR_COLUMNS
+from dsbuild.lineage.manifest import ShardRecord
+from dsbuild.loader.state import SourceId
 
-COLUMNS = [*LOCATOR_COLUMNS, "frames", "width", "height"]
+SESSION_COLUMNS = ("session_id", "title", "player", "platform", "conditions")
+COLUMNS = [*LOCATOR_COLUMNS, *SESSION_COLUMNS, "frames", "fps", "width", "height", "codec", "has_audio",
+           "n_controls", "n_channels"]
+# The array members' dtypes (``formats.sample.Sample``): actions, telemetry float32; timestamps float64.
+ARRAY_DTYPES = (np.dtype("<f4"), np.dtype("<f4"), np.dtype("<f8"))
 
 
 @dataclass(frozen=True)
-class RawSample:
-    """A sample's canonical members by extension (``json``, ``mp4``, ``actions.npy``...), as bytes-like
-    objects (memoryviews into the sample's bytes for tar shards)."""
+class Session:
+    """One capture session's fields, as every sample of it carries them."""
 
-    key: str
-    members: dict[str, bytes]
-
-
-class BufferPool:
-    """Reusable read buffers. A fresh 10 MB ``bytes`` per sample costs page faults on every read (the
-    allocator hands big blocks back to the OS), which halves throughput on page-cached shards. A buffer
-    is reused only when nothing references it any more — no delivered sample can change under a user
-    who keeps it: a live memoryview (even a slice of a slice) holds a reference to its bytearray."""
-
-    IDLE_REFS = 3  # the pool's list, the local name in ``take`` and getrefcount's argument
-
-    def __init__(self, keep: int = 64):
-        self.keep = keep
-        self._buffers: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> bytearray:
-        with self._lock:
-            for k in range(len(self._buffers)):
-                buf = self._buffers[k]
-                if len(buf) >= n and sys.getrefcount(buf) <= self.IDLE_REFS:
-                    del self._buffers[k]  # by position: list.remove would compare contents
-                    return buf
-        return bytearray(-(-n // (1 << 20)) << 20)  # whole MiBs, so buffers fit many samples
-
-    def give(self, buf: bytearray) -> None:
-        with self._lock:
-            if len(self._buffers) < self.keep:
-                self._buffers.append(buf)
+    session_id: str
+    title: str
+    player: str
+    platform: str | None
+    conditions: dict[str, str]
+    controls: tuple[str, ...]
+    channels: tuple[str, ...]
 
 
 class Source:
     """One dataset reference (``PATH[@VERSION]``) and optional split (``NAME/SPLIT``)."""
 
-    def __init__(self, ref: str, split: str | None = None, *, verify: bool = True):
-        self.ref = ref
+    def __init__(self, ref: str, split: str | None = None):
+        self.ref = str(ref)
         self.split = split
-        self.verify = verify
         self._opened = False
 
-    # -- opening (not in the constructor: constructors only store) --------------------------------
     def open(self) -> "Source":
         if self._opened:
             return self
@@ -79,112 +57,170 @@ class Source:
         self.catalog: Catalog = catalog
         self.version_id = version
         self.manifest = catalog.manifest(version)
-        table = read_index(catalog.version_dir(version) / self.manifest.index["path"], columns=COLUMNS)
+        self.format = get_format(self.manifest.shard_format)
+        table = catalog.index(version, COLUMNS)
+        self.split_hash = None
         if self.split:
-            from dsbuild.split import load_split
-
-            keys = load_split(catalog, version, self.split).column("key")
-            table = table.filter(pc.is_in(table["key"], value_set=keys))
+            table = self._split(table)
         if table.num_rows == 0:
             raise UsageError(f"{self.ref}{' split ' + self.split if self.split else ''}: no samples")
-        self._load(table)
-        self.controls = list(self.manifest.vocabulary["controls"])
-        self.channels = list(self.manifest.vocabulary["telemetry"])
-        self.format = self.manifest.shard_format
-        self._fds: dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._row_groups: OrderedDict = OrderedDict()
-        self._pool = BufferPool()
+        self._columns(table)
+        self._sessions(table)
+        self._check()
         self._opened = True
         return self
 
-    def _load(self, table: pa.Table) -> None:
-        shards = table["shard"].to_pylist()
-        self.shards = sorted(set(shards))
-        known = {s.path for s in self.manifest.shards}  # never follow an index entry out of the catalog
-        if stray := [s for s in self.shards if s not in known]:
-            raise FormatError(f"{self.ref}: index names shards the manifest does not hold: {stray[:3]}")
-        pos = {s: i for i, s in enumerate(self.shards)}
-        self.shard_id = np.array([pos[s] for s in shards], dtype=np.int32)
-        self.keys = table["key"].to_pylist()
+    def _split(self, table):
+        import pyarrow.compute as pc
+
+        from dsbuild.lineage.splitsets import open_split_set
+
+        name, slash, part = self.split.partition("/")
+        if not slash or not name or not part:
+            raise UsageError(f"split {self.split!r}: use NAME/SPLIT, e.g. main/train")
+        split_set = open_split_set(self.catalog, self.version_id, name)
+        keys = split_set.table(part, ["key"]).column("key")
+        self.split_hash = split_set.hash
+        kept = table.filter(pc.is_in(table["key"], value_set=keys))
+        if kept.num_rows != len(keys):
+            raise FormatError(f"{split_set.path}: split {part} names {len(keys) - kept.num_rows} sample(s) the "
+                              f"version does not hold")
+        return kept
+
+    def _columns(self, table) -> None:
+        import pyarrow.compute as pc
+
+        self.keys = np.asarray(table["key"].to_pylist(), dtype=object)
         self.sha256 = table["sha256"].to_pylist()
-        col = {c: table[c].to_numpy() for c in ("offset", "length", "row_group", "row", "frames", "width", "height")}
-        self.offset, self.length = col["offset"], col["length"]
-        self.row_group, self.row = col["row_group"], col["row"]
-        self.frames, self.width, self.height = col["frames"], col["width"], col["height"]
+        records = {s.path: s for s in self.manifest.shards}
+        shard_col = pc.dictionary_encode(table["shard"]).combine_chunks()
+        names = shard_col.dictionary.to_pylist()
+        if stray := [s for s in names if s not in records]:  # never follow an index entry out of the catalog
+            raise FormatError(f"{self.ref}: index names shards the manifest does not hold: {stray[:3]}")
+        self.shards: list[ShardRecord] = [records[s] for s in names]
+        self.shard_id = shard_col.indices.to_numpy().astype(np.int32)
+        self.shard_bytes = np.array([s.bytes for s in self.shards], dtype=np.int64)
+        self.byte_range = table["byte_offset"].null_count == 0 and table["byte_length"].null_count == 0
+        if not self.byte_range and (table["row_group"].null_count or table["row_index"].null_count):
+            raise FormatError(f"{self.ref}: index rows give neither a byte range nor a row for every sample")
+        for c in ("byte_offset", "byte_length", "row_group", "row_index"):
+            setattr(self, c, table[c].fill_null(-1).to_numpy().astype(np.int64))
+        mb = table["member_bytes"]
+        self.member_bytes = self.payload_offsets = None
+        if mb.null_count == 0:
+            widths = pc.list_value_length(mb).to_numpy()
+            if np.any(widths != len(MEMBERS)):
+                bad = int(np.flatnonzero(widths != len(MEMBERS))[0])
+                raise FormatError(f"{self.keys[bad]}: index lists {widths[bad]} member sizes, not {len(MEMBERS)}")
+            self.member_bytes = pc.list_flatten(mb).to_numpy().astype(np.int64).reshape(-1, len(MEMBERS))
+        for c in ("frames", "width", "height", "n_controls", "n_channels"):
+            setattr(self, c, table[c].to_numpy().astype(np.int64))
+        self.fps = table["fps"].fill_null(0.0).to_numpy()
+        self.has_audio = table["has_audio"].to_numpy(zero_copy_only=False).astype(bool)
+        codec = pc.dictionary_encode(table["codec"]).combine_chunks()
+        self.codec_id, self.codecs = codec.indices.to_numpy(), codec.dictionary.to_pylist()
+
+    def _sessions(self, table) -> None:
+        import pyarrow.compute as pc
+
+        enc = pc.dictionary_encode(table["session_id"]).combine_chunks()
+        self.session_code = enc.indices.to_numpy().astype(np.int32)
+        _, first = np.unique(self.session_code, return_index=True)
+        rows = table.select(list(SESSION_COLUMNS)).take(first).to_pylist()
+        vocab = {s.session_id: s for s in self.manifest.sessions}
+        self.sessions: list[Session] = []
+        for row in rows:
+            rec = vocab.get(row["session_id"])
+            if rec is None:
+                raise FormatError(f"{self.ref}: index session {row['session_id']!r} is not in the manifest")
+            self.sessions.append(Session(row["session_id"], row["title"], row["player"], row["platform"],
+                                         dict(row["conditions"] or ()), rec.controls, rec.telemetry))
+
+    def _check(self) -> None:
+        """Refuse an index that could deliver a sample twice, read outside a shard, or mis-shape arrays."""
+        n = len(self.keys)
+        if len(set(self.keys.tolist())) != n:
+            seen: set = set()
+            dup = next(k for k in self.keys if k in seen or seen.add(k))
+            raise FormatError(f"{self.ref}: the index lists sample {dup} more than once", hint="run `dsbuild verify`")
+        widths = (np.array([len(s.controls) for s in self.sessions]), np.array([len(s.channels) for s in self.sessions]))
+        for col, w, what in ((self.n_controls, widths[0], "controls"), (self.n_channels, widths[1], "channels")):
+            if np.any(col != w[self.session_code]):
+                bad = int(np.flatnonzero(col != w[self.session_code])[0])
+                raise FormatError(f"{self.keys[bad]}: index gives {col[bad]} {what}, its session has "
+                                  f"{w[self.session_code[bad]]}")
+        if np.any(self.frames < 1):
+            raise FormatError(f"{self.keys[int(np.argmin(self.frames))]}: index gives no frames")
+        if self.byte_range:
+            self._check_ranges()
+        else:
+            loc = np.stack([self.shard_id, self.row_group, self.row_index], axis=1)
+            if len(np.unique(loc, axis=0)) != n:
+                raise FormatError(f"{self.ref}: two index rows point at the same row of a shard")
+        if self.member_bytes is not None:
+            self._check_arrays()
+
+    def _check_ranges(self) -> None:
+        off, length, size = self.byte_offset, self.byte_length, self.shard_bytes[self.shard_id]
+        bad = (off < 0) | (length <= 0) | (length > size) | (off > size - length)
+        if np.any(bad):
+            i = int(np.flatnonzero(bad)[0])
+            raise FormatError(f"{self.keys[i]}: index byte range {off[i]}+{length[i]} lies outside its shard "
+                              f"({size[i]} bytes)", hint="the version is damaged or forged; run `dsbuild verify`")
+        order = np.lexsort((off, self.shard_id))
+        same = self.shard_id[order][1:] == self.shard_id[order][:-1]
+        overlap = same & (off[order][1:] < (off + length)[order][:-1])
+        if np.any(overlap):
+            i = int(order[1:][overlap][0])
+            raise FormatError(f"{self.keys[i]}: index byte range overlaps another sample's",
+                              hint="the version is damaged or forged; run `dsbuild verify`")
+        if self.member_bytes is not None:
+            payload = getattr(self.format, "payload_offsets", None)
+            n = len(length)
+            ends = (np.stack([np.broadcast_to(np.asarray(x, dtype=np.int64), (n,))
+                              for x in payload(list(self.member_bytes.T))], axis=1) + self.member_bytes
+                    if payload else np.cumsum(self.member_bytes, axis=1))
+            if np.any(self.member_bytes < 0) or np.any(ends[:, -1] > length):
+                i = int(np.flatnonzero((ends[:, -1] > length) | np.any(self.member_bytes < 0, axis=1))[0])
+                raise FormatError(f"{self.keys[i]}: member sizes do not fit the sample's {length[i]} bytes")
+            self.payload_offsets = ends - self.member_bytes if payload else None
+
+    def _check_arrays(self) -> None:
+        rows = (self.n_controls, self.n_channels, np.ones_like(self.frames))
+        for k, (m, width, dtype) in enumerate(zip(ARRAY_MEMBERS, rows, ARRAY_DTYPES)):
+            need = self.frames * width * dtype.itemsize
+            short = self.member_bytes[:, MEMBERS.index(m)] < need
+            if np.any(short):
+                i = int(np.flatnonzero(short)[0])
+                raise FormatError(f"{self.keys[i]}: {m} member is smaller than its {self.frames[i]} x {rows[k][i]} "
+                                  "array")
+
+    def fields(self, idx: np.ndarray) -> dict[str, list]:
+        """Per-sample fields of samples ``idx`` for a batch: session fields and the clip's encoding
+        (vectorised takes over per-session tables; no sample is read)."""
+        if not hasattr(self, "_tables"):
+            obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # 1-d even for dicts
+            self._tables = {name: obj([getattr(s, name) for s in self.sessions])
+                            for name in ("session_id", "title", "player", "conditions")}
+            self._codecs = obj(list(self.codecs))
+        codes = self.session_code[idx]
+        out = {name: table[codes].tolist() for name, table in self._tables.items()}
+        fps = self.fps[idx]
+        out.update(codec=self._codecs[self.codec_id[idx]].tolist(), width=self.width[idx].tolist(),
+                   height=self.height[idx].tolist(), fps=[f or None for f in fps.tolist()],
+                   has_audio=self.has_audio[idx].tolist())
+        return out
 
     def __len__(self) -> int:
         return len(self.keys)
 
-    def identity(self) -> dict:
-        return {"ref": self.ref.rpartition("@")[0] or self.ref, "version_id": self.version_id, "split": self.split}
+    def identity(self, weight: float) -> SourceId:
+        return SourceId(self.version_id, self.split, self.split_hash, round(float(weight), 12))
 
-    # -- reading ---------------------------------------------------------------------------------
-    def _fd(self, shard: int) -> int:
-        with self._lock:
-            fd = self._fds.get(shard)
-            if fd is None:
-                path = self.catalog.shard_file(self.shards[shard])  # remote: a verified cached copy
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError as e:
-                    raise FormatError(f"{path}: cannot open shard ({e.strerror})") from None
-                self._fds[shard] = fd
-            return fd
-
-    def read_bytes(self, i: int) -> memoryview:
-        """The raw byte range of sample ``i`` (tar shards), in a pooled buffer (see ``BufferPool``)."""
-        n = int(self.length[i])
-        buf = self._pool.take(n)
-        view = memoryview(buf)[:n]
-        got = os.preadv(self._fd(int(self.shard_id[i])), [view], int(self.offset[i]))
-        self._pool.give(buf)  # reusable again once every view of it is gone
-        if got != n:
-            raise FormatError(f"{self.keys[i]}: shard is truncated ({got} of {n} bytes)")
-        return view
-
-    def read(self, i: int) -> RawSample:
-        """Sample ``i`` with its members; raises FormatError if it is damaged (hash, tar or Parquet)."""
-        key = self.keys[i]
-        if self.format == "webdataset":
-            from dsbuild.formats.webdataset import parse_members
-
-            # Views into the one buffer read for this sample: no per-member copies on the hot path.
-            pairs = [(name.split(".", 1)[1], payload)
-                     for name, payload in parse_members(self.read_bytes(i), key, views=True)]
-        else:
-            pairs = self._parquet_members(i)
-        if self.verify and members_sha256(pairs) != self.sha256[i]:
-            raise FormatError(f"{key}: sample bytes do not match their hash (damaged shard?)")
-        return RawSample(key, dict(pairs))
-
-    def _parquet_members(self, i: int) -> list[tuple[str, bytes]]:
-        import pyarrow.parquet as pq
-
-        from dsbuild.formats.parquet import row_arrays
-        from dsbuild.formats.sample import npy_bytes
-
-        slot = (int(self.shard_id[i]), int(self.row_group[i]))
-        with self._lock:
-            table = self._row_groups.get(slot)
-        if table is None:
-            try:
-                table = pq.ParquetFile(self.catalog.shard_file(self.shards[slot[0]])).read_row_group(slot[1])
-            except (OSError, pa.ArrowException) as e:
-                raise FormatError(f"{self.keys[i]}: cannot read row group ({e})") from None
-            with self._lock:
-                self._row_groups[slot] = table
-                while len(self._row_groups) > 8:
-                    self._row_groups.popitem(last=False)
-        row = table.slice(int(self.row[i]), 1).to_pylist()[0]
-        if row["key"] != self.keys[i]:
-            raise FormatError(f"{self.keys[i]}: index points at row of {row['key']}")
-        actions, telemetry, timestamps = row_arrays(row)
-        return [("json", row["meta"].encode()), (row["video_ext"], row["video"]),
-                ("actions.npy", npy_bytes(actions)), ("telemetry.npy", npy_bytes(telemetry)),
-                ("timestamps.npy", npy_bytes(timestamps)), ("events.jsonl.zst", row["events"])]
-
-    def close(self) -> None:
-        for fd in getattr(self, "_fds", {}).values():
-            os.close(fd)
-        self._fds = {}
+    def entry(self, i: int) -> Entry:
+        mb = tuple(self.member_bytes[i].tolist()) if self.member_bytes is not None else None
+        if self.byte_range:
+            return Entry(self.keys[i], self.sha256[i], int(self.byte_offset[i]), int(self.byte_length[i]),
+                         member_bytes=mb)
+        return Entry(self.keys[i], self.sha256[i], row_group=int(self.row_group[i]), row=int(self.row_index[i]),
+                     member_bytes=mb)

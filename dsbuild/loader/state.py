@@ -1,59 +1,73 @@
-"""The loader's checkpoint: a small JSON-safe dict with a format version, O(sources), never O(samples).
+"""The loader's checkpoint: a typed record, small and JSON-safe, O(sources), never O(samples).
 
-Restoring refuses a checkpoint whose order-defining settings differ and says "checkpoint has X,
-loader has Y". World size and worker count are deliberately absent: resuming with other values is
-supported (elastic restart).
+A source is named by what its data *is* — the version id (the sha256 of its manifest) and, for a
+split, the split set's hash — never by the path it was opened from, so a moved or remounted catalog
+(``./cat`` or ``/mnt/cat``) resumes. The order-defining options (``LoaderOptions`` fields marked
+``order=True``) are recorded by name; restoring under another value is refused, naming the option.
+World size and worker count are absent on purpose: resuming with other values is supported.
+Every count is range-checked on reading (at most 2^53 - 1, exact in every JSON reader), so a
+hostile or damaged checkpoint is a one-line FormatError naming the field, never an empty epoch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 from dsbuild.core.errors import UsageError
+from dsbuild.core.records import SHA256, JsonValue, Record, spec
 
-STATE_FORMAT = "dsbuild.loader/1"
+STATE_FORMAT = "dsbuild.loader/2"
+MAX_COUNT = (1 << 53) - 1
 
 
-@dataclass(frozen=True)
-class LoaderState:
-    sources: list[dict]  # [{"version_id", "split", "weight"}]
-    seed: int
-    shuffle: str
-    batch_size: int
-    bucket_by: str | None
-    pack_frames: int | None
-    policy: str
-    position: int  # global batches consumed by all ranks together
-    cursors: list[list[int]]  # per source: [epoch, next batch within that epoch]
-    format: str = STATE_FORMAT
+def count(doc: str):
+    return field(metadata=spec(minimum=0, maximum=MAX_COUNT, doc=doc))
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, state: object) -> "LoaderState":
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise UsageError(f"not a {STATE_FORMAT} checkpoint: format is {state.get('format') if isinstance(state, dict) else type(state).__name__!r}")
-        try:
-            s = cls(**state)
-        except TypeError as e:
-            raise UsageError(f"malformed loader checkpoint ({e})") from None
-        if not _valid(s):
-            raise UsageError("malformed loader checkpoint: bad position, cursors or sources")
-        return s
+@dataclass(frozen=True, slots=True)
+class SourceId(Record):
+    """A source by content: version id, split name and the split set's hash, mixture weight."""
 
-    def check_compatible(self, other: "LoaderState") -> None:
-        """Raise if ``other`` (a checkpoint) was made under settings that define another order."""
-        for name in ("sources", "seed", "shuffle", "batch_size", "bucket_by", "pack_frames", "policy"):
-            mine, theirs = getattr(self, name), getattr(other, name)
+    version_id: str = field(metadata=spec(pattern=SHA256))
+    split: str | None  # NAME/SPLIT
+    split_hash: str | None = field(metadata=spec(pattern=SHA256))
+    weight: float = field(metadata=spec(minimum=0, maximum=1))
+
+    def describe(self) -> str:
+        split = f" split {self.split} ({self.split_hash[:12]})" if self.split else ""
+        return f"version {self.version_id[:12]}{split} weight {self.weight:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor(Record):
+    """One source's place: its epoch and the next batch (mix="batch") or sample (mix="sample") in it."""
+
+    epoch: int = count("epoch of this source")
+    at: int = count("next batch (mix=batch) or sample (mix=sample) of the epoch")
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderState(Record):
+    """Where the global stream stands: ``position`` global batches (all ranks together) are consumed."""
+
+    FORMAT = STATE_FORMAT
+    sources: tuple[SourceId, ...]
+    order: dict[str, JsonValue]
+    position: int = count("global batches consumed by all ranks together")
+    cursors: tuple[Cursor, ...]
+    inner: int = count("mix=sample: batches of the current planning chunk consumed (cursors are at its start)")
+
+    def check_compatible(self, checkpoint: "LoaderState") -> None:
+        """Raise if ``checkpoint`` was made for other data or under options that define another order."""
+        if len(checkpoint.sources) != len(self.sources) or len(checkpoint.cursors) != len(checkpoint.sources):
+            raise UsageError(f"cannot restore: checkpoint has {len(checkpoint.sources)} source(s) and "
+                             f"{len(checkpoint.cursors)} cursor(s), loader has {len(self.sources)} source(s)")
+        for i, (mine, theirs) in enumerate(zip(self.sources, checkpoint.sources)):
             if mine != theirs:
-                raise UsageError(f"cannot restore: checkpoint has {name}={theirs!r}, loader has {name}={mine!r}")
-
-
-def _valid(s: LoaderState) -> bool:
-    def count(x: object) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-    return (count(s.position) and isinstance(s.sources, list) and isinstance(s.cursors, list)
-            and len(s.cursors) == len(s.sources) and all(isinstance(x, dict) for x in s.sources)
-            and all(isinstance(c, list) and len(c) == 2 and all(count(x) for x in c) for c in s.cursors))
+                raise UsageError(f"cannot restore: checkpoint has source {i} = {theirs.describe()}, "
+                                 f"loader has {mine.describe()}")
+        for name in sorted(set(self.order) | set(checkpoint.order)):
+            mine, theirs = self.order.get(name), checkpoint.order.get(name)
+            if mine != theirs:
+                raise UsageError(f"cannot restore: checkpoint has {name}={theirs!r}, loader has {name}={mine!r}",
+                                 hint=f"construct the loader with {name}={theirs!r} to resume this run")

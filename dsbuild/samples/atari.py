@@ -17,6 +17,9 @@ frames. The recording maps onto the capture contract like this:
 - players: ``random`` (a new uniform action every frame), ``sticky`` (holds an action ~1/3 s; not to be
   confused with ALE's sticky actions, which are off) and ``scripted`` (a small RAM-reading player).
   Session ``j`` of every game is played by player ``<policy>-s<seed + j>``, so players span games.
+- audio: the console's sound (ALE ``sound_obs``: 512 unsigned 8-bit samples per emulated frame, so
+  30720 Hz mono), in the video file as FLAC; sample 0 plays with frame 0. A frame on which the emulator is
+  reset instead of stepped is silent.
 - text, speaker ``ale``: ``episode start``, ``life lost`` and ``episode end`` at the frame they are seen on.
   An episode that ends inside a session is followed by a reset and a new episode; the score restarts at 0.
 
@@ -41,9 +44,11 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from dsbuild.core.errors import DsbuildError, UsageError
-from dsbuild.samples.writer import SessionSpec, VideoSpec, write_session
+from dsbuild.samples.writer import AudioSource, SessionSpec, VideoSpec, write_session
 
 FPS = 60  # the Atari 2600's NTSC frame rate; with frameskip 1 every emulated frame is a video frame
+AUDIO_PER_FRAME = 512  # ALE's sound_obs: samples the emulator renders per frame
+AUDIO_RATE = AUDIO_PER_FRAME * FPS
 DEFAULT_GAMES = ("Breakout", "Pong", "MsPacman")
 POLICIES = ("random", "sticky", "scripted")
 NOOP = "NOOP"
@@ -249,6 +254,7 @@ def _emulator(ale_py, rom: str, ale_seed: int, difficulty: int, mode: int | None
     ale.setFloat("repeat_action_probability", REPEAT_ACTION_PROBABILITY)
     ale.setInt("frame_skip", 1)
     ale.setInt("max_num_frames_per_episode", MAX_EPISODE_FRAMES)
+    ale.setBool("sound_obs", True)
     ale.loadROM(str(path))
     if difficulty not in ale.getAvailableDifficulties():
         raise UsageError(f"{rom}: difficulty {difficulty} not in {list(ale.getAvailableDifficulties())}")
@@ -270,7 +276,14 @@ class _Log:
     actions: list[dict] = field(default_factory=list)  # press/release events
     telemetry: list[dict] = field(default_factory=list)
     text: list[dict] = field(default_factory=list)
+    audio: list[np.ndarray] = field(default_factory=list)  # uint8 sound of each frame, not yet encoded
     episodes: int = 1
+
+    def take_audio(self) -> np.ndarray:
+        """The sound logged since the last call, as int16 [samples, 1] (ALE's uint8 is offset by 128)."""
+        chunks, self.audio = self.audio, []
+        pcm = np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
+        return ((pcm.astype(np.int16) - 128) << 8)[:, None]
 
 
 def _play(ale, policy: Policy, times: list[float], upscale: int, log: _Log) -> Iterator[np.ndarray]:
@@ -296,6 +309,7 @@ def _play(ale, policy: Policy, times: list[float], upscale: int, log: _Log) -> I
         yield np.repeat(np.repeat(screen, upscale, axis=0), upscale, axis=1) if upscale > 1 else screen
         if over:
             ale.reset_game()
+            log.audio.append(np.full(AUDIO_PER_FRAME, 128, np.uint8))
             episode, score, reward, lives = episode + 1, 0.0, 0.0, ale.lives()
             log.episodes += 1
             if i + 1 < len(times):
@@ -303,6 +317,7 @@ def _play(ale, policy: Policy, times: list[float], upscale: int, log: _Log) -> I
         else:
             reward = float(ale.act(minimal[a]))
             score += reward
+            log.audio.append(np.asarray(ale.getAudio(), np.uint8).copy())
 
 
 def _video_spec(ale, options: AtariOptions) -> VideoSpec:
@@ -336,7 +351,8 @@ def record_session(out: Path, ale_py, game: str, policy_id: str, index: int, opt
     # write_session encodes the frames first (stepping the emulator, which fills the lists in log) and
     # writes the streams after; the line count check below guards that order.
     directory = write_session(out / session_id, spec, _play(ale, policy, times, options.upscale, log),
-                              log.actions, log.telemetry, log.text)
+                              log.actions, log.telemetry, log.text,
+                              audio=AudioSource(AUDIO_RATE, 1, log.take_audio))
     with open(directory / "telemetry.jsonl", "rb") as f:
         lines = sum(1 for _ in f)
     if len(log.played) != n or lines != n:

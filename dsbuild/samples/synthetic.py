@@ -1,4 +1,4 @@
-"""Synthetic captures: moving content, several titles/players/resolutions/rates, and injectable damage.
+"""Synthetic captures: moving content and sound, several titles/players/resolutions/rates, injectable damage.
 
 Everything is derived from (seed, session index) so the same arguments give byte-identical captures.
 ``DAMAGE`` lists every kind of broken capture convert must survive; tests inject them one at a time.
@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from dsbuild.core.errors import UsageError
-from dsbuild.samples.writer import SessionSpec, VideoSpec, write_jsonl, write_session
+from dsbuild.samples.writer import AudioSource, SessionSpec, VideoSpec, write_jsonl, write_session
 
 TITLES = ("Kart Storm", "Dungeon Drift", "Sky Rally")
 RESOLUTIONS = ((160, 120), (320, 240), (640, 360))
@@ -45,6 +45,31 @@ def frames(spec: VideoSpec, n: int, rng: np.random.Generator, noise: int = 0) ->
         if grain is not None:
             img += grain[i % 8]
         yield img
+
+
+AUDIO_RATE = 48000
+HUM_HZ = 110  # engine hum under everything
+BEEP_HZ = {"button_a": 440, "button_b": 554, "left": 659, "right": 880}  # a beep per button press
+BEEP_SECONDS = 0.06
+
+
+def _triangle(i: np.ndarray, hz: int, amplitude: int) -> np.ndarray:
+    """Integer triangle wave (no floating point: the same samples on every machine)."""
+    phase = (i * hz * 65536 // AUDIO_RATE) % 65536
+    return (np.abs(phase - 32768) - 16384) * amplitude // 16384
+
+
+def soundtrack(actions: list[dict], samples: int) -> np.ndarray:
+    """int16 [samples, 1] at AUDIO_RATE: a hum, and a beep at every button press (audio follows actions)."""
+    i = np.arange(samples, dtype=np.int64)
+    out = _triangle(i, HUM_HZ, 2000)
+    beep = round(BEEP_SECONDS * AUDIO_RATE)
+    for e in actions:
+        if e["control"] in BEEP_HZ and e["value"] == 1.0:
+            start = round(e["t"] * AUDIO_RATE)
+            j = i[start:start + beep]
+            out[start:start + beep] += _triangle(j, BEEP_HZ[e["control"]], 6000)
+    return np.clip(out, -32768, 32767).astype(np.int16)[:, None]
 
 
 def _events(rng: np.random.Generator, seconds: float, player: str) -> tuple[list, list, list]:
@@ -111,8 +136,9 @@ def generate(out: Path, sessions: int = 3, seconds: float = 10.0, seed: int = 0,
         rng = np.random.default_rng([seed, i, 1])
         n = int(round(seconds * spec.video.fps))
         actions, telemetry, text = _events(rng, seconds, spec.player)
+        sound = AudioSource.of(soundtrack(actions, n * AUDIO_RATE // spec.video.fps), AUDIO_RATE)
         d = write_session(out / spec.session_id, spec, frames(spec.video, n, rng, noise), actions, telemetry,
-                          text, seed=seed + i)
+                          text, seed=seed + i, audio=sound)
         if i in damage:
             inject(d, damage[i], previous=paths[-1] if paths else None)
         paths.append(d)

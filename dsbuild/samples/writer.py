@@ -1,7 +1,11 @@
 """Writing a capture session in the contract's layout. Shared by every sample source.
 
 Encoding is single-threaded with a fixed GOP and no scene-cut keyframes so that the same frames always
-give the same bytes on any machine (x264 output depends on its thread count).
+give the same bytes on any machine (x264 output depends on its thread count). Audio, when a source has
+it, is FLAC with fixed predictors in the same file: integer-only, so also the same bytes on any machine
+(FFmpeg's AAC and Opus encoders compute in floating point, whose SIMD paths differ between CPUs). QuickTime
+captures get PCM, as capture cards write it. WebM admits only Opus or Vorbis: WebM captures get Opus, the
+same bytes run to run on one machine.
 """
 
 from __future__ import annotations
@@ -10,11 +14,16 @@ import json
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 # codec -> (PyAV encoder, container format, file extension, encoder options)
+# Audio encoder per container format, and its options.
+# FLAC blocks of 1024 samples (21 ms at 48 kHz, like AAC frames): clips copy whole packets, so the packet
+# length bounds how far a clip's audio can start after its first frame.
+AUDIO_CODECS = {"webm": ("libopus", {}), "mov": ("pcm_s16le", {}),
+                None: ("flac", {"lpc_type": "fixed", "frame_size": "1024"})}
 CODECS = {
     "h264": ("libx264", "mp4", "mp4", {"preset": "ultrafast", "tune": "zerolatency", "sc_threshold": "0"}),
     "vp9": ("libvpx-vp9", "webm", "webm", {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}),
@@ -34,8 +43,62 @@ class VideoSpec:
     bitrate: int | None = None  # bits/s; None = encoder default quality
 
 
-def encode_video(path: Path, frames: Iterable[np.ndarray], spec: VideoSpec, seed: int = 0) -> int:
-    """Encode RGB uint8 frames (H, W, 3); returns the number of frames written."""
+@dataclass(frozen=True)
+class AudioSource:
+    """Sound recorded with the frames. ``take()`` returns the int16 [samples, channels] produced since its
+    last call: the writer calls it after every frame, since an emulator makes a frame's sound while
+    stepping past it. Sample 0 plays with frame 0."""
+
+    rate: int
+    channels: int
+    take: Callable[[], np.ndarray]
+
+    @classmethod
+    def of(cls, samples: np.ndarray, rate: int) -> "AudioSource":
+        """Sound known in full beforehand (int16 [samples, channels])."""
+        left = [samples]
+        return cls(rate, samples.shape[1], lambda: left.pop() if left else samples[:0])
+
+
+class _AudioTrack:
+    """An audio stream of the capture, fed in any chunk sizes and encoded in whole codec frames."""
+
+    def __init__(self, container, fmt: str, source: AudioSource):
+        import av
+
+        codec, options = AUDIO_CODECS.get(fmt, AUDIO_CODECS[None])
+        self.container, self.source = container, source
+        self.layout = {1: "mono", 2: "stereo"}[source.channels]
+        s = self.stream = container.add_stream(codec, rate=source.rate)
+        s.layout, s.format = self.layout, "s16"
+        s.codec_context.thread_count = 1
+        s.codec_context.flags |= av.codec.context.Flags.bitexact
+        s.options = dict(options)
+        s.codec_context.open()
+        self.block = s.codec_context.frame_size or 1024  # PCM takes any size
+        self.pending = np.zeros((0, source.channels), np.int16)
+        self.pts = 0
+
+    def pull(self, final: bool = False) -> None:
+        import av
+
+        self.pending = np.concatenate([self.pending, self.source.take().astype(np.int16)])
+        while len(self.pending) >= self.block or (final and len(self.pending)):
+            chunk, self.pending = self.pending[:self.block], self.pending[self.block:]
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(chunk).reshape(1, -1), format="s16",
+                                               layout=self.layout)
+            frame.rate, frame.pts = self.source.rate, self.pts
+            self.pts += len(chunk)
+            for packet in self.stream.encode(frame):
+                self.container.mux(packet)
+        if final:
+            for packet in self.stream.encode():
+                self.container.mux(packet)
+
+
+def encode_video(path: Path, frames: Iterable[np.ndarray], spec: VideoSpec, seed: int = 0,
+                 audio: AudioSource | None = None) -> int:
+    """Encode RGB uint8 frames (H, W, 3) and their ``audio``; returns the number of frames written."""
     import av
 
     encoder, fmt, _ext, opts = CODECS[spec.codec]
@@ -53,6 +116,7 @@ def encode_video(path: Path, frames: Iterable[np.ndarray], spec: VideoSpec, seed
             s.bit_rate = spec.bitrate
         if spec.vfr_jitter:
             s.time_base = Fraction(1, 1000)
+        sound = _AudioTrack(c, fmt, audio) if audio is not None else None
         for i, arr in enumerate(frames):
             frame = av.VideoFrame.from_ndarray(arr, format="rgb24")
             if spec.vfr_jitter:
@@ -64,8 +128,12 @@ def encode_video(path: Path, frames: Iterable[np.ndarray], spec: VideoSpec, seed
             for packet in s.encode(frame):
                 c.mux(packet)
             n += 1
+            if sound is not None:
+                sound.pull()
         for packet in s.encode():
             c.mux(packet)
+        if sound is not None:
+            sound.pull(final=True)
     return n
 
 
@@ -96,11 +164,11 @@ class SessionSpec:
 
 
 def write_session(directory: Path, spec: SessionSpec, frames: Iterable[np.ndarray], actions: list[dict],
-                  telemetry: list[dict], text: list[dict], seed: int = 0) -> Path:
+                  telemetry: list[dict], text: list[dict], seed: int = 0, audio: AudioSource | None = None) -> Path:
     """Write one complete session folder; returns it."""
     directory.mkdir(parents=True, exist_ok=True)
     video_name = f"video.{CODECS[spec.video.codec][2]}"
-    encode_video(directory / video_name, frames, spec.video, seed=seed)
+    encode_video(directory / video_name, frames, spec.video, seed=seed, audio=audio)
     write_jsonl(directory / "actions.jsonl", actions)
     write_jsonl(directory / "telemetry.jsonl", telemetry)
     write_jsonl(directory / "text.jsonl", text)

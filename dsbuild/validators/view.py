@@ -15,7 +15,7 @@ import numpy as np
 from dsbuild.core.errors import FormatError
 from dsbuild.formats.base import Members, ShardReader
 from dsbuild.formats.sample import Sample, sample_from_members
-from dsbuild.formats.video import frame_rate
+from dsbuild.formats.probe import frame_rate
 from dsbuild.lineage.index import IndexRow
 from dsbuild.validators.checks.content import analyse_video, span, video_problems
 from dsbuild.validators.facts import ClipMeasure
@@ -62,6 +62,7 @@ class SampleView:
         audio = meta.video.audio
         return {"frames": meta.clip.frames, "fps": frame_rate(ts) if usable else None, "width": meta.video.width,
                 "height": meta.video.height, "duration": span(ts) if usable else None, "t_start": meta.clip.t_start,
+                "window_end": float(meta.clip.t_end - ts[0]) if usable and len(ts) else None,
                 "audio": None if audio is None else {"start": audio.start, "duration": audio.duration}}
 
     def findings(self) -> dict[str, list[str]]:

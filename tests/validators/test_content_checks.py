@@ -14,7 +14,7 @@ import zstandard
 from dsbuild.core.errors import FormatError
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.formats.sample import SampleMeta, npy_bytes, npy_load
-from dsbuild.formats.video import frame_rate
+from dsbuild.formats.probe import frame_rate
 from dsbuild.validators import ValidateOptions, parse_spec, render_html, to_json, validate
 from dsbuild.validators.checks.content import (
     action_problems,

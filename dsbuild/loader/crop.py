@@ -1,0 +1,35 @@
+"""Which frames of a clip a sample delivers: stride, a cut after ``max_frames``, a seeded random crop of
+``clip_frames``. Pure arithmetic, so plans know every sample's length from the index alone, and a
+crop is a function of (seed, epoch, key): the same after any resume, on any rank."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dsbuild.loader.permutation import derive_key
+
+
+def kept_frames(frames, stride: int, clip_frames: int | None, max_frames: int | None):
+    """Frames delivered from clips of ``frames`` frames (int or array): ceil(frames / stride), capped."""
+    n = -(-np.asarray(frames, dtype=np.int64) // stride)
+    for cap in (clip_frames, max_frames):
+        if cap is not None:
+            n = np.minimum(n, cap)
+    return n if n.ndim else int(n)
+
+
+def crop_start(frames: int, stride: int, count: int, seed: int, epoch: int, key: str) -> int:
+    """First frame of a random crop of ``count`` frames (every ``stride``-th) out of ``frames``: uniform
+    over the positions where the crop fits, keyed by (seed, epoch, sample key)."""
+    room = frames - ((count - 1) * stride + 1)
+    if room <= 0:
+        return 0
+    return derive_key(seed, "crop", epoch, key) % (room + 1)
+
+
+def frame_indices(frames: int, stride: int, clip_frames: int | None, max_frames: int | None, seed: int,
+                  epoch: int, key: str) -> np.ndarray:
+    """Indices (into the clip's frames, in order) of the frames a sample delivers this epoch."""
+    count = kept_frames(frames, stride, clip_frames, max_frames)
+    start = crop_start(frames, stride, count, seed, epoch, key) if clip_frames is not None else 0
+    return start + stride * np.arange(count, dtype=np.int64)

@@ -1,0 +1,217 @@
+"""Open shard files: a bounded LRU shared by the worker threads, OS errors kept apart from corruption.
+
+At most ``limit`` shards are open at once (default 64, far below common ``ulimit -n`` values), so a
+version with thousands of shards never exhausts file descriptors. A handle in use by a thread is never
+closed under it: eviction skips handles in use (so the count can exceed the limit by at most the
+number of threads). Every OS error opening or reading a shard (EMFILE, ENOMEM, EACCES, EIO, a missing
+file) is a ``StorageError`` naming the shard and what to do: the environment failed, the data did not,
+and counting it as a corrupt sample would silently replace healthy samples.
+
+``verify="shard"`` hashes each shard once per process before any of its bytes are trusted, and
+remembers the file's identity (device, inode, size, mtime); a shard whose hash does not match is not
+trusted at all: its samples are then checked one by one against their own hashes.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Iterator
+
+from dsbuild.core.errors import StorageError
+from dsbuild.core.hashing import CHUNK
+from dsbuild.formats import ShardFormat, ShardReader
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.manifest import ShardRecord
+
+RESOURCE_ERRORS = {errno.EMFILE: "raise `ulimit -n` or lower max_open_shards",
+                   errno.ENFILE: "the system's open-file table is full; lower max_open_shards",
+                   errno.ENOMEM: "the process is out of memory; lower num_workers, prefetch or batch_size",
+                   errno.EACCES: "the shard is not readable by this user; fix its permissions",
+                   errno.ENOENT: "the shard is missing; `dsbuild verify` names the command that heals it"}
+
+
+def storage_error(what: str, e: OSError) -> StorageError:
+    """An OS error while touching a shard, as a one-line StorageError with the fix."""
+    return StorageError(f"{what}: {e.strerror or e}", hint=RESOURCE_ERRORS.get(e.errno, "check the disk and "
+                                                                                         "the catalog, then resume"))
+
+
+class _Handle:
+    def __init__(self, path: str):
+        self.path = path
+        self.fd: int | None = None
+        self.reader: ShardReader | None = None
+        self.users = 0
+        self.lock = threading.Lock()  # ShardReaders are not thread-safe; byte-range reads need no lock
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+
+class ShardFiles:
+    """The shards of one source, opened on demand, at most ``limit`` at once."""
+
+    def __init__(self, catalog: Catalog, shards: list[ShardRecord], fmt: ShardFormat, limit: int,
+                 verify_shards: bool):
+        self.catalog, self.shards, self.format, self.limit = catalog, shards, fmt, limit
+        self.verify_shards = verify_shards
+        self._open: OrderedDict[int, _Handle] = OrderedDict()
+        self._lock = threading.Lock()
+        self._trusted: dict[int, tuple] = {}  # shard -> file identity when its hash matched
+        self._damaged: set[int] = set()
+        self._hash_locks: dict[int, threading.Lock] = {}
+        self.opened = 0  # files opened so far (a test and the stats read it)
+
+    def _path(self, shard: int) -> str:
+        try:
+            return str(self.catalog.shard_file(self.shards[shard]))  # remote: a verified cached copy
+        except OSError as e:
+            raise storage_error(f"{self.shards[shard].path}: cannot fetch shard", e) from None
+
+    @contextmanager
+    def handle(self, shard: int) -> Iterator[_Handle]:
+        with self._lock:
+            h = self._open.get(shard)
+        path = self._path(shard) if h is None else None  # outside the lock: a remote shard may download
+        with self._lock:
+            h = self._open.get(shard)
+            if h is None:
+                h = self._open[shard] = _Handle(path)
+                self._evict()
+            self._open.move_to_end(shard)
+            h.users += 1
+        try:
+            yield h
+        finally:
+            with self._lock:
+                h.users -= 1
+                if shard not in self._open and h.users == 0:
+                    h.close()  # evicted while in use: close now that its last user is done
+
+    def _evict(self) -> None:
+        for shard in list(self._open):
+            if len(self._open) <= self.limit:
+                return
+            h = self._open[shard]
+            if h.users == 0:
+                del self._open[shard]
+                h.close()
+
+    @property
+    def open_files(self) -> int:
+        """Shards open now (at most ``limit``, plus any held by threads mid-read when it was reached)."""
+        return len(self._open)
+
+    def fd(self, h: _Handle) -> int:
+        if h.fd is None:
+            with self._lock:
+                if h.fd is None:
+                    try:
+                        h.fd = os.open(h.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    except OSError as e:
+                        raise storage_error(f"{h.path}: cannot open shard", e) from None
+                    self.opened += 1
+        return h.fd
+
+    @contextmanager
+    def reader(self, shard: int) -> Iterator[ShardReader]:
+        """The format's reader of ``shard``, held by one thread at a time."""
+        with self.handle(shard) as h, h.lock:
+            if h.reader is None:
+                h.reader = self.format.reader(h.path)
+                self.opened += 1
+            yield h.reader
+
+    def read_into(self, shard: int, buffers: list, offset: int) -> int:
+        """``os.preadv`` of the shard at ``offset`` into ``buffers``; returns bytes read."""
+        with self.handle(shard) as h:
+            try:
+                return os.preadv(self.fd(h), buffers, offset)
+            except OSError as e:
+                raise storage_error(f"{h.path}: cannot read shard", e) from None
+
+    def trusted(self, shard: int) -> bool:
+        """verify="shard": True once the shard's bytes hashed to its recorded sha256 (once per process and
+        file identity); False if they did not (the caller then checks each sample's own hash)."""
+        if shard in self._damaged:
+            return False
+        with self._lock:
+            lock = self._hash_locks.setdefault(shard, threading.Lock())
+        with lock, self.handle(shard) as h:
+            fd = self.fd(h)
+            st = os.fstat(fd)
+            ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._trusted.get(shard) == ident:
+                return True
+            ok = st.st_size == self.shards[shard].bytes and _sha256_fd(fd, st.st_size) == self.shards[shard].sha256
+            if ok:
+                self._trusted[shard] = ident
+            else:
+                self._damaged.add(shard)
+            return ok
+
+    def close(self) -> None:
+        with self._lock:
+            for h in self._open.values():
+                if h.users == 0:
+                    h.close()
+            self._open.clear()
+
+
+def _sha256_fd(fd: int, size: int) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    pos = 0
+    while pos < size:
+        try:
+            n = os.preadv(fd, [view], pos)
+        except OSError as e:
+            raise storage_error("cannot hash shard", e) from None
+        if n <= 0:
+            break
+        h.update(view[:n])  # releases the GIL for large updates
+        pos += n
+    return h.hexdigest()
+
+
+class BufferPool:
+    """Reusable read buffers. A fresh 10 MB ``bytes`` per sample costs page faults on every read (the
+    allocator hands big blocks back to the OS), which halves throughput on page-cached shards. A buffer
+    is reused only when nothing references it any more — no delivered sample can change under a user
+    who keeps it: a live memoryview (even a slice of a slice) holds a reference to its bytearray."""
+
+    IDLE_REFS = 3  # the pool's list, the local name in ``take`` and getrefcount's argument
+
+    def __init__(self, keep: int = 64):
+        self.keep = keep
+        self._buffers: list[bytearray] = []
+        self._lock = threading.Lock()
+        self.allocated = 0  # buffers made so far (reuse keeps this flat)
+
+    def take(self, n: int) -> bytearray:
+        with self._lock:
+            for k in range(len(self._buffers)):
+                buf = self._buffers[k]
+                if len(buf) >= n and sys.getrefcount(buf) <= self.IDLE_REFS:
+                    del self._buffers[k]  # by position: list.remove would compare contents
+                    return buf
+        self.allocated += 1
+        return bytearray(-(-n // (1 << 20)) << 20)  # whole MiBs, so buffers fit many samples
+
+    def give(self, buf: bytearray) -> None:
+        with self._lock:
+            if len(self._buffers) < self.keep:
+                self._buffers.append(buf)

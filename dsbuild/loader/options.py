@@ -1,0 +1,126 @@
+"""The loader's options: one typed dataclass, each default with its reason.
+
+Options marked ``order=True`` define which samples land in which global batch (the order). A
+checkpoint records their values and refuses to restore under other values, naming the option; the
+list is derived from these marks (``order_options``), never kept by hand. Everything else may change
+between a save and a restore: world size and worker count (elastic restart), decode settings,
+verification, the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dsbuild.core.errors import UsageError
+
+SHUFFLES = ("global", "blocks", "none")
+BUCKETS = (None, "resolution", "length", "shape")
+DECODES = ("frames", "bytes")
+POLICIES = ("reepoch", "stop")
+MIXES = ("batch", "sample")
+VERIFY = ("sample", "shard", "none")
+BACKENDS = ("pyav", "torchcodec", "nvdec", "auto")
+
+
+def option(default: Any, doc: str, *, order: bool = False):
+    """A field with its reason; ``order=True``: changing it changes the order (checkpoints refuse)."""
+    return field(default=default, metadata={"order": order, "doc": doc})
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    # -- what defines the order --------------------------------------------------------------------
+    seed: int = option(0, "the epoch order, crops and map seeds derive from it (never from time or pid)",
+                       order=True)
+    batch_size: int = option(8, "samples (or packed items) per batch, per rank", order=True)
+    shuffle: str = option("global", "global: keyed bijection over all samples; blocks: shuffle blocks of "
+                                    "neighbouring samples (I/O locality); none: index order", order=True)
+    block_size: int = option(256, "blocks mode: neighbouring samples per block (they share shards)", order=True)
+    block_window: int = option(4, "blocks mode: blocks shuffled together (reads stay within them)", order=True)
+    bucket_by: str | None = option(None, "resolution, length or shape: no batch mixes them", order=True)
+    pack_frames: int | None = option(None, "pack clips first-fit into items of this many frames", order=True)
+    frame_stride: int = option(1, "keep every n-th frame (and the matching action/telemetry rows)", order=True)
+    max_frames: int | None = option(None, "cut clips after this many frames (after stride; counted)", order=True)
+    clip_frames: int | None = option(None, "a seeded random crop of this many frames per sample and epoch "
+                                           "(decoded from the keyframe before it)", order=True)
+    mix: str = option("batch", "mixtures: each batch from one source (batch) or sources mixed within "
+                               "batches (sample)", order=True)
+    policy: str = option("reepoch", "a mixture source that runs out starts its next epoch, or stops the "
+                                    "mixture", order=True)
+    # -- the partition (elastic: may change on restore) ----------------------------------------------
+    rank: int = option(0, "this process's rank")
+    world_size: int = option(1, "ranks that share the stream; each sample once per epoch across them")
+    # -- delivery (free to change) ----------------------------------------------------------------------
+    num_workers: int = option(2, "threads that read and decode (PyAV, preadv and sha256 release the GIL)")
+    prefetch: int = option(4, "batches in flight: bounds memory")
+    decode: str = option("frames", "frames: uint8 arrays; bytes: the encoded MP4 for a GPU decoder")
+    decode_backend: str = option("pyav", "pyav (CPU, default), torchcodec (CPU or CUDA), nvdec (CUDA), auto")
+    resize: tuple[int, int] | None = option(None, "(height, width) via swscale; needed to batch mixed "
+                                                  "resolutions without buckets")
+    device: str | None = option(None, "None: numpy; 'cpu'/'cuda'/'auto': torch tensors (auto without torch: "
+                                      "numpy, noted in stats)")
+    verify: str | bool = option("sample", "sample: sha256 per sample read; shard: each shard hashed once per "
+                                          "process; none (False): trust the bytes")
+    max_open_shards: int = option(64, "open shard files kept (LRU): far below common `ulimit -n` values")
+    max_replacements: int = option(16, "corrupt-sample substitutes tried before failing loudly")
+    audio: bool = option(False, "deliver the clip's audio as float32 PCM with lengths")
+    audio_rate: int = option(16000, "audio sample rate (Hz) after resampling")
+    audio_channels: int = option(1, "audio channels after remixing")
+    text: bool = option(False, "deliver each sample's text events (parses the sample's JSON)")
+    map: Callable[[dict, Any], dict] | None = option(None, "map(sample, rng) -> sample, per sample in the "
+                                                           "worker threads before collation; rng is seeded "
+                                                           "from (seed, epoch, key)")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.verify, bool):
+            object.__setattr__(self, "verify", "sample" if self.verify else "none")
+        _choice("shuffle", self.shuffle, SHUFFLES)
+        _choice("bucket_by", self.bucket_by, BUCKETS)
+        _choice("decode", self.decode, DECODES)
+        _choice("policy", self.policy, POLICIES)
+        _choice("mix", self.mix, MIXES)
+        _choice("verify", self.verify, VERIFY)
+        _choice("decode_backend", self.decode_backend, BACKENDS)
+        for name in ("batch_size", "block_size", "block_window", "frame_stride", "world_size", "prefetch",
+                     "max_open_shards", "audio_rate", "audio_channels"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("seed", "rank", "num_workers", "max_replacements"):
+            _at_least(name, getattr(self, name), 0)
+        for name in ("pack_frames", "max_frames", "clip_frames"):
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), 1)
+        if self.rank >= self.world_size:
+            raise UsageError(f"rank {self.rank} is outside world_size {self.world_size}",
+                             hint="ranks are 0 .. world_size - 1")
+        if self.pack_frames is not None and self.decode != "frames":
+            raise UsageError("pack_frames needs decode='frames'", hint="drop pack_frames or decode frames")
+        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
+            raise UsageError(f"resize must be (height, width) >= 1, not {self.resize!r}")
+        if self.map is not None and not callable(self.map):
+            raise UsageError(f"map must be a function map(sample, rng) -> sample, not {type(self.map).__name__}")
+
+
+def _choice(name: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise UsageError(f"{name} must be one of {', '.join(map(repr, allowed))}, not {value!r}")
+
+
+def _at_least(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise UsageError(f"{name} must be an integer >= {low}, not {value!r}")
+
+
+def order_options(o: LoaderOptions) -> dict[str, Any]:
+    """The order-defining options by name (JSON-safe values): what a checkpoint must match."""
+    return {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.metadata.get("order")}
+
+
+def with_overrides(options: LoaderOptions | None, overrides: dict[str, Any]) -> LoaderOptions:
+    """``options`` (default: the defaults) with named fields replaced; an unknown name is a UsageError."""
+    names = {f.name for f in dataclasses.fields(LoaderOptions)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise UsageError(f"unknown loader option {unknown[0]!r}", hint=f"options are: {', '.join(sorted(names))}")
+    return dataclasses.replace(options or LoaderOptions(), **overrides)

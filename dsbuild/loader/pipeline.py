@@ -1,0 +1,365 @@
+"""The loader: deterministic, checkpointable, elastic delivery of batches from one or more sources.
+
+Global batch j (counted across all ranks) is a pure function of (seed, versions, splits, order
+options, j): ``dsbuild.loader.walk`` names its samples, rank r of W takes j = p + r, p + r + W, ...
+from the restored position p. A checkpoint is p and one cursor per source, so it restores under any
+world size or worker count. Workers are threads: PyAV decoding, swscale, ``preadv`` and sha256 release
+the GIL, and batches need no pickling. Inside a torch ``DataLoader`` with process workers, batches
+are built in shared memory (``as_torch_dataset``); for JAX, ``as_jax_iterator`` builds global arrays.
+
+A damaged sample (hash mismatch, bad framing, undecodable video) is replaced by a substitute drawn
+deterministically from the same source and bucket, so every rank makes the same choice; it is
+counted and named in ``stats()``. An OS error (too many open files, permissions, a missing shard) is
+never taken for damage: it stops the loader with a ``StorageError`` naming the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterator
+
+import numpy as np
+
+from dsbuild.core.errors import CorruptDataError, FormatError, UsageError
+from dsbuild.formats.sample import VIDEO_EXT
+from dsbuild.loader.backends import choose_backend, probe
+from dsbuild.loader.collate import collate
+from dsbuild.loader.crop import kept_frames
+from dsbuild.loader.device import Transfer, resolve_device
+from dsbuild.loader.epoch import EpochPlan
+from dsbuild.loader.files import ShardFiles
+from dsbuild.loader.mixture import normalise
+from dsbuild.loader.options import LoaderOptions, order_options, with_overrides
+from dsbuild.loader.permutation import derive_key, permute
+from dsbuild.loader.plan import PlanSpec
+from dsbuild.loader.prepare import Preparer
+from dsbuild.loader.read import SampleReader
+from dsbuild.loader.source import Source
+from dsbuild.loader.state import Cursor, LoaderState
+from dsbuild.loader.stats import Stats
+from dsbuild.loader.walk import Position, SampleRef, Step, rank_steps, step_items, walk_batches, walk_samples
+
+
+def _bucket_keys(src: Source, bucket_by: str | None) -> np.ndarray | None:
+    if bucket_by is None:
+        return None
+    resolution = src.width * 100_000 + src.height
+    if bucket_by == "resolution":
+        return resolution
+    if bucket_by == "length":
+        return src.frames.copy()
+    return resolution * 1_000_000 + src.frames
+
+
+def _union(names: list[tuple[str, ...]]) -> list[str]:
+    out: dict[str, None] = {}
+    for group in names:
+        out.update(dict.fromkeys(group))
+    return list(out)
+
+
+class Mixture:
+    """Batches from several sources by weight: ``Mixture([(ref, split, weight), ...], per="batch", ...)``.
+
+    ``per="batch"``: each batch comes from one source (shapes and buckets stay per source); which one is
+    a deterministic low-discrepancy schedule of the weights. ``per="sample"``: sources mix within
+    batches (bucketing and packing then group samples of any source by resolution/length). A source
+    that runs out starts its next epoch (``policy="reepoch"``, endless) or ends the mixture
+    (``policy="stop"``). Options are ``LoaderOptions`` fields (``options=`` and/or keywords).
+    """
+
+    def __init__(self, sources: list[tuple[str, str | None, float]], options: LoaderOptions | None = None, *,
+                 per: str | None = None, **overrides: Any):
+        if per is not None:
+            overrides["mix"] = per
+        self.options = with_overrides(options, overrides)
+        self._specs = [(str(ref), split) for ref, split, _ in sources]
+        self.weights = normalise([w for _, _, w in sources])
+        self._opened = False
+        self._stats = Stats()
+        self._io_pid: int | None = None
+
+    def _stops(self) -> bool:
+        return self.options.policy == "stop"
+
+    # -- setup (not in the constructor: constructors only store) -------------------------------------
+    def open(self) -> "Mixture":
+        """Open the sources (their proven indexes) and plan; idempotent, and done lazily by every method."""
+        if self._opened:
+            return self
+        o = self.options
+        self.sources = [Source(ref, split).open() for ref, split in self._specs]
+        self.controls = _union([s.controls for src in self.sources for s in src.sessions])
+        self.channels = _union([s.channels for src in self.sources for s in src.sessions])
+        self.spec = PlanSpec(o.batch_size, bucketed=o.bucket_by is not None, pack_frames=o.pack_frames)
+        self.plans = [
+            EpochPlan(len(s), o.seed, f"{s.version_id}/{s.split or ''}", self.spec, shuffle=o.shuffle,
+                      block=o.block_size, window=o.block_window, bucket_keys=_bucket_keys(s, o.bucket_by),
+                      lengths=kept_frames(s.frames, o.frame_stride, o.clip_frames, o.max_frames))
+            for s in self.sources]
+        if o.decode == "frames" and o.resize is None and o.bucket_by not in ("resolution", "shape"):
+            shapes = {(int(w), int(h)) for s in self.sources for w, h in set(zip(s.width, s.height))}
+            if len(shapes) > 1:
+                raise UsageError(f"the data has {len(shapes)} resolutions; batches of frames need one",
+                                 hint="use bucket_by='resolution' or resize=(height, width)")
+        if o.audio and o.pack_frames:
+            raise UsageError("audio=True with pack_frames is not supported", hint="drop one of them")
+        self.position = Position(0, tuple((0, 0) for _ in self.sources))
+        self._device, note = resolve_device(o.device)
+        self._stats.note(note)
+        self._transfer = Transfer(self._device) if self._device else None
+        cuda, installed = probe() if o.decode_backend != "pyav" else (False, frozenset())
+        self.backend = choose_backend(o.decode_backend, cuda=cuda, installed=installed)
+        if o.decode_backend != "pyav":
+            self._stats.note(self.backend.note)
+        self._opened = True
+        return self
+
+    def _io(self) -> tuple[list[SampleReader], Preparer]:
+        """Per-process readers (open files, buffer pools): a forked worker makes its own."""
+        if self._io_pid != os.getpid():
+            o = self.options
+            files = [ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
+                     for s in self.sources]
+            self._readers = [SampleReader(s, f, o.verify) for s, f in zip(self.sources, files)]
+            self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend, self._stats)
+            self._io_pid = os.getpid()
+        return self._readers, self._preparer
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def state_at(self, p: Position) -> dict:
+        """The checkpoint of position ``p`` (as ``steps`` gives them), JSON-ready."""
+        self.open()
+        return self._state(p).to_json()
+
+    def _state(self, p: Position) -> LoaderState:
+        return LoaderState(sources=tuple(s.identity(w) for s, w in zip(self.sources, self.weights)),
+                           order=order_options(self.options), position=p.step,
+                           cursors=tuple(Cursor(e, a) for e, a in p.cursors), inner=p.inner)
+
+    def state_dict(self) -> dict:
+        """Small, JSON-safe, O(sources): where the next global step starts."""
+        self.open()
+        return self._state(self.position).to_json()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at exactly the next batch (any world size or worker count); refuses other data or order."""
+        self.open()
+        theirs = LoaderState.from_json(state, "loader checkpoint")
+        mine = self._state(Position(theirs.position, tuple((c.epoch, c.at) for c in theirs.cursors)))
+        mine.check_compatible(theirs)
+        for k, (plan, c) in enumerate(zip(self.plans, theirs.cursors)):
+            limit = plan.n if self.options.mix == "sample" else plan.batches_in_epoch(c.epoch)
+            if c.at > limit:
+                raise FormatError(f"loader checkpoint: cursors[{k}].at = {c.at} is past the end of epoch {c.epoch} "
+                                  f"({limit})")
+        if theirs.inner > self.spec.chunk:
+            raise FormatError(f"loader checkpoint: inner = {theirs.inner} exceeds a planning chunk "
+                              f"({self.spec.chunk} batches)")
+        self.position = Position(theirs.position, tuple((c.epoch, c.at) for c in theirs.cursors), theirs.inner)
+
+    def state_after(self, batch: dict) -> dict:
+        """The checkpoint to save after consuming ``batch`` from ``as_torch_dataset()`` or ``as_jax_iterator``."""
+        return batch["state"]
+
+    # -- the global stream ---------------------------------------------------------------------------
+    def steps(self, worker: int = 0, workers: int = 1) -> Iterator[tuple[Step | None, Position]]:
+        """This rank's (and DataLoader worker's) steps from the current position, each with the position
+        after its global step; a last ``(None, end)`` if the stream ends (see ``walk.rank_steps``)."""
+        self.open()
+        o, start = self.options, self.position
+        if o.mix == "sample":
+            walk = walk_samples(start, self.plans, self.weights, o.seed, self._stops(), self.spec)
+        else:
+            walk = walk_batches(start, self.plans, self.weights, o.seed, self._stops())
+        return rank_steps(walk, start.step, o.world_size, o.rank, worker, workers)
+
+    # -- loading -------------------------------------------------------------------------------------
+    def _load(self, refs: list[SampleRef]) -> list[tuple[SampleRef, dict, tuple]]:
+        readers, prepare = self._io()
+        t0 = time.perf_counter()
+        raws: list = [None] * len(refs)
+        for src in {r.source for r in refs}:
+            pos = [k for k, r in enumerate(refs) if r.source == src]
+            for k, raw in zip(pos, readers[src].read([refs[k].index for k in pos])):
+                raws[k] = raw
+        t1 = time.perf_counter()
+        out = [self._prepared(ref, raw) for ref, raw in zip(refs, raws)]
+        self._stats.add(seconds={"read": t1 - t0, "decode": time.perf_counter() - t1},
+                        counts={"bytes": int(sum(self.sources[r.source].byte_length[r.index] for r, _, _ in out))})
+        return out
+
+    def _prepared(self, ref: SampleRef, raw) -> tuple[SampleRef, dict, tuple]:
+        """The sample at ``ref`` prepared, or its deterministic substitute if it is damaged."""
+        readers, prepare = self._io()
+        o, plan, source = self.options, self.plans[ref.source], self.sources[ref.source]
+        candidates = None
+        tried = 0
+        while True:
+            if not isinstance(raw, FormatError):
+                try:
+                    sample, cmap = prepare(ref.source, raw, ref.epoch)
+                    return ref, sample, cmap
+                except FormatError as e:
+                    raw = e
+            self._stats.add(corrupt=f"{source.keys[ref.index]}: {raw}")
+            if candidates is None:  # the same substitutes on every rank: keyed by (epoch key, sample)
+                keys = plan.bucket_keys
+                original = ref.index
+                candidates = (int(c) for c in permute(np.arange(len(source)), len(source),
+                                                      derive_key(plan.key(ref.epoch), "replace", original))
+                              if keys is None or keys[c] == keys[original])
+            tried += 1
+            nxt = next(candidates, None)
+            if nxt is None or tried > o.max_replacements:
+                raise CorruptDataError(f"{source.keys[original]}: damaged, and {tried - 1} substitute(s) were "
+                                       "damaged too", hint="run `dsbuild verify` on the version")
+            ref = SampleRef(ref.source, ref.epoch, nxt)
+            raw = readers[ref.source].read([nxt])[0]
+
+    def build(self, step: Step, alloc=np.zeros) -> dict:
+        """The batch of ``step`` (arrays from ``alloc``; see ``collate``), with its samples' metadata."""
+        self.open()
+        items = step_items(step, self.plans)
+        flat = self._load([r for item in items for r in item])
+        t0 = time.perf_counter()
+        nested, k = [], 0
+        for item in items:
+            nested.append(flat[k:k + len(item)])
+            k += len(item)
+        batch, counters = collate([[s for _, s, _ in item] for item in nested],
+                                  [[m for _, _, m in item] for item in nested],
+                                  (len(self.controls), len(self.channels)), self.options.pack_frames, alloc)
+        self._metadata(batch, nested)
+        self._stats.add(counts={"batches": 1, "samples": len(flat), "frames": counters["frames"],
+                                "padding_frames": counters["padding"], "truncated": counters["truncated"]},
+                        seconds={"collate": time.perf_counter() - t0})
+        return batch
+
+    def _metadata(self, batch: dict, nested: list) -> None:
+        """Per-sample fields, aligned with ``keys`` (per item; per item a list of them when packing)."""
+        o = self.options
+        refs = [ref for item in nested for ref, _, _ in item]
+        samples = [s for item in nested for _, s, _ in item]
+        src = np.array([r.source for r in refs])
+        idx = np.array([r.index for r in refs])
+        flat: dict[str, list] = {"keys": [s["key"] for s in samples], "source": src.tolist()}
+        for k in np.unique(src).tolist():
+            at = np.flatnonzero(src == k)
+            for name, values in self.sources[k].fields(idx[at]).items():
+                if len(at) == len(refs):  # one source (always so with mix="batch")
+                    flat[name] = values
+                    continue
+                column = flat.setdefault(name, [None] * len(refs))
+                for p, v in zip(at.tolist(), values):
+                    column[p] = v
+        if o.text:
+            flat["text"] = [s["text"] for s in samples]
+        if o.decode == "bytes":
+            _, prepare = self._io()
+            flat["video"] = [s["video"] for s in samples]
+            flat["container"] = [VIDEO_EXT] * len(refs)
+            flat["codec_tag"] = [prepare.codec_tag(r.source, r.index) for r in refs]
+        else:
+            for name in ("fps", "has_audio"):
+                flat.pop(name)
+        if o.pack_frames:
+            bounds = np.cumsum([0] + [len(item) for item in nested]).tolist()
+            flat = {name: [v[a:b] for a, b in zip(bounds, bounds[1:])] for name, v in flat.items()}
+        batch.update(flat)
+
+    def __iter__(self) -> Iterator[dict]:
+        self.open()
+        o = self.options
+        pool = ThreadPoolExecutor(max_workers=max(1, o.num_workers), thread_name_prefix="dsbuild-load")
+        pending: deque = deque()
+        work = self.steps()
+        end = None
+        try:
+            while True:
+                while end is None and len(pending) < o.prefetch:
+                    step, after = next(work, (None, None))
+                    if step is None:
+                        end = after
+                        break
+                    pending.append((pool.submit(self.build, step), after))
+                if not pending:
+                    break
+                fut, after = pending.popleft()
+                t0 = time.perf_counter()
+                batch = fut.result()
+                self._stats.add(seconds={"wait": time.perf_counter() - t0})
+                if self._transfer is not None:
+                    t1 = time.perf_counter()
+                    batch = self._transfer(batch)
+                    self._stats.add(seconds={"h2d": time.perf_counter() - t1})
+                self.position = after
+                yield batch
+            if end is not None:
+                self.position = end
+        finally:
+            for fut, _ in pending:
+                fut.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def as_torch_dataset(self):
+        """This loader as a torch IterableDataset (use ``DataLoader(ds, batch_size=None, num_workers=K)``)."""
+        from dsbuild.loader.torch import TorchDataset
+
+        return TorchDataset(self)
+
+    def as_jax_iterator(self, sharding):
+        """Batches as dicts of global ``jax.Array``s laid out by ``sharding`` (see ``dsbuild.loader.jax``)."""
+        from dsbuild.loader.jax import jax_batches
+
+        return jax_batches(self, sharding)
+
+    def __getstate__(self) -> dict:
+        """Picklable for DataLoader workers under spawn: settings and position only; reopened lazily."""
+        self.open()
+        return {"options": self.options, "specs": self._specs, "weights": self.weights.tolist(),
+                "state": self.state_dict(), "cls": type(self).__name__}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__([(ref, split, w) for (ref, split), w in zip(state["specs"], state["weights"])],
+                      state["options"])
+        self.load_state_dict(state["state"])
+
+    def stats(self) -> dict:
+        """Counts (batches, samples, frames, padding, truncated, corrupt + keys), seconds per stage, notes."""
+        return self._stats.to_json()
+
+
+class Loader(Mixture):
+    """One source: ``Loader("catalog@v3", split="main/train", seed=17, batch_size=8, ...)``.
+
+    ``for batch in loader`` delivers the rest of the current epoch; the next loop starts the next epoch.
+    """
+
+    def __init__(self, ref: str, split: str | None = None, options: LoaderOptions | None = None, **overrides: Any):
+        super().__init__([(ref, split, 1.0)], options, **overrides)
+
+    def _stops(self) -> bool:
+        return True
+
+    def __setstate__(self, state: dict) -> None:
+        (ref, split), = state["specs"]
+        Loader.__init__(self, ref, split, state["options"])
+        self.load_state_dict(state["state"])
+
+    @property
+    def epoch(self) -> int:
+        self.open()
+        return self.position.cursors[0][0]
+
+    def __len__(self) -> int:
+        """Batches this rank gets in the current epoch from the current position."""
+        self.open()
+        epoch, b = self.position.cursors[0]
+        remaining = self.plans[0].batches_in_epoch(epoch) - b
+        o = self.options
+        return max(0, -(-(remaining - o.rank) // o.world_size))

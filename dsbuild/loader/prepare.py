@@ -1,0 +1,130 @@
+"""One read sample -> the sample a batch holds: arrays cut to the delivered frames, the video decoded (or
+its bytes with what a GPU decoder needs), audio and text when asked, and the user's ``map``.
+
+A sample is a dict: ``key``, ``actions`` [T, C] and ``telemetry`` [T, K] (float32), ``timestamps`` [T]
+(float64, seconds from the session's first frame), then ``frames`` uint8 [T, H, W, 3] (decode="frames")
+or ``video`` (the MP4 bytes, decode="bytes"), ``audio`` float32 [channels, samples] (audio=True) and
+``text`` (text=True: the text events in the clip, from the sample's JSON). ``map(sample, rng)`` sees it
+with actions and telemetry on the loader's vocabulary; ``rng`` is a numpy Generator seeded from
+(seed, epoch, key), so an augmentation is the same after any resume and on any rank.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dsbuild.core.errors import FormatError
+from dsbuild.formats.sample import MEMBERS, VIDEO_EXT, SampleMeta
+from dsbuild.loader import audio as audio_mod
+from dsbuild.loader.backends import Backend
+from dsbuild.loader.collate import ColumnMap
+from dsbuild.loader.crop import frame_indices
+from dsbuild.loader.decode import decode_pyav, decode_torchcodec
+from dsbuild.loader.options import LoaderOptions
+from dsbuild.loader.permutation import derive_key
+from dsbuild.loader.read import RawSample, sample_arrays
+from dsbuild.loader.source import Source
+from dsbuild.loader.stats import Stats
+
+VIDEO_SLOT = MEMBERS.index(VIDEO_EXT)
+JSON_SLOT = MEMBERS.index("json")
+
+
+def column_map(names: tuple[str, ...], vocabulary: list[str]) -> np.ndarray | None:
+    """Where a session's columns go on the vocabulary (None: they already are its first columns)."""
+    cols = np.array([vocabulary.index(n) for n in names], dtype=np.intp)
+    return None if np.array_equal(cols, np.arange(len(names))) else cols
+
+
+def on_vocabulary(arr: np.ndarray, cols: np.ndarray | None, width: int) -> np.ndarray:
+    out = np.zeros((len(arr), width), dtype=np.float32)
+    if cols is None:
+        out[:, :arr.shape[1]] = arr
+    else:
+        out[:, cols] = arr
+    return out
+
+
+def sample_meta(source: Source, raw: RawSample) -> SampleMeta:
+    from dsbuild.core.jsonio import loads_bounded
+    from dsbuild.formats.sample import MAX_META_BYTES
+
+    what = f"{raw.key}.json"
+    return SampleMeta.from_json(loads_bounded(bytes(raw.members[JSON_SLOT]), max_bytes=MAX_META_BYTES, what=what),
+                                what)
+
+
+class Preparer:
+    """Turns read samples of the loader's sources into batch-ready samples (thread-safe)."""
+
+    def __init__(self, options: LoaderOptions, sources: list[Source], controls: list[str], channels: list[str],
+                 backend: Backend, stats: Stats):
+        self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
+        self.widths = (len(controls), len(channels))
+        self.maps: list[list[ColumnMap]] = [
+            [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
+            for src in sources]
+        self._video: dict[tuple[int, int], object] = {}  # (source, session) -> ClipVideo, parsed once
+
+    def column_map(self, src: int, i: int) -> ColumnMap:
+        return self.maps[src][int(self.sources[src].session_code[i])]
+
+    def __call__(self, src: int, raw: RawSample, epoch: int) -> tuple[dict, ColumnMap]:
+        o, source = self.o, self.sources[src]
+        actions, telemetry, ts = sample_arrays(source, raw)
+        idx = frame_indices(len(ts), o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
+        sel = slice(int(idx[0]), int(idx[-1]) + 1, o.frame_stride)
+        sample = {"key": raw.key, "actions": actions[sel], "telemetry": telemetry[sel], "timestamps": ts[sel]}
+        video = raw.members[VIDEO_SLOT]
+        if o.decode == "frames":
+            sample["frames"] = self._decode(video, idx)
+        else:
+            sample["video"] = video
+            self.video_facts(src, raw)
+        if o.audio:
+            sample["audio"] = self._audio(video, source, raw.index, ts, idx)
+        if o.text:
+            sample["text"] = [e.to_json() for e in sample_meta(source, raw).text]
+        cmap = self.column_map(src, raw.index)
+        if o.map is not None:
+            sample["actions"] = on_vocabulary(sample["actions"], cmap[0], self.widths[0])
+            sample["telemetry"] = on_vocabulary(sample["telemetry"], cmap[1], self.widths[1])
+            rng = np.random.default_rng(derive_key(o.seed, "map", epoch, raw.key))
+            sample = o.map(sample, rng)
+            cmap = (None, None)
+        return sample, cmap
+
+    def _decode(self, video, idx: np.ndarray) -> np.ndarray:
+        if self.backend.name == "pyav":
+            counts: dict = {}
+            frames = decode_pyav(video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts)
+            self.stats.add(counts={"decoded_frames": counts["decoded"]})
+        else:
+            frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)
+        if len(frames) != len(idx):
+            raise FormatError(f"decoded {len(frames)} frames, expected {len(idx)}")
+        return frames
+
+    def _audio(self, video, source: Source, i: int, ts: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        o = self.o
+        if not source.has_audio[i]:
+            return np.zeros((o.audio_channels, 0), np.float32)
+        pcm = audio_mod.decode_audio(video, o.audio_rate, o.audio_channels)
+        if len(idx) == len(ts):
+            return pcm
+        step = 1.0 / source.fps[i] if source.fps[i] > 0 else float(np.median(np.diff(ts))) if len(ts) > 1 else 0.0
+        return audio_mod.cut(pcm, o.audio_rate, ts[idx[0]] - ts[0], ts[idx[-1]] - ts[0] + step)
+
+    def video_facts(self, src: int, raw: RawSample):
+        """The clip's encoding (codec, tag, container, size, audio) from its session's first sample read:
+        one JSON parse per session per process, not per sample."""
+        key = (src, int(self.sources[src].session_code[raw.index]))
+        facts = self._video.get(key)
+        if facts is None:
+            facts = self._video[key] = sample_meta(self.sources[src], raw).video
+        return facts
+
+    def codec_tag(self, src: int, i: int) -> str | None:
+        """The codec tag of sample ``i``'s session (known once a sample of it was prepared in bytes mode)."""
+        facts = self._video.get((src, int(self.sources[src].session_code[i])))
+        return facts.codec_tag if facts is not None else None

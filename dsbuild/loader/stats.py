@@ -1,0 +1,56 @@
+"""The loader's counters and per-stage seconds, attributed to the threads that spent them."""
+
+from __future__ import annotations
+
+import threading
+
+MAX_KEYS = 100  # offending keys kept in stats
+
+
+class Stats:
+    """Counters and per-stage seconds (thread-safe). ``wait`` is time the consumer waited for data;
+    ``decoded_frames`` against ``frames`` shows what crops and strides saved.
+
+    ``threads`` attributes the same seconds (and batches) to the thread that recorded them: the loader's
+    workers (``dsbuild-load_0``...) for read/decode/collate, the consumer's thread for wait/h2d.
+    ``notes`` say what the loader chose on the user's behalf (a device or decoder fallback)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts = {"batches": 0, "samples": 0, "frames": 0, "padding_frames": 0, "truncated": 0,
+                       "corrupt": 0, "bytes": 0, "decoded_frames": 0}
+        self.seconds = {"read": 0.0, "decode": 0.0, "collate": 0.0, "h2d": 0.0, "wait": 0.0}
+        self.corrupt_keys: list[str] = []
+        self.threads: dict[str, dict[str, float]] = {}
+        self.notes: list[str] = []
+
+    def note(self, text: str | None) -> None:
+        if text and text not in self.notes:
+            with self._lock:
+                self.notes.append(text)
+
+    def add(self, counts: dict | None = None, seconds: dict | None = None, corrupt: str | None = None) -> None:
+        name = threading.current_thread().name
+        with self._lock:
+            for k, v in (counts or {}).items():
+                self.counts[k] += v
+            for k, v in (seconds or {}).items():
+                self.seconds[k] += v
+            if seconds or (counts and "batches" in counts):
+                mine = self.threads.setdefault(name, {})
+                for k, v in (seconds or {}).items():
+                    mine[k] = mine.get(k, 0.0) + v
+                if counts and "batches" in counts:
+                    mine["batches"] = mine.get("batches", 0) + counts["batches"]
+            if corrupt is not None:
+                self.counts["corrupt"] += 1
+                if len(self.corrupt_keys) < MAX_KEYS:
+                    self.corrupt_keys.append(corrupt)
+
+    def to_json(self) -> dict:
+        with self._lock:
+            total = self.counts["frames"] + self.counts["padding_frames"]
+            return {**self.counts, "seconds": dict(self.seconds), "corrupt_keys": list(self.corrupt_keys),
+                    "padding_fraction": self.counts["padding_frames"] / total if total else 0.0,
+                    "threads": {name: dict(v) for name, v in sorted(self.threads.items())},
+                    "notes": list(self.notes)}

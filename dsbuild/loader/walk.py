@@ -1,0 +1,198 @@
+"""The global stream as pure functions: which batch is global batch j, and which rank gets it.
+
+A *walk* starts at a ``Position`` (global batches consumed, one cursor per source) and yields one
+``Step`` per global batch, each carrying the ``Position`` after it, and ends with ``End`` where a
+source runs out under ``stop``. Walks read only the epoch plans (pure functions of the index), so a
+walk restored from any step's ``after`` continues exactly as the uninterrupted walk did.
+
+- ``walk_batches`` (mix="batch"): the mixing schedule picks a source per global batch; the source's
+  cursor names (epoch, batch) in its own epoch plan (bucketing and packing are per source).
+- ``walk_samples`` (mix="sample"): the schedule picks a source per *sample slot*; slots are cut into
+  planning chunks of ``CHUNK_BATCHES * batch_size`` and each chunk is planned like one source's
+  chunk, so batches mix sources while bucketing (by resolution, length or shape, which compare
+  across sources) and packing still hold within every batch. A source's cursor counts samples of its
+  epoch order, so each source still delivers each of its samples once per epoch of it.
+- ``rank_steps``: rank r of W takes j = p + r, p + r + W, ... from the restored position p (and a
+  DataLoader worker k of K every K-th of those), each with the position after the whole global step,
+  so every rank that checkpoints after the same step writes the same state.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+from dsbuild.loader.mixture import schedule
+from dsbuild.loader.plan import Batch, PlanSpec, plan_chunk, rank_batch_ids
+
+SCHEDULE_BLOCK = 1024  # mixing decisions computed per vectorised call
+
+
+class SampleRef(NamedTuple):
+    source: int
+    epoch: int
+    index: int  # sample index in the source
+
+
+Item = tuple[SampleRef, ...]  # one sample, or several packed together
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """``step`` global batches consumed; per source (epoch, next batch or sample); for mix="sample",
+    ``inner`` batches of the current planning chunk consumed (the cursors are at the chunk's start)."""
+
+    step: int
+    cursors: tuple[tuple[int, int], ...]
+    inner: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Global batch ``j``: batch ``batch`` of ``source``'s epoch ``epoch`` (mix="batch"), or its planned
+    ``items`` (mix="sample"). ``after`` is the position once it is consumed."""
+
+    j: int
+    after: Position
+    source: int | None = None
+    epoch: int | None = None
+    batch: int | None = None
+    items: tuple[Item, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The walk ends (a source ran out under ``stop``); ``at`` is where every rank moves to."""
+
+    at: Position
+
+
+class Plan(Protocol):
+    """What a walk needs of one source's epoch plan (``dsbuild.loader.epoch.EpochPlan``)."""
+
+    n: int
+    bucket_keys: np.ndarray | None
+    lengths: np.ndarray | None
+
+    def batches_in_epoch(self, epoch: int) -> int: ...
+    def batch(self, epoch: int, b: int) -> Batch: ...
+    def order(self, epoch: int, start: int, count: int) -> np.ndarray: ...
+
+
+def walk_batches(start: Position, plans: Sequence[Plan], weights: np.ndarray, seed: int,
+                 stop: bool) -> Iterator[Step | End]:
+    """mix="batch": each global batch is one batch of one source's epoch plan."""
+    cursors = list(start.cursors)
+    j = start.step
+    while True:
+        for src in schedule(weights, seed, j, SCHEDULE_BLOCK).tolist():
+            epoch, b = cursors[src]
+            if b >= plans[src].batches_in_epoch(epoch):
+                if stop:
+                    cursors[src] = (epoch + 1, 0)
+                    yield End(Position(j, tuple(cursors)))
+                    return
+                epoch, b = epoch + 1, 0
+            cursors[src] = (epoch, b + 1)
+            yield Step(j, Position(j + 1, tuple(cursors)), source=src, epoch=epoch, batch=b)
+            j += 1
+
+
+def sample_chunk(cursors: Sequence[tuple[int, int]], plans: Sequence[Plan], weights: np.ndarray, seed: int,
+                 stop: bool, size: int) -> tuple[list[SampleRef], tuple[tuple[int, int], ...], int | None]:
+    """The next ``size`` sample slots from ``cursors``: (refs, cursors after them, stopper).
+
+    Slot s (counted over the whole stream: the sum of every source's consumed samples) goes to source
+    ``schedule(s)``; a source's k-th use is position at + k of its epoch order (rolling into its next
+    epoch). Under ``stop`` the chunk ends before the first slot that would start a new epoch of any
+    source: ``stopper`` is that source (None if the chunk is whole), and its cursor stays at the end of
+    its epoch, so a walk restored after the chunk stops at once, as the uninterrupted one does."""
+    slot = sum(e * plans[s].n + a for s, (e, a) in enumerate(cursors))
+    srcs = schedule(weights, seed, slot, size)
+    end = size
+    if stop:
+        for s, (e, a) in enumerate(cursors):
+            uses = np.flatnonzero(srcs == s)
+            left = plans[s].n - a
+            if len(uses) > left:
+                end = min(end, int(uses[left]))
+        srcs = srcs[:end]
+    refs: list[SampleRef | None] = [None] * len(srcs)
+    after = list(cursors)
+    for s, (e, a) in enumerate(cursors):
+        uses = np.flatnonzero(srcs == s)
+        if not len(uses):
+            continue
+        n = plans[s].n
+        g = e * n + a + np.arange(len(uses))
+        epochs, pos = g // n, g % n
+        for ep in np.unique(epochs).tolist():
+            sel = epochs == ep
+            p = pos[sel]
+            idx = plans[s].order(ep, int(p[0]), len(p))
+            for slot_k, i in zip(uses[sel].tolist(), idx.tolist()):
+                refs[slot_k] = SampleRef(s, ep, i)
+        total = e * n + a + len(uses)
+        after[s] = (e, a + len(uses)) if stop else (total // n, total % n)
+    stopper = int(schedule(weights, seed, slot + end, 1)[0]) if end < size else None
+    return refs, tuple(after), stopper  # type: ignore[return-value]
+
+
+def walk_samples(start: Position, plans: Sequence[Plan], weights: np.ndarray, seed: int, stop: bool,
+                 spec: PlanSpec) -> Iterator[Step | End]:
+    """mix="sample": batches planned over chunks of the interleaved sample stream."""
+    cursors, j, inner = start.cursors, start.step, start.inner
+    while True:
+        refs, after, stopper = sample_chunk(cursors, plans, weights, seed, stop, spec.chunk)
+        keys = _column(refs, plans, "bucket_keys")
+        lengths = _column(refs, plans, "lengths")
+        batches = plan_chunk(np.arange(len(refs)), spec, keys, lengths) if refs else []
+        for k in range(inner, len(batches)):
+            last = k == len(batches) - 1
+            pos = Position(j + 1, after) if last else Position(j + 1, cursors, k + 1)
+            yield Step(j, pos, items=tuple(tuple(refs[p] for p in item) for item in batches[k]))
+            j += 1
+        if stopper is not None:  # every rank moves past the end: that source's next epoch
+            rolled = list(after)
+            rolled[stopper] = (after[stopper][0] + 1, 0)
+            yield End(Position(j, tuple(rolled)))
+            return
+        cursors, inner = after, 0
+
+
+def _column(refs: list[SampleRef], plans: Sequence[Plan], name: str) -> np.ndarray | None:
+    cols = [getattr(p, name) for p in plans]
+    if any(c is None for c in cols) or not refs:
+        return None
+    return np.array([cols[r.source][r.index] for r in refs], dtype=np.int64)
+
+
+def step_items(step: Step, plans: Sequence[Plan]) -> tuple[Item, ...]:
+    """The samples of a step's batch, item by item."""
+    if step.items is not None:
+        return step.items
+    return tuple(tuple(SampleRef(step.source, step.epoch, i) for i in item)
+                 for item in plans[step.source].batch(step.epoch, step.batch))
+
+
+def rank_steps(walk: Iterator[Step | End], start: int, world: int, rank: int, worker: int = 0,
+               workers: int = 1) -> Iterator[tuple[Step | None, Position]]:
+    """This rank's (and worker's) steps of ``walk`` (which starts at global batch ``start``), each with
+    the position after its whole global step. If the walk ends, a last ``(None, end position)`` follows
+    (a walk that ends mid-step gives its steps there the end position too)."""
+    mine = rank_batch_ids(start, sys.maxsize, world, rank, worker, workers)
+    held = None
+    for item in walk:
+        if isinstance(item, End):
+            if held is not None:
+                yield held, item.at
+            yield None, item.at
+            return
+        if item.j in mine:
+            held = item
+        if held is not None and (item.j - start) % world == world - 1:
+            yield held, item.after
+            held = None

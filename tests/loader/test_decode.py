@@ -1,0 +1,120 @@
+"""Decoding only what is used, exactly: crops start at the keyframe before them, strides skip
+non-reference frames and still give exactly the wanted frames; audio as float32 PCM; backend choice."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dsbuild.core.errors import MissingDependency, UsageError
+from dsbuild.loader import Loader
+from dsbuild.loader.audio import decode_audio
+from dsbuild.loader.backends import choose_backend
+from dsbuild.loader.decode import decode_pyav, start_packet
+from tests.loader.conftest import make_clip
+
+
+@pytest.fixture(scope="module")
+def clip() -> bytes:
+    return make_clip()
+
+
+def all_frames(data: bytes) -> np.ndarray:
+    return decode_pyav(data, np.arange(60))
+
+
+def test_any_frames_decode_exactly_as_in_a_full_decode(clip):
+    full = all_frames(clip)
+    assert len(full) == 60 and len({int(f[-1, -1, 0]) for f in full}) > 30
+    for idx in ([0], [23, 25, 27], [59], list(range(40, 60, 3)), [9, 10, 11]):
+        assert np.array_equal(decode_pyav(clip, np.array(idx)), full[idx])
+
+
+def test_a_crop_decodes_from_the_keyframe_before_it_not_from_frame_0(clip):
+    counts: dict = {}
+    decode_pyav(clip, np.array([45, 46, 47]), counts=counts)
+    assert counts["skipped_packets"] >= 40 and counts["decoded"] <= 12
+    full: dict = {}
+    decode_pyav(clip, np.arange(60), counts=full)
+    assert full["skipped_packets"] == 0 and full["decoded"] == 60
+
+
+def test_the_start_packet_is_the_last_keyframe_at_or_before_the_first_frame():
+    packets = [(0, True), (3, False), (1, False), (2, False), (6, True), (4, False), (5, False)]  # decode order
+    assert [start_packet(packets, p) for p in range(8)] == [0, 0, 0, 0, 0, 0, 4, 4]
+
+
+def test_a_stride_skips_non_reference_frames_and_gives_exactly_the_strided_frames(clip):
+    full = all_frames(clip)
+    counts: dict = {}
+    for stride in (2, 3):
+        idx = np.arange(0, 60, stride)
+        got = decode_pyav(clip, idx, skip_nonref=True, counts=counts)
+        assert np.array_equal(got, full[idx])
+    # with B-frames every third frame, a stride of 3 from frame 0 needs only I/P frames: the B-frames are skipped
+    only_refs: dict = {}
+    decode_pyav(clip, np.arange(0, 60, 3), skip_nonref=True, counts=only_refs)
+    assert only_refs["decoded"] < 60
+
+
+def test_resize_goes_through_swscale(clip):
+    got = decode_pyav(clip, np.array([1, 2]), size=(24, 32))
+    assert got.shape == (2, 24, 32, 3) and got.dtype == np.uint8
+
+
+def test_audio_is_float32_pcm_at_the_asked_rate_and_deterministic(clip):
+    mono = decode_audio(clip, 16000, 1)
+    assert mono.dtype == np.float32 and mono.shape[0] == 1 and abs(mono.shape[1] - 32000) < 2048
+    assert np.array_equal(mono, decode_audio(clip, 16000, 1))
+    spectrum = np.abs(np.fft.rfft(mono[0, 4000:20000]))
+    assert abs(np.argmax(spectrum) * 16000 / 16000 - 440) < 5  # the 440 Hz tone survives resampling
+    assert decode_audio(clip, 22050, 2).shape[0] == 2
+    assert decode_audio(make_clip(audio=False, frames=10), 16000, 1).shape == (1, 0)
+
+
+def test_the_loader_delivers_audio_with_lengths(cat):
+    ref, _ = cat
+    b = next(iter(Loader(ref, decode="bytes", batch_size=3, seed=1, audio=True)))
+    assert b["audio"].dtype == np.float32 and b["audio"].shape[:2] == (3, 1) and len(b["audio_lengths"]) == 3
+    assert b["audio"].shape[2] == max(b["audio_lengths"])  # padded to the longest (0 for clips without audio)
+
+
+def test_backend_choice_is_pure_and_says_why():
+    none, tc = frozenset(), frozenset({"torchcodec"})
+    assert choose_backend("pyav", cuda=True, installed=tc).name == "pyav"
+    assert choose_backend("auto", cuda=False, installed=tc).name == "pyav"
+    assert "no CUDA GPU" in choose_backend("auto", cuda=False, installed=tc).note
+    assert "torchcodec is not installed" in choose_backend("auto", cuda=True, installed=none).note
+    nv = choose_backend("auto", cuda=True, installed=tc)
+    assert (nv.name, nv.device) == ("nvdec", "cuda")
+    assert (choose_backend("torchcodec", cuda=False, installed=tc).device) == "cpu"
+    with pytest.raises(MissingDependency, match=r"pip install 'dsbuild\[torchcodec\]'"):
+        choose_backend("torchcodec", cuda=True, installed=none)
+    with pytest.raises(UsageError, match="needs a CUDA GPU"):
+        choose_backend("nvdec", cuda=False, installed=tc)
+    with pytest.raises(MissingDependency, match="torchcodec"):
+        choose_backend("nvdec", cuda=True, installed=none)
+
+
+def test_the_loader_falls_back_to_pyav_on_this_machine_and_says_so(cat):
+    ref, _ = cat
+    auto = Loader(ref, batch_size=2, seed=1, resize=(8, 8), decode_backend="auto")
+    pyav = Loader(ref, batch_size=2, seed=1, resize=(8, 8))
+    a, p = next(iter(auto)), next(iter(pyav))
+    assert np.array_equal(a["frames"], p["frames"])
+    assert any(n.startswith("auto:") for n in auto.stats()["notes"]) or auto.backend.name == "nvdec"
+
+
+def test_device_auto_without_torch_delivers_numpy_with_a_note(cat):
+    ref, _ = cat
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "import numpy as np\nfrom dsbuild.loader import Loader\n"
+              f"L = Loader({ref!r}, decode='bytes', batch_size=2, device='auto')\n"
+              "b = next(iter(L)); assert isinstance(b['actions'], np.ndarray)\n"
+              "print(L.stats()['notes'])\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "torch is not installed" in r.stdout

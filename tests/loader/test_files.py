@@ -1,0 +1,63 @@
+"""Open shard files stay bounded, and running out of file descriptors is a storage error, never
+"corruption": run in a subprocess under ``RLIMIT_NOFILE`` with more shards than the limit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.loader.files import ShardFiles
+from dsbuild.loader.source import Source
+
+SCRIPT = textwrap.dedent("""
+    import json, os, resource, sys
+    from dsbuild.core.errors import StorageError
+    from dsbuild.loader import Loader
+    ref, limit = sys.argv[1], int(sys.argv[2])
+    loader = Loader(ref, decode="bytes", batch_size=2, seed=1, num_workers=2, max_open_shards=limit)
+    loader.open()  # index read and threads not yet started: what is open now is the baseline
+    used = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (used + 12, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    try:
+        keys = [k for b in loader for k in b["keys"]]
+        print(json.dumps({"ok": len(keys), "corrupt": loader.stats()["corrupt"]}))
+    except StorageError as e:
+        print(json.dumps({"error": str(e), "hint": e.hint, "corrupt": loader.stats()["corrupt"]}))
+""")
+
+
+def run_limited(ref: str, max_open: int) -> dict:
+    r = subprocess.run([sys.executable, "-c", SCRIPT, ref, str(max_open)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_more_shards_than_the_fd_limit_load_fine_with_the_bounded_cache(cat):
+    ref, vid = cat
+    shards = len(Catalog.open(ref).manifest(vid).shards)
+    assert shards > 12  # more shards than the limit leaves room for
+    got = run_limited(ref, 4)
+    assert got == {"ok": len(Catalog.open(ref).index(vid)), "corrupt": 0}
+
+
+def test_running_out_of_file_descriptors_is_a_storage_error_not_corruption(cat):
+    ref, _ = cat
+    got = run_limited(ref, 1000)
+    assert "Too many open files" in got["error"] and "ulimit -n" in got["hint"] and got["corrupt"] == 0
+
+
+def test_the_lru_never_holds_more_than_its_limit_and_reopens_evicted_shards(cat):
+    ref, _ = cat
+    src = Source(ref).open()
+    files = ShardFiles(src.catalog, src.shards, src.format, 3, verify_shards=False)
+    for rounds in range(2):
+        for shard in range(len(src.shards)):
+            buf = bytearray(16)
+            assert files.read_into(shard, [memoryview(buf)], 0) == 16 and buf[:6] != b"\0" * 6
+            assert files.open_files <= 3
+    assert files.opened == 2 * len(src.shards)  # evicted, then opened again
+    files.close()

@@ -1,0 +1,308 @@
+"""The loader on real catalogs: determinism, exactly-once partition, exact and elastic resume, mixtures,
+bucketing, packing, decoding, whole samples in batches, map, corrupt samples (all on CPU)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from dsbuild.core.errors import CorruptDataError, UsageError
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.loader import Loader, Mixture
+from tests.loader.conftest import index_rows, run
+
+
+def test_epoch_order_is_a_pure_function_of_seed_and_epoch(cat):
+    ref, _ = cat
+    a, _ = run(ref)
+    b, _ = run(ref)
+    c, _ = run(ref, seed=6)
+    assert a == b and a != c
+    loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    e0 = [k for b in loader for k in b["keys"]]
+    e1 = [k for b in loader for k in b["keys"]]
+    assert sorted(e0) == sorted(e1) and e0 != e1 and loader.epoch == 2
+
+
+@pytest.mark.parametrize("shuffle", ["global", "blocks", "none"])
+def test_one_epoch_over_w_ranks_delivers_every_sample_once(cat, shuffle):
+    ref, vid = cat
+    every = sorted(r["key"] for r in index_rows(ref, vid))
+    for world in (1, 2, 3, 4):
+        seen = []
+        for rank in range(world):
+            batches, _ = run(ref, rank=rank, world_size=world, shuffle=shuffle, block_size=4, block_window=2)
+            seen += [k for b in batches for k in b]
+        assert sorted(seen) == every
+
+
+def test_the_stream_does_not_depend_on_worker_threads_or_verification(cat):
+    ref, _ = cat
+    one = run(ref, num_workers=0)[0]
+    assert one == run(ref, num_workers=3, prefetch=7)[0]
+    assert one == run(ref, verify="shard")[0] == run(ref, verify=False)[0]
+
+
+def test_resume_at_every_position_continues_the_same_stream(cat):
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    full_two_epochs = [b["keys"] for _ in range(2) for b in loader]
+    per_epoch = len(full_two_epochs) // 2
+    for cut in range(0, per_epoch + 1):
+        first, state = run(ref, n=cut) if cut else ([], Loader(ref, decode="bytes", batch_size=3, seed=5).state_dict())
+        restored = Loader(ref, decode="bytes", batch_size=3, seed=5)
+        restored.load_state_dict(state)
+        rest = [b["keys"] for b in restored]
+        if cut == per_epoch:  # saved after the last batch of epoch 0: this loop ends it, the next is epoch 1
+            assert rest == []
+            assert first + [b["keys"] for b in restored] == full_two_epochs
+        else:
+            assert first + rest == full_two_epochs[:per_epoch]
+
+
+def test_elastic_resume_4_then_3_then_6_ranks_loses_and_repeats_nothing(cat):
+    ref, vid = cat
+    seen, state = [], None
+    for world, steps in ((4, 1), (3, 1), (6, None)):
+        states = []
+        for rank in range(world):
+            batches, st = run(ref, n=steps, state=state, rank=rank, world_size=world, batch_size=2)
+            seen += [k for b in batches for k in b]
+            states.append(st)
+        if steps is not None:
+            assert all(s == states[0] for s in states)  # every rank checkpoints the same state
+        state = states[0]
+    assert sorted(seen) == sorted(r["key"] for r in index_rows(ref, vid))
+
+
+def test_a_mixture_is_deterministic_resumable_and_reepochs(cat, wds_catalog):
+    ref, _ = cat
+    other = str(wds_catalog[0])
+
+    def take(n, state=None, per="batch"):
+        m = Mixture([(ref, None, 0.7), (other, None, 0.3)], per=per, decode="bytes", batch_size=1, seed=2)
+        if state:
+            m.load_state_dict(state)
+        out = []
+        for b in m:
+            out.append((b["source"][0], b["keys"][0]))
+            if len(out) == n:
+                return out, m.state_dict()
+
+    for per in ("batch", "sample"):
+        full, _ = take(200, per=per)
+        head, state = take(77, per=per)
+        tail, _ = take(123, state, per=per)
+        assert head + tail == full
+        share = Counter(s for s, _ in full)[0] / len(full)
+        assert abs(share - 0.7) < 0.02
+        assert len(set(k for s, k in full if s == 1)) < Counter(s for s, _ in full)[1]  # source 1 re-epoched
+
+
+def test_a_stop_mixture_ends_when_a_source_runs_out(cat, wds_catalog):
+    ref, _ = cat
+    m = Mixture([(ref, None, 0.5), (str(wds_catalog[0]), None, 0.5)], decode="bytes", batch_size=1, policy="stop")
+    got = [b["source"][0] for b in m]
+    small = len(index_rows(str(wds_catalog[0]), wds_catalog[1]))
+    assert got.count(1) == small and 0 < got.count(0) <= small + 2
+
+
+def test_mixing_per_sample_mixes_sources_within_batches_and_keeps_each_sample_once(cat, wds_catalog):
+    ref, vid = cat
+    other, ovid = str(wds_catalog[0]), wds_catalog[1]
+    m = Mixture([(ref, None, 0.5), (other, None, 0.5)], per="sample", decode="bytes", batch_size=4, seed=3,
+                policy="stop")
+    batches = list(m)
+    assert any(len(set(b["source"])) == 2 for b in batches)
+    by_source = {0: [], 1: []}
+    for b in batches:
+        for s, k in zip(b["source"], b["keys"]):
+            by_source[s].append(k)
+    small = sorted(r["key"] for r in index_rows(other, ovid))
+    assert sorted(by_source[1]) == small  # the source that ran out gave each sample exactly once
+    assert len(set(by_source[0])) == len(by_source[0])
+
+
+def test_restore_refuses_other_data_or_order_naming_the_option(cat, wds_catalog):
+    ref, _ = cat
+    _, state = run(ref, n=1)
+    with pytest.raises(UsageError, match="checkpoint has seed=5, loader has seed=6"):
+        Loader(ref, decode="bytes", batch_size=3, seed=6).load_state_dict(state)
+    for name, value in (("batch_size", 4), ("block_size", 8), ("block_window", 2), ("shuffle", "blocks"),
+                        ("frame_stride", 2), ("bucket_by", "length")):
+        with pytest.raises(UsageError, match=f"checkpoint has {name}="):
+            Loader(ref, decode="bytes", **{"batch_size": 3, "seed": 5, name: value}).load_state_dict(state)
+    with pytest.raises(UsageError, match="checkpoint has source 0 = version"):
+        Loader(str(wds_catalog[0]), decode="bytes", batch_size=3, seed=5).load_state_dict(state)
+    # what may change on resume: the partition, threads, decoding, verification, prefetch
+    Loader(ref, batch_size=3, seed=5, world_size=2, rank=1, num_workers=0, verify="shard", prefetch=1,
+           resize=(8, 8)).load_state_dict(state)
+
+
+def test_a_checkpoint_names_data_by_content_so_a_moved_catalog_resumes(cat, tmp_path, monkeypatch):
+    import shutil
+
+    ref, _ = cat
+    first, state = run(ref, n=2)
+    moved = tmp_path / "elsewhere" / "cat"
+    shutil.copytree(ref, moved)
+    monkeypatch.chdir(moved.parent)
+    full, _ = run(ref)
+    assert first + run("./cat", state=state)[0] == full
+    assert first + run("cat", state=state)[0] == full
+
+
+def test_decoded_frames_with_stride_resize_and_buckets(cat):
+    ref, vid = cat
+    rows = {r["key"]: r for r in index_rows(ref, vid)}
+    loader = Loader(ref, batch_size=4, seed=1, frame_stride=2, bucket_by="resolution")
+    n = 0
+    for b in loader:
+        assert b["frames"].dtype == np.uint8 and b["frames"].ndim == 5
+        sizes = {(rows[k]["height"], rows[k]["width"]) for k in b["keys"]}
+        assert len(sizes) == 1 and b["frames"].shape[2:4] == next(iter(sizes))
+        for i, k in enumerate(b["keys"]):
+            assert b["lengths"][i] == -(-rows[k]["frames"] // 2)
+        assert b["actions"].shape[:2] == b["frames"].shape[:2] == b["telemetry"].shape[:2]
+        n += len(b["keys"])
+    assert n == len(rows)
+    small = next(iter(Loader(ref, batch_size=2, resize=(24, 32), seed=1)))
+    assert small["frames"].shape[2:] == (24, 32, 3)
+    with pytest.raises(UsageError, match="resolutions"):
+        next(iter(Loader(ref, batch_size=2)))
+
+
+def test_packing_keeps_every_sample_and_exposes_segments(cat):
+    ref, vid = cat
+    loader = Loader(ref, batch_size=2, seed=1, resize=(16, 16), pack_frames=200)
+    seen = []
+    for b in loader:
+        assert b["frames"].shape[1] == 200 and b["segment_ids"].shape == (len(b["keys"]), 200)
+        for item, seg, cu in zip(b["keys"], b["segment_ids"], b["cu_seqlens"]):
+            assert len(cu) == len(item) + 1 and int(cu[-1]) == int((seg >= 0).sum())
+            seen += item
+    assert sorted(seen) == sorted(r["key"] for r in index_rows(ref, vid))
+    stats = loader.stats()
+    assert 0 <= stats["padding_fraction"] < 1 and stats["samples"] == len(seen)
+
+
+def test_batches_carry_whole_samples(cat):
+    ref, vid = cat
+    rows = {r["key"]: r for r in index_rows(ref, vid)}
+    b = next(iter(Loader(ref, decode="bytes", batch_size=4, seed=2, text=True)))
+    for i, k in enumerate(b["keys"]):
+        row = rows[k]
+        assert (b["title"][i], b["player"][i], b["session_id"][i]) == (row["title"], row["player"], row["session_id"])
+        assert b["conditions"][i] == dict(row["conditions"])
+        assert (b["codec"][i], b["width"][i], b["height"][i], b["container"][i]) == \
+            (row["codec"], row["width"], row["height"], "mp4")
+        assert len(b["text"][i]) == row["text_events"] and all("text" in e for e in b["text"][i])
+        assert bytes(b["video"][i])[4:8] == b"ftyp"  # an MP4 a GPU decoder can be handed as is
+    vocabulary = Catalog.open(ref).manifest(vid).vocabulary
+    assert b["actions"].shape[2] == len(vocabulary.controls) and b["telemetry"].shape[2] == len(vocabulary.telemetry)
+
+
+def test_clip_frames_crops_are_seeded_resumable_and_aligned(cat):
+    ref, vid = cat
+    kw = dict(batch_size=2, seed=4, resize=(16, 16), clip_frames=6, frame_stride=2)
+    a = list(Loader(ref, **kw))
+    b = list(Loader(ref, **kw))
+    assert all(np.array_equal(x["frames"], y["frames"]) and np.array_equal(x["timestamps"], y["timestamps"])
+               for x, y in zip(a, b))
+    assert all(x["frames"].shape[1] == 6 for x in a)
+    full = Loader(ref, batch_size=1, seed=4, resize=(16, 16), shuffle="none")
+    whole = {bt["keys"][0]: bt for bt in full}
+    for x in a:  # the crop is the same frames and rows as slicing the whole clip at its timestamps
+        for i, k in enumerate(x["keys"]):
+            ts = whole[k]["timestamps"][0]
+            at = np.searchsorted(ts, x["timestamps"][i][0])
+            assert np.array_equal(x["timestamps"][i], ts[at:at + 12:2])
+            assert np.array_equal(x["frames"][i], whole[k]["frames"][0][at:at + 12:2])
+            assert np.array_equal(x["actions"][i], whole[k]["actions"][0][at:at + 12:2])
+
+
+def test_map_runs_per_sample_with_a_seed_that_survives_resume(cat):
+    ref, _ = cat
+
+    def jitter(sample, rng):
+        sample["actions"] = sample["actions"] + rng.normal(size=sample["actions"].shape).astype(np.float32)
+        sample["noise"] = float(rng.random())
+        return sample
+
+    def take(n=None, state=None):
+        loader = Loader(ref, decode="bytes", batch_size=2, seed=9, map=jitter)
+        if state:
+            loader.load_state_dict(state)
+        out = []
+        for b in loader:
+            out.append(b["actions"].copy())
+            if n and len(out) == n:
+                break
+        return out, loader.state_dict()
+
+    full, _ = take()
+    head, state = take(3)
+    tail, _ = take(state=state)
+    assert all(np.array_equal(x, y) for x, y in zip(head + tail, full)) and len(head + tail) == len(full)
+    plain = [b["actions"] for b in Loader(ref, decode="bytes", batch_size=2, seed=9)]
+    assert not np.array_equal(plain[0], full[0])
+
+
+def test_a_corrupt_sample_is_replaced_the_same_way_on_every_rank(cat_copy):
+    ref, vid = cat_copy
+    victim = index_rows(ref, vid)[4]
+    shard = f"{ref}/{victim['shard']}"
+    data = bytearray(open(shard, "rb").read())
+    data[victim["byte_offset"] + 2048] ^= 0xFF  # inside the sample's video member
+    open(shard, "wb").write(bytes(data))
+    runs = []
+    for verify in ("sample", "shard", "sample"):
+        per_rank = []
+        for rank in range(2):
+            loader = Loader(ref, decode="bytes", batch_size=3, seed=5, rank=rank, world_size=2, verify=verify)
+            per_rank.append([k for b in loader for k in b["keys"]])
+            if victim["key"] in [k.split(":")[0] for k in loader.stats()["corrupt_keys"]]:
+                assert loader.stats()["corrupt"] == 1
+        runs.append(per_rank)
+    assert runs[0] == runs[1] == runs[2]
+    delivered = runs[0][0] + runs[0][1]
+    assert victim["key"] not in delivered and len(delivered) == len(index_rows(ref, vid))
+    unverified = [k for b in Loader(ref, decode="bytes", batch_size=3, seed=5, verify=False) for k in b["keys"]]
+    assert victim["key"] in unverified  # verify=False trusts the bytes: nothing is replaced
+
+
+def test_when_every_substitute_is_damaged_the_loader_stops_loudly(cat_copy):
+    ref, vid = cat_copy
+    for row in index_rows(ref, vid):
+        path = f"{ref}/{row['shard']}"
+        data = bytearray(open(path, "rb").read())
+        data[row["byte_offset"] + 1024] ^= 0x01
+        open(path, "wb").write(bytes(data))
+    with pytest.raises(CorruptDataError, match="substitute"):
+        list(Loader(ref, decode="bytes", batch_size=2, max_replacements=3))
+
+
+def test_numpy_by_default_and_torch_tensors_on_cpu(cat):
+    torch = pytest.importorskip("torch")
+    ref, _ = cat
+    b = next(iter(Loader(ref, batch_size=2, resize=(8, 8))))
+    assert isinstance(b["frames"], np.ndarray)
+    t = next(iter(Loader(ref, batch_size=2, resize=(8, 8), device="auto")))
+    assert isinstance(t["frames"], torch.Tensor)
+    assert t["frames"].device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="CUDA is not available"):
+            next(iter(Loader(ref, batch_size=2, resize=(8, 8), device="cuda")))
+
+
+def test_parquet_and_webdataset_versions_deliver_the_same_samples(wds_catalog, parquet_catalog):
+    def by_key(ref):
+        loader = Loader(str(ref), decode="bytes", batch_size=2, seed=1, verify="sample")
+        out = {k: (bytes(v), a[:n].tobytes()) for b in loader
+               for k, v, a, n in zip(b["keys"], b["video"], b["actions"], b["lengths"])}
+        assert loader.stats()["corrupt"] == 0
+        return out
+
+    assert by_key(wds_catalog[0]) == by_key(parquet_catalog[0])

@@ -1,0 +1,134 @@
+"""Opening a version proves its index and refuses one that could make the loader misbehave; checkpoints
+are range-checked. Forged versions are made the way an attacker would: a new index, and a manifest
+whose pin matches it (so only the loader's own checks stand between them and the reader)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dsbuild.core.errors import FormatError, LineageError, UsageError
+from dsbuild.core.hashing import sha256_bytes
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.manifest import IndexPin
+from dsbuild.loader import Loader, LoaderOptions
+from dsbuild.loader.options import order_options
+from dsbuild.loader.source import Source
+from tests.loader.conftest import run
+
+
+def forge(path: str, vid: str, mutate) -> str:
+    """A new version of the catalog at ``path`` whose index is ``mutate(index rows)``, pinned correctly."""
+    cat = Catalog.open(path)
+    rows = mutate(cat.index(vid).to_pylist())
+    table = pa.Table.from_pylist(rows, schema=cat.index(vid).schema)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, store_schema=False)
+    data = sink.getvalue()
+    m = cat.manifest(vid)
+    forged = dataclasses.replace(m, index=IndexPin(m.index.path, sha256_bytes(data), len(rows), len(data)))
+    new = forged.version_id
+    folder = cat.root / "versions" / new
+    folder.mkdir()
+    (folder / m.index.path).write_bytes(data)
+    (folder / "manifest.json").write_bytes(forged.to_bytes())
+    return new
+
+
+def test_an_index_that_does_not_match_the_manifest_pin_is_refused(cat_copy):
+    ref, vid = cat_copy
+    index = Catalog.open(ref).root / "versions" / vid / "index.parquet"
+    data = bytearray(index.read_bytes())
+    data[100] ^= 1
+    index.write_bytes(bytes(data))
+    with pytest.raises(LineageError, match="pinned in the manifest"):
+        Loader(ref, decode="bytes").state_dict()
+
+
+def test_a_duplicated_index_row_is_refused_at_open(cat_copy):
+    ref, vid = cat_copy
+    forged = forge(ref, vid, lambda rows: rows + [rows[3]])
+    with pytest.raises(FormatError, match=f"lists sample {Catalog.open(ref).index(vid)['key'][3]} more than once"):
+        Loader(f"{ref}@{forged}", decode="bytes").state_dict()
+
+
+def test_a_huge_length_is_a_format_error_naming_the_sample_not_a_memory_error(cat_copy):
+    ref, vid = cat_copy
+
+    def huge(rows):
+        rows[2]["byte_length"] = 1 << 40
+        return rows
+
+    forged = forge(ref, vid, huge)
+    key = Catalog.open(ref).index(vid)["key"][2]
+    with pytest.raises(FormatError, match=f"{key}: index byte range .* lies outside its shard"):
+        Loader(f"{ref}@{forged}", decode="bytes").state_dict()
+
+
+@pytest.mark.parametrize("damage", ["overlap", "member_sizes", "row_count"])
+def test_an_index_whose_ranges_overlap_or_whose_members_do_not_fit_is_refused(cat_copy, damage):
+    ref, vid = cat_copy
+
+    def mutate(rows):
+        same = [r for r in rows if r["shard"] == rows[0]["shard"]]
+        if damage == "overlap":
+            same[1]["byte_offset"] = same[0]["byte_offset"] + 512
+        elif damage == "member_sizes":
+            rows[0]["member_bytes"] = [rows[0]["member_bytes"][0] + rows[0]["byte_length"]] + rows[0]["member_bytes"][1:]
+        else:
+            rows[0]["member_bytes"] = rows[0]["member_bytes"][:5]
+        return rows
+
+    forged = forge(ref, vid, mutate)
+    with pytest.raises(FormatError, match="overlaps|do not fit|member sizes"):
+        Source(f"{ref}@{forged}").open()
+
+
+def test_a_split_loads_only_its_samples_and_is_named_by_its_hash(cat_copy):
+    from dsbuild.split import SplitOptions, make_split
+
+    ref, vid = cat_copy
+    make_split(ref, vid, "main", SplitOptions(by="player", ratios="train=0.7,val=0.3"))
+    src = Source(ref, "main/train").open()
+    keys = set(Catalog.open(ref).index(vid)["key"].to_pylist())
+    assert 0 < len(src) < len(keys) and set(src.keys.tolist()) <= keys
+    state = Loader(ref, "main/train", decode="bytes").state_dict()
+    assert state["sources"][0]["split"] == "main/train" and len(state["sources"][0]["split_hash"]) == 64
+    with pytest.raises(UsageError, match="NAME/SPLIT"):
+        Source(ref, "train").open()
+
+
+@pytest.mark.parametrize("field,value", [("position", 1 << 63), ("position", -1), ("cursors", [{"epoch": 1 << 63, "at": 0}]),
+                                         ("cursors", [{"epoch": 0, "at": 10**6}]), ("inner", 10**9),
+                                         ("position", "3"), ("format", "dsbuild.loader/1")])
+def test_checkpoint_fields_are_range_checked_naming_the_field(cat, field, value):
+    ref, _ = cat
+    _, state = run(ref, n=1)
+    bad = {**state, field: value}
+    with pytest.raises(FormatError, match=f"loader checkpoint.*{field.rstrip('s') if field != 'format' else 'format'}"):
+        Loader(ref, decode="bytes", batch_size=3, seed=5).load_state_dict(bad)
+
+
+def test_state_is_small_json_and_lists_exactly_the_order_options(cat):
+    ref, _ = cat
+    _, state = run(ref, n=2)
+    assert json.loads(json.dumps(state)) == state and len(json.dumps(state)) < 1000
+    marked = set(order_options(LoaderOptions()))
+    assert set(state["order"]) == marked
+    assert {"block_size", "block_window", "seed", "batch_size", "shuffle", "mix", "policy"} <= marked
+    assert not {"rank", "world_size", "num_workers", "verify", "device", "resize"} & marked
+
+
+def test_options_are_validated_with_the_fix():
+    with pytest.raises(UsageError, match="shuffle must be one of"):
+        LoaderOptions(shuffle="random")
+    with pytest.raises(UsageError, match="rank 2 is outside world_size 2"):
+        LoaderOptions(rank=2, world_size=2)
+    with pytest.raises(UsageError, match="unknown loader option 'batchsize'"):
+        Loader("x", batchsize=3)
+    assert LoaderOptions(verify=True).verify == "sample" and LoaderOptions(verify=False).verify == "none"

@@ -2,11 +2,16 @@
 
     .venv/bin/python benchmarks/soak.py [--kills 200] [--damaged 200] [--out bench-out/soak]
 
-1. kill -9 of `dsbuild convert` at seeded random moments; after each: no partial version listed, every
-   listed version verifies; finally a re-run must give the clean version id.
+1. kill -9 of `dsbuild convert` at seeded random moments, alternately of the whole process group and of
+   the parent alone (what an OOM killer does); after each: no worker outlives its parent, no partial
+   version is listed, every listed version verifies; finally a re-run must give the clean version id.
 2. every damage kind of the sample generator, many seeds: convert must finish, quarantine or repair.
 3. loader bit flips: a random byte of a random shard flipped; the loader must finish the epoch with every
    other sample delivered exactly once and the damaged one counted.
+4. hostile catalogs: a copy of a good catalog with one hostile edit each (FIFO or symlink-to-secret
+   commit.json, manifest edited to match a flipped shard, duplicated index row, keys escaping the
+   catalog, a tags file that is a device); `log`, `verify` and the loader must refuse with our own
+   errors, never hang, never read or write outside the catalog.
 Prints JSON: faults injected, bad inputs tried, versions checked, data lost (must be 0).
 """
 
@@ -28,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from dsbuild.convert import ConvertConfig, convert  # noqa: E402
 from dsbuild.core.errors import DsbuildError  # noqa: E402
+from dsbuild.core.executor import ExecutorSpec  # noqa: E402
 from dsbuild.lineage.catalog import Catalog  # noqa: E402
 from dsbuild.lineage.verify import verify  # noqa: E402
 from dsbuild.loader import Loader  # noqa: E402
@@ -42,7 +48,7 @@ def kills(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
     clean = json.loads(subprocess.run(CLI + ["convert", str(caps), str(out / "clean"), *ARGS, "--json"],
                                       capture_output=True, text=True, check=True).stdout)["version_id"]
     duration = time.monotonic() - t
-    cat, interrupted, checked, bad = out / "killed", 0, 0, 0
+    cat, interrupted, checked, bad, orphans = out / "killed", 0, 0, 0, 0
     for _ in range(n):
         if (cat / "catalog.json").exists() and Catalog.open(cat).versions():
             shutil.rmtree(cat)
@@ -51,7 +57,14 @@ def kills(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
         time.sleep(rng.uniform(0, duration))
         if p.poll() is None:
             interrupted += 1
-            os.killpg(p.pid, signal.SIGKILL)
+            workers = _children(p.pid)
+            if interrupted % 2:
+                os.kill(p.pid, signal.SIGKILL)  # the parent alone: its workers must die with it
+            else:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            time.sleep(0.5)
+            orphans += sum(_alive(w) for w in workers)
         p.wait()
         if (cat / "catalog.json").exists():
             for v in Catalog.open(cat).versions():
@@ -59,8 +72,83 @@ def kills(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
                 bad += v.version_id != clean or not verify(Catalog.open(cat), v.version_id).ok
     final = json.loads(subprocess.run(CLI + ["convert", str(caps), str(cat), *ARGS, "--json"],
                                       capture_output=True, text=True, check=True).stdout)["version_id"]
-    return {"kills": n, "interrupted": interrupted, "versions_checked": checked, "bad_versions": bad,
-            "rerun_matches_clean": final == clean}
+    return {"kills": n, "interrupted": interrupted, "orphaned_workers": orphans, "versions_checked": checked,
+            "bad_versions": bad, "rerun_matches_clean": final == clean}
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+HOSTILE = ("fifo_commit", "symlink_commit", "forged_manifest", "duplicated_index_row", "escaping_tag_file",
+           "device_tags")
+
+
+def _hostile_edit(cat: Path, vid: str, kind: str, secret: Path) -> None:
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    vdir = cat / "versions" / vid
+    if kind == "fifo_commit":
+        (vdir / "commit.json").unlink()
+        os.mkfifo(vdir / "commit.json")
+    elif kind == "symlink_commit":
+        (vdir / "commit.json").unlink()
+        (vdir / "commit.json").symlink_to(secret)
+    elif kind == "forged_manifest":
+        doc = json.loads((vdir / "manifest.json").read_text())
+        shard = cat / doc["shards"][0]["path"]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        doc["shards"][0]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+        (vdir / "manifest.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
+    elif kind == "duplicated_index_row":
+        t = pq.read_table(vdir / "index.parquet")
+        pq.write_table(pa.concat_tables([t, t.slice(0, 1)]), vdir / "index.parquet")
+    elif kind == "escaping_tag_file":
+        (cat / "tags.json").symlink_to(secret)
+    elif kind == "device_tags":
+        (cat / "tags.json").symlink_to("/dev/zero")
+
+
+def hostile(caps: Path, out: Path, rounds: int) -> dict:
+    """Every command and the loader on hostile copies of a good catalog: our errors only, in bounded time."""
+    good = out / "hostile-good"
+    vid = convert(caps, good, ConvertConfig(clip_seconds=1.0)).version_id
+    secret = out / "secret.json"
+    secret.write_text(json.dumps({"tags": {"leak": "0" * 64}, "format": "dsbuild.tags/1"}))
+    tried = escaped = accepted = 0
+    for i in range(rounds):
+        kind = HOSTILE[i % len(HOSTILE)]
+        cat = out / f"hostile-{i}"
+        shutil.copytree(good, cat, symlinks=True)
+        _hostile_edit(cat, vid, kind, secret)
+        for args in (["log", str(cat), "--json"], ["verify", f"{cat}@{vid}", "--json"]):
+            tried += 1
+            try:
+                r = subprocess.run(CLI + args, capture_output=True, text=True, timeout=120)
+            except subprocess.TimeoutExpired:
+                escaped += 1
+                print(f"{kind}: {args[0]} hung", file=sys.stderr)
+                continue
+            if "Traceback" in r.stderr or r.returncode in (0, 70):
+                escaped += r.returncode == 70 or "Traceback" in r.stderr
+                accepted += r.returncode == 0 and kind in ("forged_manifest", "duplicated_index_row")
+        shutil.rmtree(cat, ignore_errors=True)
+    return {"hostile_catalog_commands": tried, "hostile_escaped_errors": escaped,
+            "hostile_accepted_as_valid": accepted}
 
 
 def damaged(out: Path, n: int, rng: random.Random) -> dict:
@@ -71,7 +159,7 @@ def damaged(out: Path, n: int, rng: random.Random) -> dict:
         generate(caps, sessions=2, seconds=2, seed=rng.randrange(1 << 30), damage={1: kind})
         tried += 1
         try:
-            convert(caps, out / f"damaged-cat-{i}", ConvertConfig(clip_seconds=1.0), workers=1)
+            convert(caps, out / f"damaged-cat-{i}", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
         except DsbuildError:
             refused += 1  # e.g. both holders of a duplicated id quarantined: nothing left, a clear exit 1
         except Exception as e:  # noqa: BLE001 - a soak counts every escape
@@ -86,7 +174,7 @@ def flips(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
     lost = 0
     for i in range(n):
         cat = out / f"flip-{i}"
-        r = convert(caps, cat, ConvertConfig(clip_seconds=1.0), workers=1)
+        r = convert(caps, cat, ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
         m = Catalog.open(cat).manifest(r.version_id)
         shard = cat / rng.choice(m.shards).path
         data = bytearray(shard.read_bytes())
@@ -104,6 +192,7 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=200)
     ap.add_argument("--damaged", type=int, default=200)
     ap.add_argument("--flips", type=int, default=50)
+    ap.add_argument("--hostile", type=int, default=24)
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "soak"))
     args = ap.parse_args()
     out = Path(args.out)
@@ -112,9 +201,12 @@ def main() -> None:
     rng = random.Random(7)
     caps = out / "captures"
     generate(caps, sessions=6, seconds=6, seed=11)
-    report = {**kills(caps, out, args.kills, rng), **damaged(out, args.damaged, rng), **flips(caps, out, args.flips, rng)}
+    report = {**kills(caps, out, args.kills, rng), **damaged(out, args.damaged, rng),
+              **flips(caps, out, args.flips, rng), **hostile(caps, out, args.hostile)}
     report["data_lost"] = report["bad_versions"] + report["epochs_with_lost_or_repeated_samples"] + (
         0 if report["rerun_matches_clean"] else 1) + report["escaped_errors"]
+    report["hygiene_failures"] = report["orphaned_workers"] + report["hostile_escaped_errors"] + report[
+        "hostile_accepted_as_valid"]
     print(json.dumps(report, indent=2))
 
 

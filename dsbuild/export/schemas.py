@@ -20,6 +20,7 @@ from dsbuild.formats.sample import SampleMeta
 from dsbuild.lineage.catalog import CommitRecord, TagsFile
 from dsbuild.lineage.manifest import Manifest
 from dsbuild.lineage.splitsets import SplitPointer
+from dsbuild.loader.state import LoaderState
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # file stem -> (record, where it is found)
@@ -33,6 +34,7 @@ RECORDS = {
     "derive-config": (DeriveConfig, "a derived version's manifest config"),
     "export-marker": (ExportMarker, ".dsbuild-export.json in an export folder"),
     "export-report": (ExportReport, "dsbuild export --json"),
+    "loader-checkpoint": (LoaderState, "Loader.state_dict() (what a training job saves to resume)"),
 }
 
 

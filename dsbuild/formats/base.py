@@ -107,6 +107,12 @@ class ShardFormat(ABC):
         """What a sample with these member sizes occupies in a shard (what shard planning weighs)."""
         return sum(member_bytes)
 
+    def payload_offsets(self, member_bytes):
+        """For formats whose samples are byte ranges holding each member verbatim: where each payload
+        starts inside its sample's range, for an int array of member sizes [samples, members] (so the
+        loader slices instead of parsing). None: read samples through ``ShardReader.members``."""
+        return None
+
     @abstractmethod
     def encode(self, key: str, sha256: str, members: Members) -> Segment:
         """A sample's segment: bytes that do not depend on where the sample lands in a shard."""

@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterable
 
 import numpy as np
 
-from dsbuild.core.errors import FormatError
+from dsbuild.core.errors import FormatError, StorageError
 from dsbuild.core.jsonio import parse
 from dsbuild.formats.base import Entry, Members, Segment, ShardFormat, ShardReader, register_format
 from dsbuild.formats.sample import MEMBERS, Sample, SampleMeta, npy_bytes, npy_load
@@ -81,7 +81,9 @@ class ParquetReader(ShardReader):
         if self._file is None:
             try:
                 self._file = pq.ParquetFile(self.path)
-            except (OSError, pa.ArrowException) as e:
+            except OSError as e:  # the file system's fault (EMFILE, EACCES...), not the data's
+                raise StorageError(f"{self.path}: cannot open shard ({e.strerror or e})") from None
+            except pa.ArrowException as e:
                 raise FormatError(f"{self.path.name}: not readable Parquet ({str(e)[:160]})") from None
         return self._file
 

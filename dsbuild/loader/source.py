@@ -175,15 +175,12 @@ class Source:
             raise FormatError(f"{self.keys[i]}: index byte range overlaps another sample's",
                               hint="the version is damaged or forged; run `dsbuild verify`")
         if self.member_bytes is not None:
-            payload = getattr(self.format, "payload_offsets", None)
-            n = len(length)
-            ends = (np.stack([np.broadcast_to(np.asarray(x, dtype=np.int64), (n,))
-                              for x in payload(list(self.member_bytes.T))], axis=1) + self.member_bytes
-                    if payload else np.cumsum(self.member_bytes, axis=1))
+            starts = self.format.payload_offsets(self.member_bytes.astype(np.int64))
+            ends = (starts + self.member_bytes) if starts is not None else np.cumsum(self.member_bytes, axis=1)
             if np.any(self.member_bytes < 0) or np.any(ends[:, -1] > length):
                 i = int(np.flatnonzero((ends[:, -1] > length) | np.any(self.member_bytes < 0, axis=1))[0])
                 raise FormatError(f"{self.keys[i]}: member sizes do not fit the sample's {length[i]} bytes")
-            self.payload_offsets = ends - self.member_bytes if payload else None
+            self.payload_offsets = starts
 
     def _check_arrays(self) -> None:
         rows = (self.n_controls, self.n_channels, np.ones_like(self.frames))

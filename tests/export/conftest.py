@@ -29,7 +29,7 @@ CONDITIONS = ({"track": "harbor", "difficulty": "easy"},
               {"track": "canyon", "weather": "clear", "difficulty": "easy"},
               {"track": "city", "weather": "rain", "difficulty": "hard", "mode": "night"})
 PLAYERS = ("p-0", "p-1", "p-0", "p-2")
-TARGET = 1 << 16  # small files, so every export has several
+TARGET = 1 << 18  # small shards of a few samples each, so shards hold samples of several splits
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,11 @@ def test_real_outputs_validate_against_the_published_schemas(export_catalog, exp
         for e in entries_by_shard(catalog.index(vid))[rec.path]:
             check("sample", json.loads(dict(reader.members(e))["json"]))
     check("export-marker", json.loads((exported("wids") / ".dsbuild-export.json").read_text()))
+    from dsbuild.loader import Loader
+
+    loader = Loader(str(cat), decode="bytes", batch_size=2, seed=3)
+    next(iter(loader))
+    check("loader-checkpoint", json.loads(json.dumps(loader.state_dict())))
     bad = json.loads((cat / "versions" / vid / "commit.json").read_text()) | {"sequence": -1}
     with pytest.raises(jsonschema.ValidationError):
         check("commit", bad)

@@ -16,9 +16,9 @@ from dsbuild.loader import Loader
 @pytest.fixture(scope="session")
 def cat(captures, tmp_path_factory):
     """(path, version id): ~25 samples of 1-2 s clips across 6 sessions (mixed resolutions and rates),
-    in ~15 small shards (64 KiB), so shard-level behaviour (open files, coalescing) is exercised."""
+    in ~10 small shards (256 KiB), so shard-level behaviour (open files, coalescing) is exercised."""
     out = tmp_path_factory.mktemp("loader") / "catalog"
-    r = convert(captures, out, ConvertConfig(clip_seconds=1.0, shard_size=1 << 16), executor=ExecutorSpec(workers=1))
+    r = convert(captures, out, ConvertConfig(clip_seconds=1.0, shard_size=1 << 18), executor=ExecutorSpec(workers=1))
     return str(out), r.version_id
 
 

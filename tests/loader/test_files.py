@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.loader.files import ShardFiles
 from dsbuild.loader.source import Source
@@ -36,16 +40,24 @@ def run_limited(ref: str, max_open: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_more_shards_than_the_fd_limit_load_fine_with_the_bounded_cache(cat):
-    ref, vid = cat
+@pytest.fixture(scope="module")
+def many_shards(captures, tmp_path_factory):
+    """(path, version id) with about one sample per shard: more shards than the descriptor limit."""
+    out = tmp_path_factory.mktemp("fd") / "catalog"
+    r = convert(captures, out, ConvertConfig(clip_seconds=1.0, shard_size=1 << 16), executor=ExecutorSpec(workers=1))
+    return str(out), r.version_id
+
+
+def test_more_shards_than_the_fd_limit_load_fine_with_the_bounded_cache(many_shards):
+    ref, vid = many_shards
     shards = len(Catalog.open(ref).manifest(vid).shards)
     assert shards > 12  # more shards than the limit leaves room for
     got = run_limited(ref, 4)
     assert got == {"ok": len(Catalog.open(ref).index(vid)), "corrupt": 0}
 
 
-def test_running_out_of_file_descriptors_is_a_storage_error_not_corruption(cat):
-    ref, _ = cat
+def test_running_out_of_file_descriptors_is_a_storage_error_not_corruption(many_shards):
+    ref, _ = many_shards
     got = run_limited(ref, 1000)
     assert "Too many open files" in got["error"] and "ulimit -n" in got["hint"] and got["corrupt"] == 0
 

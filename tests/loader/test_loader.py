@@ -10,6 +10,7 @@ import pytest
 
 from dsbuild.core.errors import CorruptDataError, UsageError
 from dsbuild.lineage.catalog import Catalog
+from dsbuild.formats.webdataset import payload_offsets
 from dsbuild.loader import Loader, Mixture
 from tests.loader.conftest import index_rows, run
 
@@ -255,7 +256,8 @@ def test_a_corrupt_sample_is_replaced_the_same_way_on_every_rank(cat_copy):
     victim = index_rows(ref, vid)[4]
     shard = f"{ref}/{victim['shard']}"
     data = bytearray(open(shard, "rb").read())
-    data[victim["byte_offset"] + 2048] ^= 0xFF  # inside the sample's video member
+    video_at = payload_offsets(victim["member_bytes"])[1]
+    data[victim["byte_offset"] + video_at + 100] ^= 0xFF  # inside the sample's video member
     open(shard, "wb").write(bytes(data))
     runs = []
     for verify in ("sample", "shard", "sample"):

@@ -359,3 +359,33 @@ def test_nfc_and_nfd_spellings_of_a_player_are_one_group(tmp_path):
                 assert row["group_value"] == unicodedata.normalize("NFC", row["group_value"])
         assert where["s-0"] == where["s-1"]
         assert check_split(tmp_path / "cat", vid, f"u{salt}").ok
+
+
+def test_readers_never_see_a_split_set_half_replaced(catalog):
+    """While `--force` replaces a split set over and over, concurrent readers always get a complete,
+    self-consistent set (old or new), never a file that does not match its manifest or no set at all."""
+    import threading
+
+    cat, vid = catalog
+    make_split(cat, vid, "swap", SplitOptions(by="session_id", salt="0"))
+    stop, errors, reads = threading.Event(), [], [0]
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                s = open_split(cat, vid, "swap")
+                total = sum(s.table(split, ["key"]).num_rows for split in s.splits)
+                assert total == s.manifest["totals"]["assigned_samples"]
+                reads[0] += 1
+            except Exception as e:  # noqa: BLE001 - any failure is what this test is about
+                errors.append(repr(e))
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for i in range(1, 25):
+        make_split(cat, vid, "swap", SplitOptions(by="session_id", salt=str(i)), force=True)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert errors == [] and reads[0] > 20

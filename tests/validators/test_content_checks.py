@@ -252,8 +252,9 @@ def test_video_problems_apply_the_spec_tolerances():
 
 def test_audio_must_start_and_end_with_the_video_and_where_the_metadata_says():
     spec, frame = default_spec(), 1024 / 48000
-    audio = {"codec": "aac", "sample_rate": 48000, "start": 0.0, "end": 1.0, "frame_seconds": frame, "packets": 47}
-    placed = {**EXPECT, "audio": {"start": 0.0, "duration": 1.0}}
+    audio = {"codec": "aac", "sample_rate": 48000, "start": 0.0, "end": 1.0, "frame_seconds": frame, "packets": 47,
+             "error": None}
+    placed = {**EXPECT, "window_end": 1.0, "audio": {"start": 0.0, "duration": 1.0}}
     assert video_problems({**VIDEO, "audio": audio}, placed, spec, audio_expected=True) == []
     assert video_problems({**VIDEO, "audio": {**audio, "start": frame / 2}}, placed, spec, True) == []
     late = video_problems({**VIDEO, "audio": {**audio, "start": 0.1, "end": 1.1}}, placed, spec, True)
@@ -261,6 +262,8 @@ def test_audio_must_start_and_end_with_the_video_and_where_the_metadata_says():
     short = video_problems({**VIDEO, "audio": {**audio, "end": 0.5}}, placed, spec, True)
     assert "lasts 0.5000 s, metadata says 1.0000 s" in short[0][1]
     assert "no packets" in video_problems({**VIDEO, "audio": {**audio, "start": None}}, placed, spec, True)[0][1]
+    broken = {**audio, "error": "audio packet 3 does not decode"}
+    assert video_problems({**VIDEO, "audio": broken}, placed, spec, True) == [("audio", broken["error"])]
     assert video_problems({**VIDEO, "audio": audio}, EXPECT, spec, False)[0][1].startswith("clip has an audio stream")
 
 

@@ -101,7 +101,7 @@ def plan_convert(captures: str, out: str, config, onto: str | None = None) -> Co
 
 
 # -- dsbuild shards ------------------------------------------------------------------------------
-def shard_locations(catalog, version_id: str, split: str | None = None, urls: bool = False) -> list[dict]:
+def shard_locations(catalog, version_id: str, split: str | None = None) -> list[dict]:
     """The version's shards in manifest order (the order of their samples' keys), each as
     ``{"url", "path", "sha256", "bytes", "samples", "in_split"}``. ``url`` is the fsspec URL (file://
     for a local catalog); ``path`` the local file (None on an object store). With ``split``

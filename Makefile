@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
 
-.PHONY: demo test venv clean chromium ffmpeg
+.PHONY: demo test readme venv clean chromium ffmpeg
 
 # torch is pinned (extra "torch"): a plain `torch` pulls a multi-GB CUDA build. ale-py is optional:
 # without it the demo falls back to synthetic captures and the Atari tests skip.
@@ -34,7 +34,7 @@ demo: venv
 	$(BIN)/dsbuild verify $(DEMO)/catalog@demo-v1
 	$(BIN)/dsbuild split $(DEMO)/catalog --name main --by player --ratios train=0.8,val=0.1,test=0.1 --stratify title
 	$(BIN)/dsbuild query $(DEMO)/catalog "select title, count(*) as clips, round(sum(t_end - t_start) / 60, 2) as minutes from samples group by title order by title"
-	$(BIN)/dsbuild validate $(DEMO)/catalog --level full --split main --html $(DEMO)/validate.html --junit $(DEMO)/validate.xml
+	$(BIN)/dsbuild validate $(DEMO)/catalog --level full --split-set main --html $(DEMO)/validate.html --junit $(DEMO)/validate.xml
 	$(BIN)/dsbuild bench $(DEMO)/catalog --split main/train --resize 96x96 --duration 20 --html $(DEMO)/bench.html
 	$(BIN)/dsbuild log $(DEMO)/catalog
 
@@ -52,6 +52,10 @@ ffmpeg:
 
 test: venv chromium ffmpeg
 	$(BIN)/python -m pytest
+
+# Runs every shell block of README.md and docs/*.md as written (tests/cli/test_readme.py).
+readme: venv
+	$(BIN)/python -m pytest tests/cli/test_readme.py -q
 
 clean:
 	rm -rf $(VENV) $(DEMO)

@@ -1,49 +1,272 @@
-"""The `dsbuild` entry point. Errors are mapped to exit codes here and only here:
-0 success, 1 checks failed or --strict found quarantined input, 2 usage or input error."""
+"""The ``dsbuild`` entry point, and the one place where failures become exit codes.
+
+    0    success
+    1    a check failed: validate rejected the version, verify found damage, split --check found a
+         mismatch, --strict found quarantined sessions, bench found a regression (CheckFailed)
+    2    usage or input: a bad flag or value, an unknown version, tag or split, a missing folder, a
+         capture or file that breaks its format (UsageError, CaptureError, FormatError, parser errors)
+    3    storage or environment: read-only or full disk, permissions, network, a damaged catalog, a
+         dead worker, a missing optional extra (StorageError and subclasses, MissingDependency, OSError)
+    70   internal error (a bug): one line; --debug shows the traceback
+    130  interrupted (Ctrl-C); cleanup ran, the message says what was kept
+    141  stdout was closed early (``dsbuild log | head -1``): no message
+    143  terminated (SIGTERM): handled like Ctrl-C, cleanup ran
+
+Errors are one line on stderr (``error: ...``), with ``hint: ...`` on a second line when there is
+something to do; under ``--json`` they are one JSON object ``{"error", "exit_code", "hint"}``.
+Command modules never exit on their own: they raise, and ``exit_code`` below decides.
+"""
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
+import signal
 import sys
 
 import typer
 
-from dsbuild.core.errors import DsbuildError
+from dsbuild import __version__
+from dsbuild.core.errors import (
+    CaptureError,
+    CheckFailed,
+    DsbuildError,
+    FormatError,
+    MissingDependency,
+    StorageError,
+    UsageError,
+)
+
+try:  # typer >= 0.16 ships its own copy of click; older releases use the click package
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption
+    from typer._click.exceptions import UsageError as ParserError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption
+    from click.exceptions import UsageError as ParserError
+
+INTERNAL = 70
+INTERRUPTED = 130
+BROKEN_PIPE = 141
+TERMINATED = 143
+
+# One module per command, in the order of `dsbuild --help`; each exposes `register(app)`.
+COMMANDS = ("samples", "convert", "info", "log", "shards", "tag", "diff", "lineage", "verify", "query",
+            "split", "validate", "bench", "export", "gc")
+# What an interrupted command leaves behind (commits are atomic: a version, tag or split set appears
+# whole or not at all).
+KEPT = {"convert": "nothing was committed", "tag": "nothing was committed", "split": "nothing was committed",
+        "samples": "sessions written so far remain in the output folder",
+        "gc": "every version is whole; some unreferenced files may already be gone",
+        "validate": "no report was written", "bench": "no report was written",
+        "export": "run the same command again to finish the export"}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so the same cleanup as for Ctrl-C runs."""
+
 
 app = typer.Typer(
     name="dsbuild",
     help="Turn raw game captures into versioned, validated, deterministic training datasets.",
+    epilog="\b\nExamples:\n  dsbuild samples caps --sessions 3\n  dsbuild convert caps catalog\n"
+           "  dsbuild log catalog\n\nEvery command has -h/--help with an example, --json and --quiet.\n"
+           "Exit codes: 0 ok, 1 check failed, 2 usage or input, 3 storage or environment, 70 internal "
+           "error, 130 interrupted, 143 terminated.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    rich_markup_mode=None,  # plain help: option texts like PATH[@VERSION] are never read as markup
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-# One module per command; each exposes `register(app)`. Heavy imports happen inside the commands.
-COMMANDS = ("samples", "convert", "log", "tag", "diff", "lineage", "verify", "query", "gc", "split", "validate", "bench", "export")
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit (works after any command)."),
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error (works after any command)."),
+) -> None:
+    """Turn raw game captures into versioned, validated, deterministic training datasets."""
+
+
 for _name in COMMANDS:
     importlib.import_module(f"dsbuild.cli.{_name}").register(app)
 
 
-def main() -> None:
-    debug = "--debug" in sys.argv
-    if debug:
-        sys.argv.remove("--debug")
-    try:
-        rc = app(standalone_mode=False)  # click returns the code of typer.Exit in this mode
-    except DsbuildError as e:
-        if debug:
-            raise
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        typer.echo("interrupted; nothing was committed", err=True)
-        sys.exit(130)
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
+def _no_type_noise(command) -> None:
+    """Help shows metavars (NAME, SIZE, REF), never Python types like <str> or <bool>."""
+    for cmd in [command, *getattr(command, "commands", {}).values()]:
+        for p in cmd.params:
+            if getattr(p, "is_flag", False) or getattr(p, "count", False) or p.param_type_name == "argument":
+                p.display_type_rich = lambda ctx: None
+            else:
+                meta = p.metavar or (p.name or "value").upper()
+                p.display_type_rich = lambda ctx, meta=meta: meta
+            if p.param_type_name == "argument":
+                name = p.metavar or (p.name or "arg").upper()
+                p._usage_display_name = lambda name=name, req=p.required: name if req else f"[{name}]"
 
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(2)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
-        raise
-    sys.exit(rc if isinstance(rc, int) else 0)
+
+def build_command():
+    command = typer.main.get_command(app)
+    _no_type_noise(command)
+    return command
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit code of a failure (see the module docstring)."""
+    if isinstance(e, Terminated):
+        return TERMINATED
+    if isinstance(e, KeyboardInterrupt):
+        return INTERRUPTED
+    if isinstance(e, CheckFailed):
+        return 1
+    if isinstance(e, (UsageError, CaptureError, FormatError, ParserError)):
+        return 2
+    if isinstance(e, ClickException):  # other parser-level problems (e.g. a file option) are usage too
+        return 2
+    if isinstance(e, (StorageError, MissingDependency, OSError, MemoryError)):
+        return 3
+    return INTERNAL
+
+
+_OS_HINTS = {errno.EROFS: "the file system is read-only; write somewhere else",
+             errno.ENOSPC: "free some space, then run the same command again",
+             errno.EACCES: "check the permissions of that path", errno.EPERM: "check the permissions of that path",
+             errno.ENOENT: "check the path"}
+
+
+def describe(e: BaseException, command: str | None) -> tuple[str, str | None]:
+    """(one-line message, hint or None) for a failure."""
+    if isinstance(e, KeyboardInterrupt):
+        what = "terminated" if isinstance(e, Terminated) else "interrupted"
+        return f"{what}; {KEPT.get(command or '', 'nothing was changed')}", None
+    if isinstance(e, NoSuchOption):
+        msg = f"no such option {e.option_name}"
+        close = sorted(p for p in e.possibilities or () if p not in ("--help", "-h"))
+        if close:
+            msg += f"; did you mean {', '.join(close)}?"
+        return _parser_message(e, msg)
+    if isinstance(e, NoArgsIsHelpError):
+        return "a command is required", "`dsbuild --help` lists the commands"
+    if isinstance(e, ClickException):
+        return _parser_message(e, e.format_message())
+    if isinstance(e, DsbuildError) and exit_code(e) != INTERNAL:
+        return str(e), e.hint
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror or e}", _OS_HINTS.get(e.errno or 0)
+    if isinstance(e, MemoryError):
+        return "out of memory", "run with fewer --workers or on a machine with more memory"
+    return f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", None
+
+
+def _parser_message(e: ClickException, msg: str) -> tuple[str, str | None]:
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None else "dsbuild"
+    msg = msg[:1].lower() + msg[1:]
+    return f"{path}: {msg}", f"`{path} --help` shows the usage and an example"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def report(e: BaseException, *, command: str | None, as_json: bool, debug: bool) -> int:
+    """Print a failure the one way (one line, or one JSON object) and return its exit code."""
+    code = exit_code(e)
+    if debug and not isinstance(e, (KeyboardInterrupt, ClickException)):
+        import traceback
+
+        traceback.print_exception(e)
+    msg, hint = describe(e, command)
+    if debug:
+        msg = msg.replace(" (run with --debug for the traceback)", "")
+    if as_json:
+        from dsbuild.cli.render import json_text
+
+        sys.stderr.write(json_text({"error": _one_line(msg), "exit_code": code, "hint": hint}, indent=None) + "\n")
+    else:
+        from dsbuild.cli.render import clean
+
+        sys.stderr.write(f"error: {clean(_one_line(msg))}\n" if code not in (INTERRUPTED, TERMINATED)
+                         else f"{clean(_one_line(msg))}\n")
+        if hint:
+            sys.stderr.write(f"hint: {clean(_one_line(hint))}\n")
+    sys.stderr.flush()
+    return code
+
+
+def _on_sigterm(signum, frame) -> None:
+    if os.getpid() != _MAIN_PID:  # a forked worker: die as SIGTERM says (its parent reports)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise Terminated()
+
+
+_MAIN_PID = os.getpid()
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's reader went away: drop what is left (no second error at exit) and exit quietly."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    return BROKEN_PIPE
+
+
+def run(args: list[str]) -> int:
+    """Run ``dsbuild ARGS``; return the exit code (never raises, never exits)."""
+    head = args[:args.index("--")] if "--" in args else args
+    debug, as_json = "--debug" in head, "--json" in head
+    if debug:
+        args = [a for i, a in enumerate(args) if not (a == "--debug" and i < len(head))]
+    if "--version" in head:
+        sys.stdout.write(f"dsbuild {__version__}\n")
+        return 0
+    command_name = next((a for a in head if a in COMMANDS), None)
+    command = build_command()
+    try:
+        with command.make_context("dsbuild", list(args)) as ctx:
+            command.invoke(ctx)
+        sys.stdout.flush()
+        return 0
+    except typer.Exit as e:
+        return e.exit_code
+    except SystemExit as e:  # a library must not exit; pass its code through
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except NoArgsIsHelpError as e:  # bare `dsbuild`: the help, on stderr, and exit 2 (a command is required)
+        sys.stderr.write(e.ctx.get_help() + "\n")
+        return 2
+    except BaseException as e:  # noqa: BLE001 - this is the one place that maps every failure
+        if isinstance(e, OSError) and e.errno == errno.EPIPE:
+            return _quiet_broken_pipe()
+        try:
+            return report(e, command=command_name, as_json=as_json, debug=debug)
+        except BrokenPipeError:
+            return _quiet_broken_pipe()
+
+
+def main() -> None:
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    command = build_command()
+    command._main_shell_completion({}, "dsbuild", None)  # answers completion requests from the shell
+    code = run(sys.argv[1:])
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _quiet_broken_pipe()
+    sys.stderr.flush()
+    # The work is done and every stream is flushed: leave without interpreter teardown. pyarrow's
+    # AWS SDK shutdown (pyarrow.fs is loaded with pyarrow.parquet) aborts the process in ~5% of exits
+    # ("terminate called without an active exception", exit 134), which would turn a success into a
+    # crash in CI.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,64 +1,103 @@
-"""`dsbuild convert`: captures -> a new version in a catalog."""
+"""`dsbuild convert`: captures -> a new version in a catalog (or, with --dry-run, what would change)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
-from dsbuild.cli.render import SessionProgress, console, print_json
+from dsbuild.cli.params import EXECUTOR, JSON, QUIET, RAY_ADDRESS, WORKERS
+from dsbuild.cli.render import Out, Progress, rate
+
+EXAMPLES = """\b
+Examples:
+  dsbuild convert caps catalog --clip-seconds 4 --shard-size 64MB
+  dsbuild convert caps catalog --dry-run          # new, changed, reused, quarantined sessions
+  dsbuild convert s3://raw/caps s3://datasets/cat --workers 8
+Exit: 0 committed (or already there), 1 --strict and a session was quarantined, 2 bad input, 3 storage."""
 
 
 def convert(
-    captures: Path = typer.Argument(..., help="Capture root: every folder below it with a session.json."),
-    out: Path = typer.Argument(..., help="Catalog folder; each convert adds a version to it."),
-    format: str = typer.Option("webdataset", "--format", help="webdataset (tar) or parquet."),
-    clip_seconds: float = typer.Option(8.0, "--clip-seconds", help="Target clip length (cut at keyframes)."),
-    shard_size: str = typer.Option("256MB", "--shard-size", help="Target shard size, e.g. 256MB or 1GiB."),
-    audio: bool = typer.Option(True, "--audio/--no-audio", help="Carry the capture's audio in each clip."),
-    transcode: str = typer.Option(None, "--transcode", help="Re-encode clips, e.g. h264:256x256:30fps:gop8 "
-                                  "(codec[:WxH][:<rate>fps][:gop<N>][:crf<N>][:bf<N>][:<pix_fmt>])."),
-    workers: int = typer.Option(0, "--workers", help="Worker processes (0 = one per core)."),
-    executor: str = typer.Option("local", "--executor", help="local (process pool) or ray."),
-    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start a local Ray)."),
-    onto: str = typer.Option(None, "--onto", help="Build incrementally onto this version (id, prefix or tag)."),
+    captures: str = typer.Argument(..., metavar="CAPTURES",
+                                   help="Capture root (folder or fsspec URL): every folder below it with a session.json."),
+    out: str = typer.Argument(..., metavar="CATALOG", help="Catalog folder or fsspec URL; each convert adds a version."),
+    format: str = typer.Option("webdataset", "--format", metavar="FORMAT", help="Shard format: webdataset or parquet."),
+    clip_seconds: float = typer.Option(8.0, "--clip-seconds", metavar="S", help="Target clip length (cut at keyframes)."),
+    shard_size: str = typer.Option("256MB", "--shard-size", metavar="SIZE", help="Target shard size: 256MB, 1GiB, bytes."),
+    audio: bool = typer.Option(True, "--audio/--no-audio", help="Carry the capture's first audio track in each clip."),
+    transcode: str = typer.Option(None, "--transcode", metavar="SPEC",
+                                  help="Re-encode clips: codec[:WxH][:<rate>fps][:gop<N>][:crf<N>][:bf<N>][:<pix_fmt>], "
+                                       "e.g. h264:256x256:30fps:gop8."),
+    workers: int = WORKERS,
+    executor: str = EXECUTOR,
+    ray_address: str = RAY_ADDRESS,
+    onto: str = typer.Option(None, "--onto", metavar="VERSION",
+                             help="Build onto this version (id, prefix or tag): reuse its unchanged sessions."),
+    rehash: bool = typer.Option(False, "--rehash", help="Re-hash reused shards and rewrite damaged ones."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say which sessions are new, changed, reused, "
+                                                         "quarantined or removed; write nothing."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if any session was quarantined."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
 ) -> None:
-    """Cut sessions into keyframe-aligned clips and write content-addressed shards + a manifest."""
-    from dsbuild.convert import ConvertConfig, convert as run_convert
-    from dsbuild.convert.config import parse_size
+    """Build a version from captures.
 
-    config = ConvertConfig(format=format, clip_seconds=clip_seconds, shard_size=parse_size(shard_size),
+    Cut sessions into keyframe-aligned clips and write content-addressed shards and a manifest."""
+    from dsbuild.convert import ConvertConfig, parse_size
+    from dsbuild.core.errors import CheckFailed
+    from dsbuild.core.executor import ExecutorSpec
+
+    o = Out(as_json, quiet)
+    config = ConvertConfig(format=format, clip_seconds=clip_seconds, shard_size=parse_size(shard_size, "--shard-size"),
                            audio=audio, transcode=transcode)
-    with SessionProgress("convert", enabled=not as_json) as progress:
-        result = run_convert(captures, out, config, workers=workers or None, onto=onto,
-                                 executor=executor, ray_address=ray_address, on_progress=progress)
+    spec = ExecutorSpec(executor, workers, ray_address)
+    if dry_run:
+        from dsbuild.cli._pending import plan_convert
+
+        return _render_plan(o, plan_convert(captures, out, config, onto=onto))
+    from dsbuild.convert import convert as run_convert
+
+    with Progress("convert", o) as bar:
+        def progress(p) -> None:
+            if p.stage == "sessions":
+                bar.update(p.done, p.total, stage="sessions", detail=f"{p.samples} clips, {rate(p.bytes, p.started)}"
+                           + (f", {p.quarantined} quarantined" if p.quarantined else ""))
+            else:
+                bar.update(p.shards_done, p.shards_total, stage="shards")
+
+        r = run_convert(captures, out, config, executor=spec, onto=onto, rehash=rehash, on_progress=progress)
     if as_json:
-        print_json(result.to_json())
+        o.json(r.to_json())
+    elif quiet:
+        o.value(r.version_id)
     else:
-        _render(result)
-    if strict and result.quarantined:
-        raise typer.Exit(1)
+        _render(o, r)
+    if strict and r.quarantined:
+        raise CheckFailed(f"{len(r.quarantined)} session(s) quarantined and --strict is set (version "
+                          f"{r.version_id[:12]} was committed)", hint="`--json` lists every reason")
 
 
-def _render(r) -> None:
-    from rich.table import Table
-
-    state = "already existed" if r.existed else "committed"
-    console.print(f"[bold]version {r.version_id[:12]}[/] {state} in {r.catalog}  (content {r.content_id[:12]})")
-    t = Table(show_header=False, box=None)
-    for k, v in [("format", r.format), ("sessions", r.sessions), ("samples", r.samples), ("shards", r.shards),
-                 ("bytes", f"{r.bytes:,}"), ("long clips (kept whole)", r.long_clips),
-                 ("sessions repaired", r.repaired_sessions), ("quarantined", len(r.quarantined)),
-                 ("parent", (r.parent or "-")[:12]), ("sessions reused from parent", r.reused_sessions),
-                 ("bytes written", f"{r.written_bytes:,}"),
-                 ("seconds", r.seconds)]:
-        t.add_row(k, str(v))
-    console.print(t)
+def _render(o: Out, r) -> None:
+    o.line(("version ", "bold"), (o.id(r.version_id), "bold"), " already existed" if r.existed else " committed",
+           f" in {r.catalog}")
+    o.pairs([("content id", o.id(r.content_id)), ("format", r.format), ("sessions", r.sessions),
+             ("samples", r.samples), ("shards", f"{r.shards} ({r.written_shards} written, {r.reused_shards} reused)"),
+             ("bytes", o.size(r.bytes)), ("bytes written", o.size(r.written_bytes)), ("parent", o.id(r.parent)),
+             ("sessions reused", r.reused_sessions), ("sessions healed", r.healed_sessions),
+             ("sessions repaired", r.repaired_sessions), ("long clips (kept whole)", r.long_clips),
+             ("quarantined", len(r.quarantined)), ("seconds", r.seconds),
+             ("rate", f"{r.written_bytes / max(r.seconds, 1e-9) / 1e6:,.1f} MB/s written")])
     for q in r.quarantined:
-        console.print(f"[yellow]quarantined[/] {q['session']}: {q['path']}: {q['reason']}", highlight=False)
+        o.line(("quarantined ", "yellow"), q.session, ": ", q.path, ": ", q.reason)
+
+
+def _render_plan(o: Out, plan) -> None:
+    if o.as_json:
+        return o.json(plan.to_json())
+    o.line("dry run: nothing written. ", f"parent {o.id(plan.parent)}" if plan.parent else "no parent version",
+           "" if plan.reusable or not plan.parent else " (built with other settings: every session is rebuilt)")
+    o.table(["session", "state", "path", "reason"], [(s.session, s.state, s.path, s.reason or "") for s in plan.sessions])
+    counts = plan.to_json()["counts"]
+    o.line(", ".join(f"{n} {state}" for state, n in counts.items()))
 
 
 def register(app: typer.Typer) -> None:
-    app.command("convert")(convert)
+    app.command("convert", epilog=EXAMPLES)(convert)

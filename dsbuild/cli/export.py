@@ -2,32 +2,56 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
+
+from dsbuild.cli.params import JSON, QUIET, REF, choice
+from dsbuild.cli.render import Out, Progress
+
+EXAMPLES = """\b
+Examples:
+  dsbuild export catalog@gold exports/gold-hf --to hf --split-set main
+  dsbuild export catalog@gold exports/train-wids --to wids --split main/train
+Run the same command again to finish an interrupted export."""
+
+
+def _tools() -> tuple[str, ...]:
+    from dsbuild.export import TOOLS
+
+    return TOOLS
 
 
 def export(
-    ref: str = typer.Argument(..., help="PATH[@VERSION]"),
-    dest: str = typer.Argument(..., help="Export folder: new, empty, or an earlier export of the same thing."),
-    to: str = typer.Option(..., "--to", help="energon, hf, mds, litdata or wids."),
-    split: str = typer.Option(None, "--split", help="Split set NAME (all its splits) or NAME/SPLIT (one)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ref: str = REF,
+    dest: str = typer.Argument(..., metavar="DEST", help="Export folder: new, empty, or an earlier export of the same thing."),
+    to: str = typer.Option(..., "--to", metavar="TOOL", callback=choice("--to", _tools),
+                           help="energon, hf, litdata, mds or wids."),
+    split: str = typer.Option(None, "--split", metavar="NAME/SPLIT", help="Export this split alone."),
+    split_set: str = typer.Option(None, "--split-set", metavar="NAME",
+                                  help="Export every split of this split set (default: all samples as 'train')."),
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
 ) -> None:
-    """Write a version for another tool; run it again to finish an interrupted export.
-
-    Example: dsbuild export catalog@v1 exports/v1-energon --to energon --split main"""
+    """Write a version for another tool (Energon, HF, MDS, LitData, wids)."""
+    from dsbuild.core.errors import UsageError
     from dsbuild.export import export as run_export
 
-    r = run_export(ref, dest, to=to, split=split)
+    o = Out(as_json, quiet)
+    if split and split_set:
+        raise UsageError("give --split NAME/SPLIT or --split-set NAME, not both")
+    if split is not None and "/" not in split:
+        raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train", hint=f"--split-set {split} exports every split")
+    with Progress("export", o) as bar:
+        r = run_export(ref, dest, to=to, split=split or split_set,
+                       progress=lambda done, total: bar.update(done, total, stage="samples"))
     if as_json:
-        typer.echo(json.dumps(r.to_json(), indent=2, sort_keys=True))
-        return
+        return o.json(r.to_json())
+    if quiet:
+        return o.value(r.dest)
     splits = ", ".join(f"{name} {n}" for name, n in r.splits.items())
     state = "already complete" if r.existed else (f"{r.files_written} files written ({r.bytes_written:,} bytes), "
                                                   f"{r.linked_shards} shards linked, {r.files_kept} kept")
-    typer.echo(f"{r.tool} export of {r.version_id[:12]} in {r.dest}: {r.samples} samples ({splits}); {state}")
+    o.line(f"{r.tool} export of {o.id(r.version_id)} in ", r.dest, f": {r.samples} samples ({splits}); {state}")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("export")(export)
+    app.command("export", epilog=EXAMPLES)(export)

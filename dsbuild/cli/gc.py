@@ -1,33 +1,46 @@
-"""`dsbuild gc`: remove shards that no version references."""
+"""`dsbuild gc`: remove shards no version references and stale build folders."""
 
 from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.render import console, print_json
+from dsbuild.cli.params import CATALOG, JSON, QUIET
+from dsbuild.cli.render import Out
+
+EXAMPLES = """\b
+Examples:
+  dsbuild gc catalog --dry-run     # what would go: shards, stale build folders, unpublished files
+  dsbuild gc catalog"""
 
 
 def gc(
-    path: str = typer.Argument(..., help="Catalog folder."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="List what would be removed."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    path: str = CATALOG,
+    dry_run: bool = typer.Option(False, "--dry-run", help="List what would be removed; remove nothing."),
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
 ) -> None:
-    """Delete unreferenced shards and stale build folders; every committed version stays whole."""
-    from dsbuild.core.errors import UsageError
-    from dsbuild.lineage.catalog import Catalog
-    from dsbuild.lineage.remote import is_url
+    """Remove unreferenced shards and stale build folders.
 
-    if is_url(path):
-        raise UsageError(f"{path}: gc of object-store catalogs is not supported yet; use the store's lifecycle rules")
-    garbage = Catalog.open(path).gc(dry_run=dry_run)
-    total = sum(size for _, size in garbage)
+    Also unpublished version files and replaced split sets. On object stores (no locks) only files older
+    than a day go: a build in progress may own younger ones. Every committed version stays whole."""
+    from dsbuild.lineage.catalog import open_catalog
+    from dsbuild.lineage.gc import collect
+
+    o = Out(as_json, quiet)
+    g = collect(open_catalog(path), dry_run=dry_run)
     if as_json:
-        print_json({"dry_run": dry_run, "shards": [p for p, _ in garbage], "bytes": total})
-        return
-    for p, _ in garbage:
-        console.print(f"{'would remove' if dry_run else 'removed'} {p}", highlight=False)
-    console.print(f"{len(garbage)} shards, {total:,} bytes {'to free' if dry_run else 'freed'}")
+        return o.json(g)
+    verb = "would remove" if dry_run else "removed"
+    o.table(["action", "kind", "what", "bytes"],
+            [(verb, "shard", s["path"], s["bytes"]) for s in g["shards"]]
+            + [(verb, "stale build", b, "") for b in g["stale_builds"]]
+            + [(verb, "unpublished", k, "") for k in g["unpublished_files"]]
+            + [(verb, "replaced split set", k, "") for k in g["replaced_split_files"]]
+            + [("kept (younger than the grace period)", "shard", k, "") for k in g["kept_young_shards"]])
+    o.line(f"{len(g['shards'])} shards ({g['bytes']:,} bytes), {len(g['stale_builds'])} stale build folders, "
+           f"{len(g['unpublished_files'])} unpublished and {len(g['replaced_split_files'])} replaced split set files "
+           f"{'to remove' if dry_run else 'removed'}")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("gc")(gc)
+    app.command("gc", epilog=EXAMPLES)(gc)

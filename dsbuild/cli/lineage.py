@@ -4,35 +4,43 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.render import console, print_json
+from dsbuild.cli.params import JSON, QUIET, REF
+from dsbuild.cli.render import Out
+
+EXAMPLES = """\b
+Examples:
+  dsbuild lineage catalog@gold ks-7-0003__000002
+  dsbuild query catalog "select key from samples limit 3"    # find keys"""
 
 
 def lineage(
-    ref: str = typer.Argument(..., help="PATH[@VERSION]"),
-    key: str = typer.Argument(..., help="Sample key."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ref: str = REF,
+    key: str = typer.Argument(..., metavar="KEY", help="Sample key (<session>__<clip>)."),
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
 ) -> None:
-    """Source session, source files with sha256, window, config and its hash, tool version, location."""
+    """Show where one sample came from and where it lives.
+
+    Source session, source files with sha256, window, config and its hash, tool version, location."""
     from dsbuild.lineage.catalog import open_ref
     from dsbuild.lineage.history import sample_lineage
 
+    o = Out(as_json, quiet)
     catalog, version = open_ref(ref)
-    info = sample_lineage(catalog, version, key)
+    d = sample_lineage(catalog, version, key)
     if as_json:
-        print_json(info)
-        return
-    w, loc = info["window"], info["location"]
-    console.print(f"[bold]{key}[/] in version {version[:12]} (sample sha256 {info['sample_sha256'][:16]}…)")
-    console.print(f"  session  {info['session']['session_id']}  title={info['session']['title']} "
-                  f"player={info['session']['player']}", highlight=False)
-    console.print(f"  window   {w['t_start']:.3f}s – {w['t_end']:.3f}s, {w['frames']} frames (clip {w['clip_index']})")
-    for s in info["sources"]:
-        console.print(f"  source   {s['role']:<9} {s['path']}  sha256 {s['sha256']}", highlight=False)
-    console.print(f"  config   {info['config_hash'][:16]}…  tool dsbuild {info['tool_version']}")
-    where = f"offset {loc['offset']} length {loc['length']}" if loc["offset"] >= 0 else \
-        f"row group {loc['row_group']} row {loc['row']}"
-    console.print(f"  stored   {loc['shard']} {where}", highlight=False)
+        return o.json(d)
+    w, loc, s = d["window"], d["location"], d["session"]
+    o.line((key, "bold"), f" in version {o.id(version)} (sample sha256 {d['sample_sha256']})")
+    o.pairs([("session", s["session_id"]), ("title", s["title"]), ("player", s["player"]),
+             ("platform", s["platform"]), ("build", s["build"]),
+             ("window", f"{w['t_start']:.3f} s - {w['t_end']:.3f} s, {w['frames']} frames (clip {w['clip_index']})"),
+             ("config", f"{d['config_hash']} (dsbuild {d['tool_version']})"),
+             ("shard", loc["shard"]),
+             ("location", ", ".join(f"{k} {v}" for k, v in loc.items() if k != "shard" and v is not None))])
+    o.table(["role", "path", "sha256", "bytes"], [(x["role"], x["path"], x["sha256"], x["bytes"]) for x in d["sources"]],
+            wide=("sha256",))
 
 
 def register(app: typer.Typer) -> None:
-    app.command("lineage")(lineage)
+    app.command("lineage", epilog=EXAMPLES)(lineage)

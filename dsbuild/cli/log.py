@@ -4,35 +4,45 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.render import console, print_json
+from dsbuild.cli.params import CATALOG, JSON, QUIET
+from dsbuild.cli.render import Out
+
+EXAMPLES = """\b
+Examples:
+  dsbuild log catalog
+  dsbuild log catalog | cut -f1          # whole version ids when piped
+  dsbuild log s3://datasets/cat --json"""
 
 
 def log(
-    path: str = typer.Argument(..., help="Catalog folder or URL."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    path: str = CATALOG,
+    no_trunc: bool = typer.Option(False, "--no-trunc", help="Whole ids on a terminal too (piped output always has them)."),
+    as_json: bool = JSON,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the version ids, one per line."),
 ) -> None:
-    """List versions: id, content id, tags, created, samples, bytes, parent and what changed."""
-    from rich.table import Table
+    """List the versions of a catalog, newest first.
 
+    Id, tags, created, format, samples, bytes, parent, change and split sets."""
     from dsbuild.lineage.catalog import open_catalog
     from dsbuild.lineage.history import log_entries
 
+    o = Out(as_json, quiet, no_trunc)
     entries = log_entries(open_catalog(path))
     if as_json:
-        print_json({"versions": entries})
+        return o.json({"versions": entries})
+    if quiet:
+        for e in entries:
+            o.value(e["version_id"])
         return
-    t = Table("version", "content", "tags", "created", "samples", "bytes", "parent", "change", "split sets")
+    rows = []
     for e in entries:
-        splits = "; ".join(_split_line(s) for s in e["split_sets"])
-        t.add_row(e["version_id"][:12], e["content_id"][:12], ",".join(e["tags"]), e["created_at"],
-                  str(e["samples"]), f"{e['bytes']:,}", (e["parent"] or "-")[:12], e["change"], splits)
-    console.print(t)
-
-
-def _split_line(summary: dict) -> str:
-    parts = ", ".join(f"{name} {r['samples']}" for name, r in summary["splits"].items())
-    return f"{summary['name']} ({parts})"
+        c = e["change"]
+        change = f"+{c.get('added', 0)} -{c.get('removed', 0)} ~{c.get('changed', 0)}" if c else "-"
+        rows.append((o.id(e["version_id"]), ",".join(e["tags"]), o.when(e["created_at"]), e["format"], e["samples"],
+                     o.size(e["bytes"]), o.id(e["parent"]), change, ",".join(s["name"] for s in e["split_sets"])))
+    o.table(["version", "tags", "created", "format", "samples", "bytes", "parent", "change", "split sets"], rows,
+            wide=("version", "samples", "bytes", "parent", "change"))
 
 
 def register(app: typer.Typer) -> None:
-    app.command("log")(log)
+    app.command("log", epilog=EXAMPLES)(log)

@@ -1,41 +1,52 @@
-"""`dsbuild query`: SQL (duckdb) over a version's samples, shards, sources, lineage and the versions."""
+"""`dsbuild query`: SQL (duckdb, sandboxed) over a version's samples, shards, sources, lineage and the versions."""
 
 from __future__ import annotations
 
-import csv
-import sys
-
 import typer
 
-from dsbuild.cli.render import console, print_json
+from dsbuild.cli.params import JSON, QUIET, REF
+from dsbuild.cli.render import Out
+
+EXAMPLES = """\b
+Examples:
+  dsbuild query catalog "select title, count(*) as clips from samples group by title"
+  dsbuild query catalog@gold "select key from samples" --csv > keys.csv
+Queries run sandboxed: file functions, COPY ... TO, ATTACH and INSTALL/LOAD fail. --unsafe lifts that
+for your own queries on your own machine; never for SQL taken from a pull request."""
 
 
 def query(
-    ref: str = typer.Argument(..., help="PATH[@VERSION]"),
-    sql: str = typer.Argument(..., help="SQL over views samples, shards, sources, lineage, versions."),
-    as_json: bool = typer.Option(False, "--json", help="Print rows as JSON."),
-    as_csv: bool = typer.Option(False, "--csv", help="Print rows as CSV."),
+    ref: str = REF,
+    sql: str = typer.Argument(..., metavar="SQL", help="SQL over the views samples, shards, sources, lineage, versions."),
+    unsafe: bool = typer.Option(False, "--unsafe", help="Allow file access (read_csv, COPY TO, ATTACH): your own SQL only."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print rows as CSV with a header."),
+    as_json: bool = JSON,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Rows only, tab-separated, no header."),
 ) -> None:
-    """Run SQL in place over the catalog's Parquet and JSON files."""
-    from rich.table import Table
+    """Run SQL (duckdb, sandboxed) over a version.
 
+    Views: samples (the index), shards, sources, lineage, versions; read in place."""
     from dsbuild.lineage.catalog import open_ref
     from dsbuild.lineage.query import run_query
 
+    o = Out(as_json, quiet)
     catalog, version = open_ref(ref)
-    columns, rows = run_query(catalog, version, sql)
+    columns, rows = run_query(catalog, version, sql, unsafe=unsafe)
     if as_json:
-        print_json([dict(zip(columns, r)) for r in rows])
+        o.json([dict(zip(columns, r)) for r in rows])
     elif as_csv:
-        w = csv.writer(sys.stdout)
+        import csv
+        import sys
+
+        w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(columns)
         w.writerows(rows)
-    else:
-        t = Table(*columns)
+    elif quiet:
         for r in rows:
-            t.add_row(*(str(v) for v in r))
-        console.print(t)
+            o.value("\t".join("" if v is None else str(v) for v in r))
+    else:
+        o.table(columns, [["NULL" if v is None else v for v in r] for r in rows])
 
 
 def register(app: typer.Typer) -> None:
-    app.command("query")(query)
+    app.command("query", epilog=EXAMPLES)(query)

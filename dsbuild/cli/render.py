@@ -1,51 +1,225 @@
-"""Shared output helpers: JSON to stdout, tables and progress with rich (plain lines when not a TTY)."""
+"""How the CLI writes: results on stdout, progress and errors on stderr, shaped by where they go.
+
+- A terminal gets rich tables and styled lines; ids are shortened to 12 characters (``--no-trunc``
+  keeps them whole).
+- A pipe or a file gets plain lines: tables become tab-separated rows under a header line, ids stay
+  whole and nothing is wrapped, so ``cut -f1`` and CI logs work.
+- ``--json`` prints one JSON document on stdout and nothing else; ``--quiet`` prints only the
+  command's essential value (an id, a path) or nothing.
+
+Text from captures and catalogs (titles, players, session ids, member names, SQL results) is data:
+it is never parsed as rich markup (every string goes through ``rich.text.Text``) and control
+characters are shown escaped, so a title like ``[bold red]x`` or an ANSI escape prints as written.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import sys
 import time
+from typing import Iterable, Sequence
 
 from rich.console import Console
+from rich.text import Text
 
-console = Console(stderr=True)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+SHORT_ID = 12
+PLAIN_EVERY = 2.0  # seconds between progress lines when stderr is not a terminal
+
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 
-def print_json(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    sys.stdout.flush()
+def clean(value: object) -> str:
+    """A value as one safe line of text: control characters (newlines, tabs, ANSI escapes) escaped."""
+    text = "" if value is None else str(value)
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
-class SessionProgress:
-    """A rich bar on a terminal (sessions, clips, MB/s, ETA); a plain line per session otherwise."""
+def styled(*parts: str | tuple[object, str]) -> Text:
+    """Plain text from parts; a ``(value, style)`` part is styled. Values are never markup."""
+    out = Text()
+    for part in parts:
+        value, style = part if isinstance(part, tuple) else (part, "")
+        out.append(clean(value), style=style)
+    return out
 
-    def __init__(self, label: str, enabled: bool = True):
+
+def _finite(obj: object) -> object:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def json_text(obj: object, indent: int | None = 2) -> str:
+    """Strict JSON (NaN and infinities become null; dates, decimals and bytes become strings)."""
+    return json.dumps(_finite(obj), indent=indent, sort_keys=True, default=str, ensure_ascii=False,
+                      allow_nan=False)
+
+
+class Out:
+    """One command's output settings: ``--json``, ``--quiet``, ``--no-trunc`` and whether stdout is a
+    terminal."""
+
+    def __init__(self, json: bool = False, quiet: bool = False, no_trunc: bool = False):
+        self.as_json, self.quiet, self.no_trunc = json, quiet, no_trunc
+        self.tty = sys.stdout.isatty()
+        self.console = Console(highlight=False, emoji=False, soft_wrap=False) if self.tty else None
+
+    @property
+    def human(self) -> bool:
+        """Whether the human-readable report is wanted (not --json, not --quiet)."""
+        return not self.as_json and not self.quiet
+
+    def id(self, value: str | None) -> str:
+        """A version, content or hash id: shortened on a terminal unless --no-trunc, whole otherwise."""
+        if not value:
+            return "-"
+        return value[:SHORT_ID] if self.tty and not self.no_trunc else value
+
+    def when(self, stamp: str | None) -> str:
+        """A UTC timestamp: to the minute on a terminal, whole otherwise."""
+        if not stamp:
+            return "-"
+        return stamp[:16].replace("T", " ") if self.tty and not self.no_trunc else stamp
+
+    def size(self, n: int | None) -> str:
+        """A byte count: readable on a terminal (1.1 MB), the exact integer otherwise."""
+        if n is None:
+            return "-"
+        if not self.tty:
+            return str(n)
+        for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if n >= scale:
+                return f"{n / scale:.1f} {unit}"
+        return f"{n} B"
+
+    def json(self, obj: object) -> None:
+        sys.stdout.write(json_text(obj) + "\n")
+        sys.stdout.flush()
+
+    def value(self, text: object) -> None:
+        """The essential value of a command (printed even with --quiet, never with --json)."""
+        if not self.as_json:
+            sys.stdout.write(clean(text) + "\n")
+
+    def line(self, *parts: str | tuple[object, str]) -> None:
+        """One line of the human report (styled on a terminal)."""
+        if not self.human:
+            return
+        if self.console is not None:
+            self.console.print(styled(*parts), overflow="fold")
+        else:
+            sys.stdout.write(styled(*parts).plain + "\n")
+
+    def table(self, columns: Sequence[str], rows: Iterable[Sequence[object]], *, title: str | None = None,
+              wide: Sequence[str] = (), styles: dict[str, str] | None = None) -> None:
+        """A table: rich on a terminal (``wide`` columns never wrap), tab-separated lines otherwise."""
+        rows = [[c if isinstance(c, Text) else clean(c) for c in row] for row in rows]
+        if not self.human or not rows:
+            return
+        if self.console is None:
+            if title:
+                sys.stdout.write(f"# {clean(title)}\n")
+            sys.stdout.write("\t".join(columns) + "\n")
+            for row in rows:
+                sys.stdout.write("\t".join(c.plain if isinstance(c, Text) else c for c in row) + "\n")
+            return
+        from rich.table import Table
+
+        t = Table(title=clean(title) if title else None, box=None, padding=(0, 1, 0, 1), pad_edge=False, highlight=False,
+                  header_style="bold underline")
+        for name in columns:
+            t.add_column(name, no_wrap=name in wide, overflow="fold", min_width=None if name in wide else 4,
+                         style=(styles or {}).get(name, ""))
+        for row in rows:
+            t.add_row(*(c if isinstance(c, Text) else Text(c) for c in row))
+        self.console.print(t)
+
+    def pairs(self, items: Iterable[tuple[str, object]]) -> None:
+        """Key/value lines: aligned on a terminal, ``key<TAB>value`` otherwise."""
+        items = [(k, clean(v)) for k, v in items]
+        if not self.human:
+            return
+        if self.console is None:
+            for k, v in items:
+                sys.stdout.write(f"{k}\t{v}\n")
+            return
+        from rich.table import Table
+
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for k, v in items:
+            grid.add_row(Text(k), Text(v))
+        self.console.print(grid)
+
+    def note(self, *parts: str | tuple[object, str]) -> None:
+        """A remark for the person (stderr), e.g. a warning; silent with --quiet or --json."""
+        if self.human:
+            err.print(styled(*parts))
+
+
+class Progress:
+    """Progress of long work on stderr: a live bar on a terminal; otherwise a plain line at most every
+    ``PLAIN_EVERY`` seconds plus one at the end; nothing with --json or --quiet.
+
+    ``update(done, total, stage=..., detail=...)`` may be called from worker threads. The bar is
+    redrawn only on updates (no refresh thread: convert forks workers, which must not inherit one).
+    """
+
+    def __init__(self, label: str, out: Out):
         self.label = label
-        self.enabled = enabled
-        self._bar = None
-        self._task = None
+        self.enabled = out.human
+        self.live = self.enabled and err.is_terminal
+        self._bar = self._task = None
+        self._last_line = 0.0
+        self._pending: str | None = None
+        self._stage = None
 
-    def __enter__(self) -> "SessionProgress":
-        if self.enabled and console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    def __enter__(self) -> Progress:
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[clips]} clips  {task.fields[rate]}"),
-                                 TimeRemainingColumn(), console=console, auto_refresh=False)
+            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err,
+                            auto_refresh=False, transient=True)
             self._bar.__enter__()
-            self._task = self._bar.add_task(self.label, total=None, clips=0, rate="")
         return self
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.__exit__(*exc)
+        elif self._pending is not None and exc[0] is None:
+            err.print(Text(self._pending))
 
-    def __call__(self, p) -> None:
-        elapsed = max(time.monotonic() - p.started, 1e-9)
-        rate = f"{p.bytes / elapsed / 1e6:.1f} MB/s"
+    def update(self, done: int, total: int | None, *, stage: str = "", detail: str = "") -> None:
+        if not self.enabled:
+            return
+        description = f"{self.label} {stage}".strip()
         if self._bar is not None:
-            self._bar.update(self._task, total=p.total, completed=p.done, clips=p.samples, rate=rate)
-            self._bar.refresh()  # no refresh thread: convert forks workers, which must not inherit one
-        elif self.enabled:
-            console.print(f"{self.label}: {p.done}/{p.total} sessions, {p.samples} clips, {rate}"
-                          + (f", {p.quarantined} quarantined" if p.quarantined else ""), highlight=False)
+            if self._task is None or stage != self._stage:
+                self._task = self._bar.add_task(description, total=total, detail="")
+                self._stage = stage
+            self._bar.update(self._task, completed=done, total=total, detail=clean(detail))
+            self._bar.refresh()
+            return
+        text = f"{description}: {done}/{total if total is not None else '?'}" + (f", {clean(detail)}" if detail else "")
+        now = time.monotonic()
+        finished = total is not None and done >= total
+        if finished or now - self._last_line >= PLAIN_EVERY:
+            err.print(Text(text))
+            self._last_line, self._pending = now, None
+        else:
+            self._pending = text
+
+
+def rate(nbytes: int, started: float) -> str:
+    """Total bytes over elapsed time, as MB/s."""
+    return f"{nbytes / max(time.monotonic() - started, 1e-9) / 1e6:,.1f} MB/s"

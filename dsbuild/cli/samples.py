@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
-from dsbuild.cli.render import console, print_json
-from dsbuild.core.errors import UsageError
+from dsbuild.cli.params import JSON, QUIET, choice
+from dsbuild.cli.render import Out
 
-SOURCES = ("synthetic", "atari")
+EXAMPLES = """\b
+Examples:
+  dsbuild samples caps --sessions 6 --seconds 20 --seed 7
+  dsbuild samples damaged --sessions 3 --damage 1=truncated_video
+  dsbuild samples atari --source atari --games Breakout,Pong --sessions 2"""
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -17,56 +19,58 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def samples(
-    out: Path = typer.Argument(..., help="Folder to write sessions into."),
-    source: str = typer.Option("synthetic", "--source",
+    out: str = typer.Argument(..., metavar="FOLDER", help="Local folder to write sessions into."),
+    source: str = typer.Option("synthetic", "--source", metavar="synthetic|atari",
+                               callback=choice("--source", ("synthetic", "atari")),
                                help="synthetic (generated) or atari (real gameplay recorded with ale-py)."),
-    sessions: int = typer.Option(3, "--sessions", help="Number of sessions (per game with --source atari)."),
-    seconds: float = typer.Option(10.0, "--seconds", help="Length of each session in seconds."),
-    seed: int = typer.Option(0, "--seed", help="Seed: the same seed gives byte-identical captures."),
-    damage: list[str] = typer.Option([], "--damage", help="Inject damage: KIND or INDEX=KIND (repeatable)."),
-    noise: int = typer.Option(0, "--noise", help="Add grain (0-255) for realistic bitrates in benchmarks."),
-    games: str = typer.Option(None, "--games", help="atari: comma list of games (default "
-                                                    "Breakout,Pong,MsPacman; any ale-py ROM id works)."),
-    policy: str = typer.Option(None, "--policy",
-                               help="atari: random, sticky or scripted, or a comma list cycled over "
-                                    "sessions (default sticky)."),
-    upscale: int = typer.Option(None, "--upscale", help="atari: integer pixel upscale factor 1-8 (default 1)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the written sessions as JSON."),
+    sessions: int = typer.Option(3, "--sessions", min=1, metavar="N", help="Sessions (per game with --source atari)."),
+    seconds: float = typer.Option(10.0, "--seconds", min=0.5, metavar="S", help="Length of each session."),
+    seed: int = typer.Option(0, "--seed", metavar="N", help="The same seed gives byte-identical captures."),
+    damage: list[str] = typer.Option([], "--damage", metavar="[INDEX=]KIND",
+                                     help="Damage session INDEX (default: its position in the list) in one way; "
+                                          "repeatable. Kinds: see the README."),
+    noise: int = typer.Option(0, "--noise", min=0, max=255, metavar="0-255", help="Grain for realistic bitrates."),
+    games: str = typer.Option(None, "--games", metavar="A,B", help="atari: games (default Breakout,Pong,MsPacman)."),
+    policy: str = typer.Option(None, "--policy", metavar="P[,P]",
+                               help="atari: random, sticky or scripted, or a list cycled over sessions."),
+    upscale: int = typer.Option(None, "--upscale", min=1, max=8, metavar="1-8", help="atari: pixel upscale factor."),
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
 ) -> None:
-    """Write sample captures with real H.264 video: synthetic ones (optionally damaged, for tests) or
-    real Atari gameplay (--source atari; needs the ale-py package, the `atari` extra)."""
-    if source not in SOURCES:
-        raise UsageError(f"--source must be one of {', '.join(SOURCES)}, not {source!r}")
+    """Write sample captures (synthetic or Atari).
+
+    Real H.264 video: synthetic sessions (optionally damaged, for tests) or real Atari gameplay
+    (--source atari; needs the `atari` extra)."""
+    from pathlib import Path
+
+    from dsbuild.core.errors import UsageError
+    from dsbuild.core.store import is_url
+
+    o = Out(as_json, quiet)
+    if is_url(out):
+        raise UsageError(f"{out}: samples writes a local folder", hint="upload the folder afterwards")
     if source == "atari":
         if damage or noise:
             raise UsageError("--damage and --noise work with --source synthetic only")
         from dsbuild.samples.atari import DEFAULT_GAMES, AtariOptions, record
 
-        options = AtariOptions(
-            games=_csv(games) if games is not None else DEFAULT_GAMES, sessions=sessions, seconds=seconds,
-            policies=_csv(policy) if policy is not None else ("sticky",), seed=seed,
-            upscale=upscale if upscale is not None else 1,
-        )
-        paths = [r.path for r in record(out, options)]
-        if as_json:
-            print_json({"sessions": [str(p) for p in paths], "source": source})
-        else:
-            console.print(f"wrote {len(paths)} Atari sessions to {out}")
-        return
-    if games is not None or policy is not None or upscale is not None:
-        raise UsageError("--games, --policy and --upscale work with --source atari only")
-    from dsbuild.samples.synthetic import generate
-
-    plan = {}
-    for i, item in enumerate(damage):
-        index, _, kind = item.rpartition("=")
-        plan[int(index) if index else i] = kind
-    paths = generate(out, sessions=sessions, seconds=seconds, seed=seed, damage=plan, noise=noise)
-    if as_json:
-        print_json({"sessions": [str(p) for p in paths], "damage": plan})
+        options = AtariOptions(games=_csv(games) if games is not None else DEFAULT_GAMES, sessions=sessions,
+                               seconds=seconds, policies=_csv(policy) if policy is not None else ("sticky",),
+                               seed=seed, upscale=upscale or 1)
+        paths, plan = [r.path for r in record(Path(out), options)], {}
     else:
-        console.print(f"wrote {len(paths)} sessions to {out}")
+        if games is not None or policy is not None or upscale is not None:
+            raise UsageError("--games, --policy and --upscale work with --source atari only")
+        from dsbuild.cli._pending import parse_damage
+        from dsbuild.samples.synthetic import generate
+
+        plan = parse_damage(damage, sessions)
+        paths = generate(Path(out), sessions=sessions, seconds=seconds, seed=seed, damage=plan, noise=noise)
+    if as_json:
+        o.json({"source": source, "sessions": [str(p) for p in paths], "damage": plan})
+    else:
+        o.line(f"wrote {len(paths)} {source} sessions to {out}")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("samples")(samples)
+    app.command("samples", epilog=EXAMPLES)(samples)

@@ -1,125 +1,101 @@
-"""`dsbuild validate`: the CI gate. Exit 0 accepted, 1 rejected (a check failed), 2 usage or input error."""
+"""`dsbuild validate`: the CI gate. Exit 0 accepted, 1 rejected (a check failed), 2 usage or input, 3 storage."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
-from dsbuild.cli.render import console, print_json
+from dsbuild.cli.params import EXECUTOR, JSON, QUIET, RAY_ADDRESS, REF, WORKERS, choice
+from dsbuild.cli.render import Out, Progress, err, styled
 
-STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-SHOWN = 3  # offenders per check in the terminal table; --json/--html/--junit carry up to max_offenders
-
-
-def _fmt(v: object) -> str:
-    from dsbuild.validators.report import format_value
-
-    return format_value(v, digits=4, sep="\n")
-
-
-def _render(report, show_defaults: bool) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    if show_defaults:
-        t = report.spec["thresholds"]
-        console.print("acceptance spec: built-in defaults (--acceptance FILE to change them; "
-                      "sample_data/acceptance.toml lists every key)", highlight=False)
-        console.print("  " + " · ".join(f"{k} = {v}" for k, v in t.items()), highlight=False, style="dim")
-    table = Table(title=f"dsbuild validate {report.version_id[:12]} · level {report.level}"
-                  + (f" · split {report.split}" if report.split else ""), show_lines=False)
-    for col in ("check", "status", "measured", "threshold", "result / worst offenders"):
-        table.add_column(col, overflow="fold")
-    for c in report.checks:
-        lines = Text(c.message)
-        for o in c.offenders[:SHOWN]:
-            lines.append(f"\n  {o.item}: {o.detail}", style="red" if c.status == "fail" else "yellow")
-        if c.offender_count > SHOWN:
-            lines.append(f"\n  … {c.offender_count - SHOWN} more", style="dim")
-        table.add_row(c.name, Text(c.status.upper(), style=STYLE[c.status]),
-                      "-" if c.status == "skip" else _fmt(c.measured), _fmt(c.threshold), lines)
-    console.print(table)
-    n = report.counts()
-    s = report.summary
-    colour = "bold green" if report.accepted else "bold red"
-    console.print(Text(report.verdict.upper(), style=colour)
-                  + Text(f"  {n['pass']} pass, {n['warn']} warn, {n['fail']} fail, {n['skip']} skipped · "
-                         f"{s.get('samples', 0)} samples, {s.get('hours', 0):.3f} h · "
-                         f"{s.get('seconds', {}).get('total', 0):.2f} s"))
+EXAMPLES = """\b
+Examples:
+  dsbuild validate catalog --split-set main --level full --acceptance sample_data/acceptance.toml \\
+      --save validate.json --junit validate.xml --html validate.html
+  dsbuild validate s3://datasets/cat@gold --json > validate.json
+Exit: 0 accepted, 1 rejected (a fail-severity check missed its threshold), 2 bad input or spec, 3 storage.
+Reports (--save/--junit/--html) are written also when the version is rejected."""
+SHOWN = 3  # offenders per check in piped output; --save/--json/--html/--junit carry up to max_offenders
 
 
-def _write(path: Path, text: str, what: str) -> None:
-    from dsbuild.core.errors import UsageError
+def _write(path: str, write, what: str) -> None:
+    """``write(path)``; an OSError is a StorageError naming the file (exit 3)."""
+    from pathlib import Path
+
+    from dsbuild.core.errors import StorageError
 
     try:
-        path.write_text(text, encoding="utf-8")
+        write(Path(path))
     except OSError as e:
-        raise UsageError(f"{path}: cannot write the {what} ({e.strerror})") from None
+        raise StorageError(f"{path}: cannot write the {what} ({e.strerror or e})",
+                           hint="check the folder and its permissions") from None
+
+
+def _render(o: Out, report) -> None:
+    from dsbuild.validators import report_table, verdict_line
+    from dsbuild.validators.report import format_value
+
+    if report.spec_source == "defaults":
+        o.line("acceptance spec: built-in defaults (--acceptance FILE changes them; sample_data/acceptance.toml "
+               "lists every key)")
+    if o.console is not None:
+        o.console.print(report_table(report))
+    else:
+        o.table(["check", "status", "message", "measured", "threshold", "worst offenders"],
+                [(c.name, c.status.upper(), c.message, "-" if c.status == "skip" else format_value(c.measured),
+                  format_value(c.threshold), " | ".join(f"{x.item}: {x.detail}" for x in c.offenders[:SHOWN])
+                  + (f" | … {c.offender_count - SHOWN} more" if c.offender_count > SHOWN else ""))
+                 for c in report.checks])
+    o.line(styled((verdict_line(report), "bold green" if report.accepted else "bold red")).plain)
 
 
 def validate(
-    ref: str = typer.Argument(..., help="Catalog folder or fsspec URL, optionally PATH@VERSION (id, unique "
-                                        "prefix or tag; default: the newest version)."),
-    split: str = typer.Option(None, "--split", help="Split set NAME of the version: adds the leakage and "
-                                                    "coverage checks."),
-    acceptance: Path = typer.Option(None, "--acceptance", help="Acceptance spec (TOML). Default: built-in "
-                                                               "thresholds, printed."),
-    level: str = typer.Option("structural", "--level", help="structural: bytes, hashes, layout (fast, no "
-                                                            "decoding); full: also decode every clip and read "
-                                                            "every array."),
-    workers: int = typer.Option(0, "--workers", help="Processes for the per-sample pass (0 = one per core)."),
-    executor: str = typer.Option("local", "--executor", help="local (process pool) or ray (one task per shard)."),
-    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: a local Ray)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the full report as JSON on stdout."),
-    junit: Path = typer.Option(None, "--junit", help="Write JUnit XML here (one testcase per check)."),
-    html: Path = typer.Option(None, "--html", help="Write a self-contained HTML report here."),
+    ref: str = REF,
+    split_set: str = typer.Option(None, "--split-set", metavar="NAME", help="Split set of the version: adds the leakage "
+                                                                            "and coverage checks."),
+    acceptance: str = typer.Option(None, "--acceptance", metavar="FILE", help="Acceptance spec (TOML); default: "
+                                                                               "built-in thresholds."),
+    level: str = typer.Option("structural", "--level", metavar="structural|full",
+                              callback=choice("--level", ("structural", "full")),
+                              help="structural: bytes, hashes, layout (no decoding); full: also decode every clip."),
+    workers: int = WORKERS,
+    executor: str = EXECUTOR,
+    ray_address: str = RAY_ADDRESS,
+    save: str = typer.Option(None, "--save", metavar="FILE", help="Write the JSON report to FILE (the table stays)."),
+    junit: str = typer.Option(None, "--junit", metavar="FILE", help="Write JUnit XML to FILE (one testcase per check)."),
+    html: str = typer.Option(None, "--html", metavar="FILE", help="Write a self-contained HTML report to FILE."),
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
 ) -> None:
-    """Check a version against an acceptance spec: structure, content, coverage, duplicates, split leakage."""
-    from dsbuild.core.errors import UsageError
-    from dsbuild.lineage.catalog import open_catalog, parse_ref
-    from dsbuild.validators import ValidateOptions, load_spec, to_junit, write_html
-    from dsbuild.validators import validate as run_validate
-    from dsbuild.validators.spec import LEVELS
+    """Check a version against an acceptance spec (the CI gate).
 
-    if level not in LEVELS:
-        raise UsageError(f"--level {level!r}: use structural or full")
-    if workers < 0:
-        raise UsageError("--workers must be >= 0 (0 = one per core)")
+    Structure, content, coverage, duplicates and split leakage."""
+    from dsbuild.core.executor import ExecutorSpec
+    from dsbuild.lineage.catalog import open_catalog, parse_ref
+    from dsbuild.validators import ValidateOptions, load_spec, to_json, to_junit, verdict_line, write_html
+    from dsbuild.validators import validate as run_validate
+
+    o = Out(as_json, quiet)
     spec = load_spec(acceptance)  # first: a bad spec is exit 2 before any work
     path, version = parse_ref(ref)
     catalog = open_catalog(path)
-    options = ValidateOptions(level=level, split=split, workers=workers, executor=executor, ray_address=ray_address)
-    if console.is_terminal and not as_json:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        with Progress(TextColumn("validating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=console, transient=True) as bar:
-            task = bar.add_task("samples", total=None)
-            report = run_validate(catalog, version, spec, options,
-                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
-    else:
-        report = run_validate(catalog, version, spec, options)
+    with Progress("validate", o) as bar:
+        report = run_validate(catalog, version, spec, ValidateOptions(level=level, split=split_set),
+                              executor=ExecutorSpec(executor, workers, ray_address),
+                              progress=lambda done, total, stage: bar.update(done, total, stage=stage))
+    if save:
+        _write(save, lambda p: p.write_text(to_json(report), encoding="utf-8"), "JSON report")
     if junit:
-        _write(junit, to_junit(report), "JUnit report")
+        _write(junit, lambda p: p.write_text(to_junit(report), encoding="utf-8"), "JUnit report")
     if html:
-        try:
-            write_html(report, html, catalog=catalog)
-        except OSError as e:
-            raise UsageError(f"{html}: cannot write the HTML report ({e.strerror})") from None
+        _write(html, lambda p: write_html(report, p, catalog=catalog), "HTML report")
     if as_json:
-        print_json(report.to_json())
-    else:
-        _render(report, show_defaults=acceptance is None)
-    if not report.accepted:
-        raise typer.Exit(1)
+        o.json(report.to_json())
+        if not quiet:  # a job that sends stdout to a file still logs the verdict (docs/ci-gate.md)
+            err.print(styled(verdict_line(report)))
+    elif not quiet:
+        _render(o, report)
+    report.raise_if_rejected()
 
 
 def register(app: typer.Typer) -> None:
-    app.command("validate")(validate)
+    app.command("validate", epilog=EXAMPLES)(validate)

@@ -111,8 +111,9 @@ def test_user_mistakes_get_one_line_and_exit_2(tmp_path, case):
         extra = ["--format", "csv"]
     r = cli("convert", cap, out, *extra)
     assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()  # one error line, and a hint line when there is something to do
+    assert lines[0].startswith("error:") and "Traceback" not in r.stderr
+    assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("hint: "))
 
 
 def test_all_sessions_quarantined_is_exit_1_and_commits_nothing(tmp_path):

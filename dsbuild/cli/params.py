@@ -1,0 +1,45 @@
+"""Options shared by the commands, so each flag means one thing everywhere.
+
+Conventions (README "Flag conventions"):
+- ``--workers N`` is always worker *processes* (0 = one per core); ``--threads N`` is always threads.
+- ``--split NAME/SPLIT`` names one split of a split set (``main/train``); ``--split-set NAME`` names
+  a whole split set (``main``).
+- ``--json`` prints one JSON document on stdout; ``--quiet``/``-q`` prints only the essential value.
+- Catalogs, refs and capture roots are strings: local paths or fsspec URLs (``s3://``, ``file://``),
+  never collapsed into local paths.
+"""
+
+from __future__ import annotations
+
+import typer
+
+JSON = typer.Option(False, "--json", help="Print one JSON document on stdout; an error is one JSON object on stderr.")
+QUIET = typer.Option(False, "--quiet", "-q", help="No progress and no report: only the essential value, or nothing.")
+WORKERS = typer.Option(0, "--workers", min=0, metavar="N", help="Worker processes (0 = one per core).")
+EXECUTORS = ("local", "ray")
+
+
+def choice(flag: str, values):
+    """A callback refusing values outside ``values`` (a tuple, or a function returning one, for lists that
+    live in a heavy module), naming the flag and the closest valid value."""
+
+    def check(value: str | None) -> str | None:
+        allowed = values() if callable(values) else values
+        if value is not None and value not in allowed:
+            import difflib
+
+            close = difflib.get_close_matches(value, allowed, n=1)
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}"
+                                     + (f"; did you mean {close[0]!r}?" if close else ""), param_hint=flag)
+        return value
+
+    return check
+
+
+EXECUTOR = typer.Option("local", "--executor", metavar="local|ray", callback=choice("--executor", EXECUTORS),
+                        help="local worker processes, or a Ray cluster (pip install 'dsbuild[ray]').")
+RAY_ADDRESS = typer.Option(None, "--ray-address", metavar="ADDRESS",
+                           help="Join this Ray cluster ('auto' or ray://HOST:10001); default: start a local Ray.")
+REF = typer.Argument(..., metavar="REF", help="PATH[@VERSION]: a catalog folder or fsspec URL (s3://...), and a "
+                                              "version id, unique id prefix or tag (default: the newest).")
+CATALOG = typer.Argument(..., metavar="CATALOG", help="Catalog folder or fsspec URL (s3://bucket/catalog).")

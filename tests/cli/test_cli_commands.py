@@ -1,0 +1,120 @@
+"""The commands users asked for: info, shards (read back by the real webdataset library), convert
+--dry-run / --rehash / --no-audio, query --unsafe, and tags with suggestions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from tests.cli.clitools import run, run_json
+
+
+def test_info_shows_one_version_without_sql(catalog):
+    cat, vid = catalog
+    d = run_json("info", f"{cat}@gold")
+    assert d["version_id"] == vid and d["tags"] == ["gold"] and d["format"] == "webdataset"
+    assert d["config"]["clip_seconds"] == 2.0 and d["stats"]["sessions"] == 3 and d["stats"]["hours"] > 0
+    assert [s["name"] for s in d["split_sets"]] == ["main"]
+    text = run("info", cat).stdout
+    for title in d["stats"]["samples_per_title"]:
+        assert f"{title}\t" in text
+    assert f"version\t{vid}" in text and "tags\tgold" in text and "hours\t" in text
+    assert run("info", cat, "--quiet").stdout.strip() == vid
+
+
+def test_shards_feed_the_webdataset_library_in_order(catalog):
+    wds = pytest.importorskip("webdataset")
+    cat, vid = catalog
+    paths = run("shards", cat).stdout.split()
+    info = run_json("info", cat)
+    assert paths and all(p.startswith(str(cat)) for p in paths)
+    keys = [s["__key__"] for s in wds.WebDataset(paths, shardshuffle=False)]
+    assert len(keys) == info["stats"]["samples"] and keys == sorted(keys)
+    urls = run("shards", cat, "--urls").stdout.split()
+    assert all(u.startswith("file:///") for u in urls) and len(urls) == len(paths)
+    doc = run_json("shards", cat)
+    assert [s["nsamples"] for s in doc["shardlist"]] == [s["samples"] for s in doc["shards"]]
+
+
+def test_shards_of_one_split_hold_all_of_its_samples(catalog):
+    wds = pytest.importorskip("webdataset")
+    import pyarrow.parquet as pq
+
+    cat, vid = catalog
+    (train_file,) = (cat / "splits" / vid / "main").glob("*/train.parquet")
+    train = set(pq.read_table(train_file, columns=["key"])["key"].to_pylist())
+    listed = run("shards", cat, "--split", "main/train").stdout.split()
+    seen = {s["__key__"] for s in wds.WebDataset(listed, shardshuffle=False)}
+    doc = run_json("shards", cat, "--split", "main/train")
+    assert train and train <= seen and sum(s["in_split"] for s in doc["shards"]) == len(train)
+    assert [s["path"] for s in doc["shards"]] == listed
+
+
+def test_dry_run_says_what_a_build_would_do_and_writes_nothing(catalog, caps, tmp_path):
+    cat, vid = catalog
+    mine = tmp_path / "caps"
+    shutil.copytree(caps, mine)
+    sessions = sorted(p.name for p in mine.iterdir())
+    (mine / sessions[0] / "actions.jsonl").write_text('{"t": 0.5, "control": "button_a", "value": 1.0}\n')
+    shutil.rmtree(mine / sessions[1])
+    run("samples", tmp_path / "more", "--sessions", 1, "--seconds", 2, "--seed", 99, "--quiet")
+    new = next((tmp_path / "more").iterdir())
+    shutil.copytree(new, mine / new.name)
+    (mine / "broken").mkdir()
+    (mine / "broken" / "session.json").write_text("{")
+    before = run("log", cat, "--quiet").stdout
+    plan = run_json("convert", mine, cat, "--clip-seconds", 2, "--dry-run")
+    assert plan["parent"] == vid and plan["reusable"]
+    states = {s["path"]: s["state"] for s in plan["sessions"]}
+    assert states[sessions[0]] == "changed" and states[sessions[2]] == "reused" and states[new.name] == "new"
+    assert "removed" in states.values() and any(s["state"] == "quarantined" and s["path"].startswith("broken")
+                                                for s in plan["sessions"])
+    assert plan["counts"] == {"new": 1, "changed": 1, "reused": 1, "quarantined": 1, "removed": 1}
+    assert run("log", cat, "--quiet").stdout == before  # nothing written
+    text = run("convert", mine, cat, "--clip-seconds", 2, "--dry-run").stdout
+    assert "1 new, 1 changed, 1 reused, 1 quarantined, 1 removed" in text
+    other = run_json("convert", mine, cat, "--clip-seconds", 3, "--dry-run")
+    assert not other["reusable"] and other["counts"]["reused"] == 0
+
+
+@pytest.mark.parametrize("damage", ["delete", "flip"])
+def test_the_command_verify_names_heals_the_shard(private_catalog, caps, damage):
+    cat, vid = private_catalog
+    shard = next((cat / "shards").rglob("*.tar"))
+    if damage == "delete":
+        shard.unlink()
+    else:
+        data = bytearray(shard.read_bytes())
+        data[100] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    hint = run("verify", cat, check=1).stderr.splitlines()[-1]
+    assert hint.startswith("hint: heal with: dsbuild convert ") and hint.endswith(" --rehash")
+    run("convert", caps, cat, "--clip-seconds", 2, "--rehash", "--quiet")
+    run("verify", cat, "--quiet")
+
+
+def test_no_audio_is_part_of_the_config(caps, tmp_path):
+    d = json.loads(run("convert", caps, tmp_path / "cat", "--clip-seconds", 2, "--no-audio", "--json").stdout)
+    assert run_json("info", tmp_path / "cat")["config"]["audio"] is False and d["samples"] > 0
+
+
+def test_query_is_sandboxed_unless_unsafe(catalog, tmp_path):
+    cat, _ = catalog
+    secret = tmp_path / "secret.csv"
+    secret.write_text("a\n1\n2\n")
+    sql = f"select count(*) as n from read_csv('{secret}')"
+    p = run("query", cat, sql, check=2)
+    assert "refused" in p.stderr and "--unsafe" in p.stderr
+    assert run_json("query", cat, sql, "--unsafe") == [{"n": 2}]
+    csv = run("query", cat, "select 1 as a, 'x,y' as b", "--csv").stdout
+    assert csv == 'a,b\n1,"x,y"\n'
+
+
+def test_tags_are_created_moved_and_deleted(private_catalog):
+    cat, vid = private_catalog
+    assert run_json("tag", f"{cat}@{vid[:10]}", "release")["version_id"] == vid
+    p = run("tag", cat, "release", "--delete")
+    assert "deleted tag release" in p.stdout
+    run("tag", f"{cat}@gold", "x.1")
+    assert run("tag", f"{cat}@gold", "1bad", check=2).stderr.startswith("error: tag '1bad'")

@@ -1,0 +1,118 @@
+"""The exit-code table holds for every kind of failure, parser errors included: one line (plus a hint),
+no traceback, the right code; under --json one JSON object on stderr."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from tests.cli.clitools import argv, env, run
+
+
+def one_line_error(p, code: int, *needles: str) -> str:
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    assert "Traceback" not in p.stderr and len(errors) == 1, p.stderr
+    after = lines[errors[0] + 1:]  # only progress lines may come before the error
+    assert after == [] or (len(after) == 1 and after[0].startswith("hint: ")), p.stderr
+    for n in needles:
+        assert n in p.stderr, (n, p.stderr)
+    return p.stderr
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["convert", "caps", "cat", "--jsn"], ["--jsn", "did you mean --json"]),
+    (["conver"], ["'conver'", "Did you mean 'convert'"]),
+    (["validate"], ["missing argument", "REF"]),
+    (["validate", "cat", "--levl", "full"], ["--levl", "--level"]),
+    (["log", "cat", "--no-trunk"], ["--no-trunc"]),
+    (["convert", "caps", "cat", "--workers", "-1"], ["--workers"]),
+    (["convert", "caps", "cat", "--workers", "two"], ["--workers"]),
+    (["convert", "caps", "cat", "--shard-size", "1e9"], ["--shard-size", "1e9"]),
+    (["convert", "caps", "cat", "--executor", "rey"], ["--executor", "did you mean 'ray'"]),
+    (["validate", "cat", "--level", "ful"], ["--level", "did you mean 'full'"]),
+    (["verify", "cat", "--threads", "0"], ["--threads"]),
+    (["samples", "out", "--damage", "9=bad_json"], ["--damage", "out of range", "0..2"]),
+    (["samples", "out", "--damage", "truncated_vidoe"], ["did you mean 'truncated_video'"]),
+    (["samples", "out", "--source", "atrai"], ["--source", "did you mean 'atari'"]),
+    (["split", "cat", "--name", "x", "--pin", "tset=pins.txt"], ["--pin", "did you mean 'test'"]),
+    (["split", "cat", "--name", "x", "--pin", "holdout=pins.txt", "--ratios", "train=0.9,val=0.1"], ["holdout"]),
+    (["shards", "cat", "--split", "main"], ["NAME/SPLIT"]),
+])
+def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):
+    cat, _ = catalog
+    args = [str(cat) if a == "cat" else a for a in args]
+    (tmp_path / "pins.txt").write_text("p-0000\n")
+    one_line_error(run(*args, cwd=tmp_path, check=None), 2, *needles)
+
+
+def test_library_suggestions_reach_the_user(catalog):
+    cat, _ = catalog
+    one_line_error(run("info", f"{cat}@glod", check=None), 2, "did you mean 'gold'", "hint: ")
+    one_line_error(run("shards", cat, "--split", "mian/train", check=None), 2, "did you mean 'main'")
+    one_line_error(run("tag", cat, "nope", "--delete", check=None), 2, "no tag 'nope'")
+
+
+def test_missing_catalog_and_captures_are_input_errors(tmp_path):
+    one_line_error(run("log", tmp_path / "nowhere", check=None), 2, "not a dsbuild catalog")
+    one_line_error(run("convert", tmp_path / "nowhere", tmp_path / "cat", check=None), 2, "does not exist")
+
+
+def test_json_errors_are_one_object_on_stderr(catalog):
+    cat, _ = catalog
+    for args, code in ((["info", f"{cat}@nope"], 2), (["log", cat, "--bogus"], 2), (["conver"], 2)):
+        p = run(*args, "--json", check=None)
+        assert p.returncode == code and p.stdout == ""
+        doc = json.loads(p.stderr)
+        assert set(doc) == {"error", "exit_code", "hint"} and doc["exit_code"] == code, doc
+
+
+def test_damage_found_is_exit_1_with_the_healing_command(private_catalog):
+    cat, vid = private_catalog
+    shard = next((cat / "shards").rglob("*.tar"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    p = run("verify", cat, check=None)
+    one_line_error(p, 1, "problem", "hint: heal with: dsbuild convert", "--rehash")
+    assert "altered" in p.stdout and shard.name in p.stdout
+    p = run("verify", cat, "--json", check=None)
+    assert p.returncode == 1 and json.loads(p.stdout)["ok"] is False and json.loads(p.stderr)["exit_code"] == 1
+
+
+def test_a_damaged_catalog_is_a_storage_error_exit_3(private_catalog):
+    cat, vid = private_catalog
+    manifest = cat / "versions" / vid / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes().replace(b'"webdataset"', b'"webdatasez"'))
+    one_line_error(run("info", cat, check=None), 3, "manifest", "hint: ")
+
+
+def test_an_os_error_is_exit_3_with_the_path(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    one_line_error(run("samples", blocker / "caps", "--sessions", 1, "--seconds", 1, check=None), 3, str(blocker))
+
+
+def test_an_unexpected_exception_is_internal_error_70_never_1():
+    script = ("import dsbuild.cli.app as a\n"
+              "@a.app.command('boom')\n"
+              "def boom(): raise ValueError('bad [bold]x')\n"
+              "a.main()\n")
+    p = subprocess.run([sys.executable, "-c", script, "boom"], capture_output=True, text=True, env=env())
+    assert p.returncode == 70 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == "error: internal error: ValueError: bad [bold]x (run with --debug for the traceback)"
+    p = subprocess.run([sys.executable, "-c", script, "boom", "--debug"], capture_output=True, text=True, env=env())
+    assert p.returncode == 70 and "Traceback" in p.stderr and p.stderr.count("ValueError: bad [bold]x") == 2
+
+
+def test_a_closed_pipe_exits_quietly(catalog):
+    cat, _ = catalog
+    p = subprocess.Popen(argv("query", cat, "select * from range(300000)"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    first = p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    assert first.strip() == b"range" and p.wait() == 141 and err == b"", err

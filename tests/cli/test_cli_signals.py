@@ -1,0 +1,72 @@
+"""Ctrl-C, SIGTERM and kill -9 of `dsbuild convert`: the right exit code and message, no build folder
+left by a clean stop, and no worker process left behind in any case."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+from tests.cli.clitools import argv, env, processes_in_group, run
+
+
+@pytest.fixture(scope="module")
+def many(caps, tmp_path_factory):
+    """120 sessions (hard links to the three fixture sessions under new ids): a build of a few seconds."""
+    root = tmp_path_factory.mktemp("many") / "caps"
+    for i in range(40):
+        for s in sorted(caps.iterdir()):
+            d = root / f"{s.name}-c{i}"
+            shutil.copytree(s, d, copy_function=os.link)
+            doc = json.loads((d / "session.json").read_text())
+            doc["session_id"] = f"{doc['session_id']}-c{i}"
+            (d / "session.json").unlink()
+            (d / "session.json").write_text(json.dumps(doc))
+    return root
+
+
+def start_convert(many, cat):
+    """Start a convert with two workers in its own process group; return once it reports progress."""
+    p = subprocess.Popen(argv("convert", many, cat, "--clip-seconds", 2, "--workers", 2), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env(), start_new_session=True)
+    first = p.stderr.readline()
+    assert first.startswith("convert sessions: "), first + p.stderr.read()
+    assert len(processes_in_group(p.pid)) >= 3  # the parent and its workers are running
+    return p
+
+
+def wait_for_no_process(pgid: int, seconds: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while processes_in_group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return processes_in_group(pgid)
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_an_interrupted_convert_commits_nothing_and_leaves_nothing(many, tmp_path, sig, code, word):
+    cat = tmp_path / "cat"
+    p = start_convert(many, cat)
+    os.kill(p.pid, sig)
+    out, err = p.communicate()
+    assert p.returncode == code, (p.returncode, err)
+    assert err.strip().splitlines()[-1] == f"{word}; nothing was committed" and "Traceback" not in err, err
+    assert wait_for_no_process(p.pid) == []
+    assert not (cat / "versions").exists() or not any((cat / "versions").iterdir())
+    assert [x.name for x in (cat / ".tmp").iterdir()] == ["commit.lock"]  # no build folder left
+
+
+def test_kill_9_of_convert_leaves_no_worker_and_gc_removes_its_build_folder(many, tmp_path):
+    cat = tmp_path / "cat"
+    p = start_convert(many, cat)
+    os.kill(p.pid, signal.SIGKILL)
+    p.communicate()
+    assert p.returncode == -signal.SIGKILL
+    assert wait_for_no_process(p.pid) == []  # the workers died with their parent
+    stale = json.loads(run("gc", cat, "--dry-run", "--json").stdout)["stale_builds"]
+    assert len(stale) == 1 and (cat / ".tmp" / stale[0]).is_dir()
+    assert json.loads(run("gc", cat, "--json").stdout)["stale_builds"] == stale
+    assert not (cat / ".tmp" / stale[0]).exists()

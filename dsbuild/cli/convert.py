@@ -50,7 +50,7 @@ def convert(
                            audio=audio, transcode=transcode)
     spec = ExecutorSpec(executor, workers, ray_address)
     if dry_run:
-        from dsbuild.cli._pending import plan_convert
+        from dsbuild.convert import plan_convert
 
         return _render_plan(o, plan_convert(captures, out, config, onto=onto))
     from dsbuild.convert import convert as run_convert

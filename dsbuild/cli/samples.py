@@ -61,8 +61,7 @@ def samples(
     else:
         if games is not None or policy is not None or upscale is not None:
             raise UsageError("--games, --policy and --upscale work with --source atari only")
-        from dsbuild.cli._pending import parse_damage
-        from dsbuild.samples.synthetic import generate
+        from dsbuild.samples.synthetic import generate, parse_damage
 
         plan = parse_damage(damage, sessions)
         paths = generate(Path(out), sessions=sessions, seconds=seconds, seed=seed, damage=plan, noise=noise)

@@ -26,18 +26,18 @@ def shards(
 
     Paths for a local catalog, URLs for an object store (or with --urls), in the version's order:
     content-addressed names cannot be written as a brace range, so hand this list to webdataset or wids."""
-    from dsbuild.cli._pending import shard_locations
     from dsbuild.lineage.catalog import open_ref
+    from dsbuild.lineage.history import shard_locations
 
     o = Out(as_json, quiet)
     catalog, version = open_ref(ref)
     found = shard_locations(catalog, version, split=split)
     if as_json:
-        return o.json({"version_id": version, "split": split, "shards": found,
-                       "shardlist": [{"url": s["url"], "nsamples": s["samples"]} for s in found]})
+        return o.json({"version_id": version, "split": split, "shards": [s.to_json() for s in found],
+                       "shardlist": [{"url": s.url, "nsamples": s.samples} for s in found]})
     for s in found:
-        o.value(s["url"] if urls or s["path"] is None else s["path"])
-    mixed = sum(s["in_split"] < s["samples"] for s in found)
+        o.value(s.url if urls or s.path is None else s.path)
+    mixed = sum(s.in_split < s.samples for s in found)
     if split and mixed and not quiet:
         o.note(f"note: {mixed} of {len(found)} shards also hold samples of other splits; keep only the keys of "
                f"{split} (e.g. from `dsbuild query`) when reading them")

@@ -87,7 +87,7 @@ class ConvertResult(Record):
     seconds: float
 
 
-def _parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[str | None, Manifest | None]:
+def reusable_parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[str | None, Manifest | None]:
     """(parent version, its manifest when its samples can be reused: same config and tool version)."""
     if not onto and not catalog.versions():
         return None, None
@@ -178,9 +178,16 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
     Same inputs + config => same version id, for any executor and worker count."""
     if is_url(captures):
         with staged(str(captures)) as local:
-            return convert(local, out, config, executor=executor, onto=onto, rehash=rehash, on_progress=on_progress)
+            return _build(local, str(captures), out, config, executor, onto, rehash, on_progress)
+    return _build(local_path(captures), str(local_path(captures).resolve()), out, config, executor, onto, rehash,
+                  on_progress)
+
+
+def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, executor: ExecutorSpec,
+           onto: str | None, rehash: bool, on_progress: Callable[[Progress], None] | None) -> ConvertResult:
+    """``convert`` of a local capture root; ``origin`` is where the captures really are (a URL for
+    captures staged from an object store), recorded so `verify` can name the command that heals."""
     started = time.monotonic()
-    captures = local_path(captures)
     if not captures.is_dir():
         raise UsageError(f"{captures}: capture folder does not exist" if not captures.exists()
                          else f"{captures}: is not a folder")
@@ -188,7 +195,7 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
     if not sessions and not quarantined:
         raise UsageError(f"{captures}: no sessions found (no session.json in it or below it)")
     catalog = Catalog.open(out, create=True)
-    parent, base_m = _parent(catalog, config, onto)
+    parent, base_m = reusable_parent(catalog, config, onto)
     base = _base(catalog, parent, base_m, rehash, executor.count * 2) if base_m else None
     fmt = get_format(config.format)
     progress = Progress(total=len(sessions))
@@ -242,7 +249,7 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
         manifest, index, moves = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
         new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
                         or (base and rec.path in base.broken_shards))
-        commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, str(captures.resolve()),
+        commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, origin,
                               config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
                               change_counts(catalog, parent, index))
         version_id, existed = catalog.commit(area, moves, manifest, index, commit,

@@ -85,7 +85,7 @@ def source_roles(session: Session) -> list[tuple[str, str]]:
     return [("session", SESSION_FILE), ("video", session.video)] + sorted(session.streams.items())
 
 
-def _sources(session: Session, root: Path) -> tuple[list[SourceRecord], dict[Path, tuple]]:
+def hash_sources(session: Session, root: Path) -> tuple[list[SourceRecord], dict[Path, tuple]]:
     """sha256 of every source file (paths relative to the capture root, never host paths), and the
     (size, mtime, inode) each had when it was hashed, to detect files that change while read.
     Unchanged files come from the per-machine hash cache (``core.hashcache``)."""
@@ -139,7 +139,7 @@ def process_session(job: SessionJob) -> SessionResult:
     try:
         # Source hashing runs in a thread beside demux/remux (hashlib and most of PyAV release the GIL).
         with ThreadPoolExecutor(1, "dsbuild-hash") as hasher:
-            sources = hasher.submit(_sources, session, job.root)
+            sources = hasher.submit(hash_sources, session, job.root)
             if job.parent_sources is not None and source_set(sources.result()[0]) == job.parent_sources:
                 result.sources, result.reused = sources.result()[0], True
                 return result

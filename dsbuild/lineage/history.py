@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
 from dsbuild.core.errors import LineageError, UsageError
+from dsbuild.core.records import Record
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.splitsets import list_split_sets
+from dsbuild.lineage.splitsets import list_split_sets, open_split_set
 
 
 def log_entries(catalog: Catalog) -> list[dict]:
@@ -90,4 +94,38 @@ def _chain(catalog: Catalog, version_id: str | None, key: str | None) -> list[di
             raise LineageError(f"{catalog.url}@{version_id[:12]}: parent sample {str(key)[:100]!r} is missing")
         out.append({"version_id": version_id, "key": key, "config": catalog.manifest(version_id).config})
         version_id, key = hit[0]["parent_version"], hit[0]["parent_key"]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLocation(Record):
+    """One shard of a version, where a reader finds it."""
+
+    url: str  # fsspec URL (file:// for a local catalog)
+    path: str | None  # the local file (None on an object store)
+    sha256: str
+    bytes: int
+    samples: int
+    in_split: int  # samples of the requested split in it (all of them without a split)
+
+
+def shard_locations(catalog: Catalog, version_id: str, split: str | None = None) -> list[ShardLocation]:
+    """The version's shards in manifest order (the order of their samples' keys). With ``split``
+    (NAME/SPLIT) only the shards holding samples of that split: shards span sessions, so a shard may
+    also hold samples of other splits (``in_split`` says how many are the split's)."""
+    m = catalog.manifest(version_id)
+    counts = None
+    if split is not None:
+        name, slash, part = split.partition("/")
+        if not slash or not name or not part:
+            raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train")
+        counts = Counter(open_split_set(catalog, version_id, name).table(part, ["shard"])["shard"].to_pylist())
+    out = []
+    for s in m.shards:
+        if counts is not None and not counts.get(s.path):
+            continue
+        local = catalog.root / s.path if catalog.root is not None else None
+        url = local.resolve().as_uri() if local is not None else f"{catalog.url.rstrip('/')}/{s.path}"
+        out.append(ShardLocation(url, str(local) if local is not None else None, s.sha256, s.bytes, s.samples,
+                                 counts.get(s.path, 0) if counts is not None else s.samples))
     return out

@@ -6,6 +6,7 @@ Everything is derived from (seed, session index) so the same arguments give byte
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from pathlib import Path
@@ -25,6 +26,29 @@ DAMAGE = (
     "escape_absolute", "escape_symlink", "duplicate_id", "malformed_lines", "out_of_order",
     "nan_telemetry", "bad_utf8", "missing_streams",
 )
+
+
+def parse_damage(items: list[str], sessions: int) -> dict[int, str]:
+    """``["truncated_video", "2=bad_json"]`` -> {0: "truncated_video", 2: "bad_json"}: a bare KIND
+    damages the session at its position in the list. Indices must name one of ``sessions``."""
+    plan: dict[int, str] = {}
+    for i, item in enumerate(items):
+        index, eq, kind = str(item).rpartition("=")
+        if kind not in DAMAGE:
+            close = difflib.get_close_matches(kind, DAMAGE, n=1)
+            raise UsageError(f"--damage {item!r}: unknown kind {kind!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                             hint=f"kinds: {', '.join(DAMAGE)}")
+        try:
+            at = int(index) if eq else i
+        except ValueError:
+            raise UsageError(f"--damage {item!r}: {index!r} is not a session index (use INDEX=KIND)") from None
+        if not 0 <= at < sessions:
+            raise UsageError(f"--damage {item!r}: session index {at} is out of range; --sessions {sessions} "
+                             f"gives indices 0..{sessions - 1}")
+        if at in plan:
+            raise UsageError(f"--damage: session {at} is damaged twice ({plan[at]} and {kind})")
+        plan[at] = kind
+    return plan
 
 
 def frames(spec: VideoSpec, n: int, rng: np.random.Generator, noise: int = 0) -> Iterator[np.ndarray]:

@@ -120,4 +120,6 @@ def test_all_sessions_quarantined_is_exit_1_and_commits_nothing(tmp_path):
     generate(tmp_path / "cap", sessions=1, seconds=1, seed=0, damage={0: "not_video"})
     r = cli("convert", tmp_path / "cap", tmp_path / "out")
     assert r.returncode == 1 and "quarantined" in r.stderr
-    assert not list((tmp_path / "out" / "versions").iterdir())
+    from dsbuild.lineage.catalog import Catalog
+
+    assert Catalog.open(tmp_path / "out").versions() == []

@@ -52,14 +52,16 @@ TERMINATED = 143
 
 # One module per command, in the order of `dsbuild --help`; each exposes `register(app)`.
 COMMANDS = ("samples", "convert", "info", "log", "shards", "tag", "diff", "lineage", "verify", "query",
-            "split", "validate", "bench", "export", "gc")
+            "split", "validate", "bench", "export", "push", "pull", "gc")
 # What an interrupted command leaves behind (commits are atomic: a version, tag or split set appears
 # whole or not at all).
 KEPT = {"convert": "nothing was committed", "tag": "nothing was committed", "split": "nothing was committed",
         "samples": "sessions written so far remain in the output folder",
         "gc": "every version is whole; some unreferenced files may already be gone",
         "validate": "no report was written", "bench": "no report was written",
-        "export": "run the same command again to finish the export"}
+        "export": "run the same command again to finish the export",
+        "push": "nothing was published; run the same command again to resume",
+        "pull": "nothing was published; run the same command again to resume"}
 
 
 class Terminated(KeyboardInterrupt):

@@ -85,3 +85,20 @@ def test_log_info_tag_verify_query_split_and_shards_work_on_s3(s3, remote):
 def test_a_missing_bucket_is_one_clear_line(s3):
     p = run("log", "s3://no-such-bucket/cat", extra_env=s3, check=None)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.startswith("error: "), p.stderr
+
+
+def test_push_and_pull_copy_a_version_with_its_tags_and_split_sets(s3, remote, tmp_path):
+    vid, _ = remote
+    local = tmp_path / "pulled"
+    assert run("tag", f"s3://data/cat@{vid}", "gold", extra_env=s3).returncode == 0
+    assert run("split", "s3://data/cat@gold", "--name", "main", "--by", "session_id", extra_env=s3).returncode == 0
+    pulled = json.loads(run("pull", "s3://data/cat@gold", local, "--tags", "--splits", "--json", extra_env=s3).stdout)
+    assert pulled["version_id"] == vid and pulled["shards_sent"] > 0 and pulled["tags"] == ["gold"]
+    assert pulled["split_sets"] == ["main"] and run("verify", f"{local}@gold", extra_env=s3).returncode == 0
+    again = json.loads(run("pull", "s3://data/cat@gold", local, "--json", extra_env=s3).stdout)
+    assert again["shards_sent"] == 0 and again["version_existed"]  # content addressing: nothing to send
+    pushed = json.loads(run("push", f"{local}@gold", "s3://data/copy", "--json", extra_env=s3).stdout)
+    assert pushed["shards_sent"] == pulled["shards_sent"]
+    assert run("verify", f"s3://data/copy@{vid}", extra_env=s3).returncode == 0
+    missing = run("pull", "s3://data/cat@nosuchtag", local, check=2, extra_env=s3)
+    assert "no version or tag" in missing.stderr and "Traceback" not in missing.stderr

@@ -70,17 +70,29 @@ class AudioReport:
         return asdict(self)
 
 
+def _round_ratio(n: int, d: int) -> int:
+    """round(n / d) exactly, halves to even (what ``round(Fraction)`` does), in integers."""
+    q, r = divmod(n, d)
+    return q + (1 if 2 * r > d or (2 * r == d and q & 1) else 0)
+
+
+def _scaled(ticks: int, scale: Fraction, offset: Fraction) -> int:
+    """round(ticks * scale - offset) in integer arithmetic (per packet; Fractions cost ~µs per op)."""
+    return _round_ratio(ticks * scale.numerator * offset.denominator - offset.numerator * scale.denominator,
+                        scale.denominator * offset.denominator)
+
+
 class _CopiedCut:
     """Packets of one window, muxed as they are, re-timed to 1/sample_rate ticks (a coarse source clock
     such as AVI's one tick per MP3 frame would otherwise shift the audio by up to a frame)."""
 
     def __init__(self, template, packets: list[PacketRecord], origin: Fraction, info: AudioInfo):
         self.template, self.origin, self.rate = template, origin, info.sample_rate
-        tb = template.time_base
-        self.times = [(p.pts * tb - origin, p.duration * tb) for p in packets]  # seconds from the first video frame
+        self.tb = template.time_base
         self.packets = packets
-        (first, _), (last, dur) = self.times[0], self.times[-1]
-        self.audio = AudioSpan(info.codec, info.sample_rate, info.channels, float(first), float(last + dur))
+        first, last = packets[0], packets[-1]
+        self.audio = AudioSpan(info.codec, info.sample_rate, info.channels, float(first.pts * self.tb - origin),
+                               float((last.pts + last.duration) * self.tb - origin))
 
     def add_to(self, writer: Mp4Writer):
         return writer.copy_stream(self.template)
@@ -88,8 +100,9 @@ class _CopiedCut:
     def write(self, writer: Mp4Writer, stream, base: Fraction) -> None:
         """Mux into ``stream`` with times relative to ``base`` (seconds from the first video frame)."""
         rate = self.rate
-        timed = [PacketRecord(p.data, round((t - base) * rate), None, round(d * rate), True)
-                 for p, (t, d) in zip(self.packets, self.times)]
+        scale, offset, none = self.tb * rate, (self.origin + base) * rate, Fraction(0)
+        timed = [PacketRecord(p.data, _scaled(p.pts, scale, offset), None, _scaled(p.duration, scale, none), True)
+                 for p in self.packets]
         writer.write(stream, timed, monotonic_dts(timed), Fraction(1, rate), 0)
 
 
@@ -166,7 +179,7 @@ class AudioTrack:
                     frames = None
                 duration = p.duration or round(Fraction(frame_ticks, self.info.sample_rate) / tb)
                 rec = PacketRecord(bytes(p), p.pts, p.dts, duration, True)
-                yield p.pts * tb - self.origin, rec, frames
+                yield p.pts, rec, frames
         except (av.error.FFmpegError, OSError, IndexError) as e:  # IndexError: PyAV, on a stream added mid-file
             self.report.error = f"audio demux stopped after {self.report.packets} packets: {why(e)}"
 
@@ -187,22 +200,28 @@ class AudioTrack:
             self.report.clips_without_audio += 1
             return None
 
+    def _ticks(self, t: Fraction) -> int:
+        """The first tick of the audio clock at or after ``t`` (seconds from the first video frame): a
+        packet starts before ``t`` exactly when its pts is below this (integer comparisons per packet)."""
+        return math.ceil((t + self.origin) / self._stream.time_base)
+
     def _take(self, hi: Fraction):
-        """Packets starting before ``hi`` that were not taken yet."""
+        """(pts, packet, frames) of packets starting before ``hi`` that were not taken yet."""
+        limit = self._ticks(hi)
         while True:
             if self._next is None:
                 self._next = next(self._packets, None)
                 if self._next is None:
                     return
-            if self._next[0] >= hi:
+            if self._next[0] >= limit:
                 return
             item, self._next = self._next, None
             yield item
 
     def _copy_cut(self, lo: Fraction, hi: Fraction):
-        packets, broken = [], False
-        for t, rec, frames in self._take(hi):
-            if t < lo:
+        packets, broken, start = [], False, self._ticks(lo)
+        for pts, rec, frames in self._take(hi):
+            if pts < start:
                 self.report.outside_clips += 1
             else:
                 packets.append(rec)
@@ -219,12 +238,12 @@ class AudioTrack:
             self._resampler = av.AudioResampler(format="s16", layout=self._layout, rate=self.info.sample_rate)
         broken = False
         tb = self._stream.time_base
-        for t, _rec, frames in self._take(hi):
+        for pts, _rec, frames in self._take(hi):
             if frames is None:
                 broken = True
                 continue
             for f in frames:
-                at = t if f.pts is None else f.pts * tb - self.origin
+                at = (pts if f.pts is None else f.pts) * tb - self.origin
                 for r in self._resampler.resample(f):
                     self._samples.append(r.to_ndarray().reshape(-1, self.info.channels), at)
         window, start = self._samples.take(lo, hi)

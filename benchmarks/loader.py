@@ -22,7 +22,6 @@ Prints a markdown table and the command line.
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
 import io
 import os
@@ -38,7 +37,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsbuild.formats.sample import MEMBERS  # noqa: E402
 from dsbuild.lineage.catalog import open_ref  # noqa: E402
 from dsbuild.loader import Loader  # noqa: E402
 from dsbuild.loader.decode import decode_pyav  # noqa: E402

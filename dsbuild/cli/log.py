@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.params import CATALOG, JSON, QUIET
+from dsbuild.cli.params import CATALOG, JSON
 from dsbuild.cli.render import Out
 
 EXAMPLES = """\b

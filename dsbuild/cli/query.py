@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.params import JSON, QUIET, REF
+from dsbuild.cli.params import JSON, REF
 from dsbuild.cli.render import Out
 
 EXAMPLES = """\b

@@ -16,7 +16,6 @@ never taken for damage: it stops the loader with a ``StorageError`` naming the f
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor

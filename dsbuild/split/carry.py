@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog

@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from tests.cli.clitools import run, run_json, run_tty
+from tests.cli.clitools import run, run_tty
 
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 

@@ -21,7 +21,6 @@ from dsbuild.formats.capture import read_session
 from dsbuild.formats.sample import decompress_events
 from dsbuild.formats.webdataset import parse_members
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.verify import verify
 from dsbuild.samples.synthetic import generate
 
 

@@ -73,28 +73,28 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 def _render(o: Out, r) -> None:
-    m, p = r.manifest, r.manifest["parameters"]
-    o.line(("split set ", "bold"), (r.name, "bold"), f" {r.state} for version {o.id(r.version_id)} (hash {o.id(m['hash'])})")
-    o.line(f"by {p['by']}, salt {p['salt']!r}", f", stratified by {p['stratify']}" if p["stratify"] else "",
-           f", carried from {o.id(m['carried']['from'])}" if m["carried"] else "")
+    m, p = r.manifest, r.manifest.parameters
+    o.line(("split set ", "bold"), (r.name, "bold"), f" {r.state} for version {o.id(r.version_id)} (hash {o.id(m.hash)})")
+    o.line(f"by {p.by}, salt {p.salt!r}", f", stratified by {p.stratify}" if p.stratify else "",
+           f", carried from {o.id(m.carried.source)}" if m.carried else "")
     o.table(["split", "requested", "groups", "samples", "share (groups)", "share (samples)", "target ± std"],
-            [(s + (" (pinned)" if x["pinned"] else ""), _fmt(x["requested"]), x["groups"], x["samples"],
-              _fmt(x["ratio_groups"]), _fmt(x["ratio_samples"]),
-              "-" if x["target"] is None else f"{x['target']:.3f} ± {x['expected_std_groups']:.3f}")
-             for s, x in m["splits"].items()])
-    t = m["totals"]
-    o.line(f"{t['groups']} groups, {t['assigned_samples']} of {t['samples']} samples assigned; "
-           f"{len(m['unassigned']['sessions'])} session(s) unassigned")
-    if m["carried"]:
-        c = m["carried"]
-        o.line(f"carried {c['carried_groups']} group(s); {len(c['new_groups'])} new, {len(c['removed_groups'])} "
-               f"removed, {len(c['reassigned_groups'])} reassigned")
-        o.table(["new group", "split"], list(c["new_groups"].items())[:20])
-    if m["stratification"]:
-        st = m["stratification"]
-        o.line(f"{len(st['strata'])} strata of {st['field']}; {len(st['repaired'])} group(s) moved to cover a split; "
-               f"{len(st['uncovered'])} strata do not reach every split")
-    for w in m["warnings"]:
+            [(s + (" (pinned)" if x.pinned else ""), _fmt(x.requested), x.groups, x.samples,
+              _fmt(x.ratio_groups), _fmt(x.ratio_samples),
+              "-" if x.target is None else f"{x.target:.3f} ± {x.expected_std_groups:.3f}")
+             for s, x in m.splits.items()])
+    t = m.totals
+    o.line(f"{t.groups} groups, {t.assigned_samples} of {t.samples} samples assigned; "
+           f"{len(m.unassigned.sessions)} session(s) unassigned")
+    if m.carried:
+        c = m.carried
+        o.line(f"carried {c.carried_groups} group(s); {len(c.new_groups)} new, {len(c.removed_groups)} "
+               f"removed, {len(c.reassigned_groups)} reassigned")
+        o.table(["new group", "split"], list(c.new_groups.items())[:20])
+    if m.stratification:
+        st = m.stratification
+        o.line(f"{len(st.strata)} strata of {st.field}; {len(st.repaired)} group(s) moved to cover a split; "
+               f"{len(st.uncovered)} strata do not reach every split")
+    for w in m.warnings:
         o.note(("warning ", "yellow"), w)
     o.line("written to ", r.path)
 

@@ -19,7 +19,7 @@ from dsbuild.export.report import ExportReport
 from dsbuild.formats.sample import SampleMeta
 from dsbuild.lineage.catalog import CommitRecord, TagsFile
 from dsbuild.lineage.manifest import Manifest
-from dsbuild.lineage.splitsets import SplitPointer
+from dsbuild.lineage.splitsets import SplitManifest, SplitPointer
 from dsbuild.loader.state import LoaderState
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -29,6 +29,7 @@ RECORDS = {
     "commit": (CommitRecord, "versions/<id>/commit.json"),
     "tags": (TagsFile, "tags.json"),
     "split-pointer": (SplitPointer, "splits/<id>/<name>.json"),
+    "split-manifest": (SplitManifest, "splits/<id>/<name>/<hash>/manifest.json"),
     "sample": (SampleMeta, "each sample's <key>.json member (the Parquet shards' meta column)"),
     "convert-config": (ConvertConfig, "a converted version's manifest config"),
     "derive-config": (DeriveConfig, "a derived version's manifest config"),

@@ -16,7 +16,7 @@ parameters, the counts and every split file's sha256, so equal hashes mean equal
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dsbuild.core.errors import FormatError, LineageError, UsageError
 from dsbuild.core.hashing import sha256_bytes, sha256_json
@@ -38,27 +38,138 @@ class SplitPointer(Record):
     hash: str = field(metadata=spec(pattern=SHA256))
 
 
-def manifest_hash(doc: dict) -> str:
-    return sha256_json({k: v for k, v in doc.items() if k != "hash"})
+@dataclass(frozen=True, slots=True)
+class Pin(Record):
+    """A frozen split: exactly these group values."""
+
+    groups: tuple[str, ...]
+    count: int = field(metadata=spec(minimum=0))
+    sha256: str = field(metadata=spec(pattern=SHA256))
 
 
-def seal(doc: dict) -> dict:
-    return {**doc, "hash": manifest_hash(doc)}
+@dataclass(frozen=True, slots=True)
+class SplitSource(Record):
+    """The split set assignments were carried from (``--from-split``)."""
+
+    version_id: str = field(metadata=spec(pattern=SHA256))
+    name: str = field(metadata=spec(pattern=NAME_PATTERN))
+    hash: str = field(metadata=spec(pattern=SHA256))
 
 
-def _check_manifest(doc: object, what: str) -> dict:
-    if not isinstance(doc, dict) or doc.get("format") != SPLIT_FORMAT:
-        raise FormatError(f"{what}: not a {SPLIT_FORMAT} split manifest")
-    if doc.get("hash") != manifest_hash(doc):
+@dataclass(frozen=True, slots=True)
+class SplitRule(Record):
+    """The complete rule of a split set (``split.params.SplitParams`` in its JSON form)."""
+
+    rule: str
+    by: str
+    ratios: dict[str, float]
+    salt: str
+    stratify: str | None
+    pins: dict[str, Pin]
+    from_split: SplitSource | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SplitEntry(Record):
+    """One split: its file, and the shares it realised (None where a pinned split has no target)."""
+
+    file: str
+    sha256: str = field(metadata=spec(pattern=SHA256))
+    bytes: int = field(metadata=spec(minimum=0))
+    keys_sha256: str = field(metadata=spec(pattern=SHA256))
+    pinned: bool
+    groups: int = field(metadata=spec(minimum=0))
+    samples: int = field(metadata=spec(minimum=0))
+    requested: float | None
+    target: float | None
+    ratio_groups: float
+    ratio_samples: float
+    expected_std_groups: float | None
+    deviation_std: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SplitTotals(Record):
+    sessions: int
+    samples: int
+    groups: int
+    hashed_groups: int
+    assigned_samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unassigned(Record):
+    """Sessions without the grouping field: never put in a split (never trained on by accident)."""
+
+    field: str
+    sessions: tuple[str, ...]
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stratum(Record):
+    groups: int
+    per_split: dict[str, int]
+    missing: tuple[str, ...]  # splits without a group of this stratum after repair
+    repaired: tuple[str, ...]  # groups moved to cover a split
+
+
+@dataclass(frozen=True, slots=True)
+class Stratification(Record):
+    field: str
+    multi_stratum_groups: int
+    uncovered: tuple[str, ...]
+    repaired: dict[str, tuple[str, ...]]  # group -> (threshold split, repaired split)
+    strata: dict[str, Stratum]
+
+
+@dataclass(frozen=True, slots=True)
+class Carried(Record):
+    source: str  # "<version id>/<name>" the assignments came from
+    carried_groups: int
+    new_groups: dict[str, str]  # group -> split
+    removed_groups: tuple[str, ...]
+    reassigned_groups: dict[str, tuple[str, ...]]  # group -> (old split, new split)
+    differs_from_rule: int  # carried groups the rule alone would now put elsewhere
+
+
+@dataclass(frozen=True, slots=True)
+class SplitManifest(Record):
+    """``manifest.json`` of a split set. ``hash`` is the sha256 of its canonical JSON without ``hash``:
+    it covers the rule, the counts and every split file's sha256, so equal hashes mean equal sets."""
+
+    FORMAT = SPLIT_FORMAT
+    tool_version: str
+    name: str = field(metadata=spec(pattern=NAME_PATTERN))
+    version_id: str = field(metadata=spec(pattern=SHA256))
+    version_content_id: str = field(metadata=spec(pattern=SHA256))
+    parameters: SplitRule
+    splits: dict[str, SplitEntry]
+    totals: SplitTotals
+    unassigned: Unassigned
+    stratification: Stratification | None
+    carried: Carried | None
+    assignment_id: str = field(metadata=spec(pattern=SHA256))
+    warnings: tuple[str, ...]
+    hash: str = ""
+
+    def computed_hash(self) -> str:
+        doc = self.to_json()
+        doc.pop("hash")
+        return sha256_json(doc)
+
+    def sealed(self) -> "SplitManifest":
+        return replace(self, hash=self.computed_hash())
+
+
+def _check_manifest(doc: object, what: str) -> SplitManifest:
+    m = SplitManifest.from_json(doc, what)
+    if m.hash != m.computed_hash():
         raise FormatError(f"{what}: hash field does not match the manifest's content; it was edited or damaged")
-    splits = doc.get("splits")
-    if not isinstance(splits, dict):
-        raise FormatError(f"{what}: 'splits' is not an object")
-    for split, rec in splits.items():
-        if not NAME_RE.fullmatch(str(split)) or not isinstance(rec, dict) or rec.get("file") != f"{split}.parquet" \
-                or not isinstance(rec.get("sha256"), str) or not isinstance(rec.get("bytes"), int):
-            raise FormatError(f"{what}: split {str(split)[:40]!r} has a malformed record")
-    return doc
+    for split, rec in m.splits.items():
+        if not NAME_RE.fullmatch(split) or rec.file != f"{split}.parquet":
+            raise FormatError(f"{what}: split {split[:40]!r} names file {rec.file[:60]!r}")
+    return m
 
 
 @dataclass(frozen=True)
@@ -67,19 +178,19 @@ class SplitSet:
 
     catalog: Catalog
     folder: str  # key prefix of the immutable folder
-    manifest: dict
+    manifest: SplitManifest
 
     @property
     def name(self) -> str:
-        return self.manifest["name"]
+        return self.manifest.name
 
     @property
     def version_id(self) -> str:
-        return self.manifest["version_id"]
+        return self.manifest.version_id
 
     @property
     def hash(self) -> str:
-        return self.manifest["hash"]
+        return self.manifest.hash
 
     @property
     def path(self) -> str:
@@ -87,18 +198,22 @@ class SplitSet:
 
     @property
     def splits(self) -> tuple[str, ...]:
-        return tuple(sorted(self.manifest["splits"]))
+        return tuple(sorted(self.manifest.splits))
 
     def file_bytes(self, split: str) -> bytes:
-        if split not in self.manifest["splits"]:
-            raise UsageError(f"{self.path}: no split {split[:40]!r}; have {', '.join(self.splits)}")
-        rec = self.manifest["splits"][split]
-        key = f"{self.folder}/{rec['file']}"
+        if split not in self.manifest.splits:
+            import difflib
+
+            close = difflib.get_close_matches(split, self.splits, n=1)
+            raise UsageError(f"{self.path}: no split {split[:40]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+                             + f" (it has {', '.join(self.splits)})")
+        rec = self.manifest.splits[split]
+        key = f"{self.folder}/{rec.file}"
         try:
             data = self.catalog.store.read(key, MAX_SPLIT_FILE, immutable=True)
         except FileNotFoundError:
             raise LineageError(f"{self.catalog.url}/{key}: missing") from None
-        if len(data) != rec["bytes"] or sha256_bytes(data) != rec["sha256"]:
+        if len(data) != rec.bytes or sha256_bytes(data) != rec.sha256:
             raise LineageError(f"{self.catalog.url}/{key}: does not match the sha256 in its split manifest")
         return data
 
@@ -119,9 +234,9 @@ class SplitSet:
     def summary(self) -> dict:
         m = self.manifest
         return {"name": self.name, "version_id": self.version_id, "hash": self.hash, "path": self.path,
-                "parameters": m.get("parameters"),
-                "splits": {s: {k: r.get(k) for k in ("groups", "samples", "ratio_groups", "ratio_samples")}
-                           for s, r in sorted(m["splits"].items())}}
+                "parameters": m.parameters.to_json(),
+                "splits": {s: {"groups": r.groups, "samples": r.samples, "ratio_groups": r.ratio_groups,
+                               "ratio_samples": r.ratio_samples} for s, r in sorted(m.splits.items())}}
 
 
 def _pointer_key(version_id: str, name: str) -> str:
@@ -144,11 +259,14 @@ def _load(catalog: Catalog, version_id: str, name: str, digest: str) -> SplitSet
         data = catalog.store.read(key, MAX_MANIFEST_BYTES, immutable=True)
     except FileNotFoundError:
         raise LineageError(f"{catalog.url}/{key}: missing (the split set's pointer names it)") from None
-    doc = _check_manifest(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=key), f"{catalog.url}/{key}")
-    if doc["hash"] != digest or doc.get("name") != name or doc.get("version_id") != version_id:
-        raise LineageError(f"{catalog.url}/{key}: describes {str(doc.get('version_id'))[:12]}/{doc.get('name')} "
-                           f"hash {str(doc.get('hash'))[:12]}, not the folder it is in")
-    return SplitSet(catalog, folder, doc)
+    try:
+        m = _check_manifest(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=key), f"{catalog.url}/{key}")
+    except FormatError as e:
+        raise LineageError(str(e)) from None
+    if m.hash != digest or m.name != name or m.version_id != version_id:
+        raise LineageError(f"{catalog.url}/{key}: describes {m.version_id[:12]}/{m.name} hash {m.hash[:12]}, "
+                           "not the folder it is in")
+    return SplitSet(catalog, folder, m)
 
 
 def open_split_set(catalog: Catalog, version_id: str, name: str) -> SplitSet:
@@ -177,12 +295,12 @@ def list_split_sets(catalog: Catalog, version_id: str) -> list[SplitSet]:
     return sorted(out, key=lambda s: s.name)
 
 
-def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[str, bytes], manifest: dict,
-                      *, force: bool = False) -> str:
+def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[str, bytes],
+                      manifest: SplitManifest, *, force: bool = False) -> str:
     """Store a sealed split set. Returns "created", "existed" (identical: nothing written) or "replaced"
     (``force``); refuses to replace a different split set of the same name without ``force``."""
-    _check_manifest(manifest, f"split set {name}")
-    digest = manifest["hash"]
+    _check_manifest(manifest.to_json(), f"split set {name}")
+    digest = manifest.hash
     with catalog.lock():  # serialised with commits, tags and gc of a local catalog
         old = _read_pointer(catalog, version_id, name)
         if old == digest:
@@ -194,7 +312,7 @@ def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[
         folder = f"splits/{version_id}/{name}/{digest}"
         for fname, data in sorted(files.items()):
             catalog._write(f"{folder}/{fname}", data)
-        catalog._write(f"{folder}/{MANIFEST}", pretty_json(manifest))
+        catalog._write(f"{folder}/{MANIFEST}", pretty_json(manifest.to_json()))
         catalog._write(_pointer_key(version_id, name), pretty_json(SplitPointer(digest).to_json()))
     return "created" if old is None else "replaced"
 

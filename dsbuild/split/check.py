@@ -88,18 +88,18 @@ def check_split(catalog: Path | Catalog, version: str | None, name: str,
 
 
 def _recompute(cat: Catalog, version_id: str, stored: SplitSet, tables: dict, options: SplitOptions | None) -> list[str]:
-    recorded = stored.manifest["parameters"]
-    inherited = SplitParams.from_json(recorded, str(stored.path))
+    recorded = stored.manifest.parameters
+    inherited = SplitParams.from_rule(recorded, stored.path)
     options = options or SplitOptions()
-    old_ref = recorded.get("from_split")
+    old_ref = recorded.from_split
     if options.from_split is None and old_ref:
-        options = replace(options, from_split=f"{old_ref['version_id']}/{old_ref['name']}")
+        options = replace(options, from_split=f"{old_ref.version_id}/{old_ref.name}")
     params, old = resolve_params(cat, version_id, options, inherited)
     problems = []
-    if old is not None and old_ref and (old.version_id, old.name) == (old_ref["version_id"], old_ref["name"]) \
-            and old.hash != old_ref["hash"]:
-        problems.append(f"--from-split {old_ref['version_id'][:12]}/{old_ref['name']} has changed since "
-                        f"(hash {old.hash[:12]}, recorded {old_ref['hash'][:12]})")
+    if old is not None and old_ref and (old.version_id, old.name) == (old_ref.version_id, old_ref.name) \
+            and old.hash != old_ref.hash:
+        problems.append(f"--from-split {old_ref.version_id[:12]}/{old_ref.name} has changed since "
+                        f"(hash {old.hash[:12]}, recorded {old_ref.hash[:12]})")
     fresh = compute(read_version(cat, version_id), stored.name, params, old, pins_given=options.pins is not None)
     for split in sorted(set(fresh.tables) | set(stored.splits)):
         if split not in stored.splits:
@@ -117,7 +117,7 @@ def _recompute(cat: Catalog, version_id: str, stored: SplitSet, tables: dict, op
             problems.append(f"split {split!r} differs from the rule: {len(hk - wk)} sample(s) should not be "
                             f"there, {len(wk - hk)} missing, {len(wk & hk)} shared"
                             + ("; locators or groups differ" if wk == hk else ""))
-    want_doc, have_doc = fresh.manifest, stored.manifest
+    want_doc, have_doc = fresh.manifest.to_json(), stored.manifest.to_json()
     differ = [key for key in sorted(set(want_doc) | set(have_doc))
               if key not in NOT_COMPARED and want_doc.get(key) != have_doc.get(key)]
     for split in sorted(set(want_doc["splits"]) & set(have_doc["splits"])):

@@ -33,12 +33,12 @@ def diff_split_sets(a: SplitSet, b: SplitSet) -> dict:
     ka, kb = _keys(a), _keys(b)
     samples = compare_assignments(ka, kb)
     transitions = Counter(f"{x}->{y}" for x, y in samples["moved"].values())
-    pa_, pb = a.manifest["parameters"], b.manifest["parameters"]
+    pa_, pb = a.manifest.parameters.to_json(), b.manifest.parameters.to_json()
     return {
         "a": {"version_id": a.version_id, "name": a.name, "hash": a.hash},
         "b": {"version_id": b.version_id, "name": b.name, "hash": b.hash},
         "identical": a.hash == b.hash,
-        "same_assignment": a.manifest["assignment_id"] == b.manifest["assignment_id"],
+        "same_assignment": a.manifest.assignment_id == b.manifest.assignment_id,
         "parameters": {k: [pa_.get(k), pb.get(k)] for k in sorted(set(pa_) | set(pb)) if pa_.get(k) != pb.get(k)},
         "groups": groups,
         "samples": {"moved": len(samples["moved"]), "added": len(samples["added"]),
@@ -49,5 +49,5 @@ def diff_split_sets(a: SplitSet, b: SplitSet) -> dict:
 
 
 def _counts(s: SplitSet, split: str) -> dict | None:
-    rec = s.manifest["splits"].get(split)
-    return None if rec is None else {"groups": rec["groups"], "samples": rec["samples"]}
+    rec = s.manifest.splits.get(split)
+    return None if rec is None else {"groups": rec.groups, "samples": rec.samples}

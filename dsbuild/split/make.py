@@ -13,7 +13,18 @@ from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.core.hashing import sha256_bytes, sha256_json
 from dsbuild.split.assign import assign_groups, intervals, shares, split_for, unit
 from dsbuild.split.carry import Carry, carry_over, resolve_split_set
-from dsbuild.lineage.splitsets import SPLIT_FORMAT, SplitSet, publish_split_set, seal
+from dsbuild.lineage.splitsets import (
+    Carried,
+    SplitEntry,
+    SplitManifest,
+    SplitSet,
+    SplitSource,
+    SplitTotals,
+    Stratification,
+    Stratum,
+    Unassigned,
+    publish_split_set,
+)
 from dsbuild.split.files import table_bytes
 from dsbuild.split.groups import (
     VersionSamples,
@@ -37,7 +48,7 @@ class Computed:
 
     files: dict[str, bytes]
     tables: dict[str, pa.Table]
-    manifest: dict
+    manifest: SplitManifest
 
 
 @dataclass(frozen=True)
@@ -47,19 +58,17 @@ class SplitResult:
     name: str
     path: str
     state: str  # created | existed | replaced
-    manifest: dict
+    manifest: SplitManifest
 
     @property
     def warnings(self) -> list[str]:
-        return list(self.manifest["warnings"])
+        return list(self.manifest.warnings)
 
     def to_json(self) -> dict:
-        m = self.manifest
+        m = self.manifest.to_json()
         return {"catalog": self.catalog, "version_id": self.version_id, "name": self.name, "path": self.path,
-                "state": self.state, "hash": m["hash"], "assignment_id": m["assignment_id"],
-                "parameters": m["parameters"], "splits": m["splits"], "totals": m["totals"],
-                "unassigned": m["unassigned"], "stratification": m["stratification"], "carried": m["carried"],
-                "warnings": m["warnings"]}
+                "state": self.state, **{k: m[k] for k in ("hash", "assignment_id", "parameters", "splits", "totals",
+                                                          "unassigned", "stratification", "carried", "warnings")}}
 
 
 def _named(values) -> str:
@@ -78,11 +87,11 @@ def resolve_params(cat: Catalog, version_id: str, options: SplitOptions,
     """Options -> parameters. With ``from_split`` the unset options take that split set's values."""
     old = resolve_split_set(cat, options.from_split, version_id) if options.from_split else None
     if old is not None and inherited is None:
-        inherited = SplitParams.from_json(old.manifest["parameters"], str(old.path))
+        inherited = SplitParams.from_rule(old.manifest.parameters, old.path)
     params = options.resolve(inherited)
-    if old is not None and old.manifest["parameters"]["by"] != params.by:
+    if old is not None and old.manifest.parameters.by != params.by:
         raise UsageError(f"--from-split: {old.version_id[:12]}/{old.name} groups by "
-                         f"{old.manifest['parameters']['by']}, not {params.by}; its groups cannot carry over")
+                         f"{old.manifest.parameters.by}, not {params.by}; its groups cannot carry over")
     return params, old
 
 
@@ -120,13 +129,11 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
         tables[split], files[f"{split}.parquet"] = table, data
         key_hashes[split] = sha256_bytes("".join(k + "\n" for k in table["key"].to_pylist()).encode())
         s = share[split]
-        split_docs[split] = {
-            "file": f"{split}.parquet", "sha256": sha256_bytes(data), "bytes": len(data),
-            "keys_sha256": key_hashes[split], "pinned": split in params.exclusive,
-            "groups": s.groups, "samples": s.samples, "requested": s.requested, "target": s.target,
-            "ratio_groups": s.ratio_groups, "ratio_samples": s.ratio_samples,
-            "expected_std_groups": s.expected_std_groups, "deviation_std": s.deviation_std,
-        }
+        split_docs[split] = SplitEntry(
+            file=f"{split}.parquet", sha256=sha256_bytes(data), bytes=len(data), keys_sha256=key_hashes[split],
+            pinned=split in params.exclusive, groups=s.groups, samples=s.samples, requested=s.requested,
+            target=s.target, ratio_groups=s.ratio_groups, ratio_samples=s.ratio_samples,
+            expected_std_groups=s.expected_std_groups, deviation_std=s.deviation_std)
         if s.groups == 0:
             warnings.append(f"split {split!r} is empty (0 groups)")
         elif s.deviation_std is not None and abs(s.deviation_std) > DEVIATION_WARN_STD:
@@ -142,46 +149,38 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
         for label, r in uncovered.items():
             warnings.append(f"stratum {label or '(none)'!r} ({r.groups} group(s)) is missing from split(s) "
                             f"{', '.join(r.missing)}")
-        stratification = {
-            "field": params.stratify, "multi_stratum_groups": multi, "uncovered": sorted(uncovered),
-            "repaired": {g: list(v) for g, v in sorted(a.repaired.items())},
-            "strata": {label: {"groups": r.groups, "per_split": r.per_split, "missing": list(r.missing),
-                               "repaired": sorted(r.repaired)} for label, r in a.strata.items()},
-        }
+        stratification = Stratification(
+            field=params.stratify, multi_stratum_groups=multi, uncovered=tuple(sorted(uncovered)),
+            repaired={g: tuple(v) for g, v in sorted(a.repaired.items())},
+            strata={label: Stratum(r.groups, dict(r.per_split), tuple(r.missing), tuple(sorted(r.repaired)))
+                    for label, r in a.strata.items()})
     carried = _carried_doc(carry, a.splits, old, params) if carry else None
     if carry and carry.reassigned:
         warnings.append(f"{len(carry.reassigned)} carried group(s) were reassigned because their old split "
                         f"no longer takes hashed groups or they are pinned: {_named(carry.reassigned)}")
-    doc = {
-        "format": SPLIT_FORMAT, "tool_version": __version__, "name": name,
-        "version_id": vs.version_id, "version_content_id": vs.content_id,
-        "parameters": {**params.to_json(), "from_split": None if old is None else
-                       {"version_id": old.version_id, "name": old.name, "hash": old.hash}},
-        "splits": split_docs,
-        "totals": {"sessions": len(vs.session_ids), "samples": vs.table.num_rows, "groups": len(present),
-                   "hashed_groups": sum(1 for g in present if g not in pinned_here),
-                   "assigned_samples": vs.table.num_rows - unassigned_samples},
-        "unassigned": {"field": params.by, "sessions": list(unassigned), "samples": unassigned_samples},
-        "stratification": stratification,
-        "carried": carried,
-        "assignment_id": sha256_json(key_hashes),
-        "warnings": warnings,
-    }
-    return Computed(files=files, tables=tables, manifest=seal(doc))
+    manifest = SplitManifest(
+        tool_version=__version__, name=name, version_id=vs.version_id, version_content_id=vs.content_id,
+        parameters=params.to_rule(None if old is None else SplitSource(old.version_id, old.name, old.hash)),
+        splits=split_docs,
+        totals=SplitTotals(sessions=len(vs.session_ids), samples=vs.table.num_rows, groups=len(present),
+                           hashed_groups=sum(1 for g in present if g not in pinned_here),
+                           assigned_samples=vs.table.num_rows - unassigned_samples),
+        unassigned=Unassigned(params.by, tuple(unassigned), unassigned_samples),
+        stratification=stratification, carried=carried, assignment_id=sha256_json(key_hashes),
+        warnings=tuple(warnings))
+    return Computed(files=files, tables=tables, manifest=manifest.sealed())
 
 
-def _carried_doc(carry: Carry, final: dict, old: SplitSet, params: SplitParams) -> dict:
+def _carried_doc(carry: Carry, final: dict, old: SplitSet, params: SplitParams) -> Carried:
     bounds = intervals(params.ratios, params.exclusive)
-    return {
-        "from": f"{old.version_id}/{old.name}",
-        "carried_groups": len(carry.fixed),
-        "new_groups": {g: final[g] for g in carry.new},
-        "removed_groups": list(carry.removed),
-        "reassigned_groups": {g: [s, final[g]] for g, s in carry.reassigned.items()},
+    return Carried(
+        source=f"{old.version_id}/{old.name}",
+        carried_groups=len(carry.fixed),
+        new_groups={g: final[g] for g in carry.new},
+        removed_groups=tuple(carry.removed),
+        reassigned_groups={g: (s, final[g]) for g, s in carry.reassigned.items()},
         # carried groups the rule alone would now put elsewhere (ratios, salt or stratification changed)
-        "differs_from_rule": sum(1 for g, s in carry.fixed.items()
-                                 if split_for(unit(params.salt, g), bounds) != s),
-    }
+        differs_from_rule=sum(1 for g, s in carry.fixed.items() if split_for(unit(params.salt, g), bounds) != s))
 
 
 def make_split(catalog: Path | Catalog, version: str | None, name: str, options: SplitOptions | None = None,
@@ -200,5 +199,5 @@ def make_split(catalog: Path | Catalog, version: str | None, name: str, options:
     computed = compute(vs, name, params, old, pins_given=options.pins is not None)
     state = publish_split_set(cat, version_id, name, computed.files, computed.manifest, force=force)
     return SplitResult(catalog=cat.url, version_id=version_id, name=name,
-                       path=f"{cat.url}/splits/{version_id}/{name}/{computed.manifest['hash']}", state=state,
+                       path=f"{cat.url}/splits/{version_id}/{name}/{computed.manifest.hash}", state=state,
                        manifest=computed.manifest)

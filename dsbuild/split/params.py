@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dsbuild.core.errors import UsageError
 from dsbuild.core.hashing import sha256_json
+from dsbuild.lineage.splitsets import Pin, SplitRule, SplitSource
 from dsbuild.split.assign import RULE, Ratios, canonical_ratios
 
 SESSION_FIELDS = ("session_id", "title", "player", "platform", "build")
@@ -153,23 +154,18 @@ class SplitParams:
     def pinned(self) -> dict[str, str]:
         return {g: split for split, groups in self.pins for g in groups}
 
-    def to_json(self) -> dict:
-        return {
-            "rule": RULE, "by": self.by, "ratios": dict(self.ratios), "salt": self.salt,
-            "stratify": self.stratify,
-            "pins": {s: {"groups": list(g), "count": len(g), "sha256": sha256_json(list(g))} for s, g in self.pins},
-        }
+    def to_rule(self, source: SplitSource | None = None) -> SplitRule:
+        """The parameters as recorded in a split manifest (``source``: where assignments were carried from)."""
+        return SplitRule(rule=RULE, by=self.by, ratios=dict(self.ratios), salt=self.salt, stratify=self.stratify,
+                         pins={s: Pin(g, len(g), sha256_json(list(g))) for s, g in self.pins}, from_split=source)
 
     @classmethod
-    def from_json(cls, doc: dict, what: str) -> SplitParams:
-        try:
-            if doc["rule"] != RULE:
-                raise UsageError(f"{what}: made by rule {doc['rule']!r}; this dsbuild knows {RULE!r}")
-            pins = tuple(sorted((s, tuple(sorted(p["groups"]))) for s, p in doc["pins"].items()))
-            return cls(by=doc["by"], ratios=canonical_ratios(doc["ratios"]), salt=str(doc["salt"]),
-                       stratify=doc["stratify"], pins=pins)
-        except (KeyError, TypeError, AttributeError) as e:
-            raise UsageError(f"{what}: malformed split parameters ({e})") from None
+    def from_rule(cls, rule: SplitRule, what: str) -> SplitParams:
+        if rule.rule != RULE:
+            raise UsageError(f"{what}: made by rule {rule.rule!r}; this dsbuild knows {RULE!r}")
+        pins = tuple(sorted((s, tuple(sorted(p.groups))) for s, p in rule.pins.items()))
+        return cls(by=rule.by, ratios=canonical_ratios(rule.ratios), salt=rule.salt, stratify=rule.stratify,
+                   pins=pins)
 
 
 @dataclass(frozen=True)

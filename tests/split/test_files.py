@@ -35,7 +35,7 @@ from dsbuild.split import (
     open_split,
 )
 from dsbuild.lineage.index import LOCATOR_COLUMNS
-from dsbuild.lineage.splitsets import SPLIT_FORMAT, seal
+from dsbuild.lineage.splitsets import SPLIT_FORMAT, SplitManifest
 from dsbuild.split.files import split_schema, table_bytes
 from tests.helpers import index_rows
 
@@ -133,7 +133,7 @@ def test_identical_rerun_is_a_no_op_and_a_different_one_needs_force(catalog):
         make_split(cat, vid, "rerun", SplitOptions(salt="b"))
     assert "--force" in e.value.hint
     replaced = make_split(cat, vid, "rerun", SplitOptions(salt="b"), force=True)
-    assert replaced.state == "replaced" and open_split(cat, vid, "rerun").hash == replaced.manifest["hash"]
+    assert replaced.state == "replaced" and open_split(cat, vid, "rerun").hash == replaced.manifest.to_json()["hash"]
     assert check_split(cat, vid, "rerun").ok
     assert sorted(p.name for p in folder.parent.iterdir()) == sorted([folder.name, Path(replaced.path).name])
 
@@ -157,7 +157,7 @@ def test_duckdb_reads_split_files_in_place_and_proves_groups_are_disjoint(catalo
     counts = con.execute(f"SELECT split, count(*), count(DISTINCT group_value) FROM '{glob}' "
                          "GROUP BY split ORDER BY split").fetchall()
     assert {s: (n, g) for s, n, g in counts} == {
-        s: (rec["samples"], rec["groups"]) for s, rec in r.manifest["splits"].items() if rec["samples"]}
+        s: (rec["samples"], rec["groups"]) for s, rec in r.manifest.to_json()["splits"].items() if rec["samples"]}
     shared = con.execute(f"SELECT group_value FROM '{glob}' GROUP BY group_value "
                          "HAVING count(DISTINCT split) > 1").fetchall()
     assert shared == []
@@ -179,7 +179,7 @@ def test_any_parameters_give_disjoint_complete_checkable_split_sets(catalog, sal
     r = make_split(cat, vid, name, SplitOptions(by=by, ratios=ratios, salt=salt))
     owner: dict[str, str] = {}
     keys = []
-    for split in r.manifest["splits"]:
+    for split in r.manifest.to_json()["splits"]:
         table = load_split(cat, vid, f"{name}/{split}")
         for g in set(table["group_value"].to_pylist()):
             assert owner.setdefault(g, split) == split
@@ -201,7 +201,7 @@ def test_check_catches_a_moved_sample_and_a_damaged_file(catalog, tmp_path):
         data = table_bytes(table)
         (folder / f"{split}.parquet").write_bytes(data)
         doc["splits"][split].update(sha256=sha256_bytes(data), bytes=len(data))
-    sealed = seal(doc)
+    sealed = SplitManifest.from_json({**doc, "hash": ""}, "forged").sealed().to_json()
     moved_folder = folder.parent / sealed["hash"]
     folder.rename(moved_folder)  # the forger keeps the content-addressed layout and repoints the set
     folder = moved_folder
@@ -222,12 +222,12 @@ def test_check_catches_a_moved_sample_and_a_damaged_file(catalog, tmp_path):
 def test_sessions_without_the_group_field_are_unassigned_never_trained_on(partial):
     cat, vid = partial
     r = make_split(cat, vid, "track", SplitOptions(by="conditions.track", ratios="train=0.5,test=0.5"))
-    un = r.manifest["unassigned"]
+    un = r.manifest.to_json()["unassigned"]
     assert un["sessions"] == ["s-c"] and un["samples"] > 0
     assert any("unassigned" in w for w in r.warnings)
     keys = [k for s in ("train", "test") for k in _keys(load_split(cat, vid, f"track/{s}"))]
     assert keys and not [k for k in keys if k.startswith("s-c")]
-    assert r.manifest["totals"]["assigned_samples"] + un["samples"] == r.manifest["totals"]["samples"]
+    assert r.manifest.to_json()["totals"]["assigned_samples"] + un["samples"] == r.manifest.to_json()["totals"]["samples"]
     with pytest.raises(UsageError, match="no session of version"):
         make_split(cat, vid, "nope", SplitOptions(by="conditions.weather"))
 
@@ -235,13 +235,13 @@ def test_sessions_without_the_group_field_are_unassigned_never_trained_on(partia
 def test_stratify_reaches_every_split_where_a_stratum_has_enough_groups(partial, catalog):
     cat, vid = catalog
     r = make_split(cat, vid, "strat", SplitOptions(by="session_id", stratify="title", ratios="train=0.5,val=0.5"))
-    st_ = r.manifest["stratification"]
+    st_ = r.manifest.to_json()["stratification"]
     for rep in st_["strata"].values():
         assert rep["groups"] >= 2 and rep["missing"] == [] and all(rep["per_split"].values())
     assert check_split(cat, vid, "strat").ok
     pcat, pvid = partial
     small = make_split(pcat, pvid, "strat", SplitOptions(by="player", stratify="title", ratios="train=0.5,test=0.5"))
-    rep = small.manifest["stratification"]
+    rep = small.manifest.to_json()["stratification"]
     assert "Sky Rally" in rep["uncovered"]  # one group cannot reach two splits: reported
     assert any("Sky Rally" in w for w in small.warnings)
 
@@ -256,7 +256,7 @@ def test_pinned_test_set_never_changes_whatever_the_ratios(catalog, tmp_path):
         r = make_split(cat, vid, f"pin{i}", SplitOptions(ratios=ratios, pins=[("test", pin)]))
         table = load_split(cat, vid, f"pin{i}/test")
         assert set(table["group_value"].to_pylist()) == {players[0]}
-        assert r.manifest["splits"]["test"]["pinned"] and r.manifest["parameters"]["pins"]["test"]["groups"] == [players[0]]
+        assert r.manifest.to_json()["splits"]["test"]["pinned"] and r.manifest.to_json()["parameters"]["pins"]["test"]["groups"] == [players[0]]
         pinned_keys = pinned_keys or _keys(table)
         assert _keys(table) == pinned_keys
         assert check_split(cat, vid, f"pin{i}").ok
@@ -298,7 +298,7 @@ def test_adding_captures_never_moves_a_group(grown, by):
     d = diff_split_sets(open_split(cat, v1, f"grow-{by}"), open_split(cat, v2, f"grow-{by}"))
     assert d["groups"]["moved"] == {} and d["groups"]["removed"] == {}
     assert d["samples"]["moved"] == 0 and d["samples"]["removed"] == 0
-    assert d["samples"]["added"] == new.manifest["totals"]["samples"] - old.manifest["totals"]["samples"]
+    assert d["samples"]["added"] == new.manifest.to_json()["totals"]["samples"] - old.manifest.to_json()["totals"]["samples"]
     if by == "session_id":
         assert sorted(d["groups"]["added"]) == sorted(f"{p}-12-{i:04d}" for i, p in enumerate(["ks", "dd", "sr", "ks"]))
 
@@ -314,15 +314,15 @@ def test_from_split_carries_old_assignments_and_reports_new_groups(grown, tmp_pa
     new = open_split(cat, v2, "carry").group_assignment()
     assert {g: new[g] for g in old} == old
     assert {g for g, s in new.items() if s == "test"} == {frozen}
-    c = r.manifest["carried"]
+    c = r.manifest.to_json()["carried"]
     assert c["carried_groups"] == len(old) - 1 and c["removed_groups"] == []  # the pinned one is pinned, not carried
     assert set(c["new_groups"]) == set(new) - set(old)
-    assert r.manifest["parameters"]["from_split"]["version_id"] == v1
-    assert r.manifest["parameters"]["by"] == "session_id"  # inherited from the old set
+    assert r.manifest.to_json()["parameters"]["from_split"]["version_id"] == v1
+    assert r.manifest.to_json()["parameters"]["by"] == "session_id"  # inherited from the old set
     assert check_split(cat, v2, "carry").ok
     again = make_split(cat, v2, "carry2", SplitOptions(from_split=f"{v1[:12]}/carry", salt="two",
                                                        ratios="train=0.8,val=0.1,test=0.1"))
-    assert again.manifest["assignment_id"] == r.manifest["assignment_id"]
+    assert again.manifest.to_json()["assignment_id"] == r.manifest.to_json()["assignment_id"]
     with pytest.raises(UsageError, match="groups by session_id, not player"):
         make_split(cat, v2, "carry3", SplitOptions(from_split=f"{v1[:12]}/carry", by="player"))
 
@@ -375,7 +375,7 @@ def test_readers_never_see_a_split_set_half_replaced(catalog):
             try:
                 s = open_split(cat, vid, "swap")
                 total = sum(s.table(split, ["key"]).num_rows for split in s.splits)
-                assert total == s.manifest["totals"]["assigned_samples"]
+                assert total == s.manifest.to_json()["totals"]["assigned_samples"]
                 reads[0] += 1
             except Exception as e:  # noqa: BLE001 - any failure is what this test is about
                 errors.append(repr(e))

@@ -16,7 +16,7 @@ from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.core.hashing import sha256_bytes
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.splitsets import open_split_set, publish_split_set, seal
+from dsbuild.lineage.splitsets import SplitManifest, open_split_set, publish_split_set
 from dsbuild.split import SplitOptions, make_split
 from dsbuild.split.files import table_bytes
 from dsbuild.validators import ValidateOptions, parse_spec, validate
@@ -138,12 +138,13 @@ def _regroup(cat, vid, name: str, moves: dict[str, str]) -> None:
         tables[src] = tables[src].filter(keep)
         row = row.set_column(row.schema.get_field_index("split"), "split", pa.array([dst], pa.string()))
         tables[dst] = pa.concat_tables([tables[dst], row.cast(tables[dst].schema)])
-    doc = {k: v for k, v in json.loads(json.dumps(s.manifest)).items() if k != "hash"}
+    doc = {k: v for k, v in s.manifest.to_json().items() if k != "hash"}
     files = {}
     for sp in s.splits:
         files[f"{sp}.parquet"] = data = table_bytes(tables[sp])
         doc["splits"][sp].update(sha256=sha256_bytes(data), bytes=len(data))
-    publish_split_set(catalog, vid, name, files, seal(doc), force=True)
+    publish_split_set(catalog, vid, name, files, SplitManifest.from_json({**doc, "hash": ""}, "edited").sealed(),
+                      force=True)
 
 
 def test_a_leaking_split_fails_naming_the_samples_and_a_clean_one_passes(dup, tmp_path):

@@ -31,7 +31,7 @@ def read_split(catalog: Catalog, version_id: str, name: str) -> SplitData:
     try:
         s = open_split_set(catalog, version_id, name)
         keys = {split: tuple(s.table(split, ["key"])["key"].to_pylist()) for split in s.splits}
-        by = s.manifest["parameters"]["by"]
+        by = s.manifest.parameters.by
     except (FormatError, KeyError, TypeError, OSError, pa.ArrowException) as e:
         raise LineageError(f"{catalog.url}: split set {name!r} of {version_id[:12]} is damaged ({str(e)[:200]})",
                            hint="make it again with `dsbuild split --force`") from None

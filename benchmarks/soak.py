@@ -145,7 +145,9 @@ def hostile(caps: Path, out: Path, rounds: int) -> dict:
                 continue
             if "Traceback" in r.stderr or r.returncode in (0, 70):
                 escaped += r.returncode == 70 or "Traceback" in r.stderr
-                accepted += r.returncode == 0 and kind in ("forged_manifest", "duplicated_index_row")
+                # `log` lists history and never reads manifests; only `verify` is asked to judge them
+                accepted += r.returncode == 0 and args[0] == "verify" and kind in (
+                    "forged_manifest", "duplicated_index_row")
         shutil.rmtree(cat, ignore_errors=True)
     return {"hostile_catalog_commands": tried, "hostile_escaped_errors": escaped,
             "hostile_accepted_as_valid": accepted}

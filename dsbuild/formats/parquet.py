@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import BinaryIO, Iterable
-
-import numpy as np
+from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 from dsbuild.core.errors import FormatError, StorageError
 from dsbuild.core.jsonio import parse
 from dsbuild.formats.base import Entry, Members, Segment, ShardFormat, ShardReader, register_format
 from dsbuild.formats.sample import MEMBERS, Sample, SampleMeta, npy_bytes, npy_load
+
+if TYPE_CHECKING:  # numpy loads lazily: `dsbuild log` and `info` start without it
+    import numpy as np
 
 ROW_GROUP_SAMPLES = 8  # small groups: a single-sample read decodes at most a few neighbours
 
@@ -112,6 +113,8 @@ class ParquetReader(ShardReader):
 
     @staticmethod
     def _arrays(row: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        import numpy as np
+
         f = int(row["frames"])
         shaped = []
         for col, names in (("actions", "controls"), ("telemetry", "telemetry_channels")):

@@ -10,12 +10,14 @@ import hashlib
 import io
 import re
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import canonical_json
 from dsbuild.core.records import Record, spec
+
+if TYPE_CHECKING:  # numpy loads lazily: `dsbuild log` and `info` start without it
+    import numpy as np
 
 SAMPLE_FORMAT = "dsbuild.sample/2"
 KEY_PATTERN = r"[A-Za-z0-9_-]{1,80}"
@@ -108,12 +110,16 @@ class SampleMeta(Record):
 
 def npy_bytes(arr: np.ndarray) -> bytes:
     """NumPy .npy v1.0 bytes: deterministic header, no pickle."""
+    import numpy as np
+
     buf = io.BytesIO()
     np.lib.format.write_array(buf, np.ascontiguousarray(arr), version=(1, 0), allow_pickle=False)
     return buf.getvalue()
 
 
 def npy_load(data: bytes) -> np.ndarray:
+    import numpy as np
+
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 

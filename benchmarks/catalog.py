@@ -1,128 +1,135 @@
-"""Catalog benchmarks, measured in one run:
+"""Catalog commands against their floors, as users run them, in one run.
 
-    .venv/bin/python benchmarks/catalog.py [--rows 1000000] [--rounds 5]
+    .venv/bin/python benchmarks/catalog.py [--rounds 5] [--sets 720p,small] [--big bench-out/scale/catalog]
 
-verify : `dsbuild verify` (library call) vs plain `sha256sum` over the same shard files
-         (the 244 MB catalog of benchmarks/convert.py).
-query  : a GROUP BY over a synthetic version of 1,000,000 index rows. Its shards do not exist on disk,
-         which proves the query reads the index in place and never touches shard payloads.
+verify : `dsbuild verify CATALOG` (a whole command: start-up, manifest, index framing, every shard's
+         sha256) against the floor: hashlib sha256 of the same shard files in one thread per core,
+         in-process (no start-up at all). Catalogs: the sets of benchmarks/convert.py (built if missing).
+query  : `dsbuild query` (a GROUP BY over the index) against the same SQL in bare duckdb on the
+         version's index.parquet, both as commands; on --big (the 10,000-session catalog of
+         benchmarks/scale.py) when it exists, else on the small set.
+missing: `dsbuild verify` of a copy of --big whose shard files are all gone: every row reports its
+         missing shard, in time linear in the rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from convert import make_captures  # noqa: E402
+from convert import DSBUILD, SETS, make_captures  # noqa: E402
 
-from dsbuild import __version__  # noqa: E402
-from dsbuild.convert import ConvertConfig, convert  # noqa: E402
-from dsbuild.lineage.catalog import Catalog  # noqa: E402
-from dsbuild.core.hashing import sha256_bytes  # noqa: E402
-from dsbuild.lineage.index import INDEX_SCHEMA  # noqa: E402
-from dsbuild.lineage.manifest import Manifest, ShardRecord  # noqa: E402
-from dsbuild.lineage.query import run_query  # noqa: E402
-from dsbuild.lineage.verify import verify  # noqa: E402
+SQL = "select title, count(*) as clips, sum(frames) as frames, avg(action_events) as events from samples group by title"
 
 
-def synthetic_version(root: Path, rows: int) -> tuple[Catalog, str]:
-    """A committed version of ``rows`` fake samples over 1,000 (absent) shards."""
-    shutil.rmtree(root, ignore_errors=True)
-    catalog = Catalog.open(root, create=True)
-    rng = np.random.default_rng(0)
-    shard_names = [f"shards/{i % 256:02x}/{i:064x}.tar" for i in range(1000)]
-    titles = np.array(["Breakout", "Pong", "MsPacman", "Kart Storm", "Sky Rally"])
-    n = rows
-    cols = {
-        "key": pa.array([f"s{i // 100:07d}__{i % 100:06d}" for i in range(n)]),
-        "sha256": pa.array(["0" * 64] * n),
-        "shard": pa.array([shard_names[i % 1000] for i in range(n)]),
-        "offset": pa.array(np.arange(n, dtype=np.int64) * 1000), "length": pa.array(np.full(n, 1000, np.int64)),
-        "row_group": pa.array(np.full(n, -1, np.int32)), "row": pa.array(np.full(n, -1, np.int32)),
-        "session_id": pa.array([f"s{i // 100:07d}" for i in range(n)]),
-        "title": pa.array(titles[rng.integers(0, 5, n)]), "player": pa.array([f"p{i % 997}" for i in range(n)]),
-        "platform": pa.array(["pc"] * n), "build": pa.array(["1.0"] * n), "conditions": pa.array(["{}"] * n),
-        "clip_index": pa.array(np.arange(n, dtype=np.int32) % 100),
-        "t_start": pa.array(np.zeros(n)), "t_end": pa.array(np.full(n, 8.0)),
-        "frames": pa.array(rng.integers(200, 480, n, dtype=np.int32)), "fps": pa.array(np.full(n, 60.0)),
-        "width": pa.array(np.full(n, 640, np.int32)), "height": pa.array(np.full(n, 360, np.int32)),
-        "codec": pa.array(["h264"] * n), "video_bytes": pa.array(np.full(n, 900_000, np.int64)),
-        "bytes": pa.array(np.full(n, 1_000_000, np.int64)),
-        "action_events": pa.array(rng.integers(0, 50, n, dtype=np.int32)),
-        "text_events": pa.array(np.zeros(n, np.int32)), "source_video_sha256": pa.array(["1" * 64] * n),
-    }
-    table = pa.table(cols, schema=INDEX_SCHEMA)
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", row_group_size=1 << 17, store_schema=False)
-    index = sink.getvalue().to_pybytes()
-    manifest = Manifest(
-        tool_version=__version__, config={}, config_hash="0" * 64, shard_format="webdataset",
-        sources=({"session": "s0000000", "role": "video", "path": "s0000000/video.mp4", "sha256": "1" * 64, "bytes": 1},),
-        shards=tuple(ShardRecord(p, p.split("/")[-1][:64], 10**9, n // 1000, "s") for p in shard_names),
-        sessions=(), quarantined=(), index={"path": "index.parquet", "sha256": sha256_bytes(index), "rows": n,
-                                            "bytes": len(index)},
-        schema={}, vocabulary={"controls": [], "telemetry": []}, stats={"samples": n, "bytes": n * 10**6,
-                                                                       "hours": n * 8 / 3600},
-        content_id="0" * 64)
-    with catalog.build_area() as area:
-        vid, _ = catalog.commit(area, [], manifest, index, {"parent": None})
-    return catalog, vid
+def command(*args: str, ok: tuple[int, ...] = (0,)) -> tuple[float, subprocess.CompletedProcess]:
+    t = time.perf_counter()
+    proc = subprocess.run(list(args), capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode not in ok:
+        raise SystemExit(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    return wall, proc
+
+
+def sha256_floor(files: list[Path], threads: int) -> float:
+    def digest(p: Path) -> str:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            while chunk := f.read(4 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(digest, files))
+    return time.perf_counter() - t
+
+
+def catalog_of(out: Path, name: str) -> Path:
+    cat = out / name / "catalog"
+    if not (cat / "catalog.json").exists():
+        src = out / name / "captures"
+        if not make_captures(src, name):
+            raise SystemExit(f"cannot build the {name} set here")
+        command(DSBUILD, "convert", str(src), str(cat), "--clip-seconds", str(SETS[name]), "-q")
+    return cat
+
+
+def shard_files(cat: Path) -> list[Path]:
+    _, proc = command(DSBUILD, "shards", str(cat), "--json")
+    doc = json.loads(proc.stdout)
+    return [Path(s["path"]) for s in doc["shards"]]
+
+
+def verify_vs_floor(cat: Path, rounds: int, threads: int) -> dict:
+    files = shard_files(cat)
+    size = sum(p.stat().st_size for p in files)
+    floor, verify = [], []
+    for _ in range(rounds):
+        floor.append(sha256_floor(files, threads))
+        verify.append(command(DSBUILD, "verify", str(cat), "--json")[0])
+    med_f, med_v = statistics.median(floor), statistics.median(verify)
+    return {"shards": len(files), "shard_bytes": size, "floor_seconds": med_f, "verify_seconds": med_v,
+            "ratio_verify_over_floor": med_f / med_v, "all": {"floor": floor, "verify": verify}}
+
+
+def index_of(cat: Path) -> Path:
+    _, proc = command(DSBUILD, "log", str(cat), "--json")
+    vid = json.loads(proc.stdout)["versions"][0]["version_id"]
+    return cat / "versions" / vid / "index.parquet"
+
+
+def query_vs_duckdb(cat: Path, rounds: int) -> dict:
+    bare = (f"import duckdb; duckdb.sql(\"create view samples as select * from read_parquet('{index_of(cat)}')\"); "
+            f"print(duckdb.sql({SQL!r}).fetchall())")
+    ours, theirs = [], []
+    for _ in range(rounds):
+        theirs.append(command(sys.executable, "-c", bare)[0])
+        ours.append(command(DSBUILD, "query", str(cat), SQL, "--json")[0])
+    info = json.loads(command(DSBUILD, "info", str(cat), "--json")[1].stdout)
+    return {"catalog": str(cat), "samples": info["stats"]["samples"], "query_seconds": statistics.median(ours),
+            "bare_duckdb_command_seconds": statistics.median(theirs), "all": {"query": ours, "duckdb": theirs}}
+
+
+def verify_missing(cat: Path, out: Path) -> dict:
+    copy = out / "missing-shards"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(cat, copy, ignore=lambda d, names: ["shards"] if Path(d) == cat else [])
+    wall, proc = command(DSBUILD, "verify", str(copy), "--json", ok=(1,))
+    problems = len(json.loads(proc.stdout)["problems"])
+    shutil.rmtree(copy)
+    return {"catalog": str(cat), "seconds": wall, "problems_reported": problems}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "bench-out" / "catalog"))
+    ap.add_argument("--sets", default="720p,small")
+    ap.add_argument("--out", default=str(ROOT / "bench-out" / "convert"))
+    ap.add_argument("--big", default=str(ROOT / "bench-out" / "scale" / "catalog"))
     args = ap.parse_args()
-    out = Path(args.out)
-    src = ROOT / "bench-out" / "convert" / "captures"
-    make_captures(src)
-    cat_path = out / "real"
-    if not (cat_path / "catalog.json").exists():
-        convert(src, cat_path, ConvertConfig(clip_seconds=2.0), workers=2)
-    catalog = Catalog.open(cat_path)
-    vid = catalog.resolve(None)
-    files = [str(cat_path / s.path) for s in catalog.manifest(vid).shards]
-    total = sum(Path(f).stat().st_size for f in files)
-    t_verify, t_sum = [], []
-    for _ in range(args.rounds):
-        t = time.perf_counter()
-        subprocess.run(["sha256sum", *files], check=True, capture_output=True)
-        t_sum.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        assert verify(catalog, vid).ok
-        t_verify.append(time.perf_counter() - t)
-    synth, sid = synthetic_version(out / "synthetic", args.rows)
-    sql = "select title, count(*) as clips, sum(frames) as frames, avg(action_events) from samples group by title"
-    run_query(synth, sid, sql)  # warm
-    t_query = []
-    for _ in range(args.rounds):
-        t = time.perf_counter()
-        _, rows = run_query(synth, sid, sql)
-        t_query.append(time.perf_counter() - t)
-    med = statistics.median
-    print(json.dumps({
-        "verify": {"shard_bytes": total, "seconds_sha256sum": med(t_sum), "seconds_verify": med(t_verify),
-                   "ratio_verify_over_sha256sum": med(t_sum) / med(t_verify),
-                   "all": {"sha256sum": t_sum, "verify": t_verify}},
-        "query": {"rows": args.rows, "sql": sql, "seconds_median": med(t_query), "all": t_query,
-                  "groups": len(rows), "shards_on_disk": sum(1 for _ in (synth.root / "shards").rglob("*.tar"))},
-    }, indent=2))
+    out, threads = Path(args.out), os.cpu_count() or 1
+    report: dict = {"cores": threads, "rounds": args.rounds, "verify": {}}
+    for name in args.sets.split(","):
+        report["verify"][name] = verify_vs_floor(catalog_of(out, name), args.rounds, threads)
+    big = Path(args.big)
+    big = big if (big / "catalog.json").exists() else catalog_of(out, "small")
+    report["query"] = query_vs_duckdb(big, args.rounds)
+    report["verify_all_shards_missing"] = verify_missing(big, out)
+    report["command"] = "benchmarks/catalog.py " + " ".join(sys.argv[1:])
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,26 +1,38 @@
-"""Convert throughput against the floor of the same work without our logic, measured in one run.
+"""`dsbuild convert` as a whole command against the copy floor, on three capture shapes, in one run.
 
-    .venv/bin/python benchmarks/convert.py [--out bench-out/convert] [--rounds 3]
+    .venv/bin/python benchmarks/convert.py [--rounds 3] [--sets small,atari,720p] [--out bench-out/convert]
 
-Generates (once, cached) >= 200 MB of 720p30 H.264 captures with grain, then per round, interleaved:
-  floor : read every source byte + sha256 + write a copy (one process)
-  w1    : dsbuild convert --workers 1   (timed inside convert; interpreter start reported separately)
-  w2    : dsbuild convert --workers 2
-Reports medians, ratios (w1/floor, w2/w1) and peak RSS of each convert (bounded by shard size, not data).
+Capture sets (generated once, cached under --out):
+  small : 60 sessions x 10 s of 320x240 H.264 with grain, converted into 1-s clips (the field's shape:
+          many short clips, where per-clip costs dominate);
+  atari : real Atari gameplay recorded with ale-py (Breakout, Pong, MsPacman; 3 sessions each, 20 s,
+          upscaled x2), 1-s clips; skipped when the `atari` extra is not installed;
+  720p  : 8 sessions x 6 s of 1280x720 H.264 with heavy grain, 2-s clips.
+
+Per round, interleaved: the floor, then `dsbuild convert` (default workers = cores) as a subprocess.
+  floor : read every capture byte, sha256 it and write a copy, fsync'd, in one thread per core (hashlib
+          releases the GIL): the least any converter that content-addresses its output must do.
+Reported: medians, throughput ratio convert/floor, CPU seconds of each (user+sys of the process tree),
+peak RSS, and the cost of each convert stage (one in-process profile with one worker, so stages are
+not blurred by overlap).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import hashlib
 import json
 import os
+import pstats
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,79 +41,174 @@ sys.path.insert(0, str(ROOT))
 from dsbuild.samples.synthetic import generate, session_spec  # noqa: E402
 from dsbuild.samples.writer import VideoSpec  # noqa: E402
 
-SESSIONS, SECONDS = 8, 6.0
+DSBUILD = str(Path(sys.executable).with_name("dsbuild"))  # the installed command, as users run it
+SETS = {  # name -> (clip seconds, how to make it)
+    "small": 1.0,
+    "atari": 1.0,
+    "720p": 2.0,
+}
 
 
-def make_captures(root: Path) -> int:
+def _synthetic(root: Path, sessions: int, seconds: float, video: VideoSpec, noise: int, seed: int) -> None:
+    specs = [dataclasses.replace(session_spec(seed, i, seconds), video=video) for i in range(sessions)]
+    generate(root, sessions=sessions, seconds=seconds, seed=seed, specs=specs, noise=noise)
+
+
+def make_captures(root: Path, name: str) -> bool:
+    """Generate the set once; False when it cannot be made here (the atari extra is missing)."""
     marker = root / ".complete"
-    if not marker.exists():
-        shutil.rmtree(root, ignore_errors=True)
-        specs = [dataclasses.replace(session_spec(9, i, SECONDS), video=VideoSpec(1280, 720, 30, 60))
-                 for i in range(SESSIONS)]
-        generate(root, sessions=SESSIONS, seconds=SECONDS, seed=9, specs=specs, noise=40)
-        marker.touch()
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+    if marker.exists():
+        return True
+    shutil.rmtree(root, ignore_errors=True)
+    if name == "small":
+        _synthetic(root, 60, 10.0, VideoSpec(320, 240, 30, 60), noise=24, seed=5)
+    elif name == "720p":
+        _synthetic(root, 8, 6.0, VideoSpec(1280, 720, 30, 60), noise=40, seed=9)
+    else:
+        proc = subprocess.run([DSBUILD, "samples", str(root), "--source", "atari",
+                               "--sessions", "3", "--seconds", "20", "--upscale", "2", "--seed", "3"],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            print(f"atari set skipped: {proc.stderr.strip()[-300:]}", file=sys.stderr)
+            shutil.rmtree(root, ignore_errors=True)
+            return False
+    marker.touch()
+    return True
 
 
-def floor(src: Path, dst: Path) -> float:
+def _files(src: Path) -> list[Path]:
+    return sorted(p for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def floor(src: Path, dst: Path, threads: int) -> float:
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
-    t = time.perf_counter()
-    for i, p in enumerate(sorted(x for x in src.rglob("*") if x.is_file())):
+
+    def copy(item: tuple[int, Path]) -> str:
+        i, p = item
         h = hashlib.sha256()
-        with open(p, "rb") as f, open(dst / f"{i}", "wb") as out:
+        with open(p, "rb") as f, open(dst / str(i), "wb") as out:
             while chunk := f.read(4 << 20):
                 h.update(chunk)
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
+        return h.hexdigest()
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(copy, enumerate(_files(src))))
     return time.perf_counter() - t
 
 
-def run_convert(src: Path, out: Path, workers: int) -> tuple[float, float, int, dict]:
-    """(seconds inside convert, wall seconds incl. interpreter start, peak RSS of the tree, result)."""
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_convert(src: Path, out: Path, clip: float) -> tuple[float, float, int, dict]:
+    """(wall seconds of the whole command, CPU seconds of its tree, peak RSS, its --json report)."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-c", "from dsbuild.cli.app import main; main()", "convert", str(src), str(out),
-           "--workers", str(workers), "--clip-seconds", "2", "--json"]
+    cmd = [DSBUILD, "convert", str(src), str(out), "--clip-seconds", str(clip), "--json"]
+    cpu0 = _children_cpu()
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    stdout = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - t
-    if status != 0:
-        raise SystemExit(f"convert failed with status {status}")
-    result = json.loads(stdout)
-    return result["seconds"], elapsed, usage.ru_maxrss * 1024, result
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode:
+        raise SystemExit(f"convert failed: {proc.stderr.strip()[-400:]}")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return wall, _children_cpu() - cpu0, peak, json.loads(proc.stdout)
+
+
+STAGES = {  # stage -> (file, function) pairs whose cumulative time it is; none nests in another
+    "find sessions": [("captures.py", "read_sessions")],
+    "parse streams (actions, telemetry, text)": [("session.py", "_stream"), ("streams.py", "clip")],
+    "demux + cut video (remux, audio)": [("video.py", "clips")],
+    "sample members + sha256": [("sample.py", "members"), ("sample.py", "members_sha256")],
+    "events blob (zstd)": [("session.py", "_events_blob")],
+    "segment encode": [("webdataset.py", "encode")],
+    "shard assembly + sha256": [("assemble.py", "assemble_shard")],
+    "manifest, index, commit": [("build.py", "_assemble"), ("catalog.py", "commit")],
+}
+
+
+def stage_costs(src: Path, out: Path, clip: float) -> dict[str, float]:
+    """Seconds per stage from one in-process build with one worker (tasks run inline, so cProfile sees
+    them, with its overhead); source hashing runs in its own thread and is timed around the call."""
+    from dsbuild.convert import ConvertConfig, convert, session
+    from dsbuild.core.executor import ExecutorSpec
+
+    shutil.rmtree(out, ignore_errors=True)
+    hashing = [0.0]
+    original = session.hash_sources
+
+    def timed_hash(*a, **k):
+        t = time.perf_counter()
+        try:
+            return original(*a, **k)
+        finally:
+            hashing[0] += time.perf_counter() - t
+
+    # a first build pays the lazy imports (pyarrow.parquet, duckdb...), which no stage should be billed for
+    convert(src, out.with_name(out.name + "-warm"), ConvertConfig(clip_seconds=clip), executor=ExecutorSpec(workers=1))
+    shutil.rmtree(out.with_name(out.name + "-warm"))
+    session.hash_sources = timed_hash
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    try:
+        prof.enable()
+        convert(src, out, ConvertConfig(clip_seconds=clip), executor=ExecutorSpec(workers=1))
+        prof.disable()
+    finally:
+        session.hash_sources = original
+    total = time.perf_counter() - t
+    cum: dict[tuple[str, str], float] = {}
+    for (file, _, name), (_, _, _, ct, _) in pstats.Stats(prof).stats.items():
+        key = (Path(file).name, name)
+        cum[key] = cum.get(key, 0.0) + ct
+    costs = {stage: sum(cum.get(f, 0.0) for f in fns) for stage, fns in STAGES.items()}
+    costs["hash sources (own thread, overlaps the rest)"] = hashing[0]
+    costs["total (one worker, profiled)"] = total
+    return costs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "convert"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sets", default="small,atari,720p")
     args = ap.parse_args()
     out = Path(args.out)
-    src = out / "captures"
-    total = make_captures(src)
-    times = {"floor": [], "w1": [], "w2": []}
-    wall = {"w1": [], "w2": []}
-    rss = {"w1": 0, "w2": 0}
-    result = {}
-    for _ in range(args.rounds):
-        times["floor"].append(floor(src, out / "copy"))
-        for w in (1, 2):
-            inside, elapsed, peak, result = run_convert(src, out / f"catalog-w{w}", w)
-            times[f"w{w}"].append(inside)
-            wall[f"w{w}"].append(elapsed)
-            rss[f"w{w}"] = max(rss[f"w{w}"], peak)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    mbps = {k: total / v / 1e6 for k, v in med.items()}
-    report = {
-        "input_bytes": total, "rounds": args.rounds, "samples": result["samples"], "shards": result["shards"],
-        "seconds_median": med, "seconds_all": times, "mb_per_s": mbps,
-        "wall_with_interpreter_start_median": {k: statistics.median(v) for k, v in wall.items()},
-        "ratio_w1_over_floor": mbps["w1"] / mbps["floor"], "ratio_w2_over_floor": mbps["w2"] / mbps["floor"],
-        "speedup_w2_over_w1": med["w1"] / med["w2"], "peak_rss_bytes": rss, "cores": os.cpu_count(),
-    }
+    threads = os.cpu_count() or 1
+    report = {"cores": threads, "rounds": args.rounds, "sets": {}}
+    for name in args.sets.split(","):
+        src = out / name / "captures"
+        if not make_captures(src, name):
+            report["sets"][name] = "skipped: the atari extra is not installed"
+            continue
+        clip = SETS[name]
+        size = sum(p.stat().st_size for p in _files(src))
+        floors, walls, cpus, peak, result = [], [], [], 0, {}
+        for _ in range(args.rounds):
+            floors.append(floor(src, out / name / "copy", threads))
+            wall, cpu, rss, result = run_convert(src, out / name / "catalog", clip)
+            walls.append(wall)
+            cpus.append(cpu)
+            peak = max(peak, rss)
+        shutil.rmtree(out / name / "copy", ignore_errors=True)
+        med_floor, med_wall = statistics.median(floors), statistics.median(walls)
+        report["sets"][name] = {
+            "input_bytes": size, "sessions": result["sessions"], "samples": result["samples"],
+            "shards": result["shards"], "clip_seconds": clip,
+            "floor_seconds": med_floor, "convert_seconds": med_wall,
+            "floor_mb_per_s": size / med_floor / 1e6, "convert_mb_per_s": size / med_wall / 1e6,
+            "ratio_convert_over_floor": med_floor / med_wall,
+            "convert_cpu_seconds": statistics.median(cpus), "convert_peak_rss_bytes": peak,
+            "all": {"floor": floors, "convert": walls},
+            "stages_seconds": stage_costs(src, out / name / "profiled", clip),
+        }
+        shutil.rmtree(out / name / "profiled", ignore_errors=True)
+    report["command"] = "benchmarks/convert.py " + " ".join(sys.argv[1:])
     print(json.dumps(report, indent=2))
 
 

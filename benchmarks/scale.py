@@ -1,6 +1,6 @@
 """Catalog operations at scale: 10,000 short sessions and hundreds of versions, as commands.
 
-    .venv/bin/python benchmarks/scale.py [--sessions 10000] [--versions 300] [--out bench-out/scale]
+    .venv/bin/python benchmarks/scale.py [--sessions 10000] [--versions 300] [--shard-size 4MB] [--out bench-out/scale]
 
 Builds (once, cached) SESSIONS short capture sessions (2 s of 64x48 video, a few action events each),
 converts them (`dsbuild convert`, default workers), then adds one session at a time, committing a new
@@ -100,6 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=10_000)
     ap.add_argument("--versions", type=int, default=300)
+    ap.add_argument("--shard-size", default="4MB", help="small shards, so +1 session can touch few of them")
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "scale"))
     a = ap.parse_args()
     out = Path(a.out)
@@ -107,14 +108,14 @@ def main() -> None:
     make_captures(caps, a.sessions)
     cat = out / "catalog"
     shutil.rmtree(cat, ignore_errors=True)
-    t, stdout = timed("convert", str(caps), str(cat), "--clip-seconds", "2", "--json")
+    t, stdout = timed("convert", str(caps), str(cat), "--clip-seconds", "2", "--shard-size", a.shard_size, "--json")
     first = json.loads(stdout)
     at_first = commands(cat)
     video = out / "video.mp4"
     increments = []
     for v in range(1, a.versions):
         add_session(caps, a.sessions + v, video)
-        secs, stdout = timed("convert", str(caps), str(cat), "--clip-seconds", "2", "--json")
+        secs, stdout = timed("convert", str(caps), str(cat), "--clip-seconds", "2", "--shard-size", a.shard_size, "--json")
         r = json.loads(stdout)
         increments.append((secs, r["written_shards"], r["written_bytes"]))
     at_last = commands(cat)
@@ -134,7 +135,8 @@ def main() -> None:
     for name in at_last:
         before = f"{at_first[name]:.2f} s" if name in at_first else "-"
         print(f"| {name} | {before} | {at_last[name]:.2f} s |")
-    print(f"\ncommand: .venv/bin/python benchmarks/scale.py --sessions {a.sessions} --versions {a.versions}")
+    print(f"\ncommand: .venv/bin/python benchmarks/scale.py --sessions {a.sessions} --versions {a.versions} "
+          f"--shard-size {a.shard_size}")
 
 
 if __name__ == "__main__":

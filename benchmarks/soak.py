@@ -38,6 +38,7 @@ from dsbuild.lineage.catalog import Catalog  # noqa: E402
 from dsbuild.lineage.verify import verify  # noqa: E402
 from dsbuild.loader import Loader  # noqa: E402
 from dsbuild.samples.synthetic import DAMAGE, generate  # noqa: E402
+from tests.helpers import alive, children  # noqa: E402
 
 CLI = [sys.executable, "-c", "from dsbuild.cli.app import main; main()"]
 ARGS = ["--clip-seconds", "1", "--shard-size", "300000"]
@@ -57,14 +58,14 @@ def kills(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
         time.sleep(rng.uniform(0, duration))
         if p.poll() is None:
             interrupted += 1
-            workers = _children(p.pid)
+            workers = children(p.pid)
             if interrupted % 2:
                 os.kill(p.pid, signal.SIGKILL)  # the parent alone: its workers must die with it
             else:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             time.sleep(0.5)
-            orphans += sum(_alive(w) for w in workers)
+            orphans += sum(alive(w) for w in workers)
         p.wait()
         if (cat / "catalog.json").exists():
             for v in Catalog.open(cat).versions():
@@ -74,19 +75,6 @@ def kills(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
                                       capture_output=True, text=True, check=True).stdout)["version_id"]
     return {"kills": n, "interrupted": interrupted, "orphaned_workers": orphans, "versions_checked": checked,
             "bad_versions": bad, "rerun_matches_clean": final == clean}
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 HOSTILE = ("fifo_commit", "symlink_commit", "forged_manifest", "duplicated_index_row", "escaping_tag_file",

@@ -52,3 +52,18 @@ def unprivileged(code: str, *args) -> subprocess.CompletedProcess:
         prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
     return subprocess.run([*prefix, sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
                           timeout=300)
+
+
+def children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid``."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

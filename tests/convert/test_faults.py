@@ -20,6 +20,7 @@ from dsbuild.core.errors import StorageError
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.verify import verify
+from tests.helpers import alive, children
 
 CONFIG = ConvertConfig(clip_seconds=1.0, shard_size=300_000)
 CONVERT = """
@@ -38,19 +39,6 @@ def _run(src, cat, workers: int = 2) -> str:
     return json.loads(out.stdout)["version_id"]
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_kill_9_at_20_random_moments_never_leaves_a_partial_version(copy_captures, tmp_path):
     src = copy_captures()
     started = time.monotonic()
@@ -67,17 +55,17 @@ def test_kill_9_at_20_random_moments_never_leaves_a_partial_version(copy_capture
         time.sleep(rng.uniform(0.0, duration))
         if proc.poll() is None:
             killed += 1
-            workers = _children(proc.pid)
+            workers = children(proc.pid)
             if attempt % 2:
                 os.kill(proc.pid, signal.SIGKILL)  # the parent alone, as an OOM killer would: no orphan worker
             else:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             for _ in range(100):
-                if not any(_alive(w) for w in workers):
+                if not any(alive(w) for w in workers):
                     break
                 time.sleep(0.05)
-            assert not any(_alive(w) for w in workers), "a worker outlived its parent"
+            assert not any(alive(w) for w in workers), "a worker outlived its parent"
         proc.wait()
         if (cat / "catalog.json").exists():
             for v in Catalog.open(cat).versions():

@@ -13,6 +13,7 @@ import pytest
 
 from dsbuild.core.errors import UsageError, WorkerDied
 from dsbuild.core.executor import ExecutorSpec, run_tasks
+from tests.helpers import alive
 
 PARENT = """
 import os, sys, time
@@ -22,14 +23,6 @@ def nap(i):
     time.sleep(600)
 run_tasks(nap, list(range(4)), ExecutorSpec(workers=2), lambda i, r: None)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _workers(folder: Path, n: int, proc) -> list[int]:
@@ -49,10 +42,10 @@ def test_killing_the_parent_leaves_no_worker_behind(tmp_path, sig):
     proc.send_signal(sig)
     proc.wait()
     for _ in range(200):
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             break
         time.sleep(0.05)
-    assert not any(_alive(p) for p in pids), "a worker survived its parent"
+    assert not any(alive(p) for p in pids), "a worker survived its parent"
 
 
 def _suicide(i: int) -> int:

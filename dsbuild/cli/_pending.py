@@ -7,14 +7,12 @@ each moves to its package. Suggested homes:
                           parent choice with ``convert.build._parent``)
 - ``shard_locations``  -> ``dsbuild.lineage.history`` (or a ``lineage.shards`` module)
 - ``parse_damage``     -> ``dsbuild.samples.synthetic``
-- ``load_baseline``    -> ``dsbuild.bench.report``
 """
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from pathlib import Path
 
 from dsbuild.core.errors import CaptureError, UsageError
 
@@ -154,19 +152,3 @@ def parse_damage(items: list[str], sessions: int) -> dict[int, str]:
             raise UsageError(f"--damage: session {at} is damaged twice ({plan[at]} and {kind})")
         plan[at] = kind
     return plan
-
-
-# -- dsbuild bench --baseline --------------------------------------------------------------------
-def load_baseline(path: Path) -> dict:
-    """A bench report saved with ``--save``, checked to be one (exit 2 otherwise)."""
-    from dsbuild.bench.report import FORMAT
-    from dsbuild.core.jsonio import loads_bounded
-
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise UsageError(f"--baseline {path}: cannot read ({e.strerror})") from None
-    doc = loads_bounded(data, max_bytes=1 << 26, what=str(path))
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("ratios"), dict):
-        raise UsageError(f"--baseline {path}: not a {FORMAT} report", hint="write one with `dsbuild bench ... --save FILE`")
-    return doc

@@ -1,10 +1,12 @@
 """One round of our loader: throughput, time to first batch, resume, and a simulated training loop.
 
   throughput : a fresh ``Loader`` (constructed and opened inside the slice: its index load is part of the
-               round) consumed as fast as it delivers until the slice ends, and then to the end of a whole
-               cycle of its worker threads (a multiple of ``threads`` batches): threads finish batches in
-               bursts, and stopping inside a burst would drop work already done. Rates are everything it
-               delivered over the time since iteration began; time to first batch is from construction.
+               round) consumed as fast as it delivers. Its first cycle (one batch per worker thread) fills
+               the pipeline and gives the time to first batch (from construction); the rates are everything
+               delivered after it, over the time after it, up to the end of a whole cycle once the slice is
+               spent. Threads finish batches in bursts and deliver in order: a window of whole cycles counts
+               the work of every thread, where a window cut inside a burst, or from a cold start, would count
+               fill and drop finished work (tens of percent when a slice holds few batches).
   resume     : a new loader restored from the state_dict() the throughput phase ended at, timed from
                construction to its first batch (inside the same slice).
   training   : that restored loader feeding a ``step`` of ``step_ms`` for its own slice: the wait for each
@@ -91,22 +93,32 @@ def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[s
     loader.open()
     opened = time.perf_counter()
     before = loader.stats()
-    meter = Meter("ours", round_, start_s, max(0.0, seconds - (opened - t0)), decodes=o.decode == "frames", tick=tick)
     gen = endless(loader)
-    waits, first = [], None
+    waits: list[float] = []
+
+    def take() -> dict:
+        t = time.perf_counter()
+        batch = next(gen)
+        waits.append((time.perf_counter() - t) * 1000)
+        return batch
+
     try:
+        take()
+        first = time.perf_counter() - t0
+        for _ in range(o.threads - 1):  # the rest of the first cycle: the pipeline filling up
+            take()
+        filled = time.perf_counter()
+        meter = Meter("ours", round_, start_s + filled - t0, max(0.0, seconds - (filled - t0)),
+                      decodes=o.decode == "frames", tick=tick)
         while not (meter.over and len(waits) % o.threads == 0):
-            t = time.perf_counter()
-            batch = next(gen)
-            now = time.perf_counter()
-            waits.append((now - t) * 1000)
-            first = first if first is not None else now - t0
-            count(meter, batch)
+            count(meter, take())
         throughput = meter.result()
         state = loader.state_dict()
     finally:
         gen.close()
-    throughput_stages = stages(before, loader.stats(), consumer, throughput.seconds)
+    # the consumer's phase runs from iteration start to the last batch; the workers' until the pipeline closed
+    throughput_stages = stages(before, loader.stats(), consumer, filled - opened + throughput.seconds,
+                               time.perf_counter() - opened)
     t = time.perf_counter()
     restored = Loader(ref, o.split, **kw)
     restored.load_state_dict(state)
@@ -146,5 +158,6 @@ def _training(loader, gen: Iterator[dict], batch: dict, count: Counter, step, se
         batch = next(gen)
         waits.append((time.perf_counter() - t) * 1000)
     measured = meter.result()
+    gen.close()
     return (measured, tuple(waits), step.gpu_busy_s - busy0 if step.cuda else None,
-            stages(before, loader.stats(), consumer, measured.seconds, stepping))
+            stages(before, loader.stats(), consumer, measured.seconds, meter.elapsed(), stepping))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import sys
 from pathlib import Path
 
 from dsbuild.bench.dataset import Dataset
@@ -44,7 +45,8 @@ class Peer:
     @classmethod
     def missing(cls) -> str | None:
         """Why this peer cannot run here (None when it can)."""
-        if importlib.util.find_spec(cls.module) is None:
+        # (imported already: Mosaic's package may be the shim of ``export.mds``, which find_spec refuses)
+        if cls.module not in sys.modules and importlib.util.find_spec(cls.module) is None:
             return f"{cls.package} is not installed (pip install 'dsbuild[peers]')"
         return None
 

@@ -46,13 +46,14 @@ class Stages(Record):
         return max(0.0, self.wall - self.wait - self.h2d - self.step)
 
 
-def stages(before: dict, after: dict, consumer: str, wall: float, step: float = 0.0) -> Stages:
-    """The phase between two ``loader.stats()`` snapshots; ``consumer`` names the training loop's thread,
-    ``wall`` is the phase's duration (every worker thread's wall time too)."""
+def stages(before: dict, after: dict, consumer: str, wall: float, workers_wall: float, step: float = 0.0) -> Stages:
+    """The phase between two ``loader.stats()`` snapshots; ``consumer`` names the training loop's thread and
+    ``wall`` is its time in the phase; ``workers_wall`` runs until the pipeline was shut down (batches in
+    flight when the phase ended were finished, then dropped)."""
     def delta(name: str, key: str) -> float:
         return after["threads"].get(name, {}).get(key, 0) - before["threads"].get(name, {}).get(key, 0)
 
-    workers = {name: ThreadTime(*(delta(name, s) for s in WORKER_STAGES), wall=wall,
+    workers = {name: ThreadTime(*(delta(name, s) for s in WORKER_STAGES), wall=workers_wall,
                                 batches=int(delta(name, "batches")))
                for name in sorted(after["threads"]) if name != consumer}
     return Stages(wall, delta(consumer, "wait"), delta(consumer, "h2d"), step,

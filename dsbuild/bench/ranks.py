@@ -1,11 +1,17 @@
-"""``--ranks W``: W processes on this machine as simulated data-parallel ranks r of W.
+"""Our loader runs in its own processes: ``--ranks W`` processes as data-parallel ranks r of W (W=1: one).
+
+Why processes, even for one rank: a loader's speed varies from process to process more than from round
+to round within one (thread placement, memory layout: the reason pyperf measures in worker processes;
+here about +-10% in bytes mode against 1-3% within a process). Each round's ranks are fresh processes,
+all started before the rounds (start-up), so the spread over rounds includes that variation and the
+gate weighs drops against it. Beyond ``FRESH_LIMIT`` processes one set of ranks serves every round.
 
 Each rank is ``python -m dsbuild.bench.ranks``, spoken to in JSON lines: the parent sends the setup, then
-one line per round (its slices); the rank answers each with its ``OursRound`` as JSON (validated on
-arrival, like any record) or with an error. Rounds start on every rank at once and the parent waits for
-all of them, so rank rounds interleave with the baselines exactly as one process does. Nothing is
-pickled. A rank ignores Ctrl-C (the parent handles it and ends the ranks) and exits when its input
-closes, so none outlives the parent.
+one line per round (its slices); the rank answers with progress ticks and its ``OursRound`` as JSON
+(validated on arrival, like any record) or with an error. Rounds start on every rank at once and the
+parent waits for all of them, so rank rounds interleave with the baselines. Nothing is pickled. A rank
+ignores Ctrl-C (the parent handles it and ends the ranks) and exits when its input closes, so none
+outlives the parent.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dsbuild.core import errors
 from dsbuild.core.jsonio import loads_bounded
 from dsbuild.core.records import Record
 
+FRESH_LIMIT = 16  # processes started for fresh ranks per round; more ranks x rounds reuse one set
 MAX_LINE = 64 << 20  # one round's record (per-batch waits included) is far smaller
 STRAGGLER = 0.9  # a rank below 90% of the ranks' median throughput is named a straggler
 ERRORS = {c.__name__: c for c in (errors.UsageError, errors.FormatError, errors.StorageError, errors.LineageError,
@@ -48,7 +55,9 @@ class Ranks(Record):
 
 
 class RankGroup:
-    """Starts the ranks; ``round(...)`` runs one round on all of them and returns their records."""
+    """W processes running our loader as ranks r of W. ``start()`` launches them, ``ready()`` waits until
+    they have opened the version (returning each one's step description), ``round(...)`` runs one round on
+    all of them and returns their records; ``tick(name, elapsed, frames, bytes)`` hears rank 0's progress."""
 
     def __init__(self, setup: dict, world: int):
         self.setup, self.world = setup, world
@@ -63,13 +72,15 @@ class RankGroup:
             self.procs.append(p)
             self.logs.append(log)
             self._send(p, {**self.setup, "rank": r, "world": self.world})
-        for r in range(self.world):
-            self._receive(r)
 
-    def round(self, message: dict) -> list[OursRound]:
+    def ready(self) -> list[dict]:
+        return [self._receive(r) for r in range(self.world)]
+
+    def round(self, message: dict, tick=None) -> list[OursRound]:
         for p in self.procs:
             self._send(p, message)
-        return [OursRound.from_json(self._receive(r), f"rank {r} round") for r in range(self.world)]
+        return [OursRound.from_json(self._receive(r, tick if r == 0 else None), f"rank {r} round")
+                for r in range(self.world)]
 
     def stop(self) -> None:
         for p in self.procs:
@@ -80,27 +91,43 @@ class RankGroup:
             p.wait()
             p.stdout.close()
             log.close()
+        self.procs, self.logs = [], []
 
     def _send(self, p: subprocess.Popen, message: dict) -> None:
         p.stdin.write(json.dumps(message).encode() + b"\n")
         p.stdin.flush()
 
-    def _receive(self, r: int):
-        line = self.procs[r].stdout.readline(MAX_LINE)
-        if not line:
-            self.procs[r].wait()
-            self.logs[r].seek(0)
-            tail = self.logs[r].read()[-400:].decode(errors="replace").strip().splitlines()
-            raise errors.WorkerDied(f"simulated rank {r} exited (code {self.procs[r].returncode})"
-                                    + (f": {tail[-1]}" if tail else ""))
-        doc = loads_bounded(line, max_bytes=MAX_LINE, what=f"rank {r}")
-        if "error" in doc:
-            cls = ERRORS.get(doc.get("kind"))
-            message = f"rank {r}: {doc['error']}"
-            if cls is None:
-                raise RuntimeError(message)
-            raise cls(message, hint=doc.get("hint"))
-        return doc.get("result")
+    def _receive(self, r: int, tick=None):
+        while True:
+            line = self.procs[r].stdout.readline(MAX_LINE)
+            if not line:
+                self.procs[r].wait()
+                self.logs[r].seek(0)
+                tail = self.logs[r].read()[-400:].decode(errors="replace").strip().splitlines()
+                raise errors.WorkerDied(f"bench rank {r} exited (code {self.procs[r].returncode})"
+                                        + (f": {tail[-1]}" if tail else ""))
+            doc = loads_bounded(line, max_bytes=MAX_LINE, what=f"rank {r}")
+            if "tick" in doc:
+                if tick is not None:
+                    tick(*doc["tick"])
+                continue
+            if "error" in doc:
+                cls = ERRORS.get(doc.get("kind"))
+                message = f"rank {r}: {doc['error']}"
+                if cls is None:
+                    raise RuntimeError(message)
+                raise cls(message, hint=doc.get("hint"))
+            return doc["result"]
+
+
+def warm_up(o, data, device: str | None, rank: int, world: int) -> None:
+    """Imports (torch, PyAV, the loader) and the index's first read happen at start-up, not in round 1."""
+    from dsbuild.bench.harness import loader_kwargs
+    from dsbuild.loader import Loader
+
+    Loader(data.ref, o.split, **loader_kwargs(o, data.bucket_by, device, rank, world)).open()
+    if o.decode == "frames":
+        import av  # noqa: F401
 
 
 def main() -> None:
@@ -118,18 +145,22 @@ def main() -> None:
         out.write(json.dumps(doc) + "\n")
         out.flush()
 
+    def tick(meter) -> None:
+        answer({"tick": [meter.name, meter.elapsed(), meter.frames, meter.bytes]})
+
     try:
         setup = json.loads(sys.stdin.readline())
         o = BenchOptions.from_json(setup["options"], "bench options")
         data = describe(setup["ref"], o.split)
         step = Step(o.step_ms, setup["device"])
-        step.prepare()
-        answer({"result": "ready"})
+        info = step.prepare()
+        warm_up(o, data, setup["device"], setup["rank"], setup["world"])
+        answer({"result": info.to_json()})
         for line in sys.stdin:
             msg = json.loads(line)
             rec = measure_ours(o, data.ref, data.bucket_by, data.sizes, setup["device"], step, msg["seconds"],
                                msg["step_seconds"], start_s=msg["start_s"], round_=msg["round"],
-                               rank=setup["rank"], world=setup["world"])
+                               rank=setup["rank"], world=setup["world"], tick=tick)
             answer({"result": rec.to_json()})
     except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
         answer({"error": str(e), "kind": type(e).__name__, "hint": getattr(e, "hint", None)})

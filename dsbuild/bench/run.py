@@ -19,12 +19,13 @@ from dsbuild.bench.budget import Budget
 from dsbuild.bench.compare import choose
 from dsbuild.bench.dataset import Dataset, describe
 from dsbuild.bench.gate import Against
-from dsbuild.bench.harness import OursRound, measure_ours
+from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import UNITS, Measured, Meter
 from dsbuild.bench.options import BenchOptions
 from dsbuild.bench.report import BenchReport, Resolved, RunTime, machine
 from dsbuild.bench.stats import rotate
-from dsbuild.bench.step import H2D, Step, h2d_bandwidth
+from dsbuild.bench.ranks import FRESH_LIMIT, RankGroup, combine
+from dsbuild.bench.step import H2D, StepInfo, h2d_bandwidth
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ def batch_bytes(o: BenchOptions, data: Dataset) -> int:
 def run_bench(o: BenchOptions, progress: Progress | None = None, against: Against | None = None,
               clock: Callable[[], float] = time.monotonic) -> BenchReport:
     """Measure (see the module docstring) and return the report; ``against`` gates it against a saved one
-    (refusing, before measuring, runs that are not comparable). With ``ranks`` > 1 the ranks are processes
-    started with ``python -m dsbuild.bench.ranks``."""
+    (refusing, before measuring, runs that are not comparable). Our loader runs in processes started with
+    ``python -m dsbuild.bench.ranks`` (see ``dsbuild.bench.ranks``); the baselines in this one."""
     from dsbuild.loader.backends import choose_backend, probe
     from dsbuild.loader.device import resolve_device
 
@@ -89,7 +90,7 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
 
         gpu = torch.cuda.get_device_name(torch.device(device))
     scratch = Path(tempfile.mkdtemp(prefix="dsbuild-bench-"))
-    active, group = [], None
+    active, groups = [], []
     try:
         active, skipped = choose(o, data, scratch)
         diffs = against.check({**o.settings(), **resolved.to_json()}, data.facts.to_json(),
@@ -97,14 +98,13 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
         for b in active:
             say(f"preparing {b.name}")
             b.prepare()
-        step = Step(o.step_ms, device)
-        step_info = step.prepare()
-        if o.ranks > 1:
-            from dsbuild.bench.ranks import RankGroup
-
-            say(f"starting {o.ranks} rank processes")
-            group = RankGroup({"options": o.to_json(), "ref": data.ref, "device": device}, o.ranks)
-            group.start()
+        fresh = o.rounds * o.ranks <= FRESH_LIMIT
+        say(f"starting {o.rounds if fresh else 1} x {o.ranks} loader process(es)")
+        setup = {"options": o.to_json(), "ref": data.ref, "device": device}
+        groups = [RankGroup(setup, o.ranks) for _ in range(o.rounds if fresh else 1)]
+        for g in groups:
+            g.start()
+        step_info = [StepInfo.from_json(doc, "rank step") for g in groups for doc in g.ready()][0]
         startup_s = clock() - t_start
         per_round = 1 + (o.step_ms > 0) + len(active)
         budget = Budget(o.duration, o.rounds, per_round, clock)
@@ -113,10 +113,9 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
         measured: dict[str, list[Measured]] = {b.name: [] for b in active}
         by_name = {b.name: b for b in active}
 
-        def tick(meter: Meter) -> None:
-            t = max(meter.elapsed(), 1e-9)
-            value = meter.frames / t if o.decode == "frames" else meter.bytes / t * UNITS["bytes"][1]
-            say(meter.name, meter.round, budget.elapsed(), value)
+        def tick(name: str, elapsed: float, frames: float, nbytes: float, round_: int = 0) -> None:
+            t = max(elapsed, 1e-9)
+            say(name, round_, budget.elapsed(), frames / t if o.decode == "frames" else nbytes / t * UNITS["bytes"][1])
 
         interrupted = False
         try:
@@ -128,25 +127,22 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
                     seconds = budget.slice()
                     say(name, r, budget.elapsed())
                     if name == "ours":
-                        step_seconds = seconds if o.step_ms > 0 else 0.0
-                        if group is not None:
-                            from dsbuild.bench.ranks import combine
-
-                            parts = group.round({"round": r, "seconds": seconds, "step_seconds": step_seconds,
-                                                 "start_s": budget.elapsed()})
-                            mine = combine(parts)
-                        else:
-                            parts = []
-                            mine = measure_ours(o, data.ref, data.bucket_by, data.sizes, device, step, seconds,
-                                                step_seconds, start_s=budget.elapsed(), round_=r, tick=tick)
+                        group = groups[r if fresh else 0]
+                        parts = group.round({"round": r, "seconds": seconds, "start_s": budget.elapsed(),
+                                             "step_seconds": seconds if o.step_ms > 0 else 0.0},
+                                            lambda *a, r=r: tick(*a, round_=r))
+                        if fresh:
+                            group.stop()
+                        mine = parts[0] if o.ranks == 1 else combine(parts)
                         budget.spend(1 + (o.step_ms > 0))
                     else:
-                        meter = Meter(name, r, budget.elapsed(), seconds, decodes=name == "pyav", tick=tick)
+                        meter = Meter(name, r, budget.elapsed(), seconds, decodes=name == "pyav",
+                                      tick=lambda m: tick(m.name, m.elapsed(), m.frames, m.bytes, m.round))
                         by_name[name].run(meter)
                         got[name] = meter.result()
                         budget.spend()
                 ours.append(mine)
-                if parts:
+                if o.ranks > 1:
                     per_rank.append(parts)
                 for name, m in got.items():
                     measured[name].append(m)
@@ -162,8 +158,8 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
     finally:
         for b in active:
             b.close()
-        if group is not None:
-            group.stop()
+        for g in groups:
+            g.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     if interrupted:
         raise BenchInterrupted(report)

@@ -15,7 +15,7 @@ import pytest
 from tests.cli.clitools import argv, env, run
 
 CHROMIUM = Path("/usr/bin/chromium")
-GATED = ["--decode", "bytes", "--batch-size", "2", "--step-ms", "0", "--device", "cpu", "--duration", "1.5",
+GATED = ["--decode", "bytes", "--batch-size", "2", "--step-ms", "0", "--device", "cpu", "--duration", "3",
          "--rounds", "3", "--compare", "raw,sha256"]
 
 

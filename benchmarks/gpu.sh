@@ -47,15 +47,15 @@ dsbuild samples "$WORK/captures" --sessions 8 --seconds 15 --noise 24 --seed 5 >
 stamp "convert"
 dsbuild convert "$WORK/captures" "$WORK/catalog" --clip-seconds 2 --json > "$OUT/convert.json"
 
-stamp "bench: frames 224x224, batch 8, $WORKERS workers, 50 ms matmul step"
+stamp "bench: frames 224x224, batch 8, $WORKERS threads, 50 ms matmul step"
 dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode frames --resize 224x224 --batch-size 8 \
-  --workers "$WORKERS" --step-ms 50 --duration "$SECONDS_PER_RUN" --rounds 3 \
+  --threads "$WORKERS" --step-ms 50 --duration "$SECONDS_PER_RUN" --rounds 3 \
   --save "$OUT/bench-frames.json" --html "$OUT/bench-frames.html" >&2
 stamp "bench: bytes (encoded clips for GPU decoders), batch 32, 20 ms step"
-dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode bytes --batch-size 32 --workers "$WORKERS" \
+dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode bytes --batch-size 32 --threads "$WORKERS" \
   --step-ms 20 --duration "$(( SECONDS_PER_RUN / 2 ))" --rounds 3 --save "$OUT/bench-bytes.json" >&2
 stamp "bench: 2 simulated ranks sharing the GPU, frames 128x128"
 dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode frames --resize 128x128 --batch-size 8 \
-  --workers "$(( WORKERS / 2 > 0 ? WORKERS / 2 : 1 ))" --ranks 2 --step-ms 50 \
-  --duration "$(( SECONDS_PER_RUN / 2 ))" --rounds 3 --compare raw --save "$OUT/bench-ranks2.json" >&2
+  --threads "$(( WORKERS / 2 > 0 ? WORKERS / 2 : 1 ))" --ranks 2 --step-ms 50 \
+  --duration "$(( SECONDS_PER_RUN / 2 ))" --rounds 3 --save "$OUT/bench-ranks2.json" >&2
 stamp "done: $(ls "$OUT" | tr '\n' ' ')"

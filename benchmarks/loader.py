@@ -7,11 +7,11 @@ For each REF (a catalog of WebDataset shards), in interleaved rounds (rotated or
 ratios), bytes mode, no decode, epochs repeated for --seconds:
   ours_{none,shard,sample}_{1,2}t : Loader(decode="bytes", verify=..., num_workers=1|2, shuffle="none")
   ours_global_2t                   : the same with the global shuffle (random reads), verify="shard"
-  raw                              : a sequential read of the same shard files (the I/O floor)
-  sha256_2t                        : read + hashlib sha256 of the same files in 2 threads (verify floor)
-  webdataset                       : the webdataset library iterating the same tar shards
-  litdata / mosaic                 : LitData StreamingDataset / Mosaic StreamingDataset over the same member
-                                     bytes written in their own formats (peers extra; skipped with a reason)
+  raw, sha256_2t, webdataset,      : the in-run baselines of ``dsbuild bench`` (``dsbuild.bench.baselines``
+  litdata, mosaic                    and ``dsbuild.bench.peers``): a sequential read of the same shard files,
+                                     read + hashlib sha256 in 2 threads, the webdataset library on the same
+                                     tars, LitData / Mosaic StreamingDataset over the same member bytes
+                                     (peers extra; skipped with a reason). MB/s count sample payload.
   torch_procs_2                    : as_torch_dataset() in a DataLoader with 2 process workers
 Frames mode on --frames-ref (and --mixed-ref with bucket_by="resolution", no resize): ours against a bare
 PyAV loop with the same threads and resize. Decoding only what is used: crops (clip_frames) decoded from
@@ -22,14 +22,9 @@ Prints a markdown table and the command line.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import io
-import os
-import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -37,7 +32,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsbuild.lineage.catalog import open_ref  # noqa: E402
+from dsbuild.bench.baselines import PyAV, WebDatasetLib, raw, sha256  # noqa: E402
+from dsbuild.bench.dataset import describe  # noqa: E402
+from dsbuild.bench.measure import Meter  # noqa: E402
+from dsbuild.bench.peers import PEERS  # noqa: E402
 from dsbuild.loader import Loader  # noqa: E402
 from dsbuild.loader.decode import decode_pyav  # noqa: E402
 
@@ -54,30 +52,23 @@ def timed(fn, seconds: float) -> tuple[float, float]:
             return n / dt, b / dt / 1e6
 
 
+def baseline(b, frames: bool = False):
+    """A ``dsbuild.bench`` baseline as a ``timed`` function: each call runs it for a short slice."""
+    b.prepare()
+
+    def run():
+        m = Meter(b.name, 0, 0.0, 0.25, decodes=frames)
+        b.run(m)
+        r = m.result()
+        return (r.frames if frames else r.samples), r.bytes
+    return run
+
+
 class Data:
     def __init__(self, ref: str):
         self.ref = ref
-        cat, vid = open_ref(ref)
-        self.catalog, self.vid = cat, vid
-        self.manifest = cat.manifest(vid)
-        self.files = [str(cat.shard_file(s)) for s in self.manifest.shards]
-        self.index = cat.index(vid)
-        self.n = self.index.num_rows
-        self.bytes = sum(self.index["bytes"].to_pylist())
-
-    def members(self):
-        """Every sample's canonical members (the same bytes every reader gets)."""
-        from dsbuild.formats import get_format
-
-        fmt = get_format(self.manifest.shard_format)
-        for path, shard in zip(self.files, self.manifest.shards):
-            rows = self.index.filter(__import__("pyarrow.compute", fromlist=["x"]).equal(self.index["shard"], shard.path))
-            with fmt.reader(Path(path)) as r:
-                for row in rows.to_pylist():
-                    from dsbuild.formats import Entry
-                    e = Entry(row["key"], row["sha256"], row["byte_offset"], row["byte_length"],
-                              member_bytes=tuple(row["member_bytes"]))
-                    yield row["key"], r.members(e)
+        self.bench = describe(ref, None)
+        self.n, self.bytes = self.bench.facts.samples, self.bench.facts.bytes
 
 
 def ours(data: Data, verify: str, threads: int, shuffle: str = "none"):
@@ -104,125 +95,6 @@ def torch_procs(data: Data, workers: int):
     return epoch
 
 
-def raw(data: Data):
-    buf = memoryview(bytearray(8 << 20))
-
-    def epoch():
-        total = 0
-        for f in data.files:
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                while (k := os.readv(fd, [buf])) > 0:
-                    total += k
-            finally:
-                os.close(fd)
-        return data.n, data.bytes
-    return epoch
-
-
-def sha256_threads(data: Data, threads: int):
-    """Read + sha256 of the same bytes, cut into 8 MB pieces spread over ``threads`` (so one big shard is
-    hashed by every thread: the strongest floor for any verifying reader)."""
-    piece = 8 << 20
-    pieces = [(f, a) for f in data.files for a in range(0, os.path.getsize(f), piece)]
-
-    def work(part):
-        buf = memoryview(bytearray(piece))
-        for f, a in part:
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                k = os.preadv(fd, [buf], a)
-                hashlib.sha256(buf[:k]).digest()
-            finally:
-                os.close(fd)
-
-    def epoch():
-        ts = [threading.Thread(target=work, args=(pieces[i::threads],)) for i in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        return data.n, data.bytes
-    return epoch
-
-
-def webdataset_lib(data: Data):
-    import webdataset as wds
-
-    def epoch():
-        n = b = 0
-        for s in wds.WebDataset(data.files, shardshuffle=False, empty_check=False):
-            n += 1
-            b += sum(len(v) for k, v in s.items() if isinstance(v, bytes))
-        return n, b
-    return epoch
-
-
-COLUMNS = ["json", "mp4", "actions", "telemetry", "timestamps", "events"]
-
-
-def litdata_peer(data: Data, work: Path):
-    try:
-        import litdata
-        from litdata.streaming.writer import BinaryWriter
-    except Exception as e:  # noqa: BLE001 - any import failure means: skip with the reason
-        return None, f"litdata unavailable ({type(e).__name__}: {str(e)[:80]})"
-    out = work / "litdata"
-    if not (out / "index.json").exists():
-        shutil.rmtree(out, ignore_errors=True)
-        w = BinaryWriter(str(out), chunk_bytes="64MB")
-        for i, (key, members) in enumerate(data.members()):
-            w[i] = {"key": key, **{c: bytes(p) for c, (_, p) in zip(COLUMNS, members)}}
-        w.done()
-        w.merge(1)
-    ds = litdata.StreamingDataset(input_dir=str(out))
-
-    def epoch():
-        n = b = 0
-        for item in ds:
-            n += 1
-            b += sum(len(item[c]) for c in COLUMNS)
-        return n, b
-    return epoch, None
-
-
-def mosaic_peer(data: Data, work: Path):
-    try:
-        from importlib.util import find_spec
-        import types
-        if "streaming" not in sys.modules:
-            spec = find_spec("streaming")
-            if spec is None:
-                raise ImportError("mosaicml-streaming is not installed")
-            root = spec.submodule_search_locations[0]
-            for name, path in (("streaming", root), ("streaming.base", root + "/base")):  # skip torchvision
-                mod = types.ModuleType(name)
-                mod.__path__ = [path]
-                sys.modules[name] = mod
-        from streaming.base.dataset import StreamingDataset
-        from streaming.base.format.mds.writer import MDSWriter
-        from streaming.base.util import clean_stale_shared_memory
-    except Exception as e:  # noqa: BLE001
-        return None, f"mosaic unavailable ({type(e).__name__}: {str(e)[:80]})"
-    out = work / "mds"
-    if not (out / "index.json").exists():
-        shutil.rmtree(out, ignore_errors=True)
-        with MDSWriter(out=str(out), columns={"key": "str", **{c: "bytes" for c in COLUMNS}},
-                       size_limit=1 << 26) as w:
-            for key, members in data.members():
-                w.write({"key": key, **{c: bytes(p) for c, (_, p) in zip(COLUMNS, members)}})
-    clean_stale_shared_memory()
-    ds = StreamingDataset(local=str(out), shuffle=False, batch_size=32)
-
-    def epoch():
-        n = b = 0
-        for item in ds:
-            n += 1
-            b += sum(len(item[c]) for c in COLUMNS)
-        return n, b
-    return epoch, None
-
-
 def frames_ours(ref: str, threads: int, resize, bucket):
     loader = Loader(ref, batch_size=8, shuffle="none", num_workers=threads, resize=resize,
                     bucket_by=bucket, verify="shard", prefetch=2 * threads + 2)
@@ -234,36 +106,6 @@ def frames_ours(ref: str, threads: int, resize, bucket):
             f += int(b["lengths"].sum())
             n += len(b["keys"])
         return f, n
-    return epoch
-
-
-def frames_bare(data: Data, threads: int, resize):
-    import av
-
-    clips = [bytes(m[1][1]) for _, m in data.members()]
-
-    def work(part, out, k):
-        f = 0
-        for c in part:
-            with av.open(io.BytesIO(c)) as con:
-                s = con.streams.video[0]
-                s.thread_type = "AUTO"
-                for fr in con.decode(s):
-                    if resize:
-                        fr.to_ndarray(format="rgb24", width=resize[1], height=resize[0])
-                    else:
-                        fr.to_ndarray(format="rgb24")
-                    f += 1
-        out[k] = f
-
-    def epoch():
-        out = [0] * threads
-        ts = [threading.Thread(target=work, args=(clips[i::threads], out, i)) for i in range(threads)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        return sum(out), len(clips)
     return epoch
 
 
@@ -302,18 +144,19 @@ def main() -> None:
     lines = [f"command: {' '.join(sys.argv)}", ""]
     for ref in a.refs:
         data = Data(ref)
-        runs = {"raw": raw(data), "sha256_2t": sha256_threads(data, 2), "webdataset": webdataset_lib(data)}
+        runs = {"raw": baseline(raw(data.bench)), "sha256_2t": baseline(sha256(data.bench, 2)),
+                "webdataset": baseline(WebDatasetLib(data.bench))}
         for v in ("none", "shard", "sample"):
             for t in (1, 2):
                 runs[f"ours_{v}_{t}t"] = ours(data, v, t)
         runs["ours_global_shard_2t"] = ours(data, "shard", 2, "global")
         skipped = []
-        for name, peer in (("litdata", litdata_peer), ("mosaic", mosaic_peer)):
-            fn, why = peer(data, work / Path(ref).name)
-            if fn is None:
+        for name, peer in PEERS.items():
+            why = peer.missing()
+            if why:
                 skipped.append(f"{name}: {why}")
             else:
-                runs[name] = fn
+                runs[name] = baseline(peer(data.bench, work / Path(ref).name))
         try:
             runs["torch_procs_2"] = torch_procs(data, 2)
         except ImportError as e:
@@ -329,7 +172,7 @@ def main() -> None:
             return statistics.median(p[0] / q[0] for p, q in zip(results[x], results[y])) if y in results else None
 
         lines += [f"### {ref}: {data.n} samples, {data.bytes / data.n / 1e3:.0f} KB each, "
-                  f"{len(data.files)} shards", "", "| run | samples/s | MB/s |", "|---|---|---|"]
+                  f"{data.bench.facts.shards} shards", "", "| run | samples/s | MB/s |", "|---|---|---|"]
         lines += [f"| {k} | {v[0]:,.0f} | {v[1]:,.0f} |" for k, v in med.items()]
         lines += ["", "| ratio (median of per-round ratios) | value | target |", "|---|---|---|"]
         for x, y, target in (("ours_none_2t", "litdata", "≥ 1.0"), ("ours_shard_2t", "litdata", "≥ 1.0"),
@@ -349,7 +192,7 @@ def main() -> None:
             continue
         data = Data(ref)
         runs = {f"ours_{t}t": frames_ours(ref, t, size, bucket) for t in (1, 2)}
-        runs.update({f"pyav_{t}t": frames_bare(data, t, size) for t in (1, 2)})
+        runs.update({f"pyav_{t}t": baseline(PyAV(data.bench, t, size), frames=True) for t in (1, 2)})
         results = {k: [] for k in runs}
         names = list(runs)
         for r in range(a.rounds):

@@ -1,75 +1,83 @@
-"""The dataset version a bench measures, described once: identity, shards, per-sample bytes and frames.
+"""The dataset version a bench measures, described once, so every reader's work is counted the same way.
 
-Every measurement (ours and the baselines) counts work against this one description, so samples/s, frames/s
-and MB/s mean the same thing for all of them: MB are the bytes a sample occupies in its shard (tar framing
-included; Parquet: the sample's bytes as the index records them).
+MB/s counts sample payload (the index's ``bytes``: the sum of a sample's members) for every reader, ours
+and the baselines alike: a reader that also reads framing (tar headers, Parquet pages) is not credited for
+it. A reader of whole shards (the raw read, the sha256 floor) delivers every sample stored in a shard.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from dsbuild.core.errors import UsageError
+from dsbuild.core.records import SHA256, Record, spec
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetFacts(Record):
+    """What was measured: the version and split by identity, and its size (saved with every report)."""
+
+    version_id: str = field(metadata=spec(pattern=SHA256))
+    split: str | None
+    shard_format: str
+    samples: int = field(metadata=spec(minimum=0))
+    bytes: int = field(metadata=spec(minimum=0, doc="payload bytes of the split's samples"))
+    frames: int = field(metadata=spec(minimum=0))
+    shards: int = field(metadata=spec(minimum=0, doc="shards holding the split's samples"))
+    shard_bytes: int = field(metadata=spec(minimum=0))
+    resolutions: tuple[str, ...]  # WIDTHxHEIGHT, sorted
 
 
 @dataclass(frozen=True)
-class ShardFacts:
-    path: Path
-    size: int
-    samples: int  # every sample of the version stored in it
-    frames: int
+class Shard:
+    path: Path  # a local file (an object store's shards come through the verified cache)
+    bytes: int  # file size
+    samples: int  # every sample stored in it (of any split)
+    payload: int  # their payload bytes
 
 
 @dataclass(frozen=True)
 class Dataset:
-    ref: str
-    split: str | None
-    version_id: str
-    shard_format: str
-    samples: int  # in the split (or version)
-    resolutions: tuple[tuple[int, int], ...]  # (width, height)
-    sample_bytes: dict[str, int]  # key -> bytes, for every sample of the version
-    shards: tuple[ShardFacts, ...]  # the shards holding the split's samples, in index order
+    """The facts plus what the baselines need: the shard files and the split's samples in key order."""
 
-    @property
-    def bytes(self) -> int:
-        return sum(s.size for s in self.shards)
+    ref: str  # PATH@VERSION_ID: every measurement reads this exact version
+    facts: DatasetFacts
+    source: object  # dsbuild.export.source.ExportSource: proven members of the split's samples
+    shards: tuple[Shard, ...]
+    sizes: dict[str, int]  # key -> payload bytes, every sample of the version
+    frames: dict[str, int]  # key -> frames, every sample of the version
 
     @property
     def bucket_by(self) -> str | None:
         """Frames of several resolutions need buckets unless resized (the loader refuses to mix them)."""
-        return "resolution" if len(self.resolutions) > 1 else None
+        return "resolution" if len(self.facts.resolutions) > 1 else None
 
-    def to_json(self) -> dict:
-        return {"ref": self.ref, "split": self.split, "version_id": self.version_id, "format": self.shard_format,
-                "samples": self.samples, "shards": len(self.shards), "shard_bytes": self.bytes,
-                "resolutions": [f"{w}x{h}" for w, h in self.resolutions]}
+    def items(self) -> list:
+        """The split's samples as (ShardRecord, Entry), in key order within shards."""
+        return self.source.splits[0].entries()
 
 
 def describe(ref: str, split: str | None) -> Dataset:
+    from dsbuild.export.source import open_source
     from dsbuild.lineage.catalog import parse_ref
-    from dsbuild.lineage.index import read_index
-    from dsbuild.loader.source import Source
 
-    src = Source(ref, split, verify=False).open()
-    try:
-        table = read_index(src.catalog.version_dir(src.version_id) / src.manifest.index["path"],
-                           columns=["key", "shard", "length", "bytes", "frames"])
-    finally:
-        src.close()
-    col = {c: table[c].to_numpy() for c in ("length", "bytes", "frames")}
-    keys = table["key"].to_pylist()
-    sizes = np.where(col["length"] >= 0, col["length"], col["bytes"])
-    names, which = np.unique(np.array(table["shard"].to_pylist()), return_inverse=True)
-    counts = np.bincount(which, minlength=len(names))
-    frames = np.bincount(which, weights=col["frames"], minlength=len(names))
-    slot = {str(n): i for i, n in enumerate(names)}
-    facts = []
-    for rel in src.shards:
-        path = src.catalog.root / rel
-        facts.append(ShardFacts(path, path.stat().st_size, int(counts[slot[rel]]), int(frames[slot[rel]])))
-    pinned = f"{parse_ref(ref)[0]}@{src.version_id}"  # every measurement reads this exact version
-    return Dataset(ref=pinned, split=split, version_id=src.version_id, shard_format=src.format, samples=len(src),
-                   resolutions=tuple(sorted({(int(w), int(h)) for w, h in zip(src.width, src.height)})),
-                   sample_bytes=dict(zip(keys, (int(s) for s in sizes))), shards=tuple(facts))
+    if split is not None and (split.count("/") != 1 or split.startswith("/") or split.endswith("/")):
+        raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train")
+    source = open_source(ref, split)
+    table = source.catalog.index(source.version_id, ["key", "frames", "width", "height"])
+    keys = table.column("key").to_pylist()
+    frames = dict(zip(keys, table.column("frames").to_pylist()))
+    shape = dict(zip(keys, zip(table.column("width").to_pylist(), table.column("height").to_pylist())))
+    part = source.splits[0]
+    mine = [e.key for e in (e for p in part.parts for e in p.entries)]
+    if not mine:
+        raise UsageError(f"{ref}{' split ' + split if split else ''}: no samples to measure")
+    shards = tuple(Shard(source.catalog.shard_file(p.shard), p.shard.bytes, len(p.entries) + len(p.foreign),
+                         sum(source.sizes[e.key] for e in (*p.entries, *p.foreign))) for p in part.parts)
+    facts = DatasetFacts(
+        version_id=source.version_id, split=split, shard_format=source.manifest.shard_format, samples=len(mine),
+        bytes=sum(source.sizes[k] for k in mine), frames=sum(frames[k] for k in mine), shards=len(shards),
+        shard_bytes=sum(s.bytes for s in shards),
+        resolutions=tuple(f"{w}x{h}" for w, h in sorted({shape[k] for k in mine})))
+    return Dataset(f"{parse_ref(ref)[0]}@{source.version_id}", facts, source, shards, dict(source.sizes), frames)

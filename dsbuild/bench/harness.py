@@ -1,18 +1,17 @@
-"""One round of our loader, measured: throughput, time to first batch, resume, and a simulated training loop.
+"""One round of our loader: throughput, time to first batch, resume, and a simulated training loop.
 
-A round runs three phases on real batches:
-  throughput : a fresh loader, consumed as fast as it delivers for ``seconds``. Its time to first batch
-               (construction, index load, pipeline fill) is one figure; the rates are steady-state, the
-               batches after the first over the time after the first.
-  resume     : a new loader restored from the mid-epoch state_dict() the throughput phase ended at,
-               timed from construction to its first batch.
-  training   : that restored loader feeding a ``step`` of ``step_ms`` for ``step_seconds``: the wait for
-               each batch (next() including the host->device copy) and the fraction of wall time spent
-               waiting.
-Stage seconds come from ``loader.stats()`` (timestamps taken in the pipeline, per thread), so the
-decomposition is attribution, not estimation:
-  consumer : wall = wait + h2d + step + other (loop overhead, planning on the consumer's thread)
-  pipeline : per worker thread, busy = read + decode + collate, utilisation = busy / wall.
+  throughput : a fresh ``Loader`` (constructed and opened inside the slice: its index load is part of the
+               round) consumed as fast as it delivers. Its first cycle (one batch per worker thread) fills
+               the pipeline and gives the time to first batch (from construction); the rates are everything
+               delivered after it, over the time after it, up to the end of a whole cycle once the slice is
+               spent. Threads finish batches in bursts and deliver in order: a window of whole cycles counts
+               the work of every thread, where a window cut inside a burst, or from a cold start, would count
+               fill and drop finished work (tens of percent when a slice holds few batches).
+  resume     : a new loader restored from the state_dict() the throughput phase ended at, timed from
+               construction to its first batch (inside the same slice).
+  training   : that restored loader feeding a ``step`` of ``step_ms`` for its own slice: the wait for each
+               batch (``next()``, host->device copy included) and the fraction of wall time spent waiting.
+The round is a ``OursRound`` record, so rank processes hand it to the parent as JSON.
 """
 
 from __future__ import annotations
@@ -20,39 +19,36 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from dsbuild.bench.dataset import Dataset
+from dsbuild.bench.measure import Measured, Meter
 from dsbuild.bench.options import BenchOptions
-from dsbuild.bench.summary import percentiles, rate
+from dsbuild.bench.stages import Stages, stages
 from dsbuild.core.errors import DsbuildError
-
-MIN_STEPS = 2  # the training phase always runs at least this many steps, however short its time
-STAGES = ("read", "decode", "collate")
-TICK_S = 0.25
-
-Progress = Callable[[dict], None]
+from dsbuild.core.records import Record
 
 
-class Ticker:
-    """Reports current rates to ``progress`` at most every TICK_S seconds (for the live display)."""
+@dataclass(frozen=True, slots=True)
+class OursRound(Record):
+    throughput: Measured
+    training: Measured | None  # None with step_ms 0
+    open_s: float  # construction + index load
+    first_batch_s: float  # construction -> first batch
+    resume_s: float  # restore from a mid-epoch state -> first batch
+    waits_ms: tuple[float, ...]  # per batch, throughput phase: the consumer blocked in next()
+    step_waits_ms: tuple[float, ...]  # per step, training phase
+    gpu_busy_s: float | None  # CUDA event time of the steps (None on CPU)
+    corrupt: int
+    throughput_stages: Stages
+    training_stages: Stages | None
+    notes: tuple[str, ...]  # what the loader chose on the user's behalf (device, decoder)
 
-    def __init__(self, progress: Progress | None, name: str, round_: int, seconds: float):
-        self.progress, self.name, self.round, self.seconds = progress, name, round_, seconds
-        self.last = 0.0
 
-    def __call__(self, elapsed: float, samples: float, frames: float, nbytes: float, force: bool = False) -> None:
-        if self.progress is None or (not force and elapsed - self.last < TICK_S):
-            return
-        self.last = elapsed
-        e = max(elapsed, 1e-9)
-        self.progress({"measurement": self.name, "round": self.round, "elapsed": elapsed, "seconds": self.seconds,
-                       "samples_per_s": samples / e, "frames_per_s": frames / e, "mb_per_s": nbytes / e / 1e6})
-
-
-def loader_kwargs(o: BenchOptions, data: Dataset, device: str | None, rank: int = 0, world: int = 1) -> dict:
-    return {"seed": o.seed, "batch_size": o.batch_size, "num_workers": o.workers, "decode": o.decode,
-            "resize": o.resize, "bucket_by": data.bucket_by if o.decode == "frames" and o.resize is None else None,
-            "device": device, "verify": o.verify, "rank": rank, "world_size": world}
+def loader_kwargs(o: BenchOptions, bucket_by: str | None, device: str | None, rank: int, world: int) -> dict:
+    return {"seed": o.seed, "batch_size": o.batch_size, "num_workers": o.threads, "decode": o.decode,
+            "decode_backend": o.decode_backend, "resize": tuple(o.resize) if o.resize else None,
+            "bucket_by": bucket_by if o.decode == "frames" and o.resize is None else None, "device": device,
+            "verify": o.verify, "rank": rank, "world_size": world}
 
 
 def endless(loader) -> Iterator[dict]:
@@ -72,146 +68,96 @@ def endless(loader) -> Iterator[dict]:
             raise DsbuildError("the loader delivered no batches for two epochs (more ranks than batches?)")
 
 
-def _frames(batch: dict) -> int:
-    return int(batch["lengths"].sum())
+class Counter:
+    """Counts a batch's samples, frames and payload bytes the way every baseline counts them."""
+
+    def __init__(self, sizes: dict[str, int], decode: str):
+        self.sizes, self.frames = sizes, decode == "frames"
+
+    def __call__(self, meter: Meter, batch: dict) -> None:
+        keys = batch["keys"]
+        meter.add(len(keys), int(batch["lengths"].sum()) if self.frames else 0, sum(self.sizes[k] for k in keys))
 
 
-def _batch_bytes(data: Dataset, batch: dict) -> int:
-    return sum(data.sample_bytes.get(k, 0) for k in batch["keys"])
-
-
-def _stage_split(stats: dict, consumer: str, wall: float) -> dict:
-    """Per worker thread: seconds per stage, busy and utilisation over ``wall``; plus totals."""
-    workers = {}
-    for name, secs in stats["threads"].items():
-        if name == consumer:
-            continue
-        busy = sum(secs.get(s, 0.0) for s in STAGES)
-        workers[name] = {**{s: secs.get(s, 0.0) for s in STAGES}, "busy": busy, "batches": int(secs.get("batches", 0)),
-                         "wall": wall, "utilisation": busy / wall if wall > 0 else None}
-    totals = {s: stats["seconds"][s] for s in STAGES}
-    return {"wall": wall, **totals, "busy": sum(totals.values()), "workers": workers}
-
-
-def _minus(after: dict, before: dict) -> dict:
-    """stats() difference (seconds per stage and per thread)."""
-    threads = {}
-    for name, secs in after["threads"].items():
-        old = before["threads"].get(name, {})
-        threads[name] = {k: v - old.get(k, 0) for k, v in secs.items()}
-    return {"seconds": {k: v - before["seconds"][k] for k, v in after["seconds"].items()}, "threads": threads}
-
-
-def measure_ours(o: BenchOptions, data: Dataset, device: str | None, step, seconds: float, step_seconds: float,
-                 *, rank: int = 0, world: int = 1, round_: int = 0, progress: Progress | None = None) -> dict:
-    """One round of our loader (see the module docstring). ``step`` is a ``dsbuild.bench.step.Step``."""
+def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[str, int], device: str | None,
+                 step, seconds: float, step_seconds: float, *, start_s: float = 0.0, round_: int = 0,
+                 rank: int = 0, world: int = 1, tick: Callable[[Meter], None] | None = None) -> OursRound:
+    """One round (see the module docstring). ``step`` is a ``dsbuild.bench.step.Step``."""
     from dsbuild.loader import Loader
 
     consumer = threading.current_thread().name
-    kw = loader_kwargs(o, data, device, rank, world)
-    tick = Ticker(progress, "ours", round_, seconds)
-    # -- throughput ----------------------------------------------------------------------------
+    kw = loader_kwargs(o, bucket_by, device, rank, world)
+    count = Counter(sizes, o.decode)
     t0 = time.perf_counter()
-    loader = Loader(data.ref, data.split, **kw)
-    loader.state_dict()  # opens it: the index and the epoch plans
-    t_open = time.perf_counter()
+    loader = Loader(ref, o.split, **kw)
+    loader.open()
+    opened = time.perf_counter()
+    before = loader.stats()
     gen = endless(loader)
-    min_batches = o.threads + 2  # at least one whole cycle of the workers after the first batch
-    n_batches = n_samples = n_frames = n_bytes = 0
-    points: list[tuple[float, float]] = []
-    first = None
+    waits: list[float] = []
+
+    def take() -> dict:
+        t = time.perf_counter()
+        batch = next(gen)
+        waits.append((time.perf_counter() - t) * 1000)
+        return batch
+
     try:
-        while True:
-            batch = next(gen)
-            now = time.perf_counter()
-            if first is None:
-                first, t_first, first_samples, first_frames, first_bytes = \
-                    now - t0, now, len(batch["keys"]), _frames(batch), _batch_bytes(data, batch)
-            n_batches += 1
-            n_samples += len(batch["keys"])
-            n_frames += _frames(batch)
-            n_bytes += _batch_bytes(data, batch)
-            points.append((now - t_open, n_samples))
-            tick(now - t_open, n_samples, n_frames, n_bytes)
-            if now - t_open >= seconds and n_batches >= min_batches:
-                break
-        t_last = now
+        take()
+        first = time.perf_counter() - t0
+        for _ in range(o.threads - 1):  # the rest of the first cycle: the pipeline filling up
+            take()
+        filled = time.perf_counter()
+        meter = Meter("ours", round_, start_s + filled - t0, max(0.0, seconds - (filled - t0)),
+                      decodes=o.decode == "frames", tick=tick)
+        while not (meter.over and len(waits) % o.threads == 0):
+            count(meter, take())
+        throughput = meter.result()
         state = loader.state_dict()
-        # Rates are steady-state: the batches after the first, over the time after the first (which is
-        # reported as first_batch_s). Workers finish batches in bursts; from the first batch of one burst
-        # to the first of a later one is whole cycles, while the slice end falls between bursts.
-        n_steady = n_samples - first_samples
-        steady = t_last - t_first
     finally:
         gen.close()
-    t_closed = time.perf_counter()
-    stats = loader.stats()
-    wall = t_last - t_open
-    s = stats["seconds"]
-    out = {
-        "samples": n_samples, "frames": n_frames, "bytes": n_bytes, "batches": n_batches, "seconds": wall,
-        "samples_per_s": rate(n_steady, steady), "frames_per_s": rate(n_frames - first_frames, steady),
-        "mb_per_s": rate((n_bytes - first_bytes) / 1e6, steady), "batches_per_s": rate(n_batches - 1, steady),
-        "first_batch_s": first, "open_s": t_open - t0, "corrupt": stats["corrupt"],
-        "timeline": points,
-        "throughput": {
-            "consumer": {"wall": wall, "wait": s["wait"], "h2d": s["h2d"], "step": 0.0,
-                         "other": wall - s["wait"] - s["h2d"]},
-            "pipeline": _stage_split(stats, consumer, t_closed - t_open),
-        },
-    }
-    # -- resume --------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    restored = Loader(data.ref, data.split, **kw)
+    # the consumer's phase runs from iteration start to the last batch; the workers' until the pipeline closed
+    throughput_stages = stages(before, loader.stats(), consumer, filled - opened + throughput.seconds,
+                               time.perf_counter() - opened)
+    t = time.perf_counter()
+    restored = Loader(ref, o.split, **kw)
     restored.load_state_dict(state)
     gen = endless(restored)
     try:
         batch = next(gen)
-        out["resume_s"] = time.perf_counter() - t0
-        out["training"] = _training(restored, gen, batch, data, step, step_seconds, consumer, tick) \
-            if step.ms > 0 else None
+        resume_s = time.perf_counter() - t
+        training = _training(restored, gen, batch, count, step, step_seconds, consumer,
+                             start_s + time.perf_counter() - t0, round_, o.decode, tick) if step.ms > 0 else None
     finally:
         gen.close()
-    return out
+    corrupt = loader.stats()["corrupt"] + restored.stats()["corrupt"]
+    return OursRound(throughput=throughput, training=training[0] if training else None, open_s=opened - t0,
+                     first_batch_s=first, resume_s=resume_s, waits_ms=tuple(waits),
+                     step_waits_ms=training[1] if training else (), gpu_busy_s=training[2] if training else None,
+                     corrupt=corrupt, throughput_stages=throughput_stages,
+                     training_stages=training[3] if training else None,
+                     notes=tuple(dict.fromkeys(loader.stats()["notes"])))
 
 
-def _training(loader, gen: Iterator[dict], batch: dict, data: Dataset, step, seconds: float, consumer: str,
-              tick: Ticker) -> dict:
-    """Feed ``step`` from ``gen`` for ``seconds``: per-step data wait, wait fraction, GPU busy time."""
+def _training(loader, gen: Iterator[dict], batch: dict, count: Counter, step, seconds: float, consumer: str,
+              start_s: float, round_: int, decode: str, tick: Callable[[Meter], None] | None):
+    """Feed ``step`` from ``gen`` for ``seconds``: (Measured, per-step waits in ms, GPU busy s, Stages)."""
     before = loader.stats()
     busy0 = step.gpu_busy_s
+    meter = Meter("ours+step", round_, start_s, seconds, decodes=decode == "frames", tick=tick)
     waits: list[float] = []
-    step_s = 0.0
-    n_samples = n_frames = n_bytes = 0
-    t_start = time.perf_counter()
-    tick.name = "ours+step"
+    stepping = 0.0
     while True:
         t = time.perf_counter()
         step(batch)
-        now = time.perf_counter()
-        step_s += now - t
-        if now - t_start >= seconds and len(waits) >= MIN_STEPS:
+        stepping += time.perf_counter() - t
+        count(meter, batch)
+        if meter.over:
             break
         t = time.perf_counter()
         batch = next(gen)
-        waits.append(time.perf_counter() - t)
-        n_samples += len(batch["keys"])
-        n_frames += _frames(batch)
-        n_bytes += _batch_bytes(data, batch)
-        tick(time.perf_counter() - t_start, n_samples, n_frames, n_bytes)
-    wall = time.perf_counter() - t_start
+        waits.append((time.perf_counter() - t) * 1000)
+    measured = meter.result()
     gen.close()
-    t_closed = time.perf_counter()
-    d = _minus(loader.stats(), before)
-    waited = sum(waits)
-    gpu_busy = step.gpu_busy_s - busy0
-    return {
-        "steps": len(waits) + 1, "seconds": wall, "samples_per_s": rate(n_samples, wall),
-        "frames_per_s": rate(n_frames, wall), "waits": waits, "wait_fraction": waited / wall,
-        "wait_ms": {k: (v * 1000 if v is not None else None) for k, v in percentiles(waits).items()},
-        "gpu_busy_s": gpu_busy if step.cuda else None,
-        "gpu_idle_fraction": max(0.0, 1 - gpu_busy / wall) if step.cuda else None,
-        "consumer": {"wall": wall, "data_wait": waited, "wait": d["seconds"]["wait"], "h2d": d["seconds"]["h2d"],
-                     "step": step_s, "other": wall - waited - step_s},
-        "pipeline": _stage_split(d, consumer, t_closed - t_start),
-    }
+    return (measured, tuple(waits), step.gpu_busy_s - busy0 if step.cuda else None,
+            stages(before, loader.stats(), consumer, measured.seconds, meter.elapsed(), stepping))

@@ -1,62 +1,62 @@
-"""What a bench run measures: one typed record, validated when built, written into the report."""
+"""What a bench run measures: one typed record, validated when built, saved in the report.
+
+Every field but ``ref`` and ``duration`` is a *setting*: two reports are comparable only when their settings
+are equal (``dsbuild.bench.gate``), because each changes what is measured. ``ref`` is where the data was
+read from (the dataset is compared by version id and split instead); ``duration`` only changes how long
+each round lasts, not what a round measures.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
 from dsbuild.core.errors import UsageError
+from dsbuild.core.records import Record, spec
+from dsbuild.loader.options import BACKENDS, VERIFY
 
-BASELINES = ("raw", "pyav", "webdataset")
+DECODES = ("frames", "bytes")
 DEVICES = ("auto", "cuda", "cpu")
+NOT_SETTINGS = ("ref", "duration")
 
 
-@dataclass(frozen=True)
-class BenchOptions:
-    ref: str
-    split: str | None = None
-    batch_size: int = 8  # the loader's default
-    workers: int = 2  # the loader's default: decode threads per rank
-    ranks: int = 1  # simulated data-parallel ranks (processes on this machine)
-    step_ms: float = 50.0  # a small model's training step; 0 skips the training simulation
-    decode: str = "frames"  # frames (uint8 arrays) or bytes (encoded clips)
-    resize: tuple[int, int] | None = None  # (height, width); None keeps sizes and buckets by resolution
-    device: str = "auto"  # cuda when present, else cpu (torch tensors); numpy when torch is missing
-    duration: float = 30.0  # seconds measured in all, split over rounds and measurements
-    rounds: int = 3  # interleaved rounds: medians need at least three
-    compare: tuple[str, ...] = BASELINES  # baselines measured in the same run
-    seed: int = 0
-    verify: bool = True  # the loader's default: check each sample's sha256
+@dataclass(frozen=True, slots=True)
+class BenchOptions(Record):
+    ref: str  # PATH[@VERSION]
+    split: str | None = None  # NAME/SPLIT
+    batch_size: int = field(default=8, metadata=spec(minimum=1, doc="the loader's default"))
+    threads: int = field(default=2, metadata=spec(minimum=1, doc="loader threads per rank (the loader's default)"))
+    ranks: int = field(default=1, metadata=spec(minimum=1, doc="simulated data-parallel ranks (processes)"))
+    step_ms: float = field(default=50.0, metadata=spec(minimum=0, doc="a small model's step; 0: no training loop"))
+    decode: str = "frames"  # frames (uint8 arrays) or bytes (encoded clips for a GPU decoder)
+    decode_backend: str = "pyav"  # the loader's default; auto picks NVDEC where CUDA and torchcodec are present
+    resize: tuple[int, ...] | None = None  # (height, width); None keeps sizes and buckets by resolution
+    verify: str = "sample"  # the loader's default: sha256 of each sample read
+    device: str = "auto"  # cuda when present, else cpu tensors; numpy when torch is missing
+    duration: float = field(default=30.0, metadata=spec(minimum=0, doc="wall seconds of all rounds together"))
+    rounds: int = field(default=5, metadata=spec(minimum=1, doc="interleaved rounds; the gate needs 3 or more"))
+    compare: tuple[str, ...] | None = None  # baselines by name; None: every one that applies (peers if installed)
+    seed: int = field(default=0, metadata=spec(minimum=0))
 
     def __post_init__(self) -> None:
-        if self.decode not in ("frames", "bytes"):
-            raise UsageError(f"--decode must be frames or bytes, not {self.decode!r}")
-        if self.device not in DEVICES:
-            raise UsageError(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}")
-        bad = [c for c in self.compare if c not in BASELINES]
-        if bad:
-            raise UsageError(f"--compare: unknown baseline {bad[0]!r}; choose from {', '.join(BASELINES)}")
-        if self.batch_size < 1 or self.workers < 0 or self.ranks < 1 or self.rounds < 1:
-            raise UsageError("--batch-size, --ranks and --rounds must be >= 1 and --workers >= 0")
-        if self.step_ms < 0 or self.duration <= 0:
-            raise UsageError("--step-ms must be >= 0 and --duration > 0")
+        for flag, value, allowed in (("--decode", self.decode, DECODES), ("--device", self.device, DEVICES),
+                                     ("--verify", self.verify, VERIFY), ("--decode-backend", self.decode_backend, BACKENDS)):
+            if value not in allowed:
+                raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+        for flag, value, low in (("--batch-size", self.batch_size, 1), ("--threads", self.threads, 1),
+                                 ("--ranks", self.ranks, 1), ("--rounds", self.rounds, 1), ("--seed", self.seed, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise UsageError(f"{flag} must be a whole number >= {low}, not {value!r}")
+        if not self.step_ms >= 0:
+            raise UsageError(f"--step-ms must be >= 0, not {self.step_ms!r}")
+        if not self.duration > 0:
+            raise UsageError(f"--duration must be > 0 seconds, not {self.duration!r}")
+        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
+            raise UsageError(f"--resize must be HEIGHTxWIDTH, not {self.resize!r}")
 
-    @property
-    def threads(self) -> int:
-        """Decode threads per rank (the loader runs one thread when workers=0)."""
-        return max(1, self.workers)
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["resize"] = list(self.resize) if self.resize else None
-        d["compare"] = list(self.compare)
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict) -> BenchOptions:
-        d = dict(d)
-        d["resize"] = tuple(d["resize"]) if d.get("resize") else None
-        d["compare"] = tuple(d.get("compare", ()))
-        return cls(**d)
+    def settings(self) -> dict:
+        """The fields that define what is measured (see the module docstring)."""
+        doc = self.to_json()
+        return {k: v for k, v in doc.items() if k not in NOT_SETTINGS}
 
 
 def parse_resize(text: str | None) -> tuple[int, int] | None:
@@ -69,9 +69,11 @@ def parse_resize(text: str | None) -> tuple[int, int] | None:
     return int(h), int(w)
 
 
-def parse_compare(text: str | None) -> tuple[str, ...]:
-    """'raw,pyav' -> ('raw', 'pyav'); '' or 'none' -> ()."""
-    if text is None:
-        return BASELINES
-    parts = tuple(p.strip() for p in text.split(",") if p.strip() and p.strip() != "none")
+def parse_compare(text: str | None) -> tuple[str, ...] | None:
+    """'auto' (or nothing) -> None (every baseline that applies); 'none' -> (); 'raw,webdataset' -> names."""
+    if text is None or text.strip() == "auto":
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if parts == ["none"]:
+        return ()
     return tuple(dict.fromkeys(parts))

@@ -1,195 +1,209 @@
-"""--ranks W: W processes on this machine as simulated data-parallel ranks.
+"""Our loader runs in its own processes: ``--ranks W`` processes as data-parallel ranks r of W (W=1: one).
 
-Each rank is a spawned process running ``measure_ours`` as rank r of W (its own loader, threads and
-step). A barrier of W ranks + the parent starts every round on all ranks together and holds the parent
-until all have finished it, so rank rounds interleave with the baselines exactly as the single-process
-``ours`` does. Ranks report through JSON files (nothing is pickled but the process arguments).
+Why processes, even for one rank: a loader's speed varies from process to process more than from round
+to round within one (thread placement, memory layout: the reason pyperf measures in worker processes;
+here about +-10% in bytes mode against 1-3% within a process). Each round's ranks are fresh processes,
+all started before the rounds (start-up), so the spread over rounds includes that variation and the
+gate weighs drops against it. Beyond ``FRESH_LIMIT`` processes one set of ranks serves every round.
+
+Each rank is ``python -m dsbuild.bench.ranks``, spoken to in JSON lines: the parent sends the setup, then
+one line per round (its slices); the rank answers with progress ticks and its ``OursRound`` as JSON
+(validated on arrival, like any record) or with an error. Rounds start on every rank at once and the
+parent waits for all of them, so rank rounds interleave with the baselines. Nothing is pickled. A rank
+ignores Ctrl-C (the parent handles it and ends the ranks) and exits when its input closes, so none
+outlives the parent.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
-from pathlib import Path
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
 
-from dsbuild.bench.summary import percentiles, spread
-from dsbuild.core.errors import DsbuildError
+from dsbuild.bench.harness import OursRound
+from dsbuild.bench.measure import Measured
+from dsbuild.bench.stages import total
+from dsbuild.bench.stats import Spread, summarise
+from dsbuild.core import errors
+from dsbuild.core.jsonio import loads_bounded
+from dsbuild.core.records import Record
 
-START_TIMEOUT_S = 900.0  # a rank's start (imports, opening the index) on a loaded machine
+FRESH_LIMIT = 16  # processes started for fresh ranks per round; more ranks x rounds reuse one set
+MAX_LINE = 64 << 20  # one round's record (per-batch waits included) is far smaller
 STRAGGLER = 0.9  # a rank below 90% of the ranks' median throughput is named a straggler
+ERRORS = {c.__name__: c for c in (errors.UsageError, errors.FormatError, errors.StorageError, errors.LineageError,
+                                  errors.CorruptDataError, errors.CheckFailed)}
 
 
-def rank_main(options: str, rank: int, world: int, device: str | None, seconds: float, rounds: int,
-              outdir: str, barrier) -> None:
-    """Entry point of one rank process (module level, so spawn can import it)."""
+@dataclass(frozen=True, slots=True)
+class RankFacts(Record):
+    rank: int
+    figure: Spread | None  # frames/s or MB/s over rounds
+    first_batch_s: Spread | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ranks(Record):
+    world_size: int
+    per_rank: tuple[RankFacts, ...]
+    skew: float | None  # slowest / fastest median
+    stragglers: tuple[int, ...]  # ranks below STRAGGLER x the median rank
+
+
+class RankGroup:
+    """W processes running our loader as ranks r of W. ``start()`` launches them, ``ready()`` waits until
+    they have opened the version (returning each one's step description), ``round(...)`` runs one round on
+    all of them and returns their records; ``tick(name, elapsed, frames, bytes)`` hears rank 0's progress."""
+
+    def __init__(self, setup: dict, world: int):
+        self.setup, self.world = setup, world
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+
+    def start(self) -> None:
+        for r in range(self.world):
+            log = tempfile.TemporaryFile()
+            p = subprocess.Popen([sys.executable, "-m", "dsbuild.bench.ranks"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=log)
+            self.procs.append(p)
+            self.logs.append(log)
+            self._send(p, {**self.setup, "rank": r, "world": self.world})
+
+    def ready(self) -> list[dict]:
+        return [self._receive(r) for r in range(self.world)]
+
+    def round(self, message: dict, tick=None) -> list[OursRound]:
+        for p in self.procs:
+            self._send(p, message)
+        return [OursRound.from_json(self._receive(r, tick if r == 0 else None), f"rank {r} round")
+                for r in range(self.world)]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.stdin.close()
+                p.terminate()
+        for p, log in zip(self.procs, self.logs):
+            p.wait()
+            p.stdout.close()
+            log.close()
+        self.procs, self.logs = [], []
+
+    def _send(self, p: subprocess.Popen, message: dict) -> None:
+        p.stdin.write(json.dumps(message).encode() + b"\n")
+        p.stdin.flush()
+
+    def _receive(self, r: int, tick=None):
+        while True:
+            line = self.procs[r].stdout.readline(MAX_LINE)
+            if not line:
+                self.procs[r].wait()
+                self.logs[r].seek(0)
+                tail = self.logs[r].read()[-400:].decode(errors="replace").strip().splitlines()
+                raise errors.WorkerDied(f"bench rank {r} exited (code {self.procs[r].returncode})"
+                                        + (f": {tail[-1]}" if tail else ""))
+            doc = loads_bounded(line, max_bytes=MAX_LINE, what=f"rank {r}")
+            if "tick" in doc:
+                if tick is not None:
+                    tick(*doc["tick"])
+                continue
+            if "error" in doc:
+                cls = ERRORS.get(doc.get("kind"))
+                message = f"rank {r}: {doc['error']}"
+                if cls is None:
+                    raise RuntimeError(message)
+                raise cls(message, hint=doc.get("hint"))
+            return doc["result"]
+
+
+def warm_up(o, data, device: str | None, rank: int, world: int) -> None:
+    """Imports (torch, PyAV, the loader) and the index's first read happen at start-up, not in round 1."""
+    from dsbuild.bench.harness import loader_kwargs
+    from dsbuild.loader import Loader
+
+    Loader(data.ref, o.split, **loader_kwargs(o, data.bucket_by, device, rank, world)).open()
+    if o.decode == "frames":
+        import av  # noqa: F401
+
+
+def main() -> None:
+    """A rank process: setup line, then one line per round, until its input closes."""
     from dsbuild.bench.dataset import describe
     from dsbuild.bench.harness import measure_ours
     from dsbuild.bench.options import BenchOptions
     from dsbuild.bench.step import Step
 
-    out = Path(outdir)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the protocol
+
+    def answer(doc: dict) -> None:
+        out.write(json.dumps(doc) + "\n")
+        out.flush()
+
+    def tick(meter) -> None:
+        answer({"tick": [meter.name, meter.elapsed(), meter.frames, meter.bytes]})
+
     try:
-        o = BenchOptions.from_json(json.loads(options))
-        data = describe(o.ref, o.split)
-        step = Step(o.step_ms, device)
-        step.prepare()
-        results = []
-        for r in range(rounds):
-            barrier.wait(START_TIMEOUT_S)
-            results.append(measure_ours(o, data, device, step, seconds, seconds, rank=rank, world=world, round_=r))
-            barrier.wait(START_TIMEOUT_S + 20 * seconds)
-        (out / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "rounds": results}))
-    except threading.BrokenBarrierError:
-        return  # another rank failed and said why
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
-        (out / f"rank-{rank}.error").write_text(f"{type(e).__name__}: {e}")
-        barrier.abort()
-        raise SystemExit(1)
+        setup = json.loads(sys.stdin.readline())
+        o = BenchOptions.from_json(setup["options"], "bench options")
+        data = describe(setup["ref"], o.split)
+        step = Step(o.step_ms, setup["device"])
+        info = step.prepare()
+        warm_up(o, data, setup["device"], setup["rank"], setup["world"])
+        answer({"result": info.to_json()})
+        for line in sys.stdin:
+            msg = json.loads(line)
+            rec = measure_ours(o, data.ref, data.bucket_by, data.sizes, setup["device"], step, msg["seconds"],
+                               msg["step_seconds"], start_s=msg["start_s"], round_=msg["round"],
+                               rank=setup["rank"], world=setup["world"], tick=tick)
+            answer({"result": rec.to_json()})
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+        answer({"error": str(e), "kind": type(e).__name__, "hint": getattr(e, "hint", None)})
 
 
-class RankGroup:
-    """Spawns the ranks; ``round(r)`` runs round r on all of them; ``finish()`` returns their results."""
-
-    def __init__(self, options: dict, world: int, device: str | None, seconds: float, rounds: int, workdir: Path):
-        self.options, self.world, self.device = options, world, device
-        self.seconds, self.rounds, self.workdir = seconds, rounds, Path(workdir)
-        self.procs: list = []
-        self._watching = False
-
-    def start(self) -> None:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self.barrier = ctx.Barrier(self.world + 1)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        for r in range(self.world):
-            p = ctx.Process(target=rank_main, name=f"bench-rank-{r}",
-                            args=(json.dumps(self.options), r, self.world, self.device, self.seconds, self.rounds,
-                                  str(self.workdir), self.barrier))
-            p.start()
-            self.procs.append(p)
-        self._watching = True
-        threading.Thread(target=self._watch, name="bench-rank-watch", daemon=True).start()
-
-    def _watch(self) -> None:
-        """A rank that dies without a word (killed, out of memory) breaks the barrier instead of hanging it."""
-        while self._watching:
-            if any(p.exitcode not in (None, 0) for p in self.procs):
-                self.barrier.abort()
-                return
-            time.sleep(0.5)
-
-    def _wait(self, timeout: float) -> None:
-        try:
-            self.barrier.wait(timeout)
-        except threading.BrokenBarrierError:
-            self._fail()
-
-    def _fail(self) -> None:
-        for p in self.procs:
-            p.join(10)
-        errors = sorted(self.workdir.glob("rank-*.error"))
-        why = "; ".join(f"{e.stem.replace('.error', '')}: {e.read_text()}" for e in errors)
-        codes = {p.name: p.exitcode for p in self.procs if p.exitcode not in (0, None)}
-        raise DsbuildError(f"a simulated rank failed ({why or codes or 'timed out'})")
-
-    def round(self, r: int) -> None:
-        self._wait(START_TIMEOUT_S)
-        self._wait(START_TIMEOUT_S + 20 * self.seconds)
-
-    def finish(self) -> list[list[dict]]:
-        for p in self.procs:
-            p.join()
-        self._watching = False
-        if any(p.exitcode != 0 for p in self.procs):
-            self._fail()
-        return [json.loads((self.workdir / f"rank-{r}.json").read_text())["rounds"] for r in range(self.world)]
-
-    def stop(self) -> None:
-        """Abandon the ranks (the parent is failing or interrupted)."""
-        self._watching = False
-        if self.procs:
-            self.barrier.abort()
-            for p in self.procs:
-                p.join(30)
-                if p.is_alive():
-                    p.terminate()
+def _merge_points(parts: list[Measured]) -> tuple[tuple[float, ...], ...]:
+    """Ranks' cumulative samples taken at about the same seconds, added up (as many as the shortest has)."""
+    n = min(len(p.points) for p in parts)
+    return tuple((max(p.points[i][0] for p in parts), *(sum(p.points[i][k] for p in parts) for k in (1, 2, 3)))
+                 for i in range(n))
 
 
-def _sum_split(parts: list[tuple[int, dict]]) -> dict:
-    """Merge per-rank pipeline splits: seconds and walls add up, workers are named rank<r>/<thread>."""
-    out = {"wall": 0.0, "read": 0.0, "decode": 0.0, "collate": 0.0, "busy": 0.0, "workers": {}}
-    for r, p in parts:
-        for k in ("wall", "read", "decode", "collate", "busy"):
-            out[k] += p[k]
-        for name, w in p["workers"].items():
-            out["workers"][f"rank{r}/{name}"] = w
-    return out
+def _merge(parts: list[Measured]) -> Measured:
+    return Measured(parts[0].name, parts[0].round, min(p.start_s for p in parts), max(p.seconds for p in parts),
+                    sum(p.samples for p in parts), None if parts[0].frames is None else sum(p.frames for p in parts),
+                    sum(p.bytes for p in parts), _merge_points(parts))
 
 
-def _sum(dicts: list[dict]) -> dict:
-    return {k: sum(d[k] for d in dicts) for k in dicts[0]}
+def combine(rounds: list[OursRound]) -> OursRound:
+    """One round across ranks (they ran at the same time): work adds up, latencies take the slowest."""
+    names = [f"rank{r}" for r in range(len(rounds))]
+    trained = [x.training for x in rounds if x.training is not None]
+    busy = [x.gpu_busy_s for x in rounds]
+    return OursRound(
+        throughput=_merge([x.throughput for x in rounds]), training=_merge(trained) if trained else None,
+        open_s=max(x.open_s for x in rounds), first_batch_s=max(x.first_batch_s for x in rounds),
+        resume_s=max(x.resume_s for x in rounds), waits_ms=tuple(w for x in rounds for w in x.waits_ms),
+        step_waits_ms=tuple(w for x in rounds for w in x.step_waits_ms),
+        gpu_busy_s=None if None in busy else sum(busy), corrupt=sum(x.corrupt for x in rounds),
+        throughput_stages=total([x.throughput_stages for x in rounds], names),
+        training_stages=total([x.training_stages for x in rounds if x.training_stages], names),
+        notes=tuple(dict.fromkeys(n for x in rounds for n in x.notes)))
 
 
-def _merge_timelines(lines: list[list]) -> list[tuple[float, float]]:
-    steps = []
-    for points in lines:
-        prev = 0.0
-        for t, n in points:
-            steps.append((t, n - prev))
-            prev = n
-    steps.sort()
-    total, out = 0.0, []
-    for t, d in steps:
-        total += d
-        out.append((t, total))
-    return out
-
-
-def combine(rounds: list[dict]) -> dict:
-    """One round across ranks (they ran at the same time): rates add up, latencies take the slowest."""
-    out = {k: sum(x[k] for x in rounds) for k in ("samples", "frames", "bytes", "batches", "corrupt")}
-    for k in ("samples_per_s", "frames_per_s", "mb_per_s", "batches_per_s"):
-        out[k] = sum(x[k] or 0.0 for x in rounds)
-    for k in ("seconds", "first_batch_s", "open_s", "resume_s"):
-        out[k] = max(x[k] for x in rounds)
-    out["timeline"] = _merge_timelines([x["timeline"] for x in rounds])
-    out["throughput"] = {"consumer": _sum([x["throughput"]["consumer"] for x in rounds]),
-                         "pipeline": _sum_split([(r, x["throughput"]["pipeline"]) for r, x in enumerate(rounds)])}
-    if rounds[0].get("training") is None:
-        out["training"] = None
-        return out
-    tr = [x["training"] for x in rounds]
-    waits = [w for t in tr for w in t["waits"]]
-    consumer = _sum([t["consumer"] for t in tr])
-    busy = [t["gpu_busy_s"] for t in tr]
-    out["training"] = {
-        "steps": sum(t["steps"] for t in tr), "seconds": max(t["seconds"] for t in tr),
-        "samples_per_s": sum(t["samples_per_s"] or 0.0 for t in tr),
-        "frames_per_s": sum(t["frames_per_s"] or 0.0 for t in tr), "waits": waits,
-        "wait_fraction": consumer["data_wait"] / consumer["wall"],
-        "wait_ms": {k: (v * 1000 if v is not None else None) for k, v in percentiles(waits).items()},
-        "gpu_busy_s": None if None in busy else sum(busy),
-        "gpu_idle_fraction": None if None in busy else max(0.0, 1 - sum(busy) / consumer["wall"]),
-        "consumer": consumer,
-        "pipeline": _sum_split([(r, t["pipeline"]) for r, t in enumerate(tr)]),
-    }
-    return out
-
-
-def rank_summary(per_rank: list[list[dict]]) -> dict:
-    """Per-rank throughput (medians over rounds), skew = slowest / fastest, and the stragglers by name."""
-    ranks = []
-    for r, rounds in enumerate(per_rank):
-        tr = [x["training"] for x in rounds if x.get("training")]
-        ranks.append({"rank": r, "samples_per_s": spread([x["samples_per_s"] for x in rounds]),
-                      "frames_per_s": spread([x["frames_per_s"] for x in rounds]),
-                      "first_batch_s": spread([x["first_batch_s"] for x in rounds]),
-                      "wait_fraction": spread([t["wait_fraction"] for t in tr])})
-    medians = [x["samples_per_s"]["median"] for x in ranks]
+def rank_facts(per_rank: list[list[OursRound]], decode: str) -> Ranks:
+    """Per-rank medians (``per_rank[r]`` = rank r's rounds), the skew (slowest / fastest) and the stragglers."""
+    facts = [RankFacts(r, summarise([x.throughput.figure(decode) for x in rounds]),
+                       summarise([x.first_batch_s for x in rounds])) for r, rounds in enumerate(per_rank)]
+    medians = [f.figure.median if f.figure else 0.0 for f in facts]
     mid = sorted(medians)[len(medians) // 2]
-    return {"world_size": len(per_rank), "per_rank": ranks,
-            "skew": min(medians) / max(medians) if max(medians) > 0 else None,
-            "slowest": f"rank {medians.index(min(medians))}", "fastest": f"rank {medians.index(max(medians))}",
-            "stragglers": [f"rank {r}" for r, m in enumerate(medians) if m < STRAGGLER * mid]}
+    return Ranks(len(facts), tuple(facts), min(medians) / max(medians) if max(medians) > 0 else None,
+                 tuple(r for r, m in enumerate(medians) if m < STRAGGLER * mid))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,104 +1,182 @@
-"""A bench run: ours and the baselines in short interleaved rounds, then one report.
+"""A bench run: start-up, then ours and the baselines in interleaved rounds within ``--duration``, then one
+report (and, against a saved report, the gate's verdicts).
 
-The measured time (``duration``) is cut into equal slices: per round, one for our loader's throughput,
-one for the training simulation (when ``step_ms`` > 0) and one per baseline. Rounds run the
-measurements in a rotated order, so none always runs first (cold cache, CPU boost). Every figure is a
-median over rounds with min/max; every ratio is the median of per-round ratios.
+Rounds run the measurements in a rotated order, so none always runs first (cold cache, CPU boost), and
+only whole rounds count: a ratio pairs two measurements of the same round. Ctrl-C during the rounds ends
+the run with ``BenchInterrupted`` carrying the report of the rounds finished so far.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
-from dsbuild.bench.baselines import make
+from dsbuild.bench.budget import Budget
+from dsbuild.bench.compare import choose
 from dsbuild.bench.dataset import Dataset, describe
-from dsbuild.bench.harness import Progress, Ticker, measure_ours
+from dsbuild.bench.gate import Against
+from dsbuild.bench.harness import OursRound
+from dsbuild.bench.measure import UNITS, Measured, Meter
 from dsbuild.bench.options import BenchOptions
-from dsbuild.bench.summary import rotate
-from dsbuild.core.errors import UsageError
+from dsbuild.bench.report import BenchReport, Resolved, RunTime, machine
+from dsbuild.bench.stats import rotate
+from dsbuild.bench.ranks import FRESH_LIMIT, RankGroup, combine
+from dsbuild.bench.step import H2D, StepInfo, h2d_bandwidth
 
 
-def resolve(device: str) -> str | None:
-    """'auto' -> cuda or cpu (torch tensors); numpy (None) when torch is missing and 'auto' was asked."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        if device == "auto":
-            return None
-        raise UsageError(f"--device {device} needs torch: pip install 'dsbuild[torch]' (or --device auto)") from None
-    from dsbuild.loader.device import resolve_device
+@dataclass(frozen=True)
+class Event:
+    """Progress: start-up steps (``round`` None), then each measurement as it runs."""
 
-    return resolve_device(device)
+    what: str  # "opening the version", "preparing litdata", "ours", "pyav", ...
+    round: int | None
+    rounds: int
+    elapsed: float  # seconds of the budget spent
+    duration: float  # the budget
+    rate: float | None  # the running measurement's figure so far
+    unit: str
+
+
+Progress = Callable[[Event], None]
+
+
+class BenchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the rounds; ``report`` holds the rounds finished before it."""
+
+    def __init__(self, report: BenchReport):
+        super().__init__("interrupted")
+        self.report = report
 
 
 def batch_bytes(o: BenchOptions, data: Dataset) -> int:
     """Bytes of one batch as it crosses to the device (frames, or encoded clips): sizes the H2D test."""
+    per_sample = data.facts.bytes / data.facts.samples
     if o.decode == "bytes":
-        mean = sum(data.sample_bytes.values()) / max(1, len(data.sample_bytes))
-        return int(o.batch_size * mean)
-    h, w = o.resize or max(data.resolutions, key=lambda r: r[0] * r[1])[::-1]
-    frames = sum(s.frames for s in data.shards) / max(1, sum(s.samples for s in data.shards))
-    return int(o.batch_size * frames * h * w * 3)
+        return int(o.batch_size * per_sample)
+    w, h = (o.resize[1], o.resize[0]) if o.resize else max(
+        (tuple(map(int, r.split("x"))) for r in data.facts.resolutions), key=lambda s: s[0] * s[1])
+    return int(o.batch_size * data.facts.frames / data.facts.samples * h * w * 3)
 
 
-def run_bench(o: BenchOptions, progress: Progress | None = None) -> dict:
-    """Measure (see the module docstring) and return the report (``dsbuild.bench.report.build``).
+def run_bench(o: BenchOptions, progress: Progress | None = None, against: Against | None = None,
+              clock: Callable[[], float] = time.monotonic) -> BenchReport:
+    """Measure (see the module docstring) and return the report; ``against`` gates it against a saved one
+    (refusing, before measuring, runs that are not comparable). Our loader runs in processes started with
+    ``python -m dsbuild.bench.ranks`` (see ``dsbuild.bench.ranks``); the baselines in this one."""
+    from dsbuild.loader.backends import choose_backend, probe
+    from dsbuild.loader.device import resolve_device
 
-    With ``ranks`` > 1 the ranks are spawned processes: a script calling this needs the usual
-    ``if __name__ == "__main__":`` guard (the ``dsbuild`` command has it)."""
-    from dsbuild.bench.report import build
-    from dsbuild.bench.step import Step, h2d_bandwidth
+    t_start, started = clock(), time.time()
+    unit = UNITS[o.decode][0]
 
-    started = time.time()
+    def say(what: str, round_: int | None = None, elapsed: float = 0.0, rate: float | None = None) -> None:
+        if progress is not None:
+            progress(Event(what, round_, o.rounds, elapsed, o.duration, rate, unit))
+
+    say("opening the version")
     data = describe(o.ref, o.split)
-    device = resolve(o.device)
-    threads = o.threads * o.ranks
-    baselines = {name: make(name, data, threads, o.resize, o.decode) for name in o.compare}
-    skipped = {name: b.skip() for name, b in baselines.items() if b.skip()}
-    active = [name for name in baselines if name not in skipped]
-    units = 1 + (o.step_ms > 0) + len(active)
-    slice_s = o.duration / (o.rounds * units)
-    step = Step(o.step_ms, device)
-    calibration = step.prepare()
-    results: dict[str, list[dict]] = {name: [] for name in ["ours", *active]}
-    group = None
-    if o.ranks > 1:
-        from dsbuild.bench.ranks import RankGroup
+    device, _ = resolve_device(o.device)
+    backend = choose_backend(o.decode_backend, **dict(zip(("cuda", "installed"), probe()))) \
+        if o.decode == "frames" else None
+    resolved = Resolved(device or "numpy", backend.name if backend else None,
+                        data.bucket_by if o.decode == "frames" and o.resize is None else None)
+    gpu = None
+    if device and device.startswith("cuda"):
+        import torch
 
-        pinned = BenchOptions.from_json({**o.to_json(), "ref": data.ref})
-        workdir = Path(tempfile.mkdtemp(prefix="dsbuild-bench-ranks-"))
-        group = RankGroup(pinned.to_json(), o.ranks, device, slice_s, o.rounds, workdir)
-        group.start()
+        gpu = torch.cuda.get_device_name(torch.device(device))
+    scratch = Path(tempfile.mkdtemp(prefix="dsbuild-bench-"))
+    active, groups = [], []
     try:
-        for r in range(o.rounds):
-            for name in rotate(["ours", *active], r):
-                if progress:
-                    progress({"measurement": name, "round": r, "rounds": o.rounds, "start": True,
-                              "seconds": slice_s})
-                if name != "ours":
-                    results[name].append(baselines[name].run(slice_s, Ticker(progress, name, r, slice_s)))
-                elif group is not None:
-                    group.round(r)
-                else:
-                    results["ours"].append(measure_ours(o, data, device, step, slice_s, slice_s, round_=r,
-                                                        progress=progress))
-        per_rank = None
-        if group is not None:
-            from dsbuild.bench.ranks import combine
+        active, skipped = choose(o, data, scratch)
+        diffs = against.check({**o.settings(), **resolved.to_json()}, data.facts.to_json(),
+                              {b.name for b in active}, o.rounds) if against else ()
+        for b in active:
+            say(f"preparing {b.name}")
+            b.prepare()
+        fresh = o.rounds * o.ranks <= FRESH_LIMIT
+        say(f"starting {o.rounds if fresh else 1} x {o.ranks} loader process(es)")
+        setup = {"options": o.to_json(), "ref": data.ref, "device": device}
+        groups = [RankGroup(setup, o.ranks) for _ in range(o.rounds if fresh else 1)]
+        for g in groups:
+            g.start()
+        step_info = [StepInfo.from_json(doc, "rank step") for g in groups for doc in g.ready()][0]
+        startup_s = clock() - t_start
+        per_round = 1 + (o.step_ms > 0) + len(active)
+        budget = Budget(o.duration, o.rounds, per_round, clock)
+        ours: list[OursRound] = []
+        per_rank: list[list[OursRound]] = []
+        measured: dict[str, list[Measured]] = {b.name: [] for b in active}
+        by_name = {b.name: b for b in active}
 
-            per_rank = group.finish()
-            results["ours"] = [combine([rounds[r] for rounds in per_rank]) for r in range(o.rounds)]
-    except BaseException:
-        if group is not None:
-            group.stop()
-        raise
+        def tick(name: str, elapsed: float, frames: float, nbytes: float, round_: int = 0) -> None:
+            t = max(elapsed, 1e-9)
+            say(name, round_, budget.elapsed(), frames / t if o.decode == "frames" else nbytes / t * UNITS["bytes"][1])
+
+        interrupted = False
+        try:
+            for r in range(o.rounds):
+                if not budget.can_start_round(len(ours)):
+                    break
+                got: dict[str, Measured] = {}
+                for name in rotate(["ours", *by_name], r):
+                    seconds = budget.slice()
+                    say(name, r, budget.elapsed())
+                    if name == "ours":
+                        group = groups[r if fresh else 0]
+                        parts = group.round({"round": r, "seconds": seconds, "start_s": budget.elapsed(),
+                                             "step_seconds": seconds if o.step_ms > 0 else 0.0},
+                                            lambda *a, r=r: tick(*a, round_=r))
+                        if fresh:
+                            group.stop()
+                        mine = parts[0] if o.ranks == 1 else combine(parts)
+                        budget.spend(1 + (o.step_ms > 0))
+                    else:
+                        meter = Meter(name, r, budget.elapsed(), seconds, decodes=name == "pyav",
+                                      tick=lambda m: tick(m.name, m.elapsed(), m.frames, m.bytes, m.round))
+                        by_name[name].run(meter)
+                        got[name] = meter.result()
+                        budget.spend()
+                ours.append(mine)
+                if o.ranks > 1:
+                    per_rank.append(parts)
+                for name, m in got.items():
+                    measured[name].append(m)
+        except KeyboardInterrupt:
+            interrupted = True
+        measured_s = budget.elapsed()
+        h2d = H2D(0, None, None, "not measured: interrupted") if interrupted else \
+            h2d_bandwidth(device, batch_bytes(o, data))
+        report = _report(o, data, resolved, machine(gpu), started, RunTime(o.duration, measured_s, startup_s, o.rounds,
+                         len(ours), interrupted), ours, per_rank, measured, skipped, step_info, h2d, backend.note if backend else None)
+        if against is not None and ours and not interrupted:
+            report = replace(report, gate=against.judge(report, diffs))
     finally:
-        if group is not None:
-            import shutil
+        for b in active:
+            b.close()
+        for g in groups:
+            g.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    if interrupted:
+        raise BenchInterrupted(report)
+    return report
 
-            shutil.rmtree(group.workdir, ignore_errors=True)
-    h2d = h2d_bandwidth(device, batch_bytes(o, data))
-    return build(o, data, device, calibration, results, skipped, per_rank, h2d, slice_s,
-                 started=started, seconds=time.time() - started)
+
+def _report(o, data, resolved, machine_facts, started, runtime, ours, per_rank, measured, skipped,
+            step_info, h2d, decoder_note) -> BenchReport:
+    from dsbuild.bench import summary
+    from dsbuild.bench.ranks import rank_facts
+
+    waits, waits_of = summary.waits(ours)
+    return BenchReport(
+        options=o, resolved=resolved, dataset=data.facts, machine=machine_facts,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), time=runtime,
+        unit=summary.unit(o.decode), ours=summary.ours_figures(ours, o.decode, decoder_note),
+        baselines=summary.baseline_results(ours, measured, skipped, o.decode, machine_facts),
+        training=summary.training(ours, step_info), stages=summary.stage_totals(ours), waits_ms=waits,
+        waits_of=waits_of, h2d=h2d, ranks=rank_facts([list(r) for r in zip(*per_rank)], o.decode) if per_rank else None,
+        rounds=summary.measurements(ours, measured))

@@ -10,10 +10,25 @@ figures are reported as None with the reason.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+
+from dsbuild.bench.stats import Spread, summarise
+from dsbuild.core.records import Record
 
 NO_CUDA = "no CUDA device: runs on CPU (the step is time.sleep; a CPU build of torch cannot pin memory)"
 H2D_MAX = 256 << 20  # copies this large already run at the link's full rate
 MATMUL_N = 4096  # ~0.14 TFLOP per matmul: well above launch overhead, small enough to calibrate finely
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo(Record):
+    """What the simulated step is: none, a sleep (CPU) or a calibrated matmul (CUDA)."""
+
+    kind: str  # none | sleep | matmul
+    ms: float
+    matmul_ms: float | None = None  # one MATMUL_N x MATMUL_N float16 matmul, measured
+    repeats: int | None = None  # matmuls per step
+    gpu: str | None = None
 
 
 class Step:
@@ -25,13 +40,11 @@ class Step:
         self.cuda = bool(device and device.startswith("cuda"))
         self.repeats = 0
         self.gpu_busy_s = 0.0
-        self.calibration: dict = {}
 
-    def prepare(self) -> dict:
+    def prepare(self) -> StepInfo:
         """Calibrate the matmul count on CUDA; describe the step."""
         if not self.cuda or self.ms <= 0:
-            self.calibration = {"kind": "sleep" if self.ms > 0 else "none", "ms": self.ms}
-            return self.calibration
+            return StepInfo("sleep" if self.ms > 0 else "none", self.ms)
         import torch
 
         dev = torch.device(self.device)
@@ -51,9 +64,7 @@ class Step:
         end.synchronize()
         per = start.elapsed_time(end) / n
         self.repeats = max(1, round(self.ms / per))
-        self.calibration = {"kind": "matmul", "ms": self.ms, "matmul_n": MATMUL_N, "matmul_ms": per,
-                            "repeats": self.repeats, "gpu": torch.cuda.get_device_name(dev)}
-        return self.calibration
+        return StepInfo("matmul", self.ms, per, self.repeats, torch.cuda.get_device_name(dev))
 
     def __call__(self, batch: dict) -> None:
         if self.ms <= 0:
@@ -74,13 +85,21 @@ class Step:
         self.gpu_busy_s += start.elapsed_time(end) / 1000
 
 
-def h2d_bandwidth(device: str | None, nbytes: int, repeats: int = 10) -> dict:
-    """Host->device GB/s from pinned and from pageable memory (medians of alternating copies)."""
-    if not (device and device.startswith("cuda")):
-        return {"bytes": min(nbytes, H2D_MAX), "pinned_gb_per_s": None, "pageable_gb_per_s": None, "reason": NO_CUDA}
-    import torch
+@dataclass(frozen=True, slots=True)
+class H2D(Record):
+    """Host->device copy bandwidth (None on CPU, with the reason)."""
 
-    from dsbuild.bench.summary import spread
+    bytes: int
+    pinned_gb_per_s: Spread | None
+    pageable_gb_per_s: Spread | None
+    reason: str | None
+
+
+def h2d_bandwidth(device: str | None, nbytes: int, repeats: int = 10) -> H2D:
+    """Host->device GB/s from pinned and from pageable memory (alternating copies of one batch's size)."""
+    if not (device and device.startswith("cuda")):
+        return H2D(min(nbytes, H2D_MAX), None, None, NO_CUDA)
+    import torch
 
     dev = torch.device(device)
     nbytes = min(max(1 << 20, nbytes), H2D_MAX)
@@ -96,6 +115,4 @@ def h2d_bandwidth(device: str | None, nbytes: int, repeats: int = 10) -> dict:
             torch.cuda.synchronize(dev)
             if i >= 2:  # the first copies pay for lazy setup
                 rates[kind].append(nbytes / (time.perf_counter() - t0) / 1e9)
-    pin, page = spread(rates["pinned"]), spread(rates["pageable"])
-    return {"bytes": nbytes, "pinned_gb_per_s": pin["median"], "pageable_gb_per_s": page["median"],
-            "pinned_spread": pin, "pageable_spread": page, "reason": None}
+    return H2D(nbytes, summarise(rates["pinned"]), summarise(rates["pageable"]), None)

@@ -1,70 +1,81 @@
-"""Pure arithmetic over measured rounds: medians with spread, percentiles, paired ratios, rate series.
-
-Noisy machines vary 10-40% run to run (DESIGN.md section 7), so every figure is a median over short
-interleaved rounds with its min/max beside it, and a ratio is the median of the per-round ratios of two
-measurements taken back to back (drift cancels within a round) rather than a ratio of medians.
-"""
+"""From finished rounds to the report's figures: medians with quartiles, per-round ratios, the training
+simulation's wait fractions, and the stage decomposition summed over rounds."""
 
 from __future__ import annotations
 
-import math
-import statistics
+from dsbuild.bench.compare import DESCRIPTIONS
+from dsbuild.bench.harness import OursRound
+from dsbuild.bench.measure import UNITS, Measured
+from dsbuild.bench.report import BaselineResult, Machine, Ours, Training
+from dsbuild.bench.stages import Stages, total
+from dsbuild.bench.stats import paired_ratios, summarise
+from dsbuild.bench.step import StepInfo
+
+FED_BELOW = 0.05  # the pipeline keeps the accelerator fed when it waits under 5% of the wall time
+PACKAGE_OF = {"webdataset": "webdataset", "pyav": "av", "litdata": "litdata", "mosaic": "mosaicml-streaming"}
+NO_GPU = "no CUDA device: the step is time.sleep, there is no GPU to be idle"
 
 
-def spread(values: list[float | None]) -> dict | None:
-    """{median, min, max, rounds} of the values that exist; None when there are none."""
-    xs = [float(v) for v in values if v is not None and math.isfinite(v)]
-    if not xs:
+def unit(decode: str) -> str:
+    return UNITS[decode][0]
+
+
+def ours_figures(rounds: list[OursRound], decode: str, decoder_note: str | None) -> Ours | None:
+    if not rounds:
         return None
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "rounds": len(xs)}
+    t = [r.throughput for r in rounds]
+    frames = summarise([m.per_second("frames") for m in t])
+    return Ours(figure=summarise([m.figure(decode) for m in t]), samples_per_s=summarise([m.per_second("samples") for m in t]),
+                frames_per_s=frames, mb_per_s=summarise([m.figure("bytes") for m in t]),
+                open_s=summarise([r.open_s for r in rounds]), first_batch_s=summarise([r.first_batch_s for r in rounds]),
+                resume_s=summarise([r.resume_s for r in rounds]), corrupt=sum(r.corrupt for r in rounds),
+                decoder_note=decoder_note, notes=tuple(dict.fromkeys(n for r in rounds for n in r.notes)))
 
 
-def percentiles(values: list[float], qs: tuple[int, ...] = (50, 95)) -> dict:
-    """Nearest-rank percentiles plus max: ``{"p50": .., "p95": .., "max": ..}`` (None when empty)."""
-    xs = sorted(values)
-    out: dict = {}
-    for q in qs:
-        out[f"p{q}"] = xs[max(0, math.ceil(q / 100 * len(xs)) - 1)] if xs else None
-    out["max"] = xs[-1] if xs else None
-    return out
-
-
-def paired_ratio(ours: list[dict], theirs: list[dict], figure: str) -> dict | None:
-    """Median over rounds of ours[r][figure] / theirs[r][figure], with min/max across rounds."""
-    ratios = []
-    for a, b in zip(ours, theirs):
-        x, y = a.get(figure), b.get(figure)
-        if x is not None and y:
-            ratios.append(x / y)
-    return spread(ratios)
-
-
-def rate(count: float, seconds: float) -> float | None:
-    return count / seconds if seconds > 0 else None
-
-
-def rate_series(points: list[tuple[float, float]], bins: int = 40) -> list[list[float]]:
-    """Cumulative (t, count) points -> [[t_mid, count per second], ...] over ``bins`` equal windows."""
-    if len(points) < 2:
-        return []
-    t_end = points[-1][0]
-    if t_end <= 0:
-        return []
-    width = t_end / bins
+def baseline_results(ours: list[OursRound], measured: dict[str, list[Measured]], skipped: dict[str, str],
+                     decode: str, machine: Machine) -> tuple[BaselineResult, ...]:
+    """Each baseline's figure and the ratio ours / it, paired round by round; skipped ones with why."""
+    mine = [r.throughput.figure(decode) for r in ours]
     out = []
-    j = 0
-    prev = 0.0
-    for b in range(bins):
-        hi = (b + 1) * width
-        while j < len(points) and points[j][0] <= hi:
-            j += 1
-        total = points[j - 1][1] if j else 0.0
-        out.append([round((b + 0.5) * width, 4), round((total - prev) / width, 3)])
-        prev = total
-    return out
+    for name, rounds in measured.items():
+        theirs = [m.figure(decode) for m in rounds[:len(mine)]]
+        out.append(BaselineResult(name, DESCRIPTIONS[name], machine.packages.get(PACKAGE_OF.get(name, "")), None,
+                                  summarise(theirs), summarise(paired_ratios(mine, theirs))))
+    for name, why in skipped.items():
+        out.append(BaselineResult(name, DESCRIPTIONS[name], machine.packages.get(PACKAGE_OF.get(name, "")), why,
+                                  None, None))
+    return tuple(out)
 
 
-def rotate(names: list[str], r: int) -> list[str]:
-    """Round r runs the measurements in a rotated order, so none always goes first (cold cache, turbo)."""
-    k = r % len(names) if names else 0
-    return names[k:] + names[:k]
+def training(rounds: list[OursRound], step: StepInfo) -> Training | None:
+    runs = [r for r in rounds if r.training is not None]
+    if not runs:
+        return None
+    fractions = summarise([sum(r.step_waits_ms) / 1000 / r.training.seconds for r in runs])
+    busy = [r.gpu_busy_s for r in runs]
+    idle = summarise([max(0.0, 1 - b / r.training.seconds) for b, r in zip(busy, runs)]) if None not in busy else None
+    return Training(step=step, steps=sum(len(r.step_waits_ms) + 1 for r in runs), wait_fraction=fractions,
+                    fed=fractions.median < FED_BELOW, fed_below=FED_BELOW, gpu_idle_fraction=idle,
+                    gpu_idle_reason=None if idle else NO_GPU)
+
+
+def stage_totals(rounds: list[OursRound]) -> dict[str, Stages]:
+    out = {"throughput": total([r.throughput_stages for r in rounds]),
+           "training": total([r.training_stages for r in rounds if r.training_stages is not None])}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def waits(rounds: list[OursRound]) -> tuple[tuple[float, ...], str]:
+    """The data waits the histogram shows: per training step, or per batch when there is no step."""
+    steps = tuple(w for r in rounds for w in r.step_waits_ms)
+    if steps:
+        return steps, "per training step"
+    return tuple(w for r in rounds for w in r.waits_ms), "per batch (no training step: the loop only waits)"
+
+
+def measurements(rounds: list[OursRound], measured: dict[str, list[Measured]]) -> tuple[Measured, ...]:
+    """Every measurement of the finished rounds, in the order they ran."""
+    done = len(rounds)
+    every = [m for r in rounds for m in (r.throughput, r.training) if m is not None]
+    every += [m for ms in measured.values() for m in ms[:done]]
+    return tuple(sorted(every, key=lambda m: m.start_s))

@@ -7,50 +7,92 @@ from __future__ import annotations
 import typer
 
 from dsbuild.cli.params import JSON, QUIET, REF, choice
-from dsbuild.cli.render import Out, Progress, styled
+from dsbuild.cli.render import Out, Progress
 
 EXAMPLES = """\b
 Examples:
   dsbuild bench catalog --split main/train --resize 96x96 --duration 20 --save base.json
   dsbuild bench catalog --split main/train --resize 96x96 --duration 20 --baseline base.json
-Exit: 0 measured (no regression), 1 regression against --baseline, 2 bad option or baseline."""
+  dsbuild bench catalog --decode bytes --verify shard --html bench.html
+Exit: 0 measured (no regression), 1 regression against --baseline, 2 bad option or incomparable baseline,
+130 interrupted (the rounds finished so far are reported, and saved with --save)."""
 
 
-def _render(o: Out, rep: dict) -> None:
-    from dsbuild.bench.report import table_rows
+def _render(o: Out, rep) -> None:
+    from dsbuild.bench import tables
 
-    ds = rep["dataset"]
-    o.line(f"version {o.id(rep['version_id'])} ({ds['samples']} samples, {ds['shards']} shards, "
-           f"{ds['shard_bytes'] / 1e6:,.1f} MB); device {rep['config']['device_resolved']}, {rep['config']['rounds']} rounds")
-    o.table(["figure", "median", "range over rounds", "ours / baseline"], table_rows(rep), wide=("median",))
-    tr = rep["training"]
-    if "skipped" not in tr:
-        o.line(("fed", "green") if tr["fed"] else ("starved", "red"),
-               f": the accelerator waited {tr['wait_fraction']['median'] * 100:.1f}% of the time with a "
-               f"{tr['step']['ms']:g} ms step")
+    first, *rest = tables.headline(rep)
+    split = f" split {rep.dataset.split}" if rep.dataset.split else ""
+    o.line(f"version {o.id(rep.dataset.version_id)}{split}: {first}")
+    for line in rest:
+        o.line(line)
+    if rep.ours is None:
+        return
+    o.table(list(tables.COMPARISON), tables.comparison_rows(rep),
+            title=f"{rep.unit} over rounds; ours / run is computed per round, then its median")
+    for b in rep.baselines:
+        if b.skipped is not None:
+            o.line(("skipped ", "yellow"), f"{b.name}: {b.skipped}")
+    o.table(list(tables.OURS), tables.ours_rows(rep))
+    tr = rep.training
+    if tr is not None:
+        o.line(("fed", "green") if tr.fed else ("starved", "red"),
+               f": with a {tr.step.ms:g} ms step ({tr.step.kind}) the loop waited "
+               f"{tr.wait_fraction.median * 100:.1f}% of the time (fed below {tr.fed_below * 100:g}%)")
+    stage = rep.stages.get("training") or rep.stages.get("throughput")
+    busy = stage.read + stage.decode + stage.collate
+    if busy > 0:
+        o.line("worker time: " + ", ".join(f"{s} {getattr(stage, s) / busy * 100:.0f}%" for s in ("read", "decode", "collate")))
+    if stage.wall > 0:
+        o.line("consumer time: " + ", ".join(f"{s} {getattr(stage, s) / stage.wall * 100:.0f}%"
+                                             for s in ("wait", "h2d", "step", "other")))
+    for note in rep.ours.notes:
+        o.line(("note ", "yellow"), note)
+    if rep.ours.corrupt:
+        o.line(("corrupt ", "red"), f"{rep.ours.corrupt} damaged sample(s) were replaced")
+    g = rep.gate
+    if g is not None:
+        o.table(list(tables.GATE), tables.gate_rows(g),
+                title=f"gate against {g.baseline_file}: a regression is below {g.fail_below:g} x saved and further "
+                      "below than the spread (the larger IQR of the two runs)")
+        for d in g.differences:
+            o.line(("allowed difference ", "yellow"), d)
+        for d in g.machine_differences:
+            o.line(("note ", "yellow"), d)
 
 
 def bench(
     ref: str = REF,
     split: str = typer.Option(None, "--split", metavar="NAME/SPLIT", help="One split of a split set, e.g. main/train."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, metavar="N", help="Samples per batch."),
-    threads: int = typer.Option(2, "--threads", min=0, metavar="N", help="Loader decode threads per rank."),
+    threads: int = typer.Option(2, "--threads", min=1, metavar="N", help="Loader threads per rank."),
     old_workers: int = typer.Option(None, "--workers", hidden=True),  # renamed: --workers always means processes
     ranks: int = typer.Option(1, "--ranks", min=1, metavar="N", help="Simulated data-parallel ranks (processes)."),
     step_ms: float = typer.Option(50.0, "--step-ms", min=0, metavar="MS", help="Simulated training step (0: none)."),
     decode: str = typer.Option("frames", "--decode", metavar="frames|bytes", callback=choice("--decode", ("frames", "bytes")),
-                               help="Deliver decoded frames or encoded clips."),
+                               help="Deliver decoded frames (compared with a bare PyAV loop) or encoded clips "
+                                    "(compared with raw reads, sha256, webdataset and the peers)."),
+    decode_backend: str = typer.Option("pyav", "--decode-backend", metavar="pyav|torchcodec|nvdec|auto",
+                                       callback=choice("--decode-backend", ("pyav", "torchcodec", "nvdec", "auto")),
+                                       help="Video decoder of frames mode (auto: NVDEC where CUDA and torchcodec are)."),
     resize: str = typer.Option(None, "--resize", metavar="HxW", help="Resize frames, e.g. 128x128."),
+    verify: str = typer.Option("sample", "--verify", metavar="sample|shard|none",
+                               callback=choice("--verify", ("sample", "shard", "none")),
+                               help="The loader's verification: sha256 per sample, per shard once, or none."),
     device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu", callback=choice("--device", ("auto", "cuda", "cpu")),
                                help="Where batches go (auto: cuda if present, else cpu; numpy without torch)."),
-    duration: float = typer.Option(30.0, "--duration", min=0.1, metavar="S", help="Measured seconds in all."),
-    rounds: int = typer.Option(3, "--rounds", min=1, metavar="N", help="Interleaved rounds (figures are medians)."),
-    compare: str = typer.Option("raw,pyav,webdataset", "--compare", metavar="A,B", help="Baselines: raw, pyav, webdataset or none."),
-    seed: int = typer.Option(0, "--seed", metavar="N", help="The loader's seed."),
-    no_verify: bool = typer.Option(False, "--no-verify", help="Skip the loader's per-sample sha256."),
+    duration: float = typer.Option(30.0, "--duration", min=0.1, metavar="S",
+                                   help="Wall seconds of all rounds and baselines together (start-up not included)."),
+    rounds: int = typer.Option(5, "--rounds", min=1, metavar="N", help="Interleaved rounds (the gate needs >= 3)."),
+    compare: str = typer.Option("auto", "--compare", metavar="auto|none|A,B",
+                                help="Baselines: pyav (frames); raw, sha256, webdataset, litdata, mosaic (bytes)."),
+    seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="The loader's seed."),
     baseline: str = typer.Option(None, "--baseline", metavar="FILE", help="A report saved with --save to gate against."),
-    fail_below: float = typer.Option(0.9, "--fail-below", min=0, metavar="X", help="With --baseline: exit 1 when a ratio "
-                                                                                   "is below X times the saved one."),
+    fail_below: float = typer.Option(0.9, "--fail-below", metavar="R",
+                                     help="With --baseline: exit 1 when a ratio's median falls below R x the saved "
+                                          "one by more than the runs' spread."),
+    allow_different: bool = typer.Option(False, "--allow-different",
+                                         help="With --baseline: judge even if settings or data differ (noted)."),
     save: str = typer.Option(None, "--save", metavar="FILE", help="Write the JSON report to FILE."),
     html: str = typer.Option(None, "--html", metavar="FILE", help="Write a self-contained HTML page to FILE."),
     as_json: bool = JSON,
@@ -58,58 +100,52 @@ def bench(
 ) -> None:
     """Measure whether the loader keeps the accelerators fed.
 
-    Throughput, latency, data wait and where the time goes, against baselines measured in the same run."""
+    Throughput, latency, data wait and where the time goes, against baselines doing the same work,
+    measured in the same interleaved rounds within one wall budget (--duration)."""
     from pathlib import Path
 
-    from dsbuild.bench import BenchOptions, run_bench
+    from dsbuild.bench import Against, BenchInterrupted, BenchOptions, enforce, load_report, run_bench
     from dsbuild.bench.options import parse_compare, parse_resize
-    from dsbuild.bench.report import regressions
-    from dsbuild.cli._pending import load_baseline
+    from dsbuild.bench.tables import num
     from dsbuild.cli.render import json_text
-    from dsbuild.core.errors import CheckFailed
+    from dsbuild.core.errors import UsageError
 
     o = Out(as_json, quiet)
     if old_workers is not None:
-        from dsbuild.core.errors import UsageError
-
-        raise UsageError("bench --workers is now --threads (loader decode threads per rank)",
+        raise UsageError("bench --workers is now --threads (loader threads per rank)",
                          hint="--workers always means worker processes; use --threads N here")
-    options = BenchOptions(ref=ref, split=split, batch_size=batch_size, workers=threads, ranks=ranks, step_ms=step_ms,
-                           decode=decode, resize=parse_resize(resize), device=device, duration=duration, rounds=rounds,
-                           compare=parse_compare(compare), seed=seed, verify=not no_verify)
-    saved = load_baseline(Path(baseline)) if baseline else None
+    options = BenchOptions(ref=ref, split=split, batch_size=batch_size, threads=threads, ranks=ranks, step_ms=step_ms,
+                           decode=decode, decode_backend=decode_backend, resize=parse_resize(resize), verify=verify,
+                           device=device, duration=duration, rounds=rounds, compare=parse_compare(compare), seed=seed)
+    against = Against(load_report(baseline), baseline, fail_below, allow_different) if baseline else None
+    interrupted = None
     with Progress("bench", o) as bar:
-        current: dict = {}
+        def progress(e) -> None:
+            stage = f"round {e.round + 1}/{e.rounds}: {e.what}" if e.round is not None else f"start-up: {e.what}"
+            bar.update(round(e.elapsed, 1), e.duration, stage=stage,
+                       detail=f"{num(e.rate)} {e.unit}" if e.rate is not None else "")
 
-        def progress(event: dict) -> None:
-            if event.get("start"):
-                current.update(event)
-            stage = f"round {current['round'] + 1}/{current['rounds']} {current['measurement']}"
-            bar.update(round(event.get("elapsed", 0.0), 1), round(current["seconds"], 1), stage=stage,
-                       detail=f"{event['samples_per_s']:,.1f} samples/s" if "samples_per_s" in event else "")
-
-        rep = run_bench(options, progress=progress)
-    failed = regressions(rep, saved, fail_below) if saved else []
-    if saved:
-        rep["gate"] = {"baseline": baseline, "fail_below": fail_below, "regressions": failed,
-                       "baseline_version_id": saved.get("version_id")}
+        try:
+            rep = run_bench(options, progress=progress, against=against)
+        except BenchInterrupted as e:
+            rep, interrupted = e.report, e
     if save:
-        Path(save).write_text(json_text(rep) + "\n")
+        Path(save).write_text(json_text(rep.to_json()) + "\n")
     if html:
         from dsbuild.bench.html import render
 
         Path(html).write_text(render(rep))
     if as_json:
-        o.json(rep)
+        o.json(rep.to_json())
     else:
         _render(o, rep)
-    for f in failed:
-        o.note(("regression ", "red"), f"{f['ratio']}: now {f['now'] if f['now'] is not None else '-'}, saved "
-               f"{f['saved']:.3f}, floor {f['floor']:.3f}: {f['problem']}")
-    if failed:
-        raise CheckFailed(f"{len(failed)} regression(s) against {baseline}", hint="see the report's gate section")
-    if saved:
-        o.line(styled(("no regression", "green")).plain, f" against {baseline} (floor {fail_below:g} x saved ratios)")
+    if interrupted is not None:
+        o.note(f"kept {rep.time.rounds_done} finished round(s) of {rep.time.rounds_planned}"
+               + (f"; saved to {save}" if save else ""))
+        raise interrupted
+    enforce(rep)
+    if rep.gate is not None:
+        o.line(("no regression", "green"), f" against {baseline} ({len(rep.gate.verdicts)} ratio(s) judged)")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,80 @@
+"""Which baselines a run compares with: only readers doing the same work as ours in its decode mode.
+
+  frames mode : pyav (decoded frames against a bare decode loop; never against byte reads)
+  bytes mode  : raw, sha256 (only when ours verifies), webdataset (tar shards), litdata, mosaic
+Without ``--compare`` every one that applies runs, and one that cannot run here (a peer not installed,
+webdataset on Parquet shards) is listed as skipped with the reason. Naming one that does not apply to
+the mode is a usage error; naming a peer that is not installed is a missing dependency.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dsbuild.bench import baselines, peers
+from dsbuild.bench.dataset import Dataset
+from dsbuild.bench.options import BenchOptions
+from dsbuild.core.errors import UsageError
+
+DESCRIPTIONS = {
+    "pyav": "bare PyAV decode loop over the same clips in memory, same threads and resize",
+    "raw": "sequential read of the same shard files, 8 MiB reads, no parsing or hashing",
+    "sha256": "the same reads + hashlib sha256 in as many threads as ours (the verify floor)",
+    "webdataset": "the webdataset library iterating the same tar shards",
+    "litdata": "LitData StreamingDataset over the same member bytes (its chunks, its writer)",
+    "mosaic": "Mosaic Streaming StreamingDataset over the same member bytes (MDS shards, its writer)",
+}
+NAMES = tuple(DESCRIPTIONS)
+
+
+def applicable(o: BenchOptions) -> tuple[str, ...]:
+    """The baselines doing the same work as ours under these options."""
+    if o.decode == "frames":
+        return ("pyav",)
+    return ("raw", *(("sha256",) if o.verify != "none" else ()), "webdataset", *peers.PEERS)
+
+
+def _cannot(name: str, data: Dataset) -> str | None:
+    if name == "webdataset" and data.facts.shard_format != "webdataset":
+        return f"the version's shards are {data.facts.shard_format}, not tar"
+    if name in peers.PEERS:
+        return peers.PEERS[name].missing()
+    return None
+
+
+def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list, dict[str, str]]:
+    """(baselines to run, {name: why skipped}) for this run."""
+    fits = applicable(o)
+    if o.compare is None:
+        wanted = fits
+    else:
+        for name in o.compare:
+            if name not in NAMES:
+                raise UsageError(f"--compare: unknown baseline {name!r}", hint=f"choose from {', '.join(NAMES)}, "
+                                                                               "auto or none")
+            if name not in fits:
+                raise UsageError(f"--compare {name}: not comparable with --decode {o.decode}"
+                                 + (" --verify none" if name == "sha256" else ""),
+                                 hint=f"with these options the baselines are: {', '.join(fits)}")
+            if name in peers.PEERS:
+                peers.require(name)
+        wanted = o.compare
+    threads = o.threads * o.ranks
+    active, skipped = [], {}
+    for name in wanted:
+        why = _cannot(name, data)
+        if why:
+            if o.compare is not None:
+                raise UsageError(f"--compare {name}: {why}")
+            skipped[name] = why
+        elif name == "pyav":
+            active.append(baselines.PyAV(data, threads, o.resize))
+        elif name == "raw":
+            active.append(baselines.raw(data))
+        elif name == "sha256":
+            active.append(baselines.sha256(data, threads))
+        elif name == "webdataset":
+            active.append(baselines.WebDatasetLib(data))
+        else:
+            active.append(peers.PEERS[name](data, scratch))
+    return active, skipped

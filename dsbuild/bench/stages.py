@@ -1,0 +1,76 @@
+"""Where the time goes, from the loader's own per-thread timestamps (``loader.stats()``): attribution, not
+estimation.
+
+  consumer : the training loop's wall time = wait (blocked on the pipeline) + h2d (host->device copy)
+             + step (the simulated training step) + other (loop overhead, planning on its thread)
+  workers  : per loader thread, read + decode + collate, and idle = its wall time minus those
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dsbuild.core.records import Record, spec
+
+WORKER_STAGES = ("read", "decode", "collate")
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadTime(Record):
+    read: float
+    decode: float
+    collate: float
+    wall: float = field(metadata=spec(minimum=0))
+    batches: int = field(metadata=spec(minimum=0))
+
+    @property
+    def idle(self) -> float:
+        return max(0.0, self.wall - self.read - self.decode - self.collate)
+
+
+@dataclass(frozen=True, slots=True)
+class Stages(Record):
+    """One phase (throughput or training) of our loader, in seconds."""
+
+    wall: float = field(metadata=spec(minimum=0))
+    wait: float
+    h2d: float
+    step: float
+    read: float  # summed over the worker threads
+    decode: float
+    collate: float
+    workers: dict[str, ThreadTime]
+
+    @property
+    def other(self) -> float:
+        return max(0.0, self.wall - self.wait - self.h2d - self.step)
+
+
+def stages(before: dict, after: dict, consumer: str, wall: float, workers_wall: float, step: float = 0.0) -> Stages:
+    """The phase between two ``loader.stats()`` snapshots; ``consumer`` names the training loop's thread and
+    ``wall`` is its time in the phase; ``workers_wall`` runs until the pipeline was shut down (batches in
+    flight when the phase ended were finished, then dropped)."""
+    def delta(name: str, key: str) -> float:
+        return after["threads"].get(name, {}).get(key, 0) - before["threads"].get(name, {}).get(key, 0)
+
+    workers = {name: ThreadTime(*(delta(name, s) for s in WORKER_STAGES), wall=workers_wall,
+                                batches=int(delta(name, "batches")))
+               for name in sorted(after["threads"]) if name != consumer}
+    return Stages(wall, delta(consumer, "wait"), delta(consumer, "h2d"), step,
+                  *(sum(getattr(w, s) for w in workers.values()) for s in WORKER_STAGES), workers=workers)
+
+
+def total(parts: list[Stages], prefix: list[str] | None = None) -> Stages | None:
+    """Several phases summed (rounds; or ranks, whose threads are named ``<prefix>/<thread>``)."""
+    if not parts:
+        return None
+    workers: dict[str, ThreadTime] = {}
+    for k, p in enumerate(parts):
+        for name, w in p.workers.items():
+            name = f"{prefix[k]}/{name}" if prefix else name
+            old = workers.get(name)
+            workers[name] = w if old is None else ThreadTime(
+                *(getattr(old, s) + getattr(w, s) for s in WORKER_STAGES), wall=old.wall + w.wall,
+                batches=old.batches + w.batches)
+    return Stages(*(sum(getattr(p, f) for p in parts) for f in ("wall", "wait", "h2d", "step", *WORKER_STAGES)),
+                  workers=workers)

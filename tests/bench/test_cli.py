@@ -1,0 +1,141 @@
+"""`dsbuild bench` as a user and a CI job run it: the real executable in a subprocess. --json/--save/--html,
+the gate's exit codes (0 pass, 1 regression, 2 incomparable), progress naming the round and the baseline,
+Ctrl-C keeping the finished rounds (exit 130), and the HTML page rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.cli.clitools import argv, env, run
+
+CHROMIUM = Path("/usr/bin/chromium")
+GATED = ["--decode", "bytes", "--batch-size", "2", "--step-ms", "0", "--device", "cpu", "--duration", "3",
+         "--rounds", "3", "--compare", "raw,sha256"]
+
+
+@pytest.fixture(scope="module")
+def saved(bench_catalog, tmp_path_factory):
+    """A report saved by the CLI (with --json and --html), and what it printed."""
+    cat, _ = bench_catalog
+    out = tmp_path_factory.mktemp("bench-cli")
+    p = run("bench", cat, *GATED, "--json", "--save", out / "base.json", "--html", out / "page.html")
+    return cat, out, p
+
+
+def test_json_save_and_html_are_the_same_report(saved):
+    cat, out, p = saved
+    printed = json.loads(p.stdout)
+    assert p.stderr == "" and printed == json.loads((out / "base.json").read_text())
+    assert printed["format"] == "dsbuild.bench/2" and printed["time"]["rounds_done"] == 3
+    page = (out / "page.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and printed["dataset"]["version_id"] in page
+    assert "<script" not in page and "src=" not in page and "href=" not in page and "url(" not in page
+    assert "cat&lt;b&gt;&amp;x" in page and "cat<b>" not in page  # the catalog's name is text, not markup
+    for chart in ("throughput over time", "ours against each baseline", "data wait histogram", "stage decomposition"):
+        assert f'aria-label="{chart}"' in page, chart
+
+
+def test_the_same_settings_pass_the_gate(saved):
+    cat, out, _ = saved
+    p = run("bench", cat, *GATED, "--baseline", out / "base.json", "--save", out / "again.json")
+    gate = json.loads((out / "again.json").read_text())["gate"]
+    assert {v["baseline"] for v in gate["verdicts"]} == {"raw", "sha256"} and gate["differences"] == []
+    assert "no regression against" in p.stdout and "ours / baseline" in p.stdout
+
+
+def test_a_real_drop_exits_1_naming_the_ratio(saved):
+    cat, out, _ = saved
+    doctored = json.loads((out / "base.json").read_text())
+    for b in doctored["baselines"]:
+        if b["name"] == "sha256":  # a saved run claiming we were 20x better against the sha256 floor
+            b["ratio"] = {k: v * 20 if k != "rounds" else v for k, v in b["ratio"].items()}
+    (out / "doctored.json").write_text(json.dumps(doctored))
+    p = run("bench", cat, *GATED, "--baseline", out / "doctored.json", check=1)
+    error = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and error[0].startswith("error: regression against") and "ours/sha256" in error[0]
+    assert "ours/raw" not in error[0] and "regression" in p.stdout  # the gate table marks the verdict
+
+
+def test_incomparable_runs_exit_2_before_measuring_naming_what_differs(saved):
+    cat, out, _ = saved
+    p = run("bench", cat, *GATED, "--resize", "64x64", "--baseline", out / "base.json", check=2)
+    assert "setting resize: saved None, now [64, 64]" in p.stderr and "--allow-different" in p.stderr
+    assert "round 1/" not in p.stderr  # refused at start-up
+    p = run("bench", cat, *GATED, "--split", "main/train", "--baseline", out / "base.json", check=2)
+    assert "dataset split: saved None, now 'main/train'" in p.stderr
+    p = run("bench", cat, *GATED, "--resize", "64x64", "--baseline", out / "base.json", "--allow-different", "--json")
+    assert json.loads(p.stdout)["gate"]["differences"] == ["setting resize: saved None, now [64, 64]"]
+
+
+def test_usage_errors_are_one_line_and_exit_2(bench_catalog, tmp_path):
+    cat, _ = bench_catalog
+    (tmp_path / "junk.json").write_text('{"format": "something else"}')
+    for args, says in ((["--resize", "12"], "HEIGHTxWIDTH"), (["--compare", "raw"], "not comparable with --decode frames"),
+                       (["--decode", "pixels"], "--decode"), (["--baseline", tmp_path / "missing.json"], "cannot read"),
+                       (["--baseline", tmp_path / "junk.json"], "format"), (["--split", "main"], "NAME/SPLIT")):
+        p = run("bench", cat, "--duration", "1", *args, check=2)
+        error = [line for line in p.stderr.splitlines() if not line.startswith("bench start-up")]
+        assert error[0].startswith("error:") and says in p.stderr and len(error) <= 2, (args, p.stderr)
+
+
+def test_ctrl_c_reports_and_saves_the_finished_rounds_and_exits_130(bench_catalog, tmp_path):
+    """SIGINT once the second round has begun: the first round is kept, printed and saved."""
+    cat, _ = bench_catalog
+    save = tmp_path / "partial.json"
+    p = subprocess.Popen(argv("bench", cat, "--decode", "bytes", "--batch-size", "2", "--step-ms", "0", "--device",
+                              "cpu", "--compare", "raw", "--duration", "60", "--rounds", "20", "--save", save),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    seen = ""
+    try:
+        while "round 2/20" not in seen:  # plain progress lines name the round and the measurement
+            line = p.stderr.readline()
+            assert line, seen
+            seen += line
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert "interrupted; the rounds finished before it were reported" in err and "kept" in err
+    rep = json.loads(save.read_text())
+    assert rep["time"]["interrupted"] and 1 <= rep["time"]["rounds_done"] < 20
+    assert {m["round"] for m in rep["rounds"]} == set(range(rep["time"]["rounds_done"]))
+    assert f"{rep['time']['rounds_done']} of 20 rounds" in out and "interrupted" in out
+    assert any(line.startswith("bench round 1/20: ") and ("raw" in line or "ours" in line) for line in seen.splitlines())
+
+
+def test_quiet_prints_nothing_and_a_terminal_gets_a_live_bar(bench_catalog):
+    from tests.cli.clitools import run_tty
+
+    cat, _ = bench_catalog
+    q = run("bench", cat, "--decode", "bytes", "--duration", "0.5", "--rounds", "1", "--compare", "none",
+            "--step-ms", "0", "--quiet")
+    assert q.stdout == "" and q.stderr == ""
+    rc, text = run_tty("bench", cat, "--decode", "bytes", "--duration", "0.5", "--rounds", "1", "--compare", "raw",
+                       "--step-ms", "0")
+    assert rc == 0 and "1 of 1 rounds" in text and "ours / run" in text, text
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (make test installs it)")
+def test_the_html_page_renders_in_headless_chromium_and_is_not_blank(saved, tmp_path):
+    import av
+
+    _, out, _ = saved
+    shot = tmp_path / "shot.png"
+    r = subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--no-first-run", "--disable-component-update", "--disable-sync",
+                        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,2200",
+                        f"--screenshot={shot}", (out / "page.html").resolve().as_uri()],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
+    with av.open(str(shot)) as c:
+        img = next(c.decode(video=0)).to_ndarray(format="rgb24")
+    ink = (img.astype(int).sum(axis=2) < 600).mean()  # share of pixels that are not near-white
+    colours = len(np.unique(img.reshape(-1, 3)[::97], axis=0))
+    assert ink > 0.02 and colours > 20, (ink, colours)

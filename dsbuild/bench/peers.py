@@ -10,9 +10,9 @@ the run's scratch folder. A peer that is not installed is skipped, with the reas
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import sys
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from dsbuild.bench.dataset import Dataset
@@ -33,7 +33,7 @@ def _items(data: Dataset):
             return
 
 
-class Peer:
+class Peer(ABC):
     """Shared by the peers: the copy is written at ``prepare``; ``run`` iterates it round and round."""
 
     name = package = module = ""
@@ -49,13 +49,6 @@ class Peer:
         if cls.module not in sys.modules and importlib.util.find_spec(cls.module) is None:
             return f"{cls.package} is not installed (pip install 'dsbuild[peers]')"
         return None
-
-    @classmethod
-    def version(cls) -> str | None:
-        try:
-            return importlib.metadata.version(cls.package)
-        except importlib.metadata.PackageNotFoundError:
-            return None
 
     def prepare(self) -> None:
         self.folder.mkdir(parents=True)
@@ -79,11 +72,13 @@ class Peer:
         if self.items is not None:
             self.items.close()
 
+    @abstractmethod
     def write(self, items) -> None:
-        raise NotImplementedError
+        """Write ``(key, {column: bytes})`` items into ``self.folder`` with the peer's own writer."""
 
+    @abstractmethod
     def open(self):
-        raise NotImplementedError
+        """The peer's dataset over ``self.folder`` (an iterable of dicts with ``key``)."""
 
 
 class LitData(Peer):

@@ -58,11 +58,6 @@ def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict
     return out
 
 
-def rate(count: float, seconds: float) -> float | None:
-    """Total count over elapsed seconds (None for no time)."""
-    return count / seconds if seconds > 0 else None
-
-
 def sampled_rates(points: list[tuple[float, float]], offset: float = 0.0) -> list[tuple[float, float]]:
     """Cumulative ``(t, count)`` samples (about one a second, the last at the end) -> ``(t_mid + offset,
     count per second)`` for each interval between consecutive samples."""

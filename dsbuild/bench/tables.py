@@ -52,7 +52,7 @@ def ours_rows(rep) -> list[tuple[str, ...]]:
 
 def gate_rows(gate) -> list[tuple[str, ...]]:
     return [(v.baseline, num(v.saved.median), num(v.now.median), num(v.floor), num(v.noise),
-             "regression" if v.regression else "ok") for v in gate.verdicts]
+             "dropped" if v.dropped else "held") for v in gate.verdicts]
 
 
 GATE = ("ours / baseline", "saved median", "now median", "floor", "spread", "verdict")

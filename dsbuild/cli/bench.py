@@ -53,8 +53,8 @@ def _render(o: Out, rep) -> None:
     g = rep.gate
     if g is not None:
         o.table(list(tables.GATE), tables.gate_rows(g),
-                title=f"gate against {g.baseline_file}: a regression is below {g.fail_below:g} x saved and further "
-                      "below than the spread (the larger IQR of the two runs)")
+                title=f"gate against {g.baseline_file}: a ratio dropped when below {g.fail_below:g} x saved and by more "
+                      "than the spread (the larger IQR of the two runs); ours regressed if it dropped against all")
         for d in g.differences:
             o.line(("allowed difference ", "yellow"), d)
         for d in g.machine_differences:
@@ -145,7 +145,8 @@ def bench(
         raise interrupted
     enforce(rep)
     if rep.gate is not None:
-        o.line(("no regression", "green"), f" against {baseline} ({len(rep.gate.verdicts)} ratio(s) judged)")
+        held = [v.baseline for v in rep.gate.verdicts if not v.dropped]
+        o.line(("no regression", "green"), f" against {baseline}: ours held against {', '.join(held)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""The regression decision (pure, property-tested) and the refusal to compare unlike runs."""
+"""The regression decision (pure, property-tested): per reference a drop beyond the floor and the spread,
+and ours regressed only when every reference agrees; and the refusal to compare unlike runs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsbuild.bench.gate import MIN_ROUNDS, Against, judge
+from dsbuild.bench.gate import MIN_ROUNDS, Against, decide, judge
 from dsbuild.bench.stats import summarise
 from dsbuild.core.errors import UsageError
 
@@ -17,43 +18,67 @@ fail_below = st.floats(min_value=0.5, max_value=1.0)
 
 
 @given(rounds, fail_below)
-def test_a_run_never_regresses_against_itself(xs, fb):
+def test_a_run_never_drops_against_itself(xs, fb):
     s = summarise(xs)
-    assert not judge("pyav", s, s, fb).regression
+    assert not judge("pyav", s, s, fb).dropped
 
 
 @given(rounds, rounds, fail_below, st.floats(min_value=0.01, max_value=100))
 def test_the_decision_does_not_depend_on_the_unit(a, b, fb, k):
-    plain = judge("x", summarise(a), summarise(b), fb).regression
-    scaled = judge("x", summarise([x * k for x in a]), summarise([x * k for x in b]), fb).regression
+    plain = judge("x", summarise(a), summarise(b), fb).dropped
+    scaled = judge("x", summarise([x * k for x in a]), summarise([x * k for x in b]), fb).dropped
     assert plain == scaled or abs(summarise(b).median - fb * summarise(a).median) < 1e-9 * max(a + b)
 
 
 @given(rounds, rounds, fail_below, st.floats(min_value=0.1, max_value=1.0))
-def test_lower_figures_never_turn_a_regression_into_a_pass(a, b, fb, k):
+def test_lower_figures_never_turn_a_drop_into_a_pass(a, b, fb, k):
     saved, now = summarise(a), summarise(b)
-    if judge("x", saved, now, fb).regression:
+    if judge("x", saved, now, fb).dropped:
         lower = [x * k for x in b]  # every round lower: a smaller median, and a spread no wider
-        assert judge("x", saved, summarise(lower), fb).regression
+        assert judge("x", saved, summarise(lower), fb).dropped
 
 
 @given(rounds, fail_below)
-def test_a_drop_beyond_the_floor_and_the_spread_is_a_regression(xs, fb):
+def test_a_drop_beyond_the_floor_and_the_spread_counts(xs, fb):
     saved = summarise(xs)
     gap = max(saved.iqr, (1 - fb) * saved.median) * 1.5 + 1e-6
     now = summarise([x - saved.median + (saved.median - gap) for x in xs])  # same spread, median lower by gap
     if now.min > 0:
         verdict = judge("x", saved, now, fb)
-        assert verdict.regression and "exceeds the spread" in verdict.why
+        assert verdict.dropped and "exceeds the spread" in verdict.why
 
 
 def test_a_drop_within_either_runs_spread_is_not_evidence():
     saved = summarise([1.0, 1.0, 1.0, 1.0, 1.0])
     noisy = summarise([0.4, 0.6, 0.8, 1.0, 1.2])  # median 0.8 < 0.9, but its IQR (0.4) covers the drop (0.2)
     v = judge("pyav", saved, noisy, 0.9)
-    assert not v.regression and v.noise == pytest.approx(0.4) and "within the runs' spread" in v.why
-    assert judge("pyav", saved, summarise([0.5, 0.5, 0.5, 0.5, 0.5]), 0.9).regression
-    assert not judge("pyav", saved, summarise([0.95] * 5), 0.9).regression  # above the floor
+    assert not v.dropped and v.noise == pytest.approx(0.4) and "within the runs' spread" in v.why
+    assert judge("pyav", saved, summarise([0.5, 0.5, 0.5, 0.5, 0.5]), 0.9).dropped
+    assert not judge("pyav", saved, summarise([0.95] * 5), 0.9).dropped  # above the floor
+
+
+@given(st.lists(st.tuples(rounds, st.floats(0.5, 2.0)), min_size=1, max_size=5), fail_below,
+       st.floats(min_value=0.05, max_value=1.0))
+def test_ours_regressed_only_when_every_reference_agrees(refs, fb, k):
+    """A slower loader scales every ratio at once; the decision is the intersection of the per-reference ones."""
+    saved = [summarise(xs) for xs, _ in refs]
+    now = [summarise([x * k * jitter for x in xs]) for xs, jitter in refs]
+    verdicts = tuple(judge(str(i), a, b, fb) for i, (a, b) in enumerate(zip(saved, now)))
+    assert decide(verdicts) == all(v.dropped for v in verdicts)
+    same = tuple(judge(str(i), a, a, fb) for i, a in enumerate(saved))
+    assert not decide(same) and not decide(())
+    if len(verdicts) > 1 and not verdicts[0].dropped:  # one reference that held vetoes the others
+        assert not decide(verdicts)
+
+
+def test_one_noisy_reference_alone_is_not_a_regression_but_a_slower_loader_is():
+    steady = summarise([1.0, 1.02, 0.98, 1.01, 0.99])
+    refs = {"raw": steady, "sha256": steady}
+    one = tuple(judge(n, s, summarise([x * (0.5 if n == "raw" else 1.0) for x in (1.0, 1.02, 0.98, 1.01, 0.99)]), 0.9)
+                for n, s in refs.items())
+    assert [v.dropped for v in one] == [True, False] and not decide(one)
+    slower = tuple(judge(n, s, summarise([x * 0.7 for x in (1.0, 1.02, 0.98, 1.01, 0.99)]), 0.9) for n, s in refs.items())
+    assert decide(slower)
 
 
 # -- comparability ----------------------------------------------------------------------------------
@@ -95,7 +120,7 @@ def test_allow_different_judges_anyway_and_records_the_differences(saved):
     diffs = check(saved, Against(saved, "base.json", allow_different=True), options={"resize": (64, 64)})
     assert diffs == ("setting resize: saved None, now [64, 64]",)
     gate = Against(saved, "base.json", allow_different=True).judge(saved, diffs)
-    assert gate.differences == diffs and not gate.regressions and {v.baseline for v in gate.verdicts} == {"raw", "sha256"}
+    assert gate.differences == diffs and not gate.regressed and {v.baseline for v in gate.verdicts} == {"raw", "sha256"}
 
 
 def test_the_gate_needs_enough_rounds_and_a_ratio(saved):

@@ -8,7 +8,8 @@
                the work of every thread, where a window cut inside a burst, or from a cold start, would count
                fill and drop finished work (tens of percent when a slice holds few batches).
   resume     : a new loader restored from the state_dict() the throughput phase ended at, timed from
-               construction to its first batch (inside the same slice).
+               construction to its first batch, inside the same slice (the throughput window leaves
+               room for it: about one time to first batch).
   training   : that restored loader feeding a ``step`` of ``step_ms`` for its own slice: the wait for each
                batch (``next()``, host->device copy included) and the fraction of wall time spent waiting.
 The round is a ``OursRound`` record, so rank processes hand it to the parent as JSON.
@@ -108,7 +109,8 @@ def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[s
         for _ in range(o.threads - 1):  # the rest of the first cycle: the pipeline filling up
             take()
         filled = time.perf_counter()
-        meter = Meter("ours", round_, start_s + filled - t0, max(0.0, seconds - (filled - t0)),
+        # the slice also holds the resume below, which costs about what the first batch did
+        meter = Meter("ours", round_, start_s + filled - t0, max(0.0, seconds - (filled - t0) - first),
                       decodes=o.decode == "frames", tick=tick)
         while not (meter.over and len(waits) % o.threads == 0):
             count(meter, take())

@@ -21,7 +21,8 @@ def gc(
 ) -> None:
     """Remove unreferenced shards and stale build folders.
 
-    Also unpublished version files and replaced split sets. On object stores (no locks) only files older
+    Also unpublished version files, replaced split sets and temp files of writes a kill interrupted
+    (older than an hour). On object stores (no locks) only files older
     than a day go: a build in progress may own younger ones. Every committed version stays whole."""
     from dsbuild.lineage.catalog import open_catalog
     from dsbuild.lineage.gc import collect
@@ -36,9 +37,11 @@ def gc(
             + [(verb, "stale build", b, "") for b in g["stale_builds"]]
             + [(verb, "unpublished", k, "") for k in g["unpublished_files"]]
             + [(verb, "replaced split set", k, "") for k in g["replaced_split_files"]]
+            + [(verb, "interrupted write", k, "") for k in g["interrupted_writes"]]
             + [("kept (younger than the grace period)", "shard", k, "") for k in g["kept_young_shards"]])
     o.line(f"{len(g['shards'])} shards ({g['bytes']:,} bytes), {len(g['stale_builds'])} stale build folders, "
-           f"{len(g['unpublished_files'])} unpublished and {len(g['replaced_split_files'])} replaced split set files "
+           f"{len(g['unpublished_files'])} unpublished, {len(g['replaced_split_files'])} replaced split set and "
+           f"{len(g['interrupted_writes'])} interrupted-write files "
            f"{'to remove' if dry_run else 'removed'}")
 
 

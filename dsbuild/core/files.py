@@ -12,6 +12,7 @@ writer removes when it fails).
 from __future__ import annotations
 
 import os
+import re
 import stat
 import uuid
 from pathlib import Path
@@ -96,11 +97,15 @@ def write_durably(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+INTERRUPTED_WRITE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
+"""The name of ``replace_atomically``'s temp file: one found later is what a kill -9 left behind."""
+
+
 def replace_atomically(path: Path, data: bytes) -> None:
     """Readers see the old bytes or the new ones, never a mix (write beside, fsync, rename). A failure
     (ENOSPC, EROFS...) removes the temp file and raises StorageError naming ``path``."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")  # matches INTERRUPTED_WRITE
     try:
         write_durably(tmp, data)
         os.replace(tmp, path)

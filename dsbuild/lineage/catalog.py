@@ -23,6 +23,7 @@ import fcntl
 import os
 import re
 import shutil
+import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -31,7 +32,7 @@ from typing import Iterator
 
 from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
 from dsbuild.core.executor import PARENT_ONLY_FDS
-from dsbuild.core.files import fsync_dir, write_durably
+from dsbuild.core.files import INTERRUPTED_WRITE, fsync_dir, write_durably
 from dsbuild.core.hashing import sha256_bytes
 from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
@@ -144,9 +145,13 @@ class Catalog:
             if not create:
                 raise UsageError(f"{store.url}: not a dsbuild catalog (no {MARKER})",
                                  hint="create one with `dsbuild convert CAPTURES CATALOG`")
-            if root is not None and root.exists() and any(p.name not in ("shards", "versions", ".tmp")
-                                                         for p in root.iterdir()):
-                raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; choose a new folder")
+            if root is not None and root.exists():
+                for p in root.iterdir():
+                    if INTERRUPTED_WRITE.match(p.name) and p.is_file():
+                        p.unlink(missing_ok=True)  # a creation killed while it wrote the marker
+                    elif p.name not in ("shards", "versions", ".tmp"):
+                        raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; "
+                                         "choose a new folder")
             try:
                 store.write(MARKER, pretty_json({"format": CATALOG_FORMAT}))
             except OSError as e:
@@ -336,6 +341,26 @@ class Catalog:
             if not dry_run:
                 shutil.rmtree(area, ignore_errors=True)
         return out
+
+    def interrupted_writes(self, *, older_than: float, dry_run: bool = False) -> list[str]:
+        """Temp files of record writes killed before their rename (local catalogs), older than
+        ``older_than`` seconds so a write in progress is never touched; removed unless ``dry_run``."""
+        if self.root is None:
+            return []
+        now, out = time.time(), []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames[:] = [d for d in dirnames if d != ".tmp"]  # build folders: clean_stale_builds
+            for name in filenames:
+                p = Path(dirpath) / name
+                try:
+                    stale = INTERRUPTED_WRITE.match(name) and now - p.lstat().st_mtime >= older_than
+                except FileNotFoundError:
+                    continue
+                if stale:
+                    out.append(p.relative_to(self.root).as_posix())
+                    if not dry_run:
+                        p.unlink(missing_ok=True)
+        return sorted(out)
 
     @contextmanager
     def lock(self) -> Iterator[None]:

@@ -1,4 +1,5 @@
-"""Garbage collection: shards no version references, replaced split sets, dead builds' leftovers.
+"""Garbage collection: shards no version references, replaced split sets, dead builds' leftovers,
+temp files of record writes a kill -9 interrupted.
 
 Safety: a shard is removed only if no committed version references it. On a local catalog, gc takes
 the catalog lock, which every commit also takes, so no build can publish between the check and the
@@ -16,6 +17,7 @@ from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.splitsets import unreferenced_split_folders
 
 GRACE = 24 * 3600
+INTERRUPTED_GRACE = 3600  # a record write (temp file, fsync, rename) never takes this long
 
 
 def collect(catalog: Catalog, *, dry_run: bool = False, grace: float = GRACE) -> dict:
@@ -39,9 +41,10 @@ def collect(catalog: Catalog, *, dry_run: bool = False, grace: float = GRACE) ->
             for key in [k for k, _ in garbage] + unpublished + splits:
                 catalog.store.delete(key)
         builds = catalog.clean_stale_builds(dry_run=dry_run)
+        writes = catalog.interrupted_writes(older_than=INTERRUPTED_GRACE, dry_run=dry_run)
     return {"shards": [{"path": k, "bytes": b} for k, b in garbage], "bytes": sum(b for _, b in garbage),
             "kept_young_shards": young, "unpublished_files": unpublished, "replaced_split_files": splits,
-            "stale_builds": builds, "dry_run": dry_run, "grace_seconds": grace if catalog.root is None else None}
+            "stale_builds": builds, "interrupted_writes": writes, "dry_run": dry_run, "grace_seconds": grace if catalog.root is None else None}
 
 
 def _unpublished(catalog: Catalog, now: float, grace: float) -> list[str]:

@@ -35,7 +35,8 @@ print(json.dumps({"version_id": r.version_id}))
 
 def _run(src, cat, workers: int = 2) -> str:
     out = subprocess.run([sys.executable, "-c", CONVERT, str(src), str(cat), str(workers)], capture_output=True,
-                         text=True, check=True)
+                         text=True)
+    assert out.returncode == 0, f"convert exited {out.returncode}:\n{out.stderr}"
     return json.loads(out.stdout)["version_id"]
 
 

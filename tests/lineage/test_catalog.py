@@ -311,6 +311,36 @@ def test_gc_removes_unreferenced_shards_and_stale_builds_and_lists_them(grown, t
         assert verify(c, v.version_id).ok
 
 
+def test_gc_removes_old_temp_files_of_interrupted_writes_and_keeps_young_ones(grown, tmp_path):
+    import os
+
+    _, src, v1, _ = grown
+    cat = _copy(src, tmp_path)
+    old = cat / "versions" / v1.version_id / (".manifest.json." + "a" * 32 + ".tmp")  # kill -9 mid-write
+    young = cat / (".catalog.json." + "b" * 32 + ".tmp")  # a write that may still be in progress
+    old.write_bytes(b"{")
+    young.write_bytes(b"{")
+    os.utime(old, (old.stat().st_mtime - 7200,) * 2)
+    c = Catalog.open(cat)
+    dry = collect(c, dry_run=True)
+    assert dry["interrupted_writes"] == [old.relative_to(cat).as_posix()] and old.exists()
+    assert collect(c)["interrupted_writes"] == dry["interrupted_writes"]
+    assert not old.exists() and young.exists() and verify(c, v1.version_id).ok
+
+
+def test_a_catalog_whose_creation_was_killed_mid_write_can_be_created_again(tmp_path):
+    cat = tmp_path / "cat"
+    cat.mkdir()
+    (cat / (".catalog.json." + "c" * 32 + ".tmp")).write_bytes(b"")  # kill -9 before the rename
+    Catalog.open(cat, create=True)
+    assert sorted(p.name for p in cat.iterdir()) == [".tmp", "catalog.json"]
+    other = tmp_path / "other"  # a folder holding anything else is still refused
+    other.mkdir()
+    (other / ".notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not empty"):
+        Catalog.open(other, create=True)
+
+
 def test_a_damaged_commit_record_is_one_clear_error(grown, tmp_path):
     _, src, v1, _ = grown
     cat = _copy(src, tmp_path)

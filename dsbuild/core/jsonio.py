@@ -80,7 +80,10 @@ def finite_float(value: Any) -> float | None:
     """``value`` as a finite float, or None when it is not a real finite number (bools are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    f = float(value)
+    try:
+        f = float(value)
+    except OverflowError:  # an integer literal beyond the float range (JSON allows any length)
+        return None
     return f if math.isfinite(f) else None
 
 

@@ -99,11 +99,14 @@ def _nan(_name: str) -> float:
     return math.nan
 
 
+_INT_EXACT = 1 << 53  # ints a float holds exactly; beyond, finite_float decides (and refuses huge ones)
+
+
 def _finite(v: object) -> float | None:
     """finite_float with a fast path for the plain floats and ints events are made of."""
     if type(v) is float:
         return v if v - v == 0.0 else None  # inf - inf and nan - nan are nan
-    if type(v) is int:
+    if type(v) is int and -_INT_EXACT <= v <= _INT_EXACT:
         return float(v)
     return finite_float(v)
 
@@ -159,13 +162,30 @@ def _text(obj: dict, vocab: dict[str, int] | None) -> tuple | str:
     return (obj["t"], speaker, text)
 
 
-_NUMBERS = (int, float)
+_NUMBER_TYPES = frozenset((int, float))  # bools are not numbers: type(True) is bool
+_LIST_NAMES: dict[tuple[str, int], tuple[str, ...]] = {}
+_LIST_NAMES_MAX = 4096  # distinct (list name, length) pairs kept; hostile streams only cost a refill
 
 
-def _numeric_list(value: list) -> list[float] | None:
-    if len(value) > MAX_LIST_LEN or not all(type(x) in _NUMBERS for x in value):
-        return None  # (bools are not numbers: type(True) is bool)
-    return [float(x) for x in value]
+def _numeric_list(value: list) -> np.ndarray | None:
+    """A list of plain numbers as float64, or None (anything else in it, too long, or an integer beyond
+    the float range)."""
+    if len(value) > MAX_LIST_LEN or not set(map(type, value)) <= _NUMBER_TYPES:
+        return None
+    try:
+        return np.array(value, dtype=np.float64)
+    except OverflowError:
+        return None
+
+
+def _list_names(name: str, n: int) -> tuple[str, ...]:
+    """``name.0`` ... ``name.{n-1}``, built once per list shape (telemetry repeats its shapes every line)."""
+    names = _LIST_NAMES.get((name, n))
+    if names is None:
+        if len(_LIST_NAMES) >= _LIST_NAMES_MAX:
+            _LIST_NAMES.clear()
+        names = _LIST_NAMES[(name, n)] = tuple(f"{name}.{i}" for i in range(n))
+    return names
 
 
 def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
@@ -183,11 +203,13 @@ def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
             if nums is None:
                 dropped += 1
                 continue
-            for i, x in enumerate(nums):
-                if math.isfinite(x):
-                    out[f"{name}.{i}"] = x
-                else:
-                    dropped += 1
+            names = _list_names(name, len(nums))
+            finite = np.isfinite(nums)
+            if finite.all():
+                out.update(zip(names, nums.tolist()))
+            else:
+                dropped += int(len(nums) - finite.sum())
+                out.update(pair for pair, ok in zip(zip(names, nums.tolist()), finite.tolist()) if ok)
         else:
             flat.append((name, value))
     for name, value in flat:  # after the lists, so `pos: [..]` beside `pos.0` is a counted collision
@@ -272,7 +294,8 @@ def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
         if keep is not None:
             keep.append(ev)
         t = ev[0]
-        if t < latest:
+        in_order = t >= latest
+        if not in_order:
             rep.out_of_order += 1
             out.lag = max(out.lag, latest - t)
         latest = max(latest, t)
@@ -284,6 +307,8 @@ def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
                     continue
                 names.add(ev[1])
         elif kind == "telemetry":
+            if in_order and ev[1].keys() <= out.first.keys():
+                continue  # the common line: no new channel, and no earlier reading of a known one
             for ch, x in ev[1].items():
                 if ch not in out.first and len(out.first) >= MAX_CONTROLS:
                     rep.dropped_fields += 1
@@ -389,6 +414,18 @@ class TelemetryTrack:
         self._stream = EventStream(s, root)
         self._col = {c: i for i, c in enumerate(self.channels)}
         self._state = np.array([s.first[c] for c in self.channels], dtype=np.float32)
+        self._layouts: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | None]] = {}
+
+    def _layout(self, keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Columns of a line's channels (and which of them are known), computed once per key order."""
+        lay = self._layouts.get(keys)
+        if lay is None:
+            if len(self._layouts) >= _LIST_NAMES_MAX:
+                self._layouts.clear()
+            cols = np.array([self._col.get(k, -1) for k in keys], dtype=np.intp)
+            known = cols >= 0
+            lay = self._layouts[keys] = (cols, None) if known.all() else (cols[known], known)
+        return lay
 
     def clip(self, frame_t: np.ndarray, t_start: float, t_end: float) -> np.ndarray:
         evs = self._stream.until(t_end)
@@ -397,12 +434,10 @@ class TelemetryTrack:
             return np.repeat(self._state[None, :], len(frame_t), axis=0)
         times = np.array([e[0] for e in evs], dtype=np.float64)
         rows = np.full((len(evs), n), np.nan, dtype=np.float32)
-        col = self._col
         for i, (_, values) in enumerate(evs):
-            for ch, x in values.items():
-                j = col.get(ch)
-                if j is not None:
-                    rows[i, j] = x
+            cols, known = self._layout(tuple(values))
+            x = np.fromiter(values.values(), np.float32, len(values))
+            rows[i, cols] = x if known is None else x[known]
         # forward fill each channel from the state carried in from earlier clips
         seen = ~np.isnan(rows)
         last = np.where(seen, np.arange(len(evs))[:, None], -1)

@@ -123,6 +123,20 @@ def test_telemetry_lists_become_indexed_channels_and_bad_fields_are_counted(tmp_
     assert s.report.dropped_fields == 2  # "name" is not numeric; NaN is dropped, not the line
 
 
+def test_numbers_beyond_the_float_range_bools_and_infinities_are_dropped_fields_not_crashes(tmp_path):
+    huge = "1" + "0" * 400  # valid JSON; float() of it raises OverflowError
+    p = tmp_path / "t.jsonl"
+    p.write_text(f'{{"t":0,"x":{huge},"l":[1,2]}}\n{{"t":1,"x":2,"l":[{huge},2]}}\n'
+                 '{"t":2,"x":3,"l":[true,2]}\n{"t":3,"x":4,"l":[1e999,2]}\n')
+    s = scan(p, "telemetry")
+    assert s.report.dropped_fields == 4 and s.report.events == 4  # x, a list, a list, one element
+    assert [e[1] for e in events(p, "telemetry")] == [{"l.0": 1.0, "l.1": 2.0}, {"x": 2.0}, {"x": 3.0},
+                                                     {"l.1": 2.0, "x": 4.0}]
+    a = tmp_path / "a.jsonl"
+    a.write_text(f'{{"t":0,"control":"fire","value":{huge}}}\n{{"t":{huge},"control":"fire","value":1}}\n')
+    assert scan(a, "actions").report.malformed == 2
+
+
 def test_duplicate_keys_and_list_flat_collisions_are_counted_repairs(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text('{"t":0,"speed":1,"speed":2}\n{"t":1,"pos":[1,2],"pos.0":9}\n{"t":2,"text":"a \\":b"}\n')

@@ -18,20 +18,24 @@ from dsbuild.core.errors import FormatError
 MAX_DEPTH = 64
 
 
+_CONTAINERS = (dict, list)
+
+
 def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """The parsed value nests at most ``limit`` containers deep (iterative: no recursion to exhaust)."""
-    stack = [(value, 1)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, dict):
-            children = v.values()
-        elif isinstance(v, list):
-            children = v
-        else:
-            continue
-        if d > limit:
+    """The parsed value nests at most ``limit`` containers deep. Recursive, but never deeper than
+    ``limit`` (it stops there), so a hostile document cannot exhaust the stack; scalars cost one type
+    test each (manifests hold hundreds of thousands of them)."""
+    if type(value) not in _CONTAINERS:
+        return True
+    return _within(value, limit - 1)
+
+
+def _within(v: dict | list, left: int) -> bool:
+    if left < 0:
+        return False
+    for c in (v.values() if type(v) is dict else v):
+        if type(c) in _CONTAINERS and not _within(c, left - 1):
             return False
-        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
     return True
 
 
@@ -40,10 +44,12 @@ def parse(data: bytes | str) -> Any:
     return orjson.loads(data)
 
 
-def loads_bounded(data: bytes | str, *, max_bytes: int, what: str, max_depth: int = MAX_DEPTH) -> Any:
+def loads_bounded(data: bytes | str, *, max_bytes: int, what: str, max_depth: int | None = MAX_DEPTH) -> Any:
     """Parse JSON that came from outside: size and nesting are bounded, NaN/Infinity are rejected.
 
-    Raises ``FormatError`` naming ``what`` and the problem.
+    ``max_depth=None`` is for documents read straight into a typed ``Record``: its loader follows the
+    schema (no deeper), refuses unknown fields and bounds the depth of each free-form field itself, so a
+    walk of the whole document first would only repeat it. Raises ``FormatError`` naming ``what``.
     """
     if len(data) > max_bytes:
         raise FormatError(f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}")
@@ -56,9 +62,9 @@ def loads_bounded(data: bytes | str, *, max_bytes: int, what: str, max_depth: in
             except UnicodeDecodeError as u:
                 raise FormatError(f"{what}: not UTF-8 ({u.reason} at byte {u.start})") from None
         if "depth" in str(e):
-            raise FormatError(f"{what}: JSON nested deeper than {max_depth}") from None
+            raise FormatError(f"{what}: JSON nested deeper than {max_depth or 1024}") from None
         raise FormatError(f"{what}: invalid JSON ({e})") from None
-    if not depth_ok(value, max_depth):
+    if max_depth is not None and not depth_ok(value, max_depth):
         raise FormatError(f"{what}: JSON nested deeper than {max_depth}")
     return value
 

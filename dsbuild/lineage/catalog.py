@@ -208,10 +208,8 @@ class Catalog:
             raise LineageError(f"{self.url}/{e}", hint=f"restore {key} or delete it (the version stays intact; "
                                                        "only its date and parent are lost)") from None
 
-    def manifest(self, version_id: str) -> Manifest:
-        """The version's manifest, proven: its sha256 must be the version id."""
-        if version_id in self._manifests:
-            return self._manifests[version_id]
+    def _manifest_doc(self, version_id: str) -> tuple[object, str]:
+        """The version's manifest bytes, proven (their sha256 must be the version id), parsed."""
         key = f"versions/{check_version_id(version_id)}/manifest.json"
         try:
             data = self._read(key, MAX_MANIFEST_BYTES, immutable=True)
@@ -220,16 +218,38 @@ class Catalog:
         if sha256_bytes(data) != version_id:
             raise LineageError(f"{self.url}/{key}: sha256 is {sha256_bytes(data)[:16]}…, not the version id: "
                                "the manifest was edited or damaged", hint="restore it from a copy of the catalog")
+        what = f"{self.url}/{key}"
         try:
-            m = Manifest.from_bytes(data, f"{self.url}/{key}")
+            return Manifest.parse(data, what), what
+        except FormatError as e:
+            raise LineageError(str(e)) from None
+
+    def manifest(self, version_id: str) -> Manifest:
+        """The version's manifest, proven: its sha256 must be the version id."""
+        if version_id in self._manifests:
+            return self._manifests[version_id]
+        doc, what = self._manifest_doc(version_id)
+        try:
+            m = Manifest.from_doc(doc, what)
         except FormatError as e:
             raise LineageError(str(e)) from None
         self._manifests[version_id] = m
         return m
 
+    def manifest_fields(self, version_id: str, *names: str) -> tuple:
+        """Some fields of the manifest, proven and validated, without loading the rest (the sessions
+        and sources of a big version cost more than the query or summary that wanted the index pin)."""
+        if version_id in self._manifests:
+            return tuple(getattr(self._manifests[version_id], n) for n in names)
+        doc, what = self._manifest_doc(version_id)
+        try:
+            return tuple(Manifest.field_from_json(doc, n, what) for n in names)
+        except FormatError as e:
+            raise LineageError(str(e)) from None
+
     def index_data(self, version_id: str) -> bytes:
         """The index file's bytes, proven against the manifest's pin."""
-        pin = self.manifest(version_id).index
+        (pin,) = self.manifest_fields(version_id, "index")
         key = f"versions/{version_id}/{pin.path}"
         try:
             data = self._read(key, MAX_INDEX_BYTES, immutable=True)

@@ -121,9 +121,18 @@ class Manifest(Record):
     def version_id(self) -> str:
         return sha256_bytes(self.to_bytes())
 
+    @staticmethod
+    def parse(data: bytes, what: str) -> object:
+        """The manifest's JSON, size-bounded; its structure is checked by ``from_doc``/``field_from_json``."""
+        return loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=what, max_depth=None)
+
     @classmethod
     def from_bytes(cls, data: bytes, what: str) -> "Manifest":
-        m = cls.from_json(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=what), what)
+        return cls.from_doc(cls.parse(data, what), what)
+
+    @classmethod
+    def from_doc(cls, doc: object, what: str) -> "Manifest":
+        m = cls.from_json(doc, what)
         for s in m.shards:
             if not s.name_matches_hash():
                 raise FormatError(f"{what}: shard {s.path[:120]!r} is not named by its own sha256")

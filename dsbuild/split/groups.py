@@ -37,8 +37,8 @@ class VersionSamples:
 
 
 def read_version(catalog: Catalog, version_id: str) -> VersionSamples:
-    manifest = catalog.manifest(version_id)
-    path = f"{catalog.url}/versions/{version_id}/{manifest.index.path}"
+    pin, content_id = catalog.manifest_fields(version_id, "index", "content_id")
+    path = f"{catalog.url}/versions/{version_id}/{pin.path}"
     table = catalog.index(version_id, [*LOCATOR_COLUMNS, "session_id", *SESSION_COLUMNS])
     table = table.sort_by("key")
     encoded = table["session_id"].combine_chunks().dictionary_encode()
@@ -57,7 +57,7 @@ def read_version(catalog: Catalog, version_id: str) -> VersionSamples:
     session_ids = tuple(sorted(sessions))
     if len(uniq) and not np.array_equal(uniq, np.arange(len(session_ids))):
         raise LineageError(f"{path}: session ids of the index are inconsistent")
-    return VersionSamples(version_id, manifest.content_id, table.select([*LOCATOR_COLUMNS, "session_id"]),
+    return VersionSamples(version_id, content_id, table.select([*LOCATOR_COLUMNS, "session_id"]),
                           session_ids, sessions, per_session, row_session)
 
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from dsbuild.core.errors import FormatError
+from dsbuild.core.jsonio import depth_ok
 from dsbuild.core.records import SHA256, JsonValue, Record, spec
 from dsbuild.lineage.catalog import CommitRecord
 from dsbuild.lineage.manifest import Manifest, ShardRecord
@@ -87,3 +88,29 @@ def test_schemas_describe_the_records():
     shard = ShardRecord.json_schema()
     assert shard["properties"]["sha256"]["pattern"] == f"^{SHA256}$" and shard["properties"]["bytes"]["minimum"] == 0
     assert CommitRecord.json_schema()["properties"]["parent"]["anyOf"][1] == {"type": "null"}
+
+
+def _depth(v) -> int:
+    """The reference: containers on the longest path."""
+    if isinstance(v, dict):
+        return 1 + max(map(_depth, v.values()), default=0)
+    if isinstance(v, list):
+        return 1 + max(map(_depth, v), default=0)
+    return 0
+
+
+_json = st.recursive(st.none() | st.integers() | st.text(max_size=3),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3),
+                     max_leaves=30)
+
+
+@given(_json, st.integers(0, 8))
+def test_depth_ok_agrees_with_the_longest_path_of_containers(doc, limit):
+    assert depth_ok(doc, limit) == (_depth(doc) <= limit)
+
+
+def test_depth_ok_stops_at_its_limit_on_documents_deeper_than_the_stack():
+    doc: object = 0
+    for _ in range(100_000):  # a recursive walk of all of it would raise RecursionError
+        doc = [doc]
+    assert not depth_ok(doc)

@@ -410,3 +410,21 @@ def test_an_incremental_build_hashes_and_processes_only_what_changed(grown, tmp_
     assert r.reused_sessions == 22 and r.written_shards <= 3
     assert {p.parent.name for p in hashed_files} == {"s-030"}
     assert jobs[0] == ("process_session", 1)
+
+
+def test_manifest_fields_are_the_full_manifests_and_are_validated(grown, tmp_path):
+    _, src, v1, _ = grown
+    cat = _copy(src, tmp_path)
+    full = Catalog.open(cat).manifest(v1.version_id)
+    pin, stats = Catalog.open(cat).manifest_fields(v1.version_id, "index", "stats")  # fresh: no cached manifest
+    assert (pin, stats) == (full.index, full.stats)
+    doc = json.loads((cat / "versions" / v1.version_id / "manifest.json").read_bytes())
+    doc["index"]["rows"] = -1  # an invalid pin in a manifest whose name is its hash again
+    data = json.dumps(doc).encode()
+    import hashlib
+
+    vid = hashlib.sha256(data).hexdigest()
+    (cat / "versions" / vid).mkdir()
+    (cat / "versions" / vid / "manifest.json").write_bytes(data)
+    with pytest.raises(LineageError, match="index: rows: -1 is below 0"):
+        Catalog.open(cat).manifest_fields(vid, "index")

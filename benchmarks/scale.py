@@ -1,6 +1,7 @@
 """Catalog operations at scale: 10,000 short sessions and hundreds of versions, as commands.
 
     .venv/bin/python benchmarks/scale.py [--sessions 10000] [--versions 300] [--shard-size 4MB] [--out bench-out/scale]
+    .venv/bin/python benchmarks/scale.py --measure-only   # the read-side commands again, on the catalog built
 
 Builds (once, cached) SESSIONS short capture sessions (2 s of 64x48 video, a few action events each),
 converts them (`dsbuild convert`, default workers), then adds one session at a time, committing a new
@@ -102,8 +103,18 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=300)
     ap.add_argument("--shard-size", default="4MB", help="small shards, so +1 session can touch few of them")
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "scale"))
+    ap.add_argument("--measure-only", action="store_true",
+                    help="time the read-side commands on the catalog an earlier run left in --out; build nothing")
     a = ap.parse_args()
     out = Path(a.out)
+    if a.measure_only:
+        cat = out / "catalog"
+        n = len(json.loads(timed("log", str(cat), "--json")[1])["versions"])
+        print(f"| what | at version {n} (catalog of an earlier run) |\n|---|---|")
+        for name, secs in commands(cat).items():
+            print(f"| {name} | {secs:.2f} s |")
+        print(f"\ncommand: .venv/bin/python benchmarks/scale.py --measure-only --out {a.out}")
+        return
     caps = out / "captures"
     make_captures(caps, a.sessions)
     cat = out / "catalog"

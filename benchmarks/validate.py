@@ -48,8 +48,8 @@ def make_catalogs(out: Path, copies: int) -> tuple[Path, Path]:
     from dsbuild.convert import ConvertConfig, convert
     from dsbuild.core.executor import ExecutorSpec
 
-    caps = ROOT / "bench-out" / "convert" / "captures"
-    make_captures(caps)
+    caps = ROOT / "bench-out" / "convert" / "720p" / "captures"  # the convert benchmark's 720p set
+    make_captures(caps, "720p")
     a, b, many = out / "catalog-a", out / "catalog-b", out / "captures-b"
     if not (a / "catalog.json").exists():
         convert(caps, a, ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=2))

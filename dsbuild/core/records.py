@@ -87,7 +87,13 @@ class Record:
                 values[name] = load(doc[name], f"{what}: {name}")
             elif required:
                 raise FormatError(f"{what}: missing field {name!r}")
-        return cls(**values)
+        record = cls(**values)
+        record.check(what)
+        return record
+
+    def check(self, what: str) -> None:
+        """Rules across fields that a record read from JSON must also follow (raise ``FormatError``
+        naming ``what``); none by default."""
 
     @classmethod
     def field_from_json(cls, doc: object, name: str, what: str):

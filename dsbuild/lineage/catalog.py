@@ -230,7 +230,7 @@ class Catalog:
             return self._manifests[version_id]
         doc, what = self._manifest_doc(version_id)
         try:
-            m = Manifest.from_doc(doc, what)
+            m = Manifest.from_json(doc, what)
         except FormatError as e:
             raise LineageError(str(e)) from None
         self._manifests[version_id] = m

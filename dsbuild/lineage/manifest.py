@@ -36,6 +36,10 @@ class ShardRecord(Record):
         m = _SHARD_KEY_RE.fullmatch(self.path)
         return bool(m) and m.group(2) == self.sha256 and m.group(1) == self.sha256[:2]
 
+    def check(self, what: str) -> None:
+        if not self.name_matches_hash():
+            raise FormatError(f"{what}: shard {self.path[:120]!r} is not named by its own sha256")
+
 
 @dataclass(frozen=True, slots=True)
 class SourceRecord(Record):
@@ -123,20 +127,12 @@ class Manifest(Record):
 
     @staticmethod
     def parse(data: bytes, what: str) -> object:
-        """The manifest's JSON, size-bounded; its structure is checked by ``from_doc``/``field_from_json``."""
+        """The manifest's JSON, size-bounded; its structure is checked by ``from_json``/``field_from_json``."""
         return loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=what, max_depth=None)
 
     @classmethod
     def from_bytes(cls, data: bytes, what: str) -> "Manifest":
-        return cls.from_doc(cls.parse(data, what), what)
-
-    @classmethod
-    def from_doc(cls, doc: object, what: str) -> "Manifest":
-        m = cls.from_json(doc, what)
-        for s in m.shards:
-            if not s.name_matches_hash():
-                raise FormatError(f"{what}: shard {s.path[:120]!r} is not named by its own sha256")
-        return m
+        return cls.from_json(cls.parse(data, what), what)
 
 
 def content_id(sample_hashes: list[tuple[str, str]]) -> str:

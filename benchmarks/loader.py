@@ -69,11 +69,14 @@ class Data:
         self.ref = ref
         self.bench = describe(ref, None)
         self.n, self.bytes = self.bench.facts.samples, self.bench.facts.bytes
+        # at least 16 batches an epoch, so every thread has batches to build (24 clips of 10 MB in
+        # batches of 32 would be one batch an epoch: one thread busy, whatever num_workers says)
+        self.batch_size = max(1, min(32, self.n // 16))
 
 
 def ours(data: Data, verify: str, threads: int, shuffle: str = "none"):
-    loader = Loader(data.ref, decode="bytes", batch_size=32, shuffle=shuffle, num_workers=threads, verify=verify,
-                    prefetch=2 * threads + 2)
+    loader = Loader(data.ref, decode="bytes", batch_size=data.batch_size, shuffle=shuffle, num_workers=threads,
+                    verify=verify, prefetch=2 * threads + 2)
     loader.open()
 
     def epoch():
@@ -85,7 +88,7 @@ def ours(data: Data, verify: str, threads: int, shuffle: str = "none"):
 def torch_procs(data: Data, workers: int):
     import torch
 
-    loader = Loader(data.ref, decode="bytes", batch_size=32, shuffle="none", verify="shard")
+    loader = Loader(data.ref, decode="bytes", batch_size=data.batch_size, shuffle="none", verify="shard")
     dl = torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=workers,
                                      persistent_workers=True, prefetch_factor=4)
 
@@ -172,7 +175,7 @@ def main() -> None:
             return statistics.median(p[0] / q[0] for p, q in zip(results[x], results[y])) if y in results else None
 
         lines += [f"### {ref}: {data.n} samples, {data.bytes / data.n / 1e3:.0f} KB each, "
-                  f"{data.bench.facts.shards} shards", "", "| run | samples/s | MB/s |", "|---|---|---|"]
+                  f"{data.bench.facts.shards} shards, batches of {data.batch_size}", "", "| run | samples/s | MB/s |", "|---|---|---|"]
         lines += [f"| {k} | {v[0]:,.0f} | {v[1]:,.0f} |" for k, v in med.items()]
         lines += ["", "| ratio (median of per-round ratios) | value | target |", "|---|---|---|"]
         for x, y, target in (("ours_none_2t", "litdata", "≥ 1.0"), ("ours_shard_2t", "litdata", "≥ 1.0"),

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from convert import make_captures  # noqa: E402
 
 from dsbuild.convert import ConvertConfig, convert  # noqa: E402
+from dsbuild.core.executor import ExecutorSpec  # noqa: E402
 
 
 def main() -> None:
@@ -32,8 +33,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "convert"))
     args = ap.parse_args()
     out = Path(args.out)
-    src = out / "captures"
-    total = make_captures(src)
+    src = out / "720p" / "captures"  # the convert benchmark's 720p set
+    make_captures(src, "720p")
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
     import ray
 
     t = time.perf_counter()
@@ -47,7 +49,7 @@ def main() -> None:
             cat = out / f"catalog-{ex}"
             shutil.rmtree(cat, ignore_errors=True)
             t = time.perf_counter()
-            r = convert(src, cat, config, workers=2, executor=ex)
+            r = convert(src, cat, config, executor=ExecutorSpec(kind=ex, workers=2))
             times[ex].append(time.perf_counter() - t)
             ids.add(r.version_id)
     ray.shutdown()

@@ -15,7 +15,6 @@ missing: `dsbuild verify` of a copy of --big whose shard files are all gone: eve
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -44,16 +43,11 @@ def command(*args: str, ok: tuple[int, ...] = (0,)) -> tuple[float, subprocess.C
 
 
 def sha256_floor(files: list[Path], threads: int) -> float:
-    def digest(p: Path) -> str:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            while chunk := f.read(4 << 20):
-                h.update(chunk)
-        return h.hexdigest()
+    from dsbuild.core.hashing import sha256_file  # hashlib over 4 MiB reads, nothing else
 
     t = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(digest, files))
+        list(pool.map(sha256_file, files))
     return time.perf_counter() - t
 
 

@@ -21,7 +21,6 @@ markdown table with each command. ``--cli`` times ``dsbuild validate`` instead o
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import os
@@ -66,18 +65,12 @@ def make_catalogs(out: Path, copies: int) -> tuple[Path, Path]:
 
 
 # -- the commands (each runs as its own process) -----------------------------------------------------
-def _hash_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def floor_sha256(catalog: str, threads: int) -> None:
-    shards = sorted(str(p) for p in Path(catalog, "shards").rglob("*") if p.is_file())
+    from dsbuild.core.hashing import sha256_file  # hashlib over 4 MiB reads, nothing else
+
+    shards = sorted(Path(catalog, "shards").rglob("*.*"))
     with ThreadPoolExecutor(threads) as pool:  # hashlib frees the GIL: threads use every core
-        list(pool.map(_hash_file, shards))
+        list(pool.map(sha256_file, shards))
 
 
 def _decode(ranges: list) -> int:

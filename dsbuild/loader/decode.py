@@ -28,10 +28,11 @@ def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:
 
 
 def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, skip_nonref: bool = False,
-                counts: dict | None = None) -> np.ndarray:
+                counts: dict | None = None, alloc=np.empty) -> np.ndarray:
     """uint8 [len(indices), H, W, 3]: the clip's frames at ``indices`` (presentation order), resized to
-    ``size`` = (height, width) by swscale. ``counts["decoded"]`` (if given) grows by the frames the
-    decoder produced, ``counts["skipped_packets"]`` by the packets before the start keyframe."""
+    ``size`` = (height, width) by swscale, in an array from ``alloc(shape, dtype)``. ``counts["decoded"]``
+    (if given) grows by the frames the decoder produced, ``counts["skipped_packets"]`` by the packets
+    before the start keyframe."""
     import av
 
     try:
@@ -46,9 +47,9 @@ def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, 
             wanted = {pts[int(i)]: k for k, i in enumerate(indices)}
             start = start_packet([(p.pts, p.is_keyframe) for p in packets], pts[int(indices[0])])
             stream.codec_context.thread_type = "AUTO"
-            got, decoded = _decode(stream, packets[start:], wanted, size, skip_nonref)
+            got, decoded = _decode(stream, packets[start:], wanted, size, skip_nonref, alloc)
             if got is None and skip_nonref:
-                got, more = _decode(stream, packets[start:], wanted, size, False)
+                got, more = _decode(stream, packets[start:], wanted, size, False, alloc)
                 decoded += more
     except (av.error.FFmpegError, IndexError, ValueError) as e:
         raise FormatError(f"video does not decode ({e})") from None
@@ -60,7 +61,8 @@ def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, 
     return got
 
 
-def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool) -> tuple[np.ndarray | None, int]:
+def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool,
+            alloc) -> tuple[np.ndarray | None, int]:
     """(frames at the ``wanted`` pts (-> output slot) decoded from ``packets`` or None if any is
     missing, frames decoded)."""
     ctx = stream.codec_context
@@ -80,7 +82,7 @@ def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bo
             else:
                 arr = frame.to_ndarray(format="rgb24")
             if out is None:
-                out = np.empty((len(wanted), *arr.shape), dtype=np.uint8)
+                out = alloc((len(wanted), *arr.shape), np.uint8)
             out[slot] = arr
             left -= 1
         if left == 0:

@@ -22,6 +22,8 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
+
 from dsbuild.core.errors import StorageError
 from dsbuild.core.hashing import CHUNK
 from dsbuild.formats import ShardFormat, ShardReader
@@ -187,8 +189,11 @@ def _sha256_fd(fd: int, size: int) -> str:
     return h.hexdigest()
 
 
+ARRAY_MIN = 1 << 20  # smaller arrays come from malloc's own free lists, without page faults
+
+
 class BufferPool:
-    """Reusable read buffers. A fresh 10 MB ``bytes`` per sample costs page faults on every read (the
+    """Reusable read buffers (and large arrays: ``empty``/``zeros``). A fresh 10 MB ``bytes`` per sample costs page faults on every read (the
     allocator hands big blocks back to the OS), which halves throughput on page-cached shards. A buffer
     is reused only when nothing references it any more — no delivered sample can change under a user
     who keeps it: a live memoryview (even a slice of a slice) holds a reference to its bytearray."""
@@ -203,13 +208,34 @@ class BufferPool:
 
     def take(self, n: int) -> bytearray:
         with self._lock:
-            for k in range(len(self._buffers)):
+            best = None
+            for k in range(len(self._buffers)):  # (not enumerate: its cached tuple would hold a reference)
                 buf = self._buffers[k]
-                if len(buf) >= n and sys.getrefcount(buf) <= self.IDLE_REFS:
-                    del self._buffers[k]  # by position: list.remove would compare contents
-                    return buf
+                if len(buf) >= n and sys.getrefcount(buf) <= self.IDLE_REFS \
+                        and (best is None or len(buf) < len(self._buffers[best])):
+                    best = k  # the smallest idle buffer that fits
+            if best is not None:
+                return self._buffers.pop(best)
         self.allocated += 1
         return bytearray(-(-n // (1 << 20)) << 20)  # whole MiBs, so buffers fit many samples
+
+    def empty(self, shape: tuple, dtype) -> np.ndarray:
+        """``np.empty`` in reused memory for arrays of ``ARRAY_MIN`` bytes or more: a fresh frames array
+        (tens of MB a clip or batch) costs a page fault per 4 KiB on first write, several times the copy
+        that fills it. The array keeps its buffer from reuse for as long as it, or any view, lives."""
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if n < ARRAY_MIN:
+            return np.empty(shape, dtype)
+        buf = self.take(n)
+        arr = np.frombuffer(buf, np.uint8, count=n).view(dtype).reshape(shape)
+        self.give(buf)  # tracked again; idle once ``arr`` and its views are gone
+        return arr
+
+    def zeros(self, shape: tuple, dtype) -> np.ndarray:
+        arr = self.empty(shape, dtype)
+        arr.fill(0)
+        return arr
 
     def give(self, buf: bytearray) -> None:
         with self._lock:

@@ -220,9 +220,12 @@ class Mixture:
             ref = SampleRef(ref.source, ref.epoch, nxt)
             raw = readers[ref.source].read([nxt])[0]
 
-    def build(self, step: Step, alloc=np.zeros) -> dict:
-        """The batch of ``step`` (arrays from ``alloc``; see ``collate``), with its samples' metadata."""
+    def build(self, step: Step, alloc=None) -> dict:
+        """The batch of ``step`` (arrays from ``alloc``, default: zeroed and in reused memory; see
+        ``collate``), with its samples' metadata."""
         self.open()
+        if alloc is None:
+            alloc = self._io()[1].arrays.zeros
         items = step_items(step, self.plans)
         flat = self._load([r for item in items for r in item])
         t0 = time.perf_counter()

@@ -20,6 +20,7 @@ from dsbuild.loader.backends import Backend
 from dsbuild.loader.collate import ColumnMap
 from dsbuild.loader.crop import frame_indices
 from dsbuild.loader.decode import decode_pyav, decode_torchcodec
+from dsbuild.loader.files import BufferPool
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.permutation import derive_key
 from dsbuild.loader.read import RawSample, sample_arrays
@@ -65,6 +66,8 @@ class Preparer:
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
             for src in sources]
         self._video: dict[tuple[int, int], object] = {}  # (source, session) -> ClipVideo, parsed once
+        # decoded clips and batch arrays in reused memory: enough buffers for every batch in flight
+        self.arrays = BufferPool(keep=options.prefetch + options.num_workers * (options.batch_size + 2) + 2)
 
     def column_map(self, src: int, i: int) -> ColumnMap:
         return self.maps[src][int(self.sources[src].session_code[i])]
@@ -97,7 +100,8 @@ class Preparer:
     def _decode(self, video, idx: np.ndarray) -> np.ndarray:
         if self.backend.name == "pyav":
             counts: dict = {}
-            frames = decode_pyav(video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts)
+            frames = decode_pyav(video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts,
+                                 alloc=self.arrays.empty)
             self.stats.add(counts={"decoded_frames": counts["decoded"]})
         else:
             frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)

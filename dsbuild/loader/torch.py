@@ -67,6 +67,6 @@ class TorchDataset(IterableDataset):
             if step is None:
                 return
             alloc = SharedAlloc() if info is not None else None
-            batch = to_torch(self.loader.build(step, alloc or np.zeros), alloc)
+            batch = to_torch(self.loader.build(step, alloc), alloc)
             batch["state"] = self.loader.state_at(after)
             yield batch

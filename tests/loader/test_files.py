@@ -3,17 +3,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.loader.files import ShardFiles
+from dsbuild.loader import Loader
+from dsbuild.loader.files import BufferPool, ShardFiles
 from dsbuild.loader.source import Source
 
 SCRIPT = textwrap.dedent("""
@@ -73,3 +76,33 @@ def test_the_lru_never_holds_more_than_its_limit_and_reopens_evicted_shards(cat)
             assert files.open_files <= 3
     assert files.opened == 2 * len(src.shards)  # evicted, then opened again
     files.close()
+
+
+def test_pooled_arrays_are_reused_only_once_no_view_of_them_lives():
+    pool = BufferPool()
+    a = pool.zeros((4, 512, 512), np.uint8)  # 1 MiB: pooled
+    view = a[1:2]
+    del a
+    b = pool.empty((4, 512, 512), np.uint8)  # the first buffer is still seen through `view`
+    assert pool.allocated == 2 and not np.shares_memory(view, b)
+    del view, b
+    c = pool.zeros((1, 512, 512), np.float32)  # both idle again: one of them is taken
+    assert pool.allocated == 2 and c.dtype == np.float32 and not c.any()
+    assert pool.zeros((3, 3), np.float64).shape == (3, 3) and pool.allocated == 2  # small: plain numpy
+
+
+def test_batches_in_reused_memory_equal_batches_kept_alive(cat):
+    """Frames big enough to be pooled: an epoch whose batches are all kept (nothing can be reused) and
+    one whose batches are dropped at once (everything is) deliver the same bytes, padding included."""
+    ref, _ = cat
+    opts = dict(batch_size=3, seed=2, resize=(240, 320), num_workers=2, shuffle="global")
+
+    def digests(batches) -> list[str]:
+        return [hashlib.sha256(b["frames"].tobytes() + b["actions"].tobytes() + b["lengths"].tobytes()).hexdigest()
+                for b in batches]
+
+    kept = list(Loader(ref, **opts))
+    loader = Loader(ref, **opts)
+    dropped = [digests([b])[0] for b in loader]
+    assert dropped == digests(kept) and len(kept) > 2
+    assert loader._preparer.arrays.allocated < len(kept) * (opts["batch_size"] + 1)  # memory was reused

@@ -1,6 +1,6 @@
 """The loader against its floors and its peers, measured in one run on the same member bytes.
 
-    .venv/bin/python benchmarks/loader.py REF [REF ...] [--rounds 3] [--seconds 2] [--work DIR]
+    .venv/bin/python benchmarks/loader.py [REF ...] [--rounds 3] [--seconds 2] [--work DIR]
         [--frames-ref REF] [--mixed-ref REF] [--resize 128x128]
 
 For each REF (a catalog of WebDataset shards), in interleaved rounds (rotated order; medians of per-round
@@ -134,7 +134,7 @@ def decode_gains(seconds: float) -> list[tuple[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("refs", nargs="+")
+    ap.add_argument("refs", nargs="*", help="catalogs for bytes mode (none: frames mode only)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--work", default=None)

@@ -43,7 +43,9 @@ def test_json_save_and_html_are_the_same_report(saved):
 
 def test_the_same_settings_pass_the_gate(saved):
     cat, out, _ = saved
-    p = run("bench", cat, *GATED, "--baseline", out / "base.json", "--save", out / "again.json")
+    # two 3-second runs on a shared machine differ by up to ~20% (benchmarks/RESULTS.md): a 2x drop still fails
+    p = run("bench", cat, *GATED, "--baseline", out / "base.json", "--save", out / "again.json",
+            "--fail-below", "0.5")
     gate = json.loads((out / "again.json").read_text())["gate"]
     assert {v["baseline"] for v in gate["verdicts"]} == {"raw", "sha256"} and gate["differences"] == []
     assert "no regression against" in p.stdout and "ours / baseline" in p.stdout
@@ -69,7 +71,8 @@ def test_a_drop_against_every_baseline_exits_1_naming_the_ratios(saved):
 
 def test_a_drop_against_one_baseline_alone_is_not_a_regression(saved):
     cat, out, _ = saved
-    p = run("bench", cat, *GATED, "--baseline", doctor(out, "one.json", {"sha256": 20}))
+    # raw's saved ratio a twentieth of what it was: ours cannot drop against it, however noisy the machine
+    p = run("bench", cat, *GATED, "--baseline", doctor(out, "one.json", {"sha256": 20, "raw": 0.05}))
     assert "no regression against" in p.stdout and "held against raw" in p.stdout and "dropped" in p.stdout
 
 

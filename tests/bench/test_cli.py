@@ -83,7 +83,8 @@ def test_incomparable_runs_exit_2_before_measuring_naming_what_differs(saved):
     assert "round 1/" not in p.stderr  # refused at start-up
     p = run("bench", cat, *GATED, "--split", "main/train", "--baseline", out / "base.json", check=2)
     assert "dataset split: saved None, now 'main/train'" in p.stderr
-    p = run("bench", cat, *GATED, "--resize", "64x64", "--baseline", out / "base.json", "--allow-different", "--json")
+    p = run("bench", cat, *GATED, "--resize", "64x64", "--baseline", out / "base.json", "--allow-different", "--json",
+            "--fail-below", "0.5")  # judged, not refused; a noisy 3-s run must not turn it into a regression
     assert json.loads(p.stdout)["gate"]["differences"] == ["setting resize: saved None, now [64, 64]"]
 
 

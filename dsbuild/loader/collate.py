@@ -30,8 +30,8 @@ def _same_frame_shape(samples: list[dict]) -> tuple | None:
 def _put(dst: np.ndarray, b: int, pos: int, a: np.ndarray, cols: np.ndarray | None) -> None:
     if cols is None:
         dst[b, pos:pos + len(a), :a.shape[1]] = a
-    else:
-        dst[b, pos:pos + len(a), cols] = a
+    else:  # dst[b] first: ``dst[b, rows, cols]`` would put the indexed axis first (numpy's mixed indexing)
+        dst[b][pos:pos + len(a), cols] = a
 
 
 def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[int, int],

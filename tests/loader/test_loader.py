@@ -308,3 +308,35 @@ def test_parquet_and_webdataset_versions_deliver_the_same_samples(wds_catalog, p
         return out
 
     assert by_key(wds_catalog[0]) == by_key(parquet_catalog[0])
+
+
+def test_sessions_with_different_controls_land_in_their_own_columns(captures, tmp_path):
+    """Each session names its own controls; a batch puts them in the version's vocabulary, by name
+    (the demo's Atari games have different action sets)."""
+    import json
+    import shutil
+
+    from dsbuild.convert import ConvertConfig, convert
+    from dsbuild.core.executor import ExecutorSpec
+
+    caps = tmp_path / "caps"
+    shutil.copytree(captures, caps)
+    own = {}
+    for i, session in enumerate(sorted(p.parent for p in caps.rglob("session.json"))):
+        controls = ("up", "fire") if i % 2 else ("fire", "down")
+        (session / "actions.jsonl").write_text("".join(json.dumps({"t": 0.0, "control": c, "value": 1.0}) + "\n"
+                                                       for c in controls))
+        own[json.loads((session / "session.json").read_text())["session_id"]] = set(controls)
+    out = tmp_path / "cat"
+    vid = convert(caps, out, ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1)).version_id
+    vocab = Catalog.open(out).manifest(vid).vocabulary.controls
+    assert sorted(vocab) == ["down", "fire", "up"]
+    seen = 0
+    for b in Loader(str(out), decode="bytes", batch_size=4, seed=3):
+        for i, session in enumerate(b["session_id"]):
+            n = int(b["lengths"][i])
+            for j, control in enumerate(vocab):
+                expected = 1.0 if control in own[session] else 0.0
+                assert (b["actions"][i, :n, j] == expected).all(), (session, control)
+            seen += 1
+    assert seen == len(index_rows(str(out), vid))

@@ -23,7 +23,6 @@ import fcntl
 import os
 import re
 import shutil
-import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -362,12 +361,12 @@ class Catalog:
                 shutil.rmtree(area, ignore_errors=True)
         return out
 
-    def interrupted_writes(self, *, older_than: float, dry_run: bool = False) -> list[str]:
+    def interrupted_writes(self, *, older_than: float, now: float, dry_run: bool = False) -> list[str]:
         """Temp files of record writes killed before their rename (local catalogs), older than
-        ``older_than`` seconds so a write in progress is never touched; removed unless ``dry_run``."""
+        ``older_than`` seconds at ``now`` so a write in progress is never touched; removed unless ``dry_run``."""
         if self.root is None:
             return []
-        now, out = time.time(), []
+        out = []
         for dirpath, dirnames, filenames in os.walk(self.root):
             dirnames[:] = [d for d in dirnames if d != ".tmp"]  # build folders: clean_stale_builds
             for name in filenames:

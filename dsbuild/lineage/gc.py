@@ -20,11 +20,12 @@ GRACE = 24 * 3600
 INTERRUPTED_GRACE = 3600  # a record write (temp file, fsync, rename) never takes this long
 
 
-def collect(catalog: Catalog, *, dry_run: bool = False, grace: float = GRACE) -> dict:
-    """Remove (or, with ``dry_run``, list) garbage; returns what was (or would be) removed and kept."""
+def collect(catalog: Catalog, *, dry_run: bool = False, grace: float = GRACE, now: float | None = None) -> dict:
+    """Remove (or, with ``dry_run``, list) garbage; returns what was (or would be) removed and kept.
+    Ages are measured at ``now`` (default: the clock)."""
     with catalog.lock():
         used = {s.path for v in catalog.versions() for s in catalog.manifest(v.version_id).shards}
-        now = time.time()
+        now = time.time() if now is None else now
         garbage, young = [], []
         for key in catalog.store.list("shards"):
             if key in used:
@@ -41,7 +42,7 @@ def collect(catalog: Catalog, *, dry_run: bool = False, grace: float = GRACE) ->
             for key in [k for k, _ in garbage] + unpublished + splits:
                 catalog.store.delete(key)
         builds = catalog.clean_stale_builds(dry_run=dry_run)
-        writes = catalog.interrupted_writes(older_than=INTERRUPTED_GRACE, dry_run=dry_run)
+        writes = catalog.interrupted_writes(older_than=INTERRUPTED_GRACE, now=now, dry_run=dry_run)
     return {"shards": [{"path": k, "bytes": b} for k, b in garbage], "bytes": sum(b for _, b in garbage),
             "kept_young_shards": young, "unpublished_files": unpublished, "replaced_split_files": splits,
             "stale_builds": builds, "interrupted_writes": writes, "dry_run": dry_run, "grace_seconds": grace if catalog.root is None else None}

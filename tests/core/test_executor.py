@@ -16,11 +16,11 @@ from dsbuild.core.executor import ExecutorSpec, run_tasks
 from tests.helpers import alive
 
 PARENT = """
-import os, sys, time
+import os, signal, sys
 from dsbuild.core.executor import ExecutorSpec, run_tasks
 def nap(i):
     open(os.path.join(sys.argv[1], f"worker-{os.getpid()}"), "w").close()
-    time.sleep(600)
+    signal.pause()  # busy until killed: only its parent's death may end it
 run_tasks(nap, list(range(4)), ExecutorSpec(workers=2), lambda i, r: None)
 """
 

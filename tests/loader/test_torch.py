@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -65,7 +64,7 @@ def test_a_killed_worker_is_a_clear_error_and_resume_is_exact(wds_catalog):
             state = loader.state_after(b)
             if i == 2:
                 os.kill(stream._workers[0].pid, signal.SIGKILL)
-                time.sleep(0.5)
+                stream._workers[0].join()  # dead before the next batch is asked for
     resumed = Loader(ref, decode="bytes", batch_size=1, seed=4)
     resumed.load_state_dict(state)
     assert got + [b["keys"] for b in resumed] == expected

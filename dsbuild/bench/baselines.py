@@ -18,6 +18,7 @@ import io
 import itertools
 import os
 import threading
+from collections.abc import Callable, Iterable, Iterator
 
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
@@ -98,6 +99,18 @@ def sha256(data: Dataset, threads: int) -> ShardReads:
     return ShardReads("sha256", data, threads, hashed=True)
 
 
+def endless(epoch: Callable[[], Iterable]) -> Iterator:
+    """The items of ``epoch()``, epoch after epoch, already started: the first item is taken before the
+    rounds, as ours is opened before it is timed."""
+    def forever():
+        while True:
+            yield from epoch()
+
+    items = forever()
+    next(items)
+    return items
+
+
 class WebDatasetLib:
     name = "webdataset"
 
@@ -109,13 +122,7 @@ class WebDatasetLib:
         import webdataset as wds
 
         urls = [str(s.path) for s in self.data.shards]
-
-        def forever():
-            while True:
-                yield from wds.WebDataset(urls, shardshuffle=False, empty_check=False)
-
-        self.samples = forever()
-        next(self.samples)  # started before the rounds, as ours is opened before it is timed
+        self.samples = endless(lambda: wds.WebDataset(urls, shardshuffle=False, empty_check=False))
 
     def run(self, meter: Meter) -> None:
         sizes = self.data.sizes

@@ -15,6 +15,7 @@ import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from dsbuild.bench.baselines import endless
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
 from dsbuild.core.errors import MissingDependency
@@ -54,13 +55,7 @@ class Peer(ABC):
         self.folder.mkdir(parents=True)
         self.write(_items(self.data))
         dataset = self.open()
-
-        def forever():
-            while True:
-                yield from dataset
-
-        self.items = forever()
-        next(self.items)  # started before the rounds, as ours is opened before it is timed
+        self.items = endless(lambda: dataset)
 
     def run(self, meter: Meter) -> None:
         sizes = self.data.sizes

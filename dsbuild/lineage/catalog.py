@@ -127,6 +127,7 @@ class Catalog:
     def __init__(self, store: Store):
         self.store = store
         self._manifests: dict[str, Manifest] = {}
+        self._fields: dict[str, dict[str, object]] = {}  # version id -> manifest fields loaded alone
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
@@ -240,11 +241,14 @@ class Catalog:
         and sources of a big version cost more than the query or summary that wanted the index pin)."""
         if version_id in self._manifests:
             return tuple(getattr(self._manifests[version_id], n) for n in names)
-        doc, what = self._manifest_doc(version_id)
-        try:
-            return tuple(Manifest.field_from_json(doc, n, what) for n in names)
-        except FormatError as e:
-            raise LineageError(str(e)) from None
+        known = self._fields.setdefault(version_id, {})
+        if missing := [n for n in names if n not in known]:  # parsed once per call, not once per field
+            doc, what = self._manifest_doc(version_id)
+            try:
+                known.update((n, Manifest.field_from_json(doc, n, what)) for n in missing)
+            except FormatError as e:
+                raise LineageError(str(e)) from None
+        return tuple(known[n] for n in names)
 
     def index_data(self, version_id: str) -> bytes:
         """The index file's bytes, proven against the manifest's pin."""

@@ -1,11 +1,15 @@
 """``--duration`` is the wall budget of every round and every baseline together.
 
-Each measurement is given an equal share of what is left: (budget - elapsed) / measurements left. Time
-a measurement takes beyond its slice (a loader opening its index, the batch in flight when the slice
-ends) is paid by the slices after it, never added to the run. A round starts only while at least half
-of a mean round is left, so when the smallest unit of work (one batch, one clip) is large against the
-slices, the run stops within half a round of its budget and reports how many rounds it finished. Start-up (opening the version, writing the peers'
-copies, calibrating the step, starting rank processes) comes before the budget and is reported apart.
+Each measurement is given an equal share of what is left: (budget - elapsed) / measurements left, but
+never less than its planned share (budget / measurements): time a measurement takes beyond its slice
+(a loader opening its index, the batch in flight when the slice ends) is paid by the slices after it,
+down to that floor and no further, so a baseline measured after an overrun still gets a fair window
+(on 1080p clips a first round overran a 20 s budget and left a bare decode loop one clip, and a 5.8x
+ratio that only measured its start-up). A round starts only while at least half of a mean round is
+left, so when the smallest unit of work (one batch, one clip) is large against the slices, the run stops
+within half a round (plus the floors) of its budget and reports how many rounds it finished. Start-up
+(opening the version, writing the peers' copies, calibrating the step, starting rank processes) comes
+before the budget and is reported apart.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ class Budget:
         return self.left() > (0.5 * self.elapsed() / done if done else 0.0)
 
     def slice(self) -> float:
-        """Seconds for the next measurement: an equal share of the budget left (0 once it is spent)."""
-        return max(0.0, self.left() / (self.rounds * self.per_round - self.used))
+        """Seconds for the next measurement: an equal share of the budget left, at least the planned share."""
+        planned = self.duration / (self.rounds * self.per_round)
+        return max(planned, self.left() / max(1, self.rounds * self.per_round - self.used))
 
     def spend(self, measurements: int = 1) -> None:
         self.used += measurements

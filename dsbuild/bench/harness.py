@@ -43,6 +43,7 @@ class OursRound(Record):
     throughput_stages: Stages
     training_stages: Stages | None
     notes: tuple[str, ...]  # what the loader chose on the user's behalf (device, decoder)
+    ranks: int = 1  # ranks combined into this round (their step waits add up over ranks x seconds)
 
 
 def loader_kwargs(o: BenchOptions, bucket_by: str | None, device: str | None, rank: int, world: int) -> dict:

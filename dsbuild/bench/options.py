@@ -28,7 +28,7 @@ class BenchOptions(Record):
     ranks: int = field(default=1, metadata=spec(minimum=1, doc="simulated data-parallel ranks (processes)"))
     step_ms: float = field(default=50.0, metadata=spec(minimum=0, doc="a small model's step; 0: no training loop"))
     decode: str = "frames"  # frames (uint8 arrays) or bytes (encoded clips for a GPU decoder)
-    decode_backend: str = "pyav"  # the loader's default; auto picks NVDEC where CUDA and torchcodec are present
+    decode_backend: str = "pyav"  # the loader's default; auto picks the fastest measured (PyAV today: dsbuild.loader.backends)
     resize: tuple[int, ...] | None = None  # (height, width); None keeps sizes and buckets by resolution
     verify: str = "sample"  # the loader's default: sha256 of each sample read
     device: str = "auto"  # cuda when present, else cpu tensors; numpy when torch is missing

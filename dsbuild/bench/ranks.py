@@ -192,7 +192,7 @@ def combine(rounds: list[OursRound]) -> OursRound:
         gpu_busy_s=None if None in busy else sum(busy), corrupt=sum(x.corrupt for x in rounds),
         throughput_stages=total([x.throughput_stages for x in rounds], names),
         training_stages=total([x.training_stages for x in rounds if x.training_stages], names),
-        notes=tuple(dict.fromkeys(n for x in rounds for n in x.notes)))
+        notes=tuple(dict.fromkeys(n for x in rounds for n in x.notes)), ranks=sum(x.ranks for x in rounds))
 
 
 def rank_facts(per_rank: list[list[OursRound]], decode: str) -> Ranks:

@@ -51,7 +51,7 @@ def training(rounds: list[OursRound], step: StepInfo) -> Training | None:
     runs = [r for r in rounds if r.training is not None]
     if not runs:
         return None
-    fractions = summarise([sum(r.step_waits_ms) / 1000 / r.training.seconds for r in runs])
+    fractions = summarise([sum(r.step_waits_ms) / 1000 / (r.training.seconds * r.ranks) for r in runs])
     busy = [r.gpu_busy_s for r in runs]
     idle = summarise([max(0.0, 1 - b / r.training.seconds) for b, r in zip(busy, runs)]) if None not in busy else None
     return Training(step=step, steps=sum(len(r.step_waits_ms) + 1 for r in runs), wait_fraction=fractions,

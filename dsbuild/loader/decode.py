@@ -10,15 +10,23 @@ without skipping, so the result is always exactly the wanted frames.
 
 ``thread_type="AUTO"`` lets FFmpeg use frame threads: on captures with one slice per frame (most real
 encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (DESIGN.md section 7).
+
+With ``gpu=N`` the same code decodes on NVDEC of CUDA device N through FFmpeg's CUDA hwaccel, with no
+silent software fallback: FFmpeg still parses the bitstream, so keyframe starts and non-reference
+skipping work the same, and frames are downloaded to host memory for the same swscale conversion.
+FFmpeg works in torch's context for that device (made current on each decoding thread by a first torch
+call there), not in one of its own: a context per clip would cost more than decoding a short clip, and
+FFmpeg's own use of the primary context fails once torch holds it (incompatible flags, ENOTSUP).
 """
 
 from __future__ import annotations
 
 import io
+import threading
 
 import numpy as np
 
-from dsbuild.core.errors import FormatError
+from dsbuild.core.errors import FormatError, UsageError
 
 
 def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:
@@ -28,7 +36,7 @@ def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:
 
 
 def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, skip_nonref: bool = False,
-                counts: dict | None = None, alloc=np.empty) -> np.ndarray:
+                counts: dict | None = None, alloc=np.empty, gpu: int | None = None) -> np.ndarray:
     """uint8 [len(indices), H, W, 3]: the clip's frames at ``indices`` (presentation order), resized to
     ``size`` = (height, width) by swscale, in an array from ``alloc(shape, dtype)``. ``counts["decoded"]``
     (if given) grows by the frames the decoder produced, ``counts["skipped_packets"]`` by the packets
@@ -36,7 +44,7 @@ def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, 
     import av
 
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with _open(data, gpu) as container:
             stream = container.streams.video[0]
             packets = [p for p in container.demux(stream) if p.size and p.pts is not None]
             pts = sorted(p.pts for p in packets)
@@ -46,7 +54,8 @@ def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, 
                 raise FormatError(f"video holds {len(pts)} frames, frame {int(indices[-1])} was asked for")
             wanted = {pts[int(i)]: k for k, i in enumerate(indices)}
             start = start_packet([(p.pts, p.is_keyframe) for p in packets], pts[int(indices[0])])
-            stream.codec_context.thread_type = "AUTO"
+            if gpu is None:
+                stream.codec_context.thread_type = "AUTO"
             got, decoded = _decode(stream, packets[start:], wanted, size, skip_nonref, alloc)
             if got is None and skip_nonref:
                 got, more = _decode(stream, packets[start:], wanted, size, False, alloc)
@@ -59,6 +68,34 @@ def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, 
     if got is None:
         raise FormatError(f"video decoded fewer frames than its {len(pts)} packets")
     return got
+
+
+CURRENT_CONTEXT = 2  # AV_CUDA_USE_CURRENT_CONTEXT (libavutil/hwcontext_cuda.h)
+_bound = threading.local()  # the CUDA device whose context this thread has current
+
+
+def _open(data, gpu: int | None):
+    """The clip as a PyAV container, decoding on NVDEC of CUDA device ``gpu`` when given. A device FFmpeg
+    cannot use is a UsageError naming the cause, not a "video does not decode" about a clip that decodes
+    on CPU."""
+    import av
+
+    if gpu is None:
+        return av.open(io.BytesIO(data))
+    from av.codec.hwaccel import HWAccel
+
+    try:
+        if getattr(_bound, "device", None) != gpu:
+            import torch
+
+            torch.cuda.set_device(gpu)
+            torch.cuda.synchronize(gpu)  # the runtime makes the device's primary context current on this thread
+            _bound.device = gpu
+        return av.open(io.BytesIO(data), hwaccel=HWAccel("cuda", allow_software_fallback=False, flags=CURRENT_CONTEXT))
+    except Exception as e:  # torch without CUDA raises AttributeError/AssertionError, FFmpeg its own errors
+        av.open(io.BytesIO(data)).close()  # raises (-> FormatError) if the clip itself is bad
+        raise UsageError(f"NVDEC is unavailable: FFmpeg could not use CUDA device {gpu} ({e})",
+                         hint="decode_backend='pyav' decodes on CPU") from None
 
 
 def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool,

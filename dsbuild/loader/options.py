@@ -56,7 +56,7 @@ class LoaderOptions:
     num_workers: int = option(2, "threads that read and decode (PyAV, preadv and sha256 release the GIL)")
     prefetch: int = option(4, "batches in flight: bounds memory")
     decode: str = option("frames", "frames: uint8 arrays; bytes: the encoded MP4 for a GPU decoder")
-    decode_backend: str = option("pyav", "pyav (CPU, default), torchcodec (CPU or CUDA), nvdec (CUDA), auto")
+    decode_backend: str = option("pyav", "pyav (CPU, default), torchcodec (CPU), nvdec (NVDEC through PyAV's FFmpeg), auto")
     resize: tuple[int, int] | None = option(None, "(height, width) via swscale; needed to batch mixed "
                                                   "resolutions without buckets")
     device: str | None = option(None, "None: numpy; 'cpu'/'cuda'/'auto': torch tensors (auto without torch: "

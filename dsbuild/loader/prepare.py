@@ -61,6 +61,7 @@ class Preparer:
     def __init__(self, options: LoaderOptions, sources: list[Source], controls: list[str], channels: list[str],
                  backend: Backend, stats: Stats):
         self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
+        self.gpu = _current_cuda_device() if backend.name == "nvdec" else None  # NVDEC decodes there
         self.widths = (len(controls), len(channels))
         self.maps: list[list[ColumnMap]] = [
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
@@ -98,10 +99,10 @@ class Preparer:
         return sample, cmap
 
     def _decode(self, video, idx: np.ndarray) -> np.ndarray:
-        if self.backend.name == "pyav":
+        if self.backend.name in ("pyav", "nvdec"):
             counts: dict = {}
             frames = decode_pyav(video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts,
-                                 alloc=self.arrays.empty)
+                                 alloc=self.arrays.empty, gpu=self.gpu)
             self.stats.add(counts={"decoded_frames": counts["decoded"]})
         else:
             frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)
@@ -132,3 +133,10 @@ class Preparer:
         """The codec tag of sample ``i``'s session (known once a sample of it was prepared in bytes mode)."""
         facts = self._video.get((src, int(self.sources[src].session_code[i])))
         return facts.codec_tag if facts is not None else None
+
+
+def _current_cuda_device() -> int:
+    """The constructing thread's CUDA device (a DDP rank sets it before building its loader)."""
+    import torch
+
+    return torch.cuda.current_device()

@@ -93,7 +93,7 @@ def test_the_budget_ends_within_half_a_round_of_duration(duration, rounds, per_r
     measured, done = simulate(duration, rounds, per_round, unit)
     mean_round = measured / done
     assert done >= 1
-    assert measured <= duration + 0.5 * mean_round + per_round * unit + 1e-6
+    assert measured <= duration + 0.5 * mean_round + per_round * (unit + duration / (rounds * per_round)) + 1e-6
     if done < rounds:  # stopped early: less than half a round was left
         assert measured >= duration - 0.5 * mean_round - 1e-6
 
@@ -104,10 +104,50 @@ def test_when_work_is_fine_grained_every_round_runs_and_the_budget_is_spent(dura
     assert done == rounds and measured == pytest.approx(duration, rel=0.02)
 
 
-def test_overruns_are_paid_by_the_later_slices():
+def test_overruns_are_paid_by_the_later_slices_down_to_the_planned_share():
     clock = Clock()
     budget = Budget(10.0, 2, 2, clock)
     assert budget.slice() == 2.5
-    clock.t += 4.0  # the first measurement overran its 2.5 s
+    clock.t += 1.0  # the first measurement ended early (a reader that ran out of data)
     budget.spend()
-    assert budget.slice() == pytest.approx(2.0)  # 6 s left for 3 measurements
+    assert budget.slice() == pytest.approx(3.0)  # 9 s left for 3 measurements
+    clock.t += 4.0  # the second overran its 3 s
+    budget.spend()
+    assert budget.slice() == pytest.approx(2.5)  # 5 s left for 2
+    clock.t += 5.5  # the third overran by far more
+    budget.spend()
+    assert budget.slice() == 2.5  # the last still gets its planned share, not 0 s
+
+
+@given(st.floats(1, 600), st.integers(1, 10), st.integers(1, 6), st.floats(0, 50))
+def test_no_slice_is_shorter_than_its_planned_share(duration, rounds, per_round, overrun):
+    clock = Clock()
+    budget = Budget(duration, rounds, per_round, clock)
+    for _ in range(rounds * per_round):
+        assert budget.slice() >= duration / (rounds * per_round)
+        clock.t += budget.slice() + overrun
+        budget.spend()
+
+
+def _round(seconds: float, waits_ms: tuple[float, ...]):
+    from dsbuild.bench.harness import OursRound
+    from dsbuild.bench.measure import Measured
+    from dsbuild.bench.stages import Stages
+
+    m = Measured("ours", 0, 0.0, seconds, 10.0, 100.0, 1e6, ((seconds, 10.0, 100.0, 1e6),))
+    stages = Stages(wall=seconds, wait=0.0, h2d=0.0, step=0.0, read=0.0, decode=0.0, collate=0.0, workers={})
+    return OursRound(throughput=m, training=m, open_s=0.1, first_batch_s=0.2, resume_s=0.2, waits_ms=(),
+                     step_waits_ms=waits_ms, gpu_busy_s=None, corrupt=0, throughput_stages=stages,
+                     training_stages=stages, notes=())
+
+
+def test_the_wait_share_of_ranks_run_together_is_over_all_their_time():
+    from dsbuild.bench.ranks import combine
+    from dsbuild.bench.step import StepInfo
+    from dsbuild.bench.summary import training
+
+    # each of two ranks waited 1 s of its 4 s: the loop waited 25% of the time, not 50%
+    both = combine([_round(4.0, (500.0, 500.0)), _round(4.0, (250.0, 750.0))])
+    assert both.ranks == 2
+    assert training([both], StepInfo("sleep", 50.0)).wait_fraction.median == pytest.approx(0.25)
+    assert training([_round(4.0, (500.0, 500.0))], StepInfo("sleep", 50.0)).wait_fraction.median == pytest.approx(0.25)

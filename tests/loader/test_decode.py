@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from dsbuild.core.errors import MissingDependency, UsageError
+from dsbuild.core.errors import FormatError, MissingDependency, UsageError
 from dsbuild.loader import Loader
 from dsbuild.loader.audio import decode_audio
-from dsbuild.loader.backends import choose_backend
+from dsbuild.loader.backends import NVDEC, choose_backend, probe
 from dsbuild.loader.decode import decode_pyav, start_packet
 from tests.loader.conftest import make_clip
 
@@ -36,7 +36,9 @@ def test_any_frames_decode_exactly_as_in_a_full_decode(clip):
 def test_a_crop_decodes_from_the_keyframe_before_it_not_from_frame_0(clip):
     counts: dict = {}
     decode_pyav(clip, np.array([45, 46, 47]), counts=counts)
-    assert counts["skipped_packets"] >= 40 and counts["decoded"] <= 12
+    # at most the packets from the start keyframe on were decoded (frame threads may run ahead of the
+    # wanted frames, by more on more cores, but never back before the keyframe)
+    assert counts["skipped_packets"] >= 40 and counts["decoded"] <= 60 - counts["skipped_packets"]
     full: dict = {}
     decode_pyav(clip, np.arange(60), counts=full)
     assert full["skipped_packets"] == 0 and full["decoded"] == 60
@@ -83,20 +85,38 @@ def test_the_loader_delivers_audio_with_lengths(cat):
 
 
 def test_backend_choice_is_pure_and_says_why():
-    none, tc = frozenset(), frozenset({"torchcodec"})
-    assert choose_backend("pyav", cuda=True, installed=tc).name == "pyav"
-    assert choose_backend("auto", cuda=False, installed=tc).name == "pyav"
-    assert "no CUDA GPU" in choose_backend("auto", cuda=False, installed=tc).note
-    assert "torchcodec is not installed" in choose_backend("auto", cuda=True, installed=none).note
-    nv = choose_backend("auto", cuda=True, installed=tc)
-    assert (nv.name, nv.device) == ("nvdec", "cuda")
+    none, tc, nv = frozenset(), frozenset({"torchcodec"}), frozenset({NVDEC})
+    assert choose_backend("pyav", cuda=True, installed=nv).name == "pyav"
+    assert choose_backend("auto", cuda=False, installed=nv).name == "pyav"
+    assert "no CUDA GPU" in choose_backend("auto", cuda=False, installed=nv).note
+    assert "no CUDA hwaccel" in choose_backend("auto", cuda=True, installed=tc).note
+    auto = choose_backend("auto", cuda=True, installed=nv)  # NVDEC measured slower: asked for, not picked
+    assert (auto.name, auto.device) == ("pyav", "cpu") and "decode_backend='nvdec' uses the GPU" in auto.note
+    assert (choose_backend("nvdec", cuda=True, installed=nv).device) == "cuda"
     assert (choose_backend("torchcodec", cuda=False, installed=tc).device) == "cpu"
     with pytest.raises(MissingDependency, match=r"pip install 'dsbuild\[torchcodec\]'"):
-        choose_backend("torchcodec", cuda=True, installed=none)
+        choose_backend("torchcodec", cuda=True, installed=nv)
     with pytest.raises(UsageError, match="needs a CUDA GPU"):
-        choose_backend("nvdec", cuda=False, installed=tc)
-    with pytest.raises(MissingDependency, match="torchcodec"):
-        choose_backend("nvdec", cuda=True, installed=none)
+        choose_backend("nvdec", cuda=False, installed=nv)
+    with pytest.raises(UsageError, match="CUDA hwaccel"):
+        choose_backend("nvdec", cuda=True, installed=tc)
+    with pytest.raises(UsageError, match="decode_backend must be"):
+        choose_backend("vaapi", cuda=True, installed=none)
+
+
+def test_this_machines_pyav_is_probed_for_the_cuda_hwaccel():
+    from av.codec.hwaccel import hwdevices_available
+
+    cuda, installed = probe()
+    assert (NVDEC in installed) == ("cuda" in hwdevices_available())
+
+
+@pytest.mark.skipif(probe()[0], reason="a CUDA GPU is present: NVDEC decodes there")
+def test_nvdec_without_a_gpu_says_so_and_a_bad_clip_is_still_a_format_error(clip):
+    with pytest.raises(UsageError, match="NVDEC is unavailable: FFmpeg could not use CUDA device 0"):
+        decode_pyav(clip, np.array([0, 1]), gpu=0)
+    with pytest.raises(FormatError, match="video does not decode"):
+        decode_pyav(clip[: len(clip) // 50], np.array([0]), gpu=0)
 
 
 def test_the_loader_falls_back_to_pyav_on_this_machine_and_says_so(cat):
@@ -105,7 +125,7 @@ def test_the_loader_falls_back_to_pyav_on_this_machine_and_says_so(cat):
     pyav = Loader(ref, batch_size=2, seed=1, resize=(8, 8))
     a, p = next(iter(auto)), next(iter(pyav))
     assert np.array_equal(a["frames"], p["frames"])
-    assert any(n.startswith("auto:") for n in auto.stats()["notes"]) or auto.backend.name == "nvdec"
+    assert any(n.startswith("auto:") for n in auto.stats()["notes"]) and auto.backend.name == "pyav"
 
 
 def test_device_auto_without_torch_delivers_numpy_with_a_note(cat):

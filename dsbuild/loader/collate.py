@@ -5,7 +5,9 @@ their samples along time with ``segment_ids`` (-1 = padding) and ``cu_seqlens`` 
 Actions and telemetry land on the loader's vocabulary: each sample's session columns are written at
 cached column indices (identity sessions take a plain slice), so no per-sample remapped copy exists.
 ``alloc(shape, dtype)`` makes the batch arrays (zeroed): numpy by default, shared memory in torch's
-DataLoader workers, so a batch crosses processes without being copied or pickled.
+DataLoader workers, so a batch crosses processes without being copied or pickled. Given ``empty``, the
+frames array (by far the largest) comes from it instead and only its padding is zeroed: clearing the
+whole array and then overwriting it was one more pass over every frame byte.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def _put(dst: np.ndarray, b: int, pos: int, a: np.ndarray, cols: np.ndarray | No
 
 
 def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[int, int],
-            pack_frames: int | None, alloc: Alloc = np.zeros) -> tuple[dict, dict]:
+            pack_frames: int | None, alloc: Alloc = np.zeros, empty: Alloc | None = None) -> tuple[dict, dict]:
     """(batch, counters). Each item is one sample, or several packed into ``pack_frames`` frames."""
     samples = [s for item in items for s in item]
     frame_shape = _same_frame_shape(samples)
@@ -53,7 +55,7 @@ def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[
            "telemetry": alloc((batch_size, length, widths[1]), np.float32),
            "timestamps": alloc((batch_size, length), np.float64)}
     if frame_shape is not None:
-        out["frames"] = alloc((batch_size, length, *frame_shape), np.uint8)
+        out["frames"] = (empty or alloc)((batch_size, length, *frame_shape), np.uint8)
     for b, (item, lens) in enumerate(zip(items, cut)):
         pos = 0
         for s, (cmap, tmap), n in zip(item, maps[b], lens):
@@ -63,6 +65,8 @@ def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[
             if frame_shape is not None:
                 out["frames"][b, pos:pos + n] = s["frames"][:n]
             pos += n
+        if frame_shape is not None and empty is not None:
+            out["frames"][b, pos:] = 0  # the padding: the only part of the row not written above
     real = sum(sum(lens) for lens in cut)
     if pack_frames:
         seg = alloc((batch_size, length), np.int32)

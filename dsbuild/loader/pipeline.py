@@ -224,8 +224,10 @@ class Mixture:
         """The batch of ``step`` (arrays from ``alloc``, default: zeroed and in reused memory; see
         ``collate``), with its samples' metadata."""
         self.open()
+        empty = None
         if alloc is None:
-            alloc = self._io()[1].arrays.zeros
+            arrays = self._io()[1].arrays
+            alloc, empty = arrays.zeros, arrays.empty
         items = step_items(step, self.plans)
         flat = self._load([r for item in items for r in item])
         t0 = time.perf_counter()
@@ -235,7 +237,7 @@ class Mixture:
             k += len(item)
         batch, counters = collate([[s for _, s, _ in item] for item in nested],
                                   [[m for _, _, m in item] for item in nested],
-                                  (len(self.controls), len(self.channels)), self.options.pack_frames, alloc)
+                                  (len(self.controls), len(self.channels)), self.options.pack_frames, alloc, empty)
         self._metadata(batch, nested)
         self._stats.add(counts={"batches": 1, "samples": len(flat), "frames": counters["frames"],
                                 "padding_frames": counters["padding"], "truncated": counters["truncated"]},

@@ -156,18 +156,20 @@ class PyAV:
 
     def _decode(self, meter: Meter) -> None:
         import av
+        from av.video.reformatter import VideoReformatter
 
+        kw = {"format": "rgb24"}
+        if self.resize:
+            kw.update(width=self.resize[1], height=self.resize[0])
         while not meter.over:
             with self._lock:
                 clip, size = self.clips[next(self._next)]
             with av.open(io.BytesIO(clip)) as container:
                 stream = container.streams.video[0]
                 stream.thread_type = "AUTO"
+                rgb = VideoReformatter()  # one scaler per clip, as a careful PyAV user writes it
                 for frame in container.decode(stream):
-                    if self.resize:
-                        frame.to_ndarray(format="rgb24", width=self.resize[1], height=self.resize[0])
-                    else:
-                        frame.to_ndarray(format="rgb24")
+                    rgb.reformat(frame, **kw).to_ndarray()
                     meter.add(0, 1, 0)
                     if meter.over:
                         return

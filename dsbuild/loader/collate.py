@@ -36,9 +36,18 @@ def _put(dst: np.ndarray, b: int, pos: int, a: np.ndarray, cols: np.ndarray | No
         dst[b][pos:pos + len(a), cols] = a
 
 
+def _in_place(a: np.ndarray, dst: np.ndarray) -> bool:
+    """Whether ``a`` is ``dst`` itself (a sample decoded into its row of the batch)."""
+    return (a.shape == dst.shape and a.strides == dst.strides
+            and a.__array_interface__["data"][0] == dst.__array_interface__["data"][0])
+
+
 def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[int, int],
-            pack_frames: int | None, alloc: Alloc = np.zeros, empty: Alloc | None = None) -> tuple[dict, dict]:
-    """(batch, counters). Each item is one sample, or several packed into ``pack_frames`` frames."""
+            pack_frames: int | None, alloc: Alloc = np.zeros, empty: Alloc | None = None,
+            frames: np.ndarray | None = None) -> tuple[dict, dict]:
+    """(batch, counters). Each item is one sample, or several packed into ``pack_frames`` frames.
+    ``frames``: the batch's frames array made before decoding, whose rows samples may already have been
+    decoded into (those are not copied); used when it has the batch's shape."""
     samples = [s for item in items for s in item]
     frame_shape = _same_frame_shape(samples)
     cut = [[len(s["timestamps"]) for s in item] for item in items]
@@ -55,17 +64,18 @@ def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[
            "telemetry": alloc((batch_size, length, widths[1]), np.float32),
            "timestamps": alloc((batch_size, length), np.float64)}
     if frame_shape is not None:
-        out["frames"] = (empty or alloc)((batch_size, length, *frame_shape), np.uint8)
+        shape = (batch_size, length, *frame_shape)
+        out["frames"] = frames if frames is not None and frames.shape == shape else (empty or alloc)(shape, np.uint8)
     for b, (item, lens) in enumerate(zip(items, cut)):
         pos = 0
         for s, (cmap, tmap), n in zip(item, maps[b], lens):
             _put(out["actions"], b, pos, s["actions"][:n], cmap)
             _put(out["telemetry"], b, pos, s["telemetry"][:n], tmap)
             out["timestamps"][b, pos:pos + n] = s["timestamps"][:n]
-            if frame_shape is not None:
+            if frame_shape is not None and not _in_place(s["frames"][:n], out["frames"][b, pos:pos + n]):
                 out["frames"][b, pos:pos + n] = s["frames"][:n]
             pos += n
-        if frame_shape is not None and empty is not None:
+        if frame_shape is not None and (empty is not None or out["frames"] is frames):
             out["frames"][b, pos:] = 0  # the padding: the only part of the row not written above
     real = sum(sum(lens) for lens in cut)
     if pack_frames:

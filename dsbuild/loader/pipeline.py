@@ -178,7 +178,8 @@ class Mixture:
         return rank_steps(walk, start.step, o.world_size, o.rank, worker, workers)
 
     # -- loading -------------------------------------------------------------------------------------
-    def _load(self, refs: list[SampleRef]) -> list[tuple[SampleRef, dict, tuple]]:
+    def _load(self, refs: list[SampleRef], into: list | None = None) -> list[tuple[SampleRef, dict, tuple]]:
+        """The samples at ``refs`` read and prepared; ``into[k]`` (if given) is where sample k's frames go."""
         readers, prepare = self._io()
         t0 = time.perf_counter()
         raws: list = [None] * len(refs)
@@ -187,12 +188,12 @@ class Mixture:
             for k, raw in zip(pos, readers[src].read([refs[k].index for k in pos])):
                 raws[k] = raw
         t1 = time.perf_counter()
-        out = [self._prepared(ref, raw) for ref, raw in zip(refs, raws)]
+        out = [self._prepared(ref, raw, into[k] if into else None) for k, (ref, raw) in enumerate(zip(refs, raws))]
         self._stats.add(seconds={"read": t1 - t0, "decode": time.perf_counter() - t1},
                         counts={"bytes": int(sum(self.sources[r.source].byte_length[r.index] for r, _, _ in out))})
         return out
 
-    def _prepared(self, ref: SampleRef, raw) -> tuple[SampleRef, dict, tuple]:
+    def _prepared(self, ref: SampleRef, raw, into=None) -> tuple[SampleRef, dict, tuple]:
         """The sample at ``ref`` prepared, or its deterministic substitute if it is damaged."""
         readers, prepare = self._io()
         o, plan, source = self.options, self.plans[ref.source], self.sources[ref.source]
@@ -201,7 +202,7 @@ class Mixture:
         while True:
             if not isinstance(raw, FormatError):
                 try:
-                    sample, cmap = prepare(ref.source, raw, ref.epoch)
+                    sample, cmap = prepare(ref.source, raw, ref.epoch, into)
                     return ref, sample, cmap
                 except FormatError as e:
                     raw = e
@@ -229,7 +230,9 @@ class Mixture:
             arrays = self._io()[1].arrays
             alloc, empty = arrays.zeros, arrays.empty
         items = step_items(step, self.plans)
-        flat = self._load([r for item in items for r in item])
+        refs = [r for item in items for r in item]
+        frames, rows = self._frame_rows(refs, empty or alloc)
+        flat = self._load(refs, rows)
         t0 = time.perf_counter()
         nested, k = [], 0
         for item in items:
@@ -237,12 +240,28 @@ class Mixture:
             k += len(item)
         batch, counters = collate([[s for _, s, _ in item] for item in nested],
                                   [[m for _, _, m in item] for item in nested],
-                                  (len(self.controls), len(self.channels)), self.options.pack_frames, alloc, empty)
+                                  (len(self.controls), len(self.channels)), self.options.pack_frames, alloc, empty,
+                                  frames)
         self._metadata(batch, nested)
         self._stats.add(counts={"batches": 1, "samples": len(flat), "frames": counters["frames"],
                                 "padding_frames": counters["padding"], "truncated": counters["truncated"]},
                         seconds={"collate": time.perf_counter() - t0})
         return batch
+
+    def _frame_rows(self, refs: list[SampleRef], alloc) -> tuple[np.ndarray | None, list | None]:
+        """The batch's frames array and each sample's row of it, made before decoding so that a sample
+        decodes straight into its row (one copy of every frame less): when the index gives every sample
+        the same frame size. Otherwise (and with packing, or a user ``map`` that may reshape frames)
+        (None, None), and collation copies."""
+        o = self.options
+        if o.decode != "frames" or o.pack_frames or o.map is not None or not refs:
+            return None, None
+        _, prepare = self._io()
+        shapes = [prepare.frames_shape(r.source, r.index) for r in refs]
+        if len({shape[1:] for shape in shapes}) != 1:
+            return None, None
+        frames = alloc((len(refs), max(shape[0] for shape in shapes), *shapes[0][1:]), np.uint8)
+        return frames, [frames[b, :shape[0]] for b, shape in enumerate(shapes)]
 
     def _metadata(self, batch: dict, nested: list) -> None:
         """Per-sample fields, aligned with ``keys`` (per item; per item a list of them when packing)."""

@@ -18,7 +18,7 @@ from dsbuild.formats.sample import MEMBERS, VIDEO_EXT, SampleMeta
 from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import Backend
 from dsbuild.loader.collate import ColumnMap
-from dsbuild.loader.crop import frame_indices
+from dsbuild.loader.crop import frame_indices, kept_frames
 from dsbuild.loader.decode import decode_pyav, decode_torchcodec
 from dsbuild.loader.files import BufferPool
 from dsbuild.loader.options import LoaderOptions
@@ -73,7 +73,16 @@ class Preparer:
     def column_map(self, src: int, i: int) -> ColumnMap:
         return self.maps[src][int(self.sources[src].session_code[i])]
 
-    def __call__(self, src: int, raw: RawSample, epoch: int) -> tuple[dict, ColumnMap]:
+    def frames_shape(self, src: int, i: int) -> tuple[int, int, int, int]:
+        """(frames, height, width, 3) sample ``i`` of source ``src`` decodes to, from its index row: where
+        a batch can hold its frames before they are decoded."""
+        o, source = self.o, self.sources[src]
+        count = kept_frames(int(source.frames[i]), o.frame_stride, o.clip_frames, o.max_frames)
+        height, width = o.resize if o.resize else (int(source.height[i]), int(source.width[i]))
+        return count, height, width, 3
+
+    def __call__(self, src: int, raw: RawSample, epoch: int, into: np.ndarray | None = None) -> tuple[dict, ColumnMap]:
+        """The sample prepared; its frames decoded straight into ``into`` when they have its shape."""
         o, source = self.o, self.sources[src]
         actions, telemetry, ts = sample_arrays(source, raw)
         idx = frame_indices(len(ts), o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
@@ -81,7 +90,7 @@ class Preparer:
         sample = {"key": raw.key, "actions": actions[sel], "telemetry": telemetry[sel], "timestamps": ts[sel]}
         video = raw.members[VIDEO_SLOT]
         if o.decode == "frames":
-            sample["frames"] = self._decode(video, idx)
+            sample["frames"] = self._decode(video, idx, into)
         else:
             sample["video"] = video
             self.video_facts(src, raw)
@@ -98,11 +107,16 @@ class Preparer:
             cmap = (None, None)
         return sample, cmap
 
-    def _decode(self, video, idx: np.ndarray) -> np.ndarray:
+    def _decode(self, video, idx: np.ndarray, into: np.ndarray | None = None) -> np.ndarray:
         if self.backend.name in ("pyav", "nvdec"):
             counts: dict = {}
+
+            def alloc(shape, dtype):
+                fits = into is not None and into.shape == tuple(shape) and into.dtype == dtype
+                return into if fits else self.arrays.empty(shape, dtype)
+
             frames = decode_pyav(video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts,
-                                 alloc=self.arrays.empty, gpu=self.gpu)
+                                 alloc=alloc, gpu=self.gpu)
             self.stats.add(counts={"decoded_frames": counts["decoded"]})
         else:
             frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)

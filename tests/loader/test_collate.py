@@ -35,3 +35,18 @@ def test_frames_in_reused_memory_are_the_samples_then_zeros(lengths, pack, seed)
         real = np.concatenate([s["frames"] for s in item])[: got["frames"].shape[1]]
         assert np.array_equal(got["frames"][b, :len(real)], real)
         assert not got["frames"][b, len(real):].any()
+
+
+def test_rows_decoded_in_place_are_kept_and_a_batch_array_of_another_shape_is_not_used():
+    rng = np.random.default_rng(3)
+    frames = poisoned((2, 6, 4, 6, 3), np.uint8)
+    items = [[sample(rng, 6)], [sample(rng, 4)]]
+    frames[0, :6] = items[0][0]["frames"]
+    items[0][0]["frames"] = frames[0, :6]  # decoded into its row; the second sample was not
+    maps = [[(None, None)]] * 2
+    want, _ = collate(items, maps, (2, 1), None)
+    got, _ = collate(items, maps, (2, 1), None, np.zeros, poisoned, frames)
+    assert got["frames"] is frames and np.array_equal(got["frames"], want["frames"])
+    short = poisoned((2, 5, 4, 6, 3), np.uint8)  # the index promised fewer frames than were decoded
+    got, _ = collate(items, maps, (2, 1), None, np.zeros, poisoned, short)
+    assert got["frames"] is not short and np.array_equal(got["frames"], want["frames"])

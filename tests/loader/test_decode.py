@@ -33,6 +33,19 @@ def test_any_frames_decode_exactly_as_in_a_full_decode(clip):
         assert np.array_equal(decode_pyav(clip, np.array(idx)), full[idx])
 
 
+@pytest.mark.parametrize("size", [None, (24, 40), (97, 33)])
+def test_frames_are_pyavs_own_conversion_of_each_frame(clip, size):
+    """One scaler per clip (a speed-up) gives the bytes of PyAV's per-frame ``to_ndarray``."""
+    import io
+
+    import av
+
+    kw = {"format": "rgb24"} if size is None else {"format": "rgb24", "width": size[1], "height": size[0]}
+    with av.open(io.BytesIO(clip)) as c:
+        want = np.stack([f.to_ndarray(**kw) for f in c.decode(c.streams.video[0])])
+    assert np.array_equal(decode_pyav(clip, np.arange(len(want)), size), want)
+
+
 def test_a_crop_decodes_from_the_keyframe_before_it_not_from_frame_0(clip):
     counts: dict = {}
     decode_pyav(clip, np.array([45, 46, 47]), counts=counts)
@@ -138,3 +151,46 @@ def test_device_auto_without_torch_delivers_numpy_with_a_note(cat):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "torch is not installed" in r.stdout
+
+
+@pytest.mark.parametrize("options", [{"resize": (16, 24)}, {"bucket_by": "resolution"},
+                                     {"resize": (16, 24), "clip_frames": 5, "frame_stride": 2},
+                                     {"resize": (16, 24), "pack_frames": 40}])
+def test_batches_hold_each_clips_own_frames_then_zeros(cat, options):
+    """Frames decoded straight into the batch (or copied there, when packing) are PyAV's frames of the
+    sample's own clip, and the padding after them is zero: across two epochs of reused memory."""
+    import io
+
+    import av
+
+    ref, _ = cat
+    clips = {k: bytes(v) for b in Loader(ref, decode="bytes", batch_size=4, verify="none")
+             for k, v in zip(b["keys"], b["video"])}
+    loader = Loader(ref, batch_size=3, seed=2, **options)
+    size = options.get("resize")
+    kw = {"format": "rgb24"} if size is None else {"format": "rgb24", "width": size[1], "height": size[0]}
+    checked = 0
+    for _ in range(2):
+        for b in loader:
+            rows = b["segment_ids"] if "segment_ids" in b else None
+            keys = [k for item in b["keys"] for k in item] if rows is not None else b["keys"]
+            for i, key in enumerate(keys):
+                with av.open(io.BytesIO(clips[key])) as c:
+                    full = np.stack([f.to_ndarray(**kw) for f in c.decode(c.streams.video[0])])
+                if rows is None:
+                    n = int(b["lengths"][i])
+                    got = b["frames"][i, :n]
+                else:  # packed: sample k of item j is where segment_ids == k
+                    j = next(j for j, item in enumerate(b["keys"]) if key in item)
+                    k = b["keys"][j].index(key)
+                    got = b["frames"][j][rows[j] == k]
+                stride = options.get("frame_stride", 1)
+                assert any(np.array_equal(got, full[s::stride][:len(got)]) for s in range(len(full))), key
+                checked += 1
+            if rows is None:
+                for i in range(len(keys)):
+                    assert not b["frames"][i, int(b["lengths"][i]):].any()
+            else:
+                for j in range(len(b["keys"])):
+                    assert not b["frames"][j][rows[j] < 0].any()
+    assert checked == 2 * len(clips)  # every sample, in both epochs

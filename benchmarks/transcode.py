@@ -58,14 +58,16 @@ def cut(path: Path, spec: str | None) -> tuple[list[bytes], float, int]:
 def decode_at(clips: list[bytes], size: int) -> tuple[int, float]:
     """Loader-style: every frame decoded, resized to size x size RGB, to numpy. (frames, seconds)."""
     import av
+    from av.video.reformatter import VideoReformatter
 
     n, t = 0, time.perf_counter()
     for data in clips:
         with av.open(io.BytesIO(data)) as c:
             s = c.streams.video[0]
             s.thread_type = "AUTO"
+            rgb = VideoReformatter()  # one scaler per clip, as the loader does
             for frame in c.decode(s):
-                frame.reformat(width=size, height=size, format="rgb24").to_ndarray()
+                rgb.reformat(frame, width=size, height=size, format="rgb24").to_ndarray()
                 n += 1
     return n, time.perf_counter() - t
 

@@ -46,6 +46,21 @@ class OursRound(Record):
     ranks: int = 1  # ranks combined into this round (their step waits add up over ranks x seconds)
 
 
+SHORT_EPOCH = 4  # batches per loader thread per epoch below which epoch ends weigh on the figures
+
+
+def short_epochs(batches: int, threads: int) -> list[str]:
+    """A note when epochs are too short for the threads: the loader drains its pipeline at each epoch
+    end, so threads idle there (a GPU run gave 8 threads 2 batches per epoch, and a figure that said
+    more about the data than the loader)."""
+    if batches >= SHORT_EPOCH * threads:
+        return []
+    return [f"{batches} batch{'' if batches == 1 else 'es'} per epoch for {threads} threads: the pipeline drains "
+            "at every epoch end, so "
+            "threads idle there and the figures understate steady throughput (use more samples or a smaller "
+            "--batch-size)"]
+
+
 def loader_kwargs(o: BenchOptions, bucket_by: str | None, device: str | None, rank: int, world: int) -> dict:
     return {"seed": o.seed, "batch_size": o.batch_size, "num_workers": o.threads, "decode": o.decode,
             "decode_backend": o.decode_backend, "resize": tuple(o.resize) if o.resize else None,
@@ -94,6 +109,7 @@ def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[s
     loader = Loader(ref, o.split, **kw)
     loader.open()
     opened = time.perf_counter()
+    per_epoch = len(loader)  # batches of this rank in an epoch (the loader starts at an epoch's beginning)
     before = loader.stats()
     gen = endless(loader)
     waits: list[float] = []
@@ -139,7 +155,7 @@ def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[s
                      step_waits_ms=training[1] if training else (), gpu_busy_s=training[2] if training else None,
                      corrupt=corrupt, throughput_stages=throughput_stages,
                      training_stages=training[3] if training else None,
-                     notes=tuple(dict.fromkeys(loader.stats()["notes"])))
+                     notes=tuple(dict.fromkeys([*loader.stats()["notes"], *short_epochs(per_epoch, o.threads)])))
 
 
 def _training(loader, gen: Iterator[dict], batch: dict, count: Counter, step, seconds: float, consumer: str,

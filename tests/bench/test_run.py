@@ -144,3 +144,14 @@ def test_options_refuse_bad_values():
             BenchOptions(ref="x", **bad)
     assert "ref" not in BenchOptions("x").settings() and "duration" not in BenchOptions("x").settings()
     assert dataclasses.replace(BenchOptions("a"), ref="b").settings() == BenchOptions("a").settings()
+
+
+def test_epochs_too_short_for_the_threads_are_named(frames, bench_catalog):
+    from dsbuild.bench.harness import SHORT_EPOCH, loader_kwargs, short_epochs
+    from dsbuild.loader import Loader
+
+    cat, _ = bench_catalog
+    per_epoch = len(Loader(str(cat), "main/train", **loader_kwargs(frames.options, None, None, 0, 1)))
+    assert per_epoch < SHORT_EPOCH * frames.options.threads  # this small set is such a case
+    assert [n for n in frames.ours.notes if " per epoch for " in n] == short_epochs(per_epoch, frames.options.threads)
+    assert short_epochs(8, 2) == [] and short_epochs(1, 2)[0].startswith("1 batch per epoch for 2 threads: ")

@@ -154,3 +154,21 @@ def test_the_html_page_renders_in_headless_chromium_and_is_not_blank(saved, tmp_
     ink = (img.astype(int).sum(axis=2) < 600).mean()  # share of pixels that are not near-white
     colours = len(np.unique(img.reshape(-1, 3)[::97], axis=0))
     assert ink > 0.02 and colours > 20, (ink, colours)
+
+
+def test_the_decoder_choice_and_short_epochs_are_said_in_piped_output(bench_catalog):
+    cat, _ = bench_catalog
+    p = run("bench", cat, "--decode-backend", "auto", "--resize", "16x16", "--batch-size", "64", "--threads", "2",
+            "--duration", "1", "--rounds", "1", "--step-ms", "0", "--compare", "none")
+    assert "decoder: auto: no CUDA GPU, decoding with PyAV on CPU" in p.stdout, p.stdout
+    assert "note 1 batch per epoch for 2 threads: the pipeline drains at every epoch end" in p.stdout, p.stdout
+
+
+def test_nvdec_without_a_gpu_is_a_usage_error_naming_the_cause(bench_catalog):
+    from dsbuild.loader.backends import probe
+
+    if probe()[0]:
+        pytest.skip("a CUDA GPU is present: nvdec runs there")
+    cat, _ = bench_catalog
+    p = run("bench", cat, "--decode-backend", "nvdec", "--resize", "16x16", "--duration", "1", check=2)
+    assert "error: decode_backend='nvdec' needs a CUDA GPU" in p.stderr and "decode_backend='pyav'" in p.stderr

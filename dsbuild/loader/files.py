@@ -195,9 +195,9 @@ ARRAY_MIN = 1 << 20  # smaller arrays come from malloc's own free lists, without
 class BufferPool:
     """Reusable read buffers, and large arrays (``empty``/``zeros``). A fresh 10 MB ``bytes`` per sample
     costs page faults on every read (the allocator hands big blocks back to the OS), which halves
-    throughput on page-cached shards. A buffer
-    is reused only when nothing references it any more — no delivered sample can change under a user
-    who keeps it: a live memoryview (even a slice of a slice) holds a reference to its bytearray."""
+    throughput on page-cached shards. A buffer is reused only when nothing references it any more — no
+    delivered sample can change under a user who keeps it: a live memoryview (even a slice of a slice)
+    holds a reference to its bytearray."""
 
     IDLE_REFS = 3  # the pool's list, the local name in ``take`` and getrefcount's argument
 

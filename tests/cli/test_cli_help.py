@@ -49,7 +49,10 @@ def test_shell_completion_answers_for_commands_and_options():
     p = subprocess.run(argv(), capture_output=True, text=True,
                        env=env(_DSBUILD_COMPLETE="complete_bash", COMP_WORDS="dsbuild convert --dry", COMP_CWORD="2"))
     assert "--dry-run" in p.stdout, p
-    p = run("--show-completion", "bash", check=None)
+    # --show-completion is a flag: the shell is detected from the parent processes, so run it from bash
+    # (a test runner started without a shell above it would otherwise get "Shell not supported")
+    script = " ".join(argv("--show-completion")) + "; exit $?"  # not exec-ed: bash stays the parent
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env())
     assert p.returncode == 0 and "_DSBUILD_COMPLETE" in p.stdout, (p.stdout, p.stderr)
 
 

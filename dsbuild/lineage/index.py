@@ -22,47 +22,55 @@ INDEX_FILE = "index.parquet"
 MAX_INDEX_BYTES = 4 << 30
 
 
+# (name, type) per column, in file order. Plain names, so commands that never read an index (`log`,
+# `tag`) start without importing pyarrow.
+_SCHEMA = (
+    ("key", "string"),
+    ("sha256", "string"),
+    ("shard", "string"),
+    ("byte_offset", "int64"),
+    ("byte_length", "int64"),
+    ("row_group", "int32"),
+    ("row_index", "int32"),
+    ("member_bytes", "list<int64>"),
+    ("session_id", "string"),
+    ("title", "string"),
+    ("player", "string"),
+    ("platform", "string"),
+    ("build", "string"),
+    ("started_at", "timestamp[us, UTC]"),
+    ("conditions", "map<string, string>"),
+    ("clip_index", "int32"),
+    ("t_start", "float64"),
+    ("t_end", "float64"),
+    ("frames", "int32"),
+    ("fps", "float64"),
+    ("width", "int32"),
+    ("height", "int32"),
+    ("codec", "string"),
+    ("has_audio", "bool"),
+    ("n_controls", "int32"),
+    ("n_channels", "int32"),
+    ("video_bytes", "int64"),
+    ("bytes", "int64"),
+    ("action_events", "int32"),
+    ("text_events", "int32"),
+    ("source_video_sha256", "string"),
+    ("parent_version", "string"),  # a derived version's sample: the version and key it was made from
+    ("parent_key", "string"),
+)
+INDEX_COLUMNS = tuple(name for name, _ in _SCHEMA)
+
+
 def index_schema():
     import pyarrow as pa
 
-    return pa.schema([
-        ("key", pa.string()),
-        ("sha256", pa.string()),
-        ("shard", pa.string()),
-        ("byte_offset", pa.int64()),
-        ("byte_length", pa.int64()),
-        ("row_group", pa.int32()),
-        ("row_index", pa.int32()),
-        ("member_bytes", pa.list_(pa.int64())),
-        ("session_id", pa.string()),
-        ("title", pa.string()),
-        ("player", pa.string()),
-        ("platform", pa.string()),
-        ("build", pa.string()),
-        ("started_at", pa.timestamp("us", tz="UTC")),
-        ("conditions", pa.map_(pa.string(), pa.string())),
-        ("clip_index", pa.int32()),
-        ("t_start", pa.float64()),
-        ("t_end", pa.float64()),
-        ("frames", pa.int32()),
-        ("fps", pa.float64()),
-        ("width", pa.int32()),
-        ("height", pa.int32()),
-        ("codec", pa.string()),
-        ("has_audio", pa.bool_()),
-        ("n_controls", pa.int32()),
-        ("n_channels", pa.int32()),
-        ("video_bytes", pa.int64()),
-        ("bytes", pa.int64()),
-        ("action_events", pa.int32()),
-        ("text_events", pa.int32()),
-        ("source_video_sha256", pa.string()),
-        ("parent_version", pa.string()),  # a derived version's sample: the version and key it was made from
-        ("parent_key", pa.string()),
-    ])
+    types = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(),
+             "bool": pa.bool_(), "list<int64>": pa.list_(pa.int64()), "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
+             "map<string, string>": pa.map_(pa.string(), pa.string())}
+    return pa.schema([(name, types[t]) for name, t in _SCHEMA])
 
 
-INDEX_COLUMNS = tuple(index_schema().names)
 # The columns that locate a sample in its shard: what split files and loaders carry.
 LOCATOR_COLUMNS = ("key", "sha256", "shard", "byte_offset", "byte_length", "row_group", "row_index", "member_bytes")
 

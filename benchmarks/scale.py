@@ -79,21 +79,23 @@ print(time.perf_counter() - t)
 """
 
 
-def commands(cat: Path) -> dict[str, float]:
-    """Seconds of each read-side command against the newest version."""
-    out = {}
-    out["log"] = timed("log", str(cat), "--json")[0]
-    out["info"] = timed("info", str(cat), "--json")[0]
+def commands(cat: Path, repeat: int = 1) -> dict[str, float]:
+    """Seconds of each read-side command against the newest version (the median of ``repeat`` runs)."""
     entries = json.loads(timed("log", str(cat), "--json")[1])["versions"]
+    runs = {"log": ["log", str(cat), "--json"], "info": ["info", str(cat), "--json"]}
     if len(entries) > 1:
-        out["diff"] = timed("diff", f"{cat}@{entries[1]['version_id']}", f"{cat}@{entries[0]['version_id']}",
-                            "--json")[0]
-    out["query"] = timed("query", str(cat), "select title, count(*) from samples group by title", "--json")[0]
-    out["verify"] = timed("verify", str(cat), "--json")[0]
-    out["split"] = timed("split", str(cat), "--name", f"bench{len(entries)}", "--by", "player", "--json")[0]
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", FIRST_BATCH, str(cat)], check=True, capture_output=True)
-    out["loader first batch"] = time.perf_counter() - t
+        runs["diff"] = ["diff", f"{cat}@{entries[1]['version_id']}", f"{cat}@{entries[0]['version_id']}", "--json"]
+    runs["query"] = ["query", str(cat), "select title, count(*) from samples group by title", "--json"]
+    runs["verify"] = ["verify", str(cat), "--json"]
+    out = {name: statistics.median(timed(*args)[0] for _ in range(repeat)) for name, args in runs.items()}
+    out["split"] = statistics.median(timed("split", str(cat), "--name", f"bench{len(entries)}-{k}", "--by", "player",
+                                           "--json")[0] for k in range(repeat))
+
+    def first_batch() -> float:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", FIRST_BATCH, str(cat)], check=True, capture_output=True)
+        return time.perf_counter() - t
+    out["loader first batch"] = statistics.median(first_batch() for _ in range(repeat))
     return out
 
 
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=300)
     ap.add_argument("--shard-size", default="4MB", help="small shards, so +1 session can touch few of them")
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "scale"))
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each read-side command (the median is shown)")
     ap.add_argument("--measure-only", action="store_true",
                     help="time the read-side commands on the catalog an earlier run left in --out; build nothing")
     a = ap.parse_args()
@@ -111,9 +114,9 @@ def main() -> None:
         cat = out / "catalog"
         n = len(json.loads(timed("log", str(cat), "--json")[1])["versions"])
         print(f"| what | at version {n} (catalog of an earlier run) |\n|---|---|")
-        for name, secs in commands(cat).items():
+        for name, secs in commands(cat, a.repeat).items():
             print(f"| {name} | {secs:.2f} s |")
-        print(f"\ncommand: .venv/bin/python benchmarks/scale.py --measure-only --out {a.out}")
+        print(f"\ncommand: .venv/bin/python benchmarks/scale.py --measure-only --repeat {a.repeat} --out {a.out}")
         return
     caps = out / "captures"
     make_captures(caps, a.sessions)

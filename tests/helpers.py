@@ -14,6 +14,11 @@ def manifest(catalog: Path, version_id: str) -> dict:
     return json.loads((catalog / "versions" / version_id / "manifest.json").read_text())
 
 
+def session_records(catalog: Path, version_id: str) -> dict:
+    """The version's sessions.json: {"sessions": [...], "sources": [...]}."""
+    return json.loads((catalog / "versions" / version_id / "sessions.json").read_text())
+
+
 def index_rows(catalog: Path, version_id: str) -> list[dict]:
     return pq.ParquetFile(catalog / "versions" / version_id / "index.parquet").read().to_pylist()
 

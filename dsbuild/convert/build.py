@@ -36,10 +36,12 @@ from dsbuild.formats.sample import MEMBERS, SAMPLE_FORMAT
 from dsbuild.lineage.catalog import Catalog, CommitRecord
 from dsbuild.lineage.index import INDEX_COLUMNS, INDEX_FILE, IndexRow, index_bytes, rows_from_table, table_from_bytes
 from dsbuild.lineage.manifest import (
-    IndexPin,
+    FilePin,
     Manifest,
+    SESSIONS_FILE,
     Quarantined,
     SessionRecord,
+    SessionTable,
     ShardRecord,
     SourceRecord,
     Stats,
@@ -142,6 +144,7 @@ class _Base:
     """What the parent version offers: rows and sources per session, shard compositions, health."""
 
     manifest: Manifest
+    sessions: dict[str, SessionRecord]
     rows: dict[str, list[IndexRow]]
     sources: dict[str, frozenset]
     compositions: dict[tuple, ShardRecord]
@@ -164,10 +167,11 @@ def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int
             compositions[tuple((r.key, r.sha256) for r in members)] = rec
         else:
             broken.update(r.session_id for r in members)
+    table = catalog.sessions(parent)
     sources = defaultdict(list)
-    for s in m.sources:
+    for s in table.sources:
         sources[s.session].append(s)
-    return _Base(m, rows, {k: source_set(v) for k, v in sources.items()}, compositions, broken,
+    return _Base(m, {s.session_id: s for s in table.sessions}, rows, {k: source_set(v) for k, v in sources.items()}, compositions, broken,
                  frozenset(rec.path for rec, ok in health.items() if not ok))
 
 
@@ -246,13 +250,13 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
                 on_progress(progress)
 
         run_tasks(assemble_shard, tasks, executor, on_shard, describe=lambda t: f"shard {t.number}")
-        manifest, index, moves = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
+        manifest, pinned, moves = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
         new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
                         or (base and rec.path in base.broken_shards))
         commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, origin,
                               config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
-                              change_counts(catalog, parent, index))
-        version_id, existed = catalog.commit(area, moves, manifest, index, commit,
+                              change_counts(catalog, parent, pinned[INDEX_FILE]))
+        version_id, existed = catalog.commit(area, moves, manifest, pinned, commit,
                                              damaged=base.broken_shards if base else frozenset())
     st = manifest.stats
     return ConvertResult(
@@ -303,21 +307,20 @@ def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], bas
         for e in w.entries:
             rows.append(rows_by_key[e.key].located(rec.path, e))
     sources, sessions = [], []
-    base_sessions = {s.session_id: s for s in base.manifest.sessions} if base else {}
     for r in results:
         sources += r.sources
-        sessions.append(base_sessions[r.session_id] if r.reused else
+        sessions.append(base.sessions[r.session_id] if r.reused else
                         SessionRecord(r.session_id, r.rel, len(r.samples), r.controls, r.channels, r.repairs))
-    manifest, index = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions,
-                                       quarantined)
-    return manifest, index, moves
+    manifest, pinned = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions,
+                                        quarantined)
+    return manifest, pinned, moves
 
 
 def version_manifest(config: dict, shard_format: str, shards: list[ShardRecord], rows: list[IndexRow],
                      sources: list[SourceRecord], sessions: list[SessionRecord],
-                     quarantined: list[Quarantined]) -> tuple[Manifest, bytes]:
-    """The manifest and index bytes of a version from its located rows and its sessions' records (shared
-    by convert and derived versions)."""
+                     quarantined: list[Quarantined]) -> tuple[Manifest, dict[str, bytes]]:
+    """The manifest of a version and the files it pins (name -> bytes: index, sessions), from its located
+    rows and its sessions' records (shared by convert and derived versions)."""
     controls, channels, titles = set(), set(), Counter()
     long_clips = repaired = 0
     for rec in sessions:
@@ -329,11 +332,12 @@ def version_manifest(config: dict, shard_format: str, shards: list[ShardRecord],
     for row in rows:
         titles[row.title] += 1
     index = index_bytes(rows)
+    table = SessionTable(tuple(sessions), tuple(sorted(sources, key=lambda s: s.path))).to_bytes()
     manifest = Manifest(
-        tool_version=__version__, config=config, config_hash=sha256_json(config),
-        shard_format=shard_format, sources=tuple(sorted(sources, key=lambda s: s.path)), shards=tuple(shards),
-        sessions=tuple(sessions), quarantined=tuple(sorted(quarantined, key=lambda q: (q.path, q.session))),
-        index=IndexPin(INDEX_FILE, sha256_bytes(index), len(rows), len(index)),
+        tool_version=__version__, config=config, config_hash=sha256_json(config), shard_format=shard_format,
+        shards=tuple(shards), quarantined=tuple(sorted(quarantined, key=lambda q: (q.path, q.session))),
+        index=FilePin(INDEX_FILE, sha256_bytes(index), len(rows), len(index)),
+        sessions=FilePin(SESSIONS_FILE, sha256_bytes(table), len(sessions), len(table)),
         schema={"sample_format": SAMPLE_FORMAT, "members": list(MEMBERS), "index_columns": list(INDEX_COLUMNS)},
         vocabulary=Vocabulary(tuple(sorted(controls)), tuple(sorted(channels))),
         stats=Stats(samples=len(rows), shards=len(shards), bytes=sum(s.bytes for s in shards),
@@ -342,7 +346,7 @@ def version_manifest(config: dict, shard_format: str, shards: list[ShardRecord],
                     repaired_sessions=repaired, samples_per_title=dict(sorted(titles.items()))),
         content_id=content_id([(r.key, r.sha256) for r in rows]),
     )
-    return manifest, index
+    return manifest, {INDEX_FILE: index, SESSIONS_FILE: table}
 
 
 def change_counts(catalog: Catalog, parent: str | None, index: bytes) -> dict[str, int]:

@@ -27,7 +27,7 @@ from dsbuild.core.records import SHA256, JsonValue, Record, spec
 from dsbuild.formats import format_names, get_format
 from dsbuild.formats.sample import Sample, members_sha256
 from dsbuild.lineage.catalog import BuildArea, Catalog, CommitRecord
-from dsbuild.lineage.index import IndexRow, parse_started_at
+from dsbuild.lineage.index import INDEX_FILE, IndexRow, parse_started_at
 from dsbuild.lineage.manifest import ShardRecord, shard_key
 
 DEFAULT_SHARD_SIZE = 256_000_000  # as convert's default, when the parent's config names none
@@ -144,9 +144,9 @@ def _lineage(catalog: Catalog, parent: str, encoded: list[Encoded]):
             raise UsageError(f"{r.key}: session {r.session_id!r} is not its parent sample's "
                              f"({session_of[r.parent_key]!r}); a derived sample keeps its parent's session")
         counts[r.session_id] = counts.get(r.session_id, 0) + 1
-    m = catalog.manifest(parent)
-    sessions = [replace(s, samples=counts[s.session_id]) for s in m.sessions if s.session_id in counts]
-    sources = [s for s in m.sources if s.session in counts]
+    table = catalog.sessions(parent)
+    sessions = [replace(s, samples=counts[s.session_id]) for s in table.sessions if s.session_id in counts]
+    sources = [s for s in table.sources if s.session in counts]
     return sessions, sources
 
 
@@ -176,11 +176,11 @@ def commit_derived(catalog: Catalog, area: BuildArea, config: DeriveConfig, enco
         shards.append(rec)
         moves.append((w.tmp_path, rec))
         rows += [rows_by_key[e.key].located(rec.path, e) for e in w.entries]
-    manifest, index = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions, [])
+    manifest, pinned = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions, [])
     commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, None, config.format,
                           manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
-                          change_counts(catalog, parent, index))
-    vid, existed = catalog.commit(area, moves, manifest, index, commit)
+                          change_counts(catalog, parent, pinned[INDEX_FILE]))
+    vid, existed = catalog.commit(area, moves, manifest, pinned, commit)
     st = manifest.stats
     return DeriveResult(version_id=vid, parent=parent, existed=existed, content_id=manifest.content_id,
                         samples=st.samples, shards=st.shards, bytes=st.bytes)

@@ -58,7 +58,7 @@ def plan_convert(captures: str, out: str, config: ConvertConfig, onto: str | Non
             raise
         catalog = None
     parent, same_settings = reusable_parent(catalog, config, onto) if catalog is not None else (None, None)
-    base = catalog.manifest(parent) if parent else None
+    base = catalog.sessions(parent) if parent else None
     old: dict[str, list] = {}
     for s in base.sources if base else ():
         old.setdefault(s.session, []).append(s)

@@ -96,19 +96,6 @@ class Record:
         naming ``what``); none by default."""
 
     @classmethod
-    def field_from_json(cls, doc: object, name: str, what: str):
-        """One field of a record's JSON, validated as ``from_json`` would, without loading the rest: a
-        command that needs only a big manifest's index pin does not pay for its ten thousand sessions."""
-        if not isinstance(doc, dict):
-            raise FormatError(f"{what}: expected a JSON object, found {type(doc).__name__}")
-        if cls.FORMAT is not None and doc.get("format") != cls.FORMAT:
-            raise FormatError(f"{what}: format is {str(doc.get('format'))[:80]!r}, expected {cls.FORMAT!r}")
-        load = next(load for field_name, load, _ in _plan(cls)[0] if field_name == name)
-        if name not in doc:
-            raise FormatError(f"{what}: missing field {name!r}")
-        return load(doc[name], f"{what}: {name}")
-
-    @classmethod
     def json_schema(cls) -> dict:
         hints = _hints(cls)
         props, required = {}, []

@@ -18,7 +18,7 @@ from dsbuild.export.folder import ExportMarker
 from dsbuild.export.report import ExportReport
 from dsbuild.formats.sample import SampleMeta
 from dsbuild.lineage.catalog import CommitRecord, TagsFile
-from dsbuild.lineage.manifest import Manifest
+from dsbuild.lineage.manifest import Manifest, SessionTable
 from dsbuild.lineage.splitsets import SplitManifest, SplitPointer
 from dsbuild.loader.state import LoaderState
 
@@ -26,6 +26,7 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # file stem -> (record, where it is found)
 RECORDS = {
     "manifest": (Manifest, "versions/<id>/manifest.json (its sha256 is the version id)"),
+    "sessions": (SessionTable, "versions/<id>/sessions.json (pinned by sha256 in the manifest)"),
     "commit": (CommitRecord, "versions/<id>/commit.json"),
     "tags": (TagsFile, "tags.json"),
     "split-pointer": (SplitPointer, "splits/<id>/<name>.json"),

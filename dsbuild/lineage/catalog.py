@@ -4,6 +4,7 @@
     shards/ab/<sha256>.<ext>           shards, named by their hash, shared by every version using them
     versions/<id>/manifest.json        the version (id = sha256 of these bytes)
     versions/<id>/index.parquet        per-sample index and lineage, pinned by sha256 in the manifest
+    versions/<id>/sessions.json        per-session records and source files, pinned likewise
     versions/<id>/commit.json          when it was committed and from what (not part of the id)
     splits/<id>/<name>.json            pointer to the current split set folder (replaced atomically)
     splits/<id>/<name>/<hash>/...      split set folders (immutable, named by their hash)
@@ -11,7 +12,7 @@
     .tmp/<build>/                      a local build in progress, flock-ed while it runs
 
 Tamper-evidence: a manifest is accepted only if its sha256 is the version folder's name; the index
-only if its sha256 is the manifest's pin; a shard only if named by its sha256 (and, when read, its
+and sessions files only if their sha256 is the manifest's pin; a shard only if named by its sha256 (and, when read, its
 bytes hash to it). Commits: shards first, then the version, manifest last (local: one rename of a
 complete folder), and never a version that references a shard the store does not hold.
 """
@@ -37,7 +38,7 @@ from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
 from dsbuild.core.store import Store, cache_root, open_store
 from dsbuild.lineage.index import INDEX_FILE, MAX_INDEX_BYTES, table_from_bytes
-from dsbuild.lineage.manifest import MAX_MANIFEST_BYTES, Manifest, ShardRecord
+from dsbuild.lineage.manifest import MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, FilePin, Manifest, SessionTable, ShardRecord
 
 CATALOG_FORMAT = "dsbuild.catalog/2"
 MARKER = "catalog.json"
@@ -127,7 +128,7 @@ class Catalog:
     def __init__(self, store: Store):
         self.store = store
         self._manifests: dict[str, Manifest] = {}
-        self._fields: dict[str, dict[str, object]] = {}  # version id -> manifest fields loaded alone
+        self._sessions: dict[str, SessionTable] = {}
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
@@ -208,8 +209,10 @@ class Catalog:
             raise LineageError(f"{self.url}/{e}", hint=f"restore {key} or delete it (the version stays intact; "
                                                        "only its date and parent are lost)") from None
 
-    def _manifest_doc(self, version_id: str) -> tuple[object, str]:
-        """The version's manifest bytes, proven (their sha256 must be the version id), parsed."""
+    def manifest(self, version_id: str) -> Manifest:
+        """The version's manifest, proven: its sha256 must be the version id."""
+        if version_id in self._manifests:
+            return self._manifests[version_id]
         key = f"versions/{check_version_id(version_id)}/manifest.json"
         try:
             data = self._read(key, MAX_MANIFEST_BYTES, immutable=True)
@@ -218,44 +221,19 @@ class Catalog:
         if sha256_bytes(data) != version_id:
             raise LineageError(f"{self.url}/{key}: sha256 is {sha256_bytes(data)[:16]}…, not the version id: "
                                "the manifest was edited or damaged", hint="restore it from a copy of the catalog")
-        what = f"{self.url}/{key}"
         try:
-            return Manifest.parse(data, what), what
+            m = Manifest.from_bytes(data, f"{self.url}/{key}")
         except FormatError as e:
-            raise LineageError(str(e)) from None
-
-    def manifest(self, version_id: str) -> Manifest:
-        """The version's manifest, proven: its sha256 must be the version id."""
-        if version_id in self._manifests:
-            return self._manifests[version_id]
-        doc, what = self._manifest_doc(version_id)
-        try:
-            m = Manifest.from_json(doc, what)
-        except FormatError as e:
-            raise LineageError(str(e)) from None
+            raise LineageError(str(e), hint="a version written by another dsbuild: read it with that one, or "
+                                            "convert the captures again") from None
         self._manifests[version_id] = m
         return m
 
-    def manifest_fields(self, version_id: str, *names: str) -> tuple:
-        """Some fields of the manifest, proven and validated, without loading the rest (the sessions
-        and sources of a big version cost more than the query or summary that wanted the index pin)."""
-        if version_id in self._manifests:
-            return tuple(getattr(self._manifests[version_id], n) for n in names)
-        known = self._fields.setdefault(version_id, {})
-        if missing := [n for n in names if n not in known]:  # parsed once per call, not once per field
-            doc, what = self._manifest_doc(version_id)
-            try:
-                known.update((n, Manifest.field_from_json(doc, n, what)) for n in missing)
-            except FormatError as e:
-                raise LineageError(str(e)) from None
-        return tuple(known[n] for n in names)
-
-    def index_data(self, version_id: str) -> bytes:
-        """The index file's bytes, proven against the manifest's pin."""
-        (pin,) = self.manifest_fields(version_id, "index")
+    def pinned_file(self, version_id: str, pin: FilePin, cap: int) -> bytes:
+        """A file beside the manifest (index, sessions), proven against the manifest's pin."""
         key = f"versions/{version_id}/{pin.path}"
         try:
-            data = self._read(key, MAX_INDEX_BYTES, immutable=True)
+            data = self._read(key, cap, immutable=True)
         except FileNotFoundError:
             raise LineageError(f"{self.url}/{key}: missing") from None
         if len(data) != pin.bytes or sha256_bytes(data) != pin.sha256:
@@ -263,10 +241,36 @@ class Catalog:
                                "(altered or damaged)", hint="restore it from a copy of the catalog")
         return data
 
+    def pinned_files(self, version_id: str) -> dict[str, bytes]:
+        """Every file the manifest pins (name -> bytes), each proven: what a copy of the version needs."""
+        m = self.manifest(version_id)
+        return {m.index.path: self.index_data(version_id),
+                m.sessions.path: self.pinned_file(version_id, m.sessions, MAX_SESSIONS_BYTES)}
+
+    def index_data(self, version_id: str) -> bytes:
+        """The index file's bytes, proven against the manifest's pin."""
+        return self.pinned_file(version_id, self.manifest(version_id).index, MAX_INDEX_BYTES)
+
     def index(self, version_id: str, columns: list[str] | None = None):
         """The version's index as an Arrow table (all or some columns), proven against its pin."""
         return table_from_bytes(self.index_data(version_id), f"{self.url}/versions/{version_id}/{INDEX_FILE}",
                                 columns)
+
+    def sessions(self, version_id: str) -> SessionTable:
+        """The version's per-session records and their source files, proven against the manifest's pin
+        (read only by what needs them: the loader, lineage, incremental builds, the sources view)."""
+        if version_id not in self._sessions:
+            pin = self.manifest(version_id).sessions
+            data = self.pinned_file(version_id, pin, MAX_SESSIONS_BYTES)
+            try:
+                table = SessionTable.from_bytes(data, f"{self.url}/versions/{version_id}/{pin.path}")
+            except FormatError as e:
+                raise LineageError(str(e)) from None
+            if len(table.sessions) != pin.rows:
+                raise LineageError(f"{self.url}/versions/{version_id}/{pin.path}: {len(table.sessions)} sessions, "
+                                   f"the manifest says {pin.rows}")
+            self._sessions[version_id] = table
+        return self._sessions[version_id]
 
     def shard_file(self, record: ShardRecord) -> Path:
         """A local file holding the shard (an object store's shards come through a verified cache)."""
@@ -404,21 +408,23 @@ class Catalog:
             yield
 
     def commit(self, area: BuildArea, shards: list[tuple[Path, ShardRecord]], manifest: Manifest,
-               index: bytes, commit: CommitRecord, *, damaged: frozenset[str] = frozenset()) -> tuple[str, bool]:
-        """Put shards in place, prove every shard the manifest names is there, then publish the version
-        (manifest last). Returns (version id, existed): an identical version is not an error.
+               pinned: dict[str, bytes], commit: CommitRecord, *,
+               damaged: frozenset[str] = frozenset()) -> tuple[str, bool]:
+        """Put shards in place, prove every shard the manifest names is there, then publish the version:
+        the files it pins (``pinned``: name -> bytes), then the manifest. Returns (version id, existed):
+        an identical version is not an error.
 
         A stored shard of the right size is kept (same name = same sha256 = same bytes), unless it is in
         ``damaged`` or the catalog is local (a rename costs nothing and replaces any silent damage with
         bytes this build just wrote and hashed)."""
         try:
             with self.lock():
-                return self._commit(area, shards, manifest, index, commit, damaged)
+                return self._commit(area, shards, manifest, pinned, commit, damaged)
         except OSError as e:
             raise StorageError(f"{self.url}: commit failed, nothing was committed ({e.strerror or e})",
                                hint="fix the cause (free space, permissions) and run the same command again") from None
 
-    def _commit(self, area: BuildArea, shards, manifest: Manifest, index: bytes, commit: CommitRecord,
+    def _commit(self, area: BuildArea, shards, manifest: Manifest, pinned: dict[str, bytes], commit: CommitRecord,
                 damaged: frozenset[str]) -> tuple[str, bool]:
         for tmp_path, rec in shards:
             if self.root is None and rec.path not in damaged and self.store.size(rec.path) == rec.bytes:
@@ -439,8 +445,7 @@ class Catalog:
             return vid, True
         seq = 1 + max((v.commit.sequence for v in self.versions() if v.commit), default=0)
         record = replace(commit, sequence=seq)
-        files = {manifest.index.path: index, "commit.json": pretty_json(record.to_json()),
-                 "manifest.json": manifest_bytes}
+        files = {**pinned, "commit.json": pretty_json(record.to_json()), "manifest.json": manifest_bytes}
         if self.root is None:
             for name, data in files.items():  # manifest last: until it lands, the version is invisible
                 self.store.write(f"{vkey}/{name}", data)

@@ -37,17 +37,15 @@ def log_entries(catalog: Catalog) -> list[dict]:
 
 def version_info(catalog: Catalog, version_id: str) -> dict:
     """One version without SQL: format, config, counts, hours, statistics, quarantine, splits and tags."""
-    content_id, fmt, tool, config, config_hash, stats, vocabulary, quarantined = catalog.manifest_fields(
-        version_id, "content_id", "shard_format", "tool_version", "config", "config_hash", "stats", "vocabulary",
-        "quarantined")
+    m = catalog.manifest(version_id)
     commit = catalog.commit_record(version_id)
     return {
-        "version_id": version_id, "content_id": content_id, "catalog": catalog.url,
+        "version_id": version_id, "content_id": m.content_id, "catalog": catalog.url,
         "tags": sorted(t for t, v in catalog.tags().items() if v == version_id),
         "created_at": commit.created_at if commit else None, "parent": commit.parent if commit else None,
-        "format": fmt, "tool_version": tool, "config": config, "config_hash": config_hash,
-        "stats": stats.to_json(), "vocabulary": vocabulary.to_json(),
-        "quarantined": [q.to_json() for q in quarantined],
+        "format": m.shard_format, "tool_version": m.tool_version, "config": m.config, "config_hash": m.config_hash,
+        "stats": m.stats.to_json(), "vocabulary": m.vocabulary.to_json(),
+        "quarantined": [q.to_json() for q in m.quarantined],
         "split_sets": [sp.summary() for sp in list_split_sets(catalog, version_id)],
     }
 
@@ -74,7 +72,7 @@ def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
         "window": {"t_start": row["t_start"], "t_end": row["t_end"], "frames": row["frames"],
                    "clip_index": row["clip_index"]},
         "sources": [{"role": s.role, "path": s.path, "sha256": s.sha256, "bytes": s.bytes}
-                    for s in m.sources if s.session == row["session_id"]],
+                    for s in catalog.sessions(version_id).sources_of(row["session_id"])],
         "config": m.config,
         "config_hash": m.config_hash,
         "tool_version": m.tool_version,

@@ -1,7 +1,10 @@
 """The manifest: the one record that defines a version. Its sha256 is the version id.
 
 It holds no timestamps and no host paths, so the same captures and config give the same bytes (and the
-same version id) anywhere. The per-sample index lives beside it in Parquet, pinned by its sha256.
+same version id) anywhere. What grows with the data lives beside it, pinned by sha256: the per-sample
+index (Parquet) and the per-session records (``sessions.json``). The manifest itself stays a few kB
+however many sessions a version holds, so commands that need only its summary, shards or index pin
+(`info`, `query`, `diff`, `verify`) never parse per-session records.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ from dataclasses import dataclass, field
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.hashing import sha256_bytes
-from dsbuild.core.jsonio import loads_bounded, pretty_json
+from dsbuild.core.jsonio import canonical_json, loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, JsonValue, Record, spec
 
-MANIFEST_FORMAT = "dsbuild.manifest/2"
-MAX_MANIFEST_BYTES = 1 << 30
+MANIFEST_FORMAT = "dsbuild.manifest/3"
+MAX_MANIFEST_BYTES = 64 << 20
+SESSIONS_FILE = "sessions.json"
+MAX_SESSIONS_BYTES = 1 << 30
 SHARD_KEY = r"shards/([0-9a-f]{2})/([0-9a-f]{64})\.([a-z0-9]{1,16})"
 _SHARD_KEY_RE = re.compile(SHARD_KEY)
 
@@ -72,8 +77,29 @@ class Quarantined(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class IndexPin(Record):
-    path: str = field(metadata=spec(pattern=r"[a-z_]+\.parquet"))
+class SessionTable(Record):
+    """Every session of a version and the source files it came from (``versions/<id>/sessions.json``)."""
+
+    FORMAT = "dsbuild.sessions/1"
+    sessions: tuple[SessionRecord, ...]
+    sources: tuple[SourceRecord, ...]
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.to_json())
+
+    @classmethod
+    def from_bytes(cls, data: bytes, what: str) -> "SessionTable":
+        return cls.from_json(loads_bounded(data, max_bytes=MAX_SESSIONS_BYTES, what=what, max_depth=None), what)
+
+    def sources_of(self, session: str) -> list[SourceRecord]:
+        return [s for s in self.sources if s.session == session]
+
+
+@dataclass(frozen=True, slots=True)
+class FilePin(Record):
+    """A file beside the manifest, pinned by its sha256 (so the version id covers its bytes)."""
+
+    path: str = field(metadata=spec(pattern=r"[a-z_]+\.(parquet|json)"))
     sha256: str = field(metadata=spec(pattern=SHA256))
     rows: int = field(metadata=spec(minimum=0))
     bytes: int = field(metadata=spec(minimum=0))
@@ -108,11 +134,10 @@ class Manifest(Record):
     config: JsonValue  # the build options, as hashed into config_hash
     config_hash: str = field(metadata=spec(pattern=SHA256))
     shard_format: str
-    sources: tuple[SourceRecord, ...]
     shards: tuple[ShardRecord, ...]
-    sessions: tuple[SessionRecord, ...]
     quarantined: tuple[Quarantined, ...]
-    index: IndexPin
+    index: FilePin  # index.parquet: rows = samples
+    sessions: FilePin  # sessions.json (a SessionTable): rows = sessions
     schema: JsonValue  # sample format, members, index columns
     vocabulary: Vocabulary
     stats: Stats
@@ -125,14 +150,9 @@ class Manifest(Record):
     def version_id(self) -> str:
         return sha256_bytes(self.to_bytes())
 
-    @staticmethod
-    def parse(data: bytes, what: str) -> object:
-        """The manifest's JSON, size-bounded; its structure is checked by ``from_json``/``field_from_json``."""
-        return loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=what, max_depth=None)
-
     @classmethod
     def from_bytes(cls, data: bytes, what: str) -> "Manifest":
-        return cls.from_json(cls.parse(data, what), what)
+        return cls.from_json(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=what, max_depth=None), what)
 
 
 def content_id(sample_hashes: list[tuple[str, str]]) -> str:

@@ -79,7 +79,7 @@ def _views(con, catalog: Catalog, version_id: str, needed: set[str]) -> None:
     if "shards" in needed:
         con.register("shards", _arrow([s.to_json() for s in m.shards], ["path", "sha256", "bytes", "samples"]))
     if "sources" in needed:
-        con.register("sources", _arrow([s.to_json() for s in m.sources],
+        con.register("sources", _arrow([s.to_json() for s in catalog.sessions(version_id).sources],
                                        ["session", "role", "path", "sha256", "bytes"]))
     if "lineage" in needed:
         con.execute(f"""CREATE VIEW lineage AS

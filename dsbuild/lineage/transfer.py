@@ -118,10 +118,9 @@ def _present(dest: Catalog, vid: str) -> bool:
 
 
 def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path) -> None:
-    pin = source.manifest(vid).index
     commit = source.commit_record(vid)
     seq = 1 + max((v.commit.sequence for v in dest.versions() if v.commit), default=0)
-    files = {pin.path: source.index_data(vid)}
+    files = source.pinned_files(vid)
     if commit is not None:
         files["commit.json"] = pretty_json(replace(commit, sequence=seq).to_json())
     files["manifest.json"] = source.store.read(f"versions/{vid}/manifest.json", 1 << 30, immutable=True)

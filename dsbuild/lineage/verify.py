@@ -18,13 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dsbuild.core.errors import DsbuildError, FormatError
+from dsbuild.core.errors import DsbuildError, FormatError, LineageError
 from dsbuild.core.hashing import CHUNK
 from dsbuild.core.files import open_regular
 from dsbuild.formats import Entry, get_format
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
-from dsbuild.lineage.manifest import Manifest, ShardRecord
+from dsbuild.lineage.manifest import MAX_SESSIONS_BYTES, Manifest, ShardRecord
 
 
 @dataclass
@@ -98,6 +98,10 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
     except (DsbuildError, FormatError) as e:
         report.problems.append({"version": version_id, "problem": "manifest or index", "detail": str(e)})
         return report
+    try:  # proven by its hash only: its records are parsed by the commands that use them
+        catalog.pinned_file(version_id, m.sessions, MAX_SESSIONS_BYTES)
+    except LineageError as e:
+        report.problems.append({"sessions": m.sessions.path, "problem": "altered or missing", "detail": str(e)})
     if table.num_rows != m.index.rows:
         report.problems.append({"index": m.index.path, "problem": f"{table.num_rows} rows, manifest says {m.index.rows}"})
     by_shard = entries_by_shard(table)

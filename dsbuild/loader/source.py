@@ -127,7 +127,7 @@ class Source:
         self.session_code = enc.indices.to_numpy().astype(np.int32)
         _, first = np.unique(self.session_code, return_index=True)
         rows = table.select(list(SESSION_COLUMNS)).take(first).to_pylist()
-        vocab = {s.session_id: s for s in self.manifest.sessions}
+        vocab = {s.session_id: s for s in self.catalog.sessions(self.version_id).sessions}
         self.sessions: list[Session] = []
         for row in rows:
             rec = vocab.get(row["session_id"])

@@ -37,7 +37,8 @@ class VersionSamples:
 
 
 def read_version(catalog: Catalog, version_id: str) -> VersionSamples:
-    pin, content_id = catalog.manifest_fields(version_id, "index", "content_id")
+    m = catalog.manifest(version_id)
+    pin, content_id = m.index, m.content_id
     path = f"{catalog.url}/versions/{version_id}/{pin.path}"
     table = catalog.index(version_id, [*LOCATOR_COLUMNS, "session_id", *SESSION_COLUMNS])
     table = table.sort_by("key")

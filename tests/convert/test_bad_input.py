@@ -9,7 +9,7 @@ import pytest
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.samples.synthetic import generate
-from tests.helpers import cli, manifest
+from tests.helpers import cli, manifest, session_records
 
 CONFIG = ConvertConfig(clip_seconds=2.0)
 QUARANTINE = {
@@ -34,7 +34,7 @@ def damaged(tmp_path_factory):
                      damage={i + 1: k for i, k in enumerate(kinds)})
     out = root.parent / "cat"
     r = convert(root, out, CONFIG, executor=ExecutorSpec(workers=2))
-    return {k: paths[i + 1].name for i, k in enumerate(kinds)}, r, manifest(out, r.version_id)
+    return {k: paths[i + 1].name for i, k in enumerate(kinds)}, r, {**manifest(out, r.version_id), **session_records(out, r.version_id)}
 
 
 @pytest.mark.parametrize("kind", sorted(QUARANTINE))

@@ -19,7 +19,7 @@ from dsbuild.formats.sample import members_sha256
 from dsbuild.formats.video import decoded_frame_count
 from dsbuild.formats.webdataset import parse_members
 from dsbuild.core.hashing import sha256_file
-from tests.helpers import index_rows, manifest, shard_files
+from tests.helpers import index_rows, manifest, session_records, shard_files
 
 
 def test_webdataset_library_reads_every_sample_and_clips_decode_to_the_claimed_frames(wds_catalog):
@@ -71,10 +71,11 @@ def test_manifest_hashes_every_source_and_shard(wds_catalog, captures):
     m = manifest(catalog, vid)
     for s in m["shards"]:
         assert sha256_file(catalog / s["path"]) == (s["sha256"], s["bytes"])
-    for src in m["sources"]:
+    sources = session_records(catalog, vid)["sources"]
+    for src in sources:
         assert not src["path"].startswith("/")
         assert sha256_file(captures / src["path"])[0] == src["sha256"]
-    roles = {s["role"] for s in m["sources"]}
+    roles = {s["role"] for s in sources}
     assert roles == {"session", "video", "actions", "telemetry", "text"}
     assert m["vocabulary"]["controls"] == ["button_a", "button_b", "left", "right", "steer_x"]
     assert (catalog / "versions" / vid / "manifest.json").read_bytes()

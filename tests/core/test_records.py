@@ -83,7 +83,7 @@ def test_arbitrary_documents_raise_only_format_errors(doc):
 
 def test_schemas_describe_the_records():
     schema = Manifest.json_schema()
-    assert schema["properties"]["format"] == {"const": "dsbuild.manifest/2"}
+    assert schema["properties"]["format"] == {"const": "dsbuild.manifest/3"}
     assert schema["additionalProperties"] is False and "shards" in schema["required"]
     shard = ShardRecord.json_schema()
     assert shard["properties"]["sha256"]["pattern"] == f"^{SHA256}$" and shard["properties"]["bytes"]["minimum"] == 0

@@ -32,6 +32,7 @@ def test_real_outputs_validate_against_the_published_schemas(export_catalog, exp
         jsonschema.Draft202012Validator(json.loads((PUBLISHED / f"{schema}.schema.json").read_text())).validate(doc)
 
     check("manifest", json.loads((cat / "versions" / vid / "manifest.json").read_text()))
+    check("sessions", json.loads((cat / "versions" / vid / "sessions.json").read_text()))
     check("commit", json.loads((cat / "versions" / vid / "commit.json").read_text()))
     check("tags", json.loads((cat / "tags.json").read_text()))
     pointer = json.loads((cat / "splits" / vid / "main.json").read_text())

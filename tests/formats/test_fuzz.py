@@ -49,7 +49,7 @@ def test_tar_parser_survives_mutated_valid_headers(tail):
 @FUZZ
 @given(json_values)
 def test_manifest_parser_only_raises_format_errors(doc):
-    for candidate in (doc, {"format": "dsbuild.manifest/2", **(doc if isinstance(doc, dict) else {})}):
+    for candidate in (doc, {"format": Manifest.FORMAT, **(doc if isinstance(doc, dict) else {})}):
         try:
             Manifest.from_bytes(json.dumps(candidate).encode(), "fuzz")
         except FormatError:

@@ -23,7 +23,7 @@ from dsbuild.formats.transcode import TranscodeSpecError, parse_transcode
 from dsbuild.formats.video import DemuxReport, VideoSource
 from dsbuild.formats.sample import npy_load
 from dsbuild.validators import ValidateOptions, validate
-from tests.helpers import manifest, shard_files
+from tests.helpers import manifest, session_records, shard_files
 from tests.recorders import RECORDERS, ffmpeg, ffprobe_frames, record, write_streams
 
 CLIP = 0.5  # seconds: four clips per 2 s capture, so every kind has cuts inside it
@@ -101,7 +101,7 @@ def test_audio_is_carried_in_sync_within_one_audio_frame(recorded, kind):
     for s in clips[:-1]:
         a, c = probe_clip(s["mp4"]).audio, s["json"]["clip"]
         assert -SLACK <= a.end - (c["t_end"] - c["t_start"]) <= a.frame_seconds + SLACK
-    session = next(x for x in manifest(*_cat(recorded))["sessions"] if x["session_id"] == kind.replace("_", "-"))
+    session = next(x for x in session_records(*_cat(recorded))["sessions"] if x["session_id"] == kind.replace("_", "-"))
     assert session["repairs"]["audio_not_carried"] is False
     audio = session["repairs"]["video"]["audio"]
     assert audio["clips_with_audio"] == len(clips) and audio["undecodable"] == audio["clips_without_audio"] == 0
@@ -131,7 +131,7 @@ def test_hevc_tags_survive_and_untagged_hevc_gets_hvc1(recorded, tmp_path):
 
 def test_open_gop_leading_frames_are_dropped_counted_and_shorten_the_previous_window(recorded):
     _, _, _, samples = recorded
-    sessions = {s["session_id"]: s for s in manifest(*_cat(recorded))["sessions"]}
+    sessions = {s["session_id"]: s for s in session_records(*_cat(recorded))["sessions"]}
     for kind in ("x264-opengop-ts", "x265-mkv", "mpeg2-ts"):
         clips = samples[kind]
         dropped = sessions[kind]["repairs"]["video"]["dropped_leading"]
@@ -191,7 +191,7 @@ def test_broken_audio_keeps_the_video_and_is_a_counted_repair(tmp_path):
     write_streams(d, "video.mkv", "broken-audio")
     r = convert(caps, tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
     assert r.quarantined == () and r.samples >= 3
-    [session] = manifest(tmp_path / "cat", r.version_id)["sessions"]
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
     audio = session["repairs"]["video"]["audio"]
     assert audio["undecodable"] > 0 and audio["clips_without_audio"] > 0
     assert audio["clips_with_audio"] + audio["clips_without_audio"] == r.samples
@@ -206,7 +206,7 @@ def test_broken_audio_keeps_the_video_and_is_a_counted_repair(tmp_path):
 def test_audio_false_drops_audio_as_a_recorded_choice(tmp_path):
     record(tmp_path / "caps", "obs_x264_mkv")
     r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP, audio=False), executor=ExecutorSpec(workers=1))
-    [session] = manifest(tmp_path / "cat", r.version_id)["sessions"]
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
     assert session["repairs"]["audio_not_carried"] is True
     for s in _samples(tmp_path / "cat", r.version_id)["obs-x264-mkv"]:
         assert probe_clip(s["mp4"]).audio is None and s["json"]["video"]["has_audio"] is False

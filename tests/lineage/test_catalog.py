@@ -412,19 +412,37 @@ def test_an_incremental_build_hashes_and_processes_only_what_changed(grown, tmp_
     assert jobs[0] == ("process_session", 1)
 
 
-def test_manifest_fields_are_the_full_manifests_and_are_validated(grown, tmp_path):
+def test_session_records_live_beside_the_manifest_pinned_and_are_read_only_when_needed(grown, tmp_path):
     _, src, v1, _ = grown
     cat = _copy(src, tmp_path)
-    full = Catalog.open(cat).manifest(v1.version_id)
-    pin, stats = Catalog.open(cat).manifest_fields(v1.version_id, "index", "stats")  # fresh: no cached manifest
-    assert (pin, stats) == (full.index, full.stats)
-    doc = json.loads((cat / "versions" / v1.version_id / "manifest.json").read_bytes())
-    doc["index"]["rows"] = -1  # an invalid pin in a manifest whose name is its hash again
+    vid = v1.version_id
+    doc = manifest(cat, vid)
+    assert "sources" not in doc and doc["sessions"]["rows"] == 20
+    records = json.loads((cat / "versions" / vid / "sessions.json").read_bytes())
+    assert len(records["sessions"]) == 20 and len(records["sources"]) >= 40
+    (cat / "versions" / vid / "sessions.json").write_bytes(b"{}")  # damaged
+    c = Catalog.open(cat)
+    assert version_info(c, vid)["stats"]["sessions"] == 20  # summary, index, diff, query: never read it
+    assert run_query(c, vid, "select count(*) from samples")[1] == [(v1.samples,)]
+    assert diff_versions(c, vid, c, vid)["changed"] == 0
+    with pytest.raises(LineageError, match="sessions.json: does not match the sha256 pinned"):
+        c.sessions(vid)
+    with pytest.raises(LineageError, match="sessions.json: does not match"):
+        run_query(c, vid, "select count(*) from sources")
+    assert [p["sessions"] for p in verify(c, vid).problems if "sessions" in p] == ["sessions.json"]
+
+
+def test_a_manifest_of_another_format_is_refused_with_what_to_do(grown, tmp_path):
+    _, src, v1, _ = grown
+    cat = _copy(src, tmp_path)
+    doc = manifest(cat, v1.version_id)
+    doc["format"] = "dsbuild.manifest/2"
     data = json.dumps(doc).encode()
     import hashlib
 
     vid = hashlib.sha256(data).hexdigest()
     (cat / "versions" / vid).mkdir()
     (cat / "versions" / vid / "manifest.json").write_bytes(data)
-    with pytest.raises(LineageError, match="index: rows: -1 is below 0"):
-        Catalog.open(cat).manifest_fields(vid, "index")
+    with pytest.raises(LineageError, match="format is 'dsbuild.manifest/2', expected 'dsbuild.manifest/3'") as e:
+        Catalog.open(cat).manifest(vid)
+    assert "convert the captures again" in e.value.hint

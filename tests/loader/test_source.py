@@ -15,7 +15,7 @@ import pytest
 from dsbuild.core.errors import FormatError, LineageError, UsageError
 from dsbuild.core.hashing import sha256_bytes
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.manifest import IndexPin
+from dsbuild.lineage.manifest import FilePin
 from dsbuild.loader import Loader, LoaderOptions
 from dsbuild.loader.options import order_options
 from dsbuild.loader.source import Source
@@ -31,11 +31,12 @@ def forge(path: str, vid: str, mutate) -> str:
     pq.write_table(table, sink, store_schema=False)
     data = sink.getvalue()
     m = cat.manifest(vid)
-    forged = dataclasses.replace(m, index=IndexPin(m.index.path, sha256_bytes(data), len(rows), len(data)))
+    forged = dataclasses.replace(m, index=FilePin(m.index.path, sha256_bytes(data), len(rows), len(data)))
     new = forged.version_id
     folder = cat.root / "versions" / new
     folder.mkdir()
     (folder / m.index.path).write_bytes(data)
+    (folder / m.sessions.path).write_bytes((cat.root / "versions" / vid / m.sessions.path).read_bytes())
     (folder / "manifest.json").write_bytes(forged.to_bytes())
     return new
 

@@ -22,7 +22,7 @@ from dsbuild.formats import get_format
 from dsbuild.formats.sample import MEMBERS, members_sha256
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import index_bytes, rows_from_table
-from dsbuild.lineage.manifest import IndexPin, ShardRecord, content_id, shard_key
+from dsbuild.lineage.manifest import FilePin, ShardRecord, content_id, shard_key
 from dsbuild.samples.synthetic import frames as moving_frames
 from dsbuild.samples.writer import SessionSpec, VideoSpec, write_jsonl, write_session
 
@@ -141,11 +141,12 @@ def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None =
         for r, e, (total, video) in zip(srows, entries, sizes):
             new_rows.append(replace(r.located(path, e), sha256=e.sha256, bytes=total, video_bytes=video))
     index = index_bytes(new_rows)
-    new = replace(m, shards=tuple(shards), index=IndexPin(m.index.path, sha256_bytes(index), len(new_rows), len(index)),
+    new = replace(m, shards=tuple(shards), index=FilePin(m.index.path, sha256_bytes(index), len(new_rows), len(index)),
                   content_id=content_id([(r.key, r.sha256) for r in new_rows]))
     vdir = cat / "versions" / new.version_id
     vdir.mkdir()
     (vdir / m.index.path).write_bytes(index)
+    shutil.copy(cat / "versions" / vid / m.sessions.path, vdir / m.sessions.path)
     (vdir / "manifest.json").write_bytes(new.to_bytes())
     shutil.rmtree(cat / "versions" / vid)
     return new.version_id

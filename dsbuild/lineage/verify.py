@@ -82,26 +82,13 @@ def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: lis
     return [{"sample": key, "shard": rec.path, "problem": "bad locator", "detail": why} for key, why in found]
 
 
-def heal_command(catalog: Catalog, version_id: str) -> str:
-    commit = catalog.commit_record(version_id)
-    captures = commit.captures if commit and commit.captures else "CAPTURES"
-    return f"dsbuild convert {captures} {catalog.url} --rehash"
-
-
-def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed: int = 0, threads: int = 4,
-           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-    """Check the whole chain for one version (all shards, or ``sample`` of them chosen by ``seed``)."""
-    report = VerifyReport(version_id)
-    try:
-        m = catalog.manifest(version_id)
-        table = catalog.index(version_id, list(LOCATOR_COLUMNS))
-    except (DsbuildError, FormatError) as e:
-        report.problems.append({"version": version_id, "problem": "manifest or index", "detail": str(e)})
-        return report
+def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: VerifyReport) -> dict[str, list[Entry]]:
+    """The index's entries by shard, after the checks that need no shard bytes (problems go to ``report``)."""
     try:  # proven by its hash only: its records are parsed by the commands that use them
         catalog.pinned_file(version_id, m.sessions, MAX_SESSIONS_BYTES)
     except LineageError as e:
         report.problems.append({"sessions": m.sessions.path, "problem": "altered or missing", "detail": str(e)})
+    table = catalog.index(version_id, list(LOCATOR_COLUMNS))
     if table.num_rows != m.index.rows:
         report.problems.append({"index": m.index.path, "problem": f"{table.num_rows} rows, manifest says {m.index.rows}"})
     by_shard = entries_by_shard(table)
@@ -116,14 +103,34 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
         if len(by_shard.get(s.path, ())) != s.samples:
             report.problems.append({"shard": s.path, "problem": f"manifest says {s.samples} samples, index has "
                                                                 f"{len(by_shard.get(s.path, ()))}"})
+    return by_shard
+
+
+def heal_command(catalog: Catalog, version_id: str) -> str:
+    commit = catalog.commit_record(version_id)
+    captures = commit.captures if commit and commit.captures else "CAPTURES"
+    return f"dsbuild convert {captures} {catalog.url} --rehash"
+
+
+def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed: int = 0, threads: int = 4,
+           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Check the whole chain for one version (all shards, or ``sample`` of them chosen by ``seed``).
+
+    Shards start hashing as soon as the manifest is read; the index is read and checked meanwhile
+    (the hashing threads release the GIL), so a command costs about its start-up plus the hashing."""
+    report = VerifyReport(version_id)
+    try:
+        m = catalog.manifest(version_id)
+    except (DsbuildError, FormatError) as e:
+        report.problems.append({"version": version_id, "problem": "manifest", "detail": str(e)})
+        return report
     shards = list(m.shards)
     if sample is not None and sample < len(shards):
         shards = sorted(random.Random(seed).sample(shards, sample), key=lambda s: s.path)
     done = 0
 
-    def one(rec: ShardRecord) -> list[dict]:
+    def check(rec: ShardRecord, bad: dict | None) -> list[dict]:
         nonlocal done
-        bad = _hash_shard(catalog, rec)
         found = [bad] if bad else _check_entries(catalog, m, rec, by_shard.get(rec.path, []))
         done += 1
         if progress:
@@ -131,8 +138,17 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
         return found
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        for found in pool.map(one, shards):
-            report.problems += found
+        hashes = [pool.submit(_hash_shard, catalog, rec) for rec in shards]
+        try:
+            by_shard = _index_entries(catalog, m, version_id, report)
+        except (DsbuildError, FormatError) as e:
+            for h in hashes:
+                h.cancel()
+            report.problems.append({"version": version_id, "problem": "index", "detail": str(e)})
+            return report
+        checks = [pool.submit(check, rec, h.result()) for rec, h in zip(shards, hashes)]
+        for c in checks:
+            report.problems += c.result()
     report.shards_checked = len(shards)
     report.bytes_checked = sum(s.bytes for s in shards)
     report.samples_checked = sum(len(by_shard.get(s.path, ())) for s in shards)

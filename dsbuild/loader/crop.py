@@ -10,12 +10,19 @@ from dsbuild.loader.permutation import derive_key
 
 
 def kept_frames(frames, stride: int, clip_frames: int | None, max_frames: int | None):
-    """Frames delivered from clips of ``frames`` frames (int or array): ceil(frames / stride), capped."""
+    """Frames delivered from clips of ``frames`` frames (int or array): ceil(frames / stride), capped.
+    An int (one sample, on the loader's hot path) is computed without numpy calls."""
+    if isinstance(frames, int):
+        n = -(-frames // stride)
+        for cap in (clip_frames, max_frames):
+            if cap is not None and cap < n:
+                n = cap
+        return n
     n = -(-np.asarray(frames, dtype=np.int64) // stride)
     for cap in (clip_frames, max_frames):
         if cap is not None:
             n = np.minimum(n, cap)
-    return n if n.ndim else int(n)
+    return n
 
 
 def crop_start(frames: int, stride: int, count: int, seed: int, epoch: int, key: str) -> int:
@@ -27,9 +34,14 @@ def crop_start(frames: int, stride: int, count: int, seed: int, epoch: int, key:
     return derive_key(seed, "crop", epoch, key) % (room + 1)
 
 
-def frame_indices(frames: int, stride: int, clip_frames: int | None, max_frames: int | None, seed: int,
-                  epoch: int, key: str) -> np.ndarray:
-    """Indices (into the clip's frames, in order) of the frames a sample delivers this epoch."""
+def frame_window(frames: int, stride: int, clip_frames: int | None, max_frames: int | None, seed: int,
+                 epoch: int, key: str) -> slice:
+    """The frames (of the clip's, in order) a sample delivers this epoch, as a slice: it cuts the sample's
+    arrays as views, and ``frame_indices`` spells it out for decoding."""
     count = kept_frames(frames, stride, clip_frames, max_frames)
     start = crop_start(frames, stride, count, seed, epoch, key) if clip_frames is not None else 0
-    return start + stride * np.arange(count, dtype=np.int64)
+    return slice(start, start + (count - 1) * stride + 1, stride)
+
+
+def frame_indices(window: slice) -> np.ndarray:
+    return np.arange(window.start, window.stop, window.step, dtype=np.int64)

@@ -18,7 +18,7 @@ from dsbuild.formats.sample import MEMBERS, VIDEO_EXT, SampleMeta
 from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import Backend
 from dsbuild.loader.collate import ColumnMap
-from dsbuild.loader.crop import frame_indices, kept_frames
+from dsbuild.loader.crop import frame_indices, frame_window, kept_frames
 from dsbuild.loader.decode import decode_pyav, decode_torchcodec
 from dsbuild.loader.files import BufferPool
 from dsbuild.loader.options import LoaderOptions
@@ -85,17 +85,16 @@ class Preparer:
         """The sample prepared; its frames decoded straight into ``into`` when they have its shape."""
         o, source = self.o, self.sources[src]
         actions, telemetry, ts = sample_arrays(source, raw)
-        idx = frame_indices(len(ts), o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
-        sel = slice(int(idx[0]), int(idx[-1]) + 1, o.frame_stride)
+        sel = frame_window(len(ts), o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
         sample = {"key": raw.key, "actions": actions[sel], "telemetry": telemetry[sel], "timestamps": ts[sel]}
         video = raw.members[VIDEO_SLOT]
         if o.decode == "frames":
-            sample["frames"] = self._decode(video, idx, into)
+            sample["frames"] = self._decode(video, frame_indices(sel), into)
         else:
             sample["video"] = video
             self.video_facts(src, raw)
         if o.audio:
-            sample["audio"] = self._audio(video, source, raw.index, ts, idx)
+            sample["audio"] = self._audio(video, source, raw.index, ts, frame_indices(sel))
         if o.text:
             sample["text"] = [e.to_json() for e in sample_meta(source, raw).text]
         cmap = self.column_map(src, raw.index)

@@ -54,7 +54,8 @@ class SampleReader:
     def read(self, indices: list[int]) -> list[RawSample | FormatError]:
         """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place)."""
         got = self._ranges(indices) if self.fast else [self._generic(i) for i in indices]
-        return [self._checked(r) if isinstance(r, RawSample) else r for r in got]
+        trust: dict[int, bool] = {}  # verify="shard": each shard's trust asked once per read, not per sample
+        return [self._checked(r, trust) if isinstance(r, RawSample) else r for r in got]
 
     def _ranges(self, indices: list[int]) -> list[RawSample | FormatError]:
         src = self.source
@@ -100,11 +101,15 @@ class SampleReader:
             return FormatError(f"{src.keys[i]}: members are not the canonical {', '.join(MEMBERS)}")
         return RawSample(i, src.keys[i], [p for _, p in pairs])
 
-    def _checked(self, raw: RawSample) -> RawSample | FormatError:
+    def _checked(self, raw: RawSample, trust: dict[int, bool]) -> RawSample | FormatError:
         if self.verify == "none":
             return raw
-        if self.verify == "shard" and self.files.trusted(int(self.source.shard_id[raw.index])):
-            return raw
+        if self.verify == "shard":
+            shard = int(self.source.shard_id[raw.index])
+            if shard not in trust:
+                trust[shard] = self.files.trusted(shard)
+            if trust[shard]:
+                return raw
         if members_sha256(list(zip(MEMBERS, raw.members))) != self.source.sha256[raw.index]:
             return FormatError(f"{raw.key}: sample bytes do not match their hash (damaged shard?)")
         return raw

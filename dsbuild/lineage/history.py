@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.core.records import Record
 from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.index import table_columns
 from dsbuild.lineage.splitsets import list_split_sets, open_split_set
 
 
@@ -63,7 +64,7 @@ def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
     if hit.num_rows == 0:
         raise UsageError(f"{catalog.url}@{version_id[:12]}: no sample with key {key[:100]!r}",
                          hint="`dsbuild query REF \"select key from samples\"` lists keys")
-    row = hit.to_pylist()[0]
+    row = {name: values[0] for name, values in table_columns(hit.slice(0, 1)).items()}
     return {
         "key": key,
         "version_id": version_id,

@@ -446,3 +446,16 @@ def test_a_manifest_of_another_format_is_refused_with_what_to_do(grown, tmp_path
     with pytest.raises(LineageError, match="format is 'dsbuild.manifest/2', expected 'dsbuild.manifest/3'") as e:
         Catalog.open(cat).manifest(vid)
     assert "convert the captures again" in e.value.hint
+
+
+def test_index_columns_convert_timestamps_like_pyarrow(grown):
+    import pyarrow as pa
+
+    from dsbuild.lineage.index import index_schema, table_columns
+
+    _, cat, v1, _ = grown
+    table = Catalog.open(cat).index(v1.version_id)
+    assert table_columns(table) == table.to_pydict()
+    odd = pa.table({"started_at": pa.array([0, None, -1_500_000, 1_700_000_000_123_456],
+                                           type=pa.int64()).cast(index_schema().field("started_at").type)})
+    assert table_columns(odd) == odd.to_pydict()  # before 1970, NULL, microseconds

@@ -90,6 +90,21 @@ def test_a_damaged_catalog_is_a_storage_error_exit_3(private_catalog):
     one_line_error(run("info", cat, check=None), 3, "manifest", "hint: ")
 
 
+def test_a_version_of_an_earlier_manifest_format_names_it_and_what_to_do(private_catalog):
+    import hashlib
+
+    cat, vid = private_catalog
+    doc = json.loads((cat / "versions" / vid / "manifest.json").read_bytes())
+    doc["format"] = "dsbuild.manifest/2"
+    data = json.dumps(doc).encode()
+    old = hashlib.sha256(data).hexdigest()
+    (cat / "versions" / old).mkdir()
+    (cat / "versions" / old / "manifest.json").write_bytes(data)
+    p = run("info", f"{cat}@{old}", check=None)
+    one_line_error(p, 3, "format is 'dsbuild.manifest/2', expected 'dsbuild.manifest/3'",
+                   "hint: a version written by another dsbuild")
+
+
 def test_an_os_error_is_exit_3_with_the_path(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -169,11 +169,14 @@ class PyAV:
                 stream.thread_type = "AUTO"
                 rgb = VideoReformatter()  # one scaler per clip, as a careful PyAV user writes it
                 for frame in container.decode(stream):
-                    rgb.reformat(frame, **kw).to_ndarray()
+                    self.keep(rgb.reformat(frame, **kw).to_ndarray())
                     meter.add(0, 1, 0)
                     if meter.over:
                         return
             meter.add(1, 0, size)
+
+    def keep(self, frame) -> None:
+        """What the loop does with a decoded frame: nothing (the floor of decoding)."""
 
     def run(self, meter: Meter) -> None:
         run_threads(self._decode, self.threads, meter)

@@ -171,7 +171,8 @@ def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int
     sources = defaultdict(list)
     for s in table.sources:
         sources[s.session].append(s)
-    return _Base(m, {s.session_id: s for s in table.sessions}, rows, {k: source_set(v) for k, v in sources.items()}, compositions, broken,
+    return _Base(m, {s.session_id: s for s in table.sessions}, rows, {k: source_set(v) for k, v in sources.items()},
+                 compositions, broken,
                  frozenset(rec.path for rec, ok in health.items() if not ok))
 
 

@@ -66,8 +66,8 @@ def index_schema():
     import pyarrow as pa
 
     types = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(),
-             "bool": pa.bool_(), "list<int64>": pa.list_(pa.int64()), "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
-             "map<string, string>": pa.map_(pa.string(), pa.string())}
+             "bool": pa.bool_(), "list<int64>": pa.list_(pa.int64()),
+             "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"), "map<string, string>": pa.map_(pa.string(), pa.string())}
     return pa.schema([(name, types[t]) for name, t in _SCHEMA])
 
 

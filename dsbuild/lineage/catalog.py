@@ -11,10 +11,11 @@
     tags.json                          tag -> version id (replaced atomically)
     .tmp/<build>/                      a local build in progress, flock-ed while it runs
 
-Tamper-evidence: a manifest is accepted only if its sha256 is the version folder's name; the index
-and sessions files only if their sha256 is the manifest's pin; a shard only if named by its sha256 (and, when read, its
-bytes hash to it). Commits: shards first, then the version, manifest last (local: one rename of a
-complete folder), and never a version that references a shard the store does not hold.
+Tamper-evidence: a manifest is accepted only if its sha256 is the version folder's name; the index and
+sessions files only if their sha256 is the manifest's pin; a shard only if named by its sha256 (and, when
+read, its bytes hash to it). Commits: shards first, then the version, manifest last (local: one rename of
+a complete folder), and never a version that references a shard the store does not hold or whose pinned
+files are not the bytes it pins.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
 from dsbuild.core.store import Store, cache_root, open_store
 from dsbuild.lineage.index import INDEX_FILE, MAX_INDEX_BYTES, table_from_bytes
-from dsbuild.lineage.manifest import MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, FilePin, Manifest, SessionTable, ShardRecord
+from dsbuild.lineage.manifest import (MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, FilePin, Manifest, SessionTable,
+                                      ShardRecord)
 
 CATALOG_FORMAT = "dsbuild.catalog/2"
 MARKER = "catalog.json"
@@ -438,6 +440,10 @@ class Catalog:
             raise LineageError(f"{self.url}: refusing to commit a version whose shard {missing[0]} is missing "
                                f"or has the wrong size ({len(missing)} shard(s))",
                                hint="run the same convert again: it rewrites missing shards from the captures")
+        for pin in (manifest.index, manifest.sessions):
+            if pin.path not in pinned or sha256_bytes(pinned[pin.path]) != pin.sha256:
+                raise LineageError(f"{self.url}: refusing to commit a version whose {pin.path} is not the file its "
+                                   "manifest pins (a bug: please report it)")
         manifest_bytes = manifest.to_bytes()
         vid = sha256_bytes(manifest_bytes)
         vkey = f"versions/{vid}"

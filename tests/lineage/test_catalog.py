@@ -459,3 +459,20 @@ def test_index_columns_convert_timestamps_like_pyarrow(grown):
     odd = pa.table({"started_at": pa.array([0, None, -1_500_000, 1_700_000_000_123_456],
                                            type=pa.int64()).cast(index_schema().field("started_at").type)})
     assert table_columns(odd) == odd.to_pydict()  # before 1970, NULL, microseconds
+
+
+def test_a_commit_whose_pinned_files_differ_from_the_pins_publishes_nothing(grown, tmp_path):
+    from dsbuild.lineage.catalog import CommitRecord
+
+    _, src, v1, _ = grown
+    cat = _copy(src, tmp_path)
+    c = Catalog.open(cat)
+    m = c.manifest(v1.version_id)
+    pinned = c.pinned_files(v1.version_id)
+    pinned["sessions.json"] = pinned["sessions.json"].replace(b"s-000", b"s-999")
+    other = dataclasses.replace(m, content_id="0" * 64)  # a new version id, so nothing exists yet
+    before = sorted(p.name for p in (cat / "versions").iterdir())
+    with c.build_area() as area, pytest.raises(LineageError, match="sessions.json is not the file its manifest pins"):
+        c.commit(area, [], other, pinned, CommitRecord("2026-01-01T00:00:00Z", 0, None, None, "webdataset",
+                                                        m.stats.samples, m.stats.bytes, other.content_id, {}))
+    assert sorted(p.name for p in (cat / "versions").iterdir()) == before

@@ -35,7 +35,7 @@ demo: venv
 	$(BIN)/dsbuild split $(DEMO)/catalog --name main --by player --ratios train=0.8,val=0.1,test=0.1 --stratify title
 	$(BIN)/dsbuild query $(DEMO)/catalog "select title, count(*) as clips, round(sum(t_end - t_start) / 60, 2) as minutes from samples group by title order by title"
 	$(BIN)/dsbuild validate $(DEMO)/catalog --level full --split-set main --html $(DEMO)/validate.html --junit $(DEMO)/validate.xml
-	$(BIN)/dsbuild bench $(DEMO)/catalog --split main/train --resize 96x96 --duration 20 --html $(DEMO)/bench.html
+	$(BIN)/dsbuild bench $(DEMO)/catalog --split main/train --resize 96x96 --batch-size 2 --duration 20 --html $(DEMO)/bench.html
 	$(BIN)/dsbuild log $(DEMO)/catalog
 
 # The HTML report test renders pages in headless Chromium (Debian's package); without it that test skips.

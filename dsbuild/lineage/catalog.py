@@ -446,17 +446,24 @@ class Catalog:
                                    "manifest pins (a bug: please report it)")
         manifest_bytes = manifest.to_bytes()
         vid = sha256_bytes(manifest_bytes)
-        vkey = f"versions/{vid}"
-        if self.store.exists(f"{vkey}/manifest.json"):
+        if self.store.exists(f"versions/{vid}/manifest.json"):
             return vid, True
         seq = 1 + max((v.commit.sequence for v in self.versions() if v.commit), default=0)
         record = replace(commit, sequence=seq)
-        files = {**pinned, "commit.json": pretty_json(record.to_json()), "manifest.json": manifest_bytes}
+        self.publish(vid, {**pinned, "commit.json": pretty_json(record.to_json()), "manifest.json": manifest_bytes},
+                     area.path)
+        return vid, False
+
+    def publish(self, vid: str, files: dict[str, bytes], scratch: Path) -> None:
+        """Write version ``vid``'s files (name -> bytes, ``manifest.json`` last) with the lock held: on an
+        object store one by one, the manifest landing last (until then the version is invisible); locally
+        as one rename of a complete folder staged in ``scratch``."""
+        vkey = f"versions/{vid}"
         if self.root is None:
-            for name, data in files.items():  # manifest last: until it lands, the version is invisible
+            for name, data in files.items():
                 self.store.write(f"{vkey}/{name}", data)
-            return vid, False
-        staging = area.path / "version"
+            return
+        staging = scratch / "version"
         staging.mkdir()
         for name, data in files.items():
             write_durably(staging / name, data)
@@ -464,7 +471,6 @@ class Catalog:
         (self.root / "versions").mkdir(exist_ok=True)
         os.rename(staging, self.root / vkey)
         fsync_dir(self.root / "versions")
-        return vid, False
 
 
 def _suggest(word: str, names) -> str:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Callable
 
 from dsbuild.core.errors import LineageError, StorageError, UsageError
-from dsbuild.core.files import fsync_dir, write_durably
 from dsbuild.core.hashing import CHUNK
 from dsbuild.core.jsonio import pretty_json
 from dsbuild.core.records import Record
@@ -119,27 +118,16 @@ def _present(dest: Catalog, vid: str) -> bool:
 
 def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path) -> None:
     commit = source.commit_record(vid)
-    seq = 1 + max((v.commit.sequence for v in dest.versions() if v.commit), default=0)
     files = source.pinned_files(vid)
-    if commit is not None:
-        files["commit.json"] = pretty_json(replace(commit, sequence=seq).to_json())
-    files["manifest.json"] = source.store.read(f"versions/{vid}/manifest.json", 1 << 30, immutable=True)
+    manifest = source.store.read(f"versions/{vid}/manifest.json", 1 << 30, immutable=True)
     with dest.lock():
         missing = [s.path for s in source.manifest(vid).shards if dest.store.size(s.path) != s.bytes]
         if missing:
             raise LineageError(f"{dest.url}: shard {missing[0]} did not arrive; nothing was published")
-        if dest.root is None:
-            for name, data in files.items():  # manifest last
-                dest.store.write(f"versions/{vid}/{name}", data)
-            return
-        staging = scratch / "version"
-        staging.mkdir()
-        for name, data in files.items():
-            write_durably(staging / name, data)
-        fsync_dir(staging)
-        (dest.root / "versions").mkdir(exist_ok=True)
-        os.rename(staging, dest.root / "versions" / vid)
-        fsync_dir(dest.root / "versions")
+        if commit is not None:
+            seq = 1 + max((v.commit.sequence for v in dest.versions() if v.commit), default=0)
+            files["commit.json"] = pretty_json(replace(commit, sequence=seq).to_json())
+        dest.publish(vid, {**files, "manifest.json": manifest}, scratch)
 
 
 def _copy_tags(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:

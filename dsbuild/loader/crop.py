@@ -11,9 +11,9 @@ from dsbuild.loader.permutation import derive_key
 
 def kept_frames(frames, stride: int, clip_frames: int | None, max_frames: int | None):
     """Frames delivered from clips of ``frames`` frames (int or array): ceil(frames / stride), capped.
-    An int (one sample, on the loader's hot path) is computed without numpy calls."""
-    if isinstance(frames, int):
-        n = -(-frames // stride)
+    A scalar (one sample, on the loader's hot path) is computed without numpy calls."""
+    if isinstance(frames, (int, np.integer)):
+        n = -(-int(frames) // stride)
         for cap in (clip_frames, max_frames):
             if cap is not None and cap < n:
                 n = cap

@@ -88,13 +88,14 @@ class Preparer:
         sel = frame_window(len(ts), o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
         sample = {"key": raw.key, "actions": actions[sel], "telemetry": telemetry[sel], "timestamps": ts[sel]}
         video = raw.members[VIDEO_SLOT]
+        idx = frame_indices(sel) if o.decode == "frames" or o.audio else None  # bytes mode needs none
         if o.decode == "frames":
-            sample["frames"] = self._decode(video, frame_indices(sel), into)
+            sample["frames"] = self._decode(video, idx, into)
         else:
             sample["video"] = video
             self.video_facts(src, raw)
         if o.audio:
-            sample["audio"] = self._audio(video, source, raw.index, ts, frame_indices(sel))
+            sample["audio"] = self._audio(video, source, raw.index, ts, idx)
         if o.text:
             sample["text"] = [e.to_json() for e in sample_meta(source, raw).text]
         cmap = self.column_map(src, raw.index)

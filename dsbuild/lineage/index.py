@@ -165,6 +165,9 @@ def table_from_bytes(data: bytes, what: str, columns: list[str] | None = None):
     return table
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def table_columns(table) -> dict[str, list]:
     """``table.to_pydict()``, except that ``started_at`` becomes UTC datetimes here: pyarrow converts a
     timezone-aware timestamp column by importing pandas (0.2 s of a command's start-up)."""
@@ -179,9 +182,6 @@ def table_columns(table) -> dict[str, list]:
         else:
             out[name] = column.to_pylist()
     return out
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def rows_from_table(table) -> list[IndexRow]:

@@ -3,7 +3,8 @@
 Clips of different lengths are padded (``lengths`` says how much is real); packed items concatenate
 their samples along time with ``segment_ids`` (-1 = padding) and ``cu_seqlens`` for attention.
 Actions and telemetry land on the loader's vocabulary: each sample's session columns are written at
-cached column indices (identity sessions take a plain slice), so no per-sample remapped copy exists.
+cached column indices (identity sessions take a plain slice), so no per-sample remapped copy exists;
+rows still in the read buffer (``read.Rows``) that land contiguously are one memcpy each.
 ``alloc(shape, dtype)`` makes the batch arrays (zeroed): numpy by default, shared memory in torch's
 DataLoader workers, so a batch crosses processes without being copied or pickled. Given ``empty``, the
 frames array (by far the largest) comes from it instead and only its padding is zeroed: clearing the
@@ -17,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from dsbuild.core.errors import UsageError
+from dsbuild.loader.read import Rows
 
 ColumnMap = tuple[np.ndarray | None, np.ndarray | None]  # (controls, channels) columns; None = identity
 Alloc = Callable[[tuple, np.dtype], np.ndarray]
@@ -29,11 +31,34 @@ def _same_frame_shape(samples: list[dict]) -> tuple | None:
     return shapes.pop() if shapes else None
 
 
-def _put(dst: np.ndarray, b: int, pos: int, a: np.ndarray, cols: np.ndarray | None) -> None:
-    if cols is None:
-        dst[b, pos:pos + len(a), :a.shape[1]] = a
+Raw = tuple[memoryview, int] | None  # a batch array's memory as bytes, and the bytes of one of its rows
+
+
+def _raw(dst: np.ndarray) -> Raw:
+    """``dst``'s memory as bytes, where samples' rows can be copied in with one memcpy."""
+    if not dst.flags.c_contiguous:
+        return None
+    return memoryview(dst).cast("B"), dst.itemsize * (dst.shape[2] if dst.ndim == 3 else 1)
+
+
+def _put(dst: np.ndarray, raw: Raw, b: int, pos: int, a: Rows | np.ndarray, n: int, cols: np.ndarray | None) -> None:
+    """The first ``n`` rows of ``a`` into ``dst[b, pos:pos + n]``, at vocabulary columns ``cols`` (None: the
+    first ones). Rows still in the read buffer that land contiguously (same dtype, no remapped columns,
+    the vocabulary's full width, unstrided) are one memcpy; anything else goes through numpy."""
+    if type(a) is Rows:
+        row = a.row_bytes
+        if raw is not None and cols is None and row == raw[1] and (a.step == 1 or n <= 1) and a.dtype == dst.dtype:
+            at, start = (b * dst.shape[1] + pos) * row, a.start * row
+            raw[0][at:at + n * row] = a.data[start:start + n * row]
+            return
+        a = a.array()
+    a = a[:n]
+    if dst.ndim == 2:
+        dst[b, pos:pos + n] = a
+    elif cols is None:
+        dst[b, pos:pos + n, :a.shape[1]] = a
     else:  # dst[b] first: ``dst[b, rows, cols]`` would put the indexed axis first (numpy's mixed indexing)
-        dst[b][pos:pos + len(a), cols] = a
+        dst[b][pos:pos + n, cols] = a
 
 
 def _in_place(a: np.ndarray, dst: np.ndarray) -> bool:
@@ -66,12 +91,13 @@ def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[
     if frame_shape is not None:
         shape = (batch_size, length, *frame_shape)
         out["frames"] = frames if frames is not None and frames.shape == shape else (empty or alloc)(shape, np.uint8)
+    raw = {name: _raw(out[name]) for name in ("actions", "telemetry", "timestamps")}
     for b, (item, lens) in enumerate(zip(items, cut)):
         pos = 0
         for s, (cmap, tmap), n in zip(item, maps[b], lens):
-            _put(out["actions"], b, pos, s["actions"][:n], cmap)
-            _put(out["telemetry"], b, pos, s["telemetry"][:n], tmap)
-            out["timestamps"][b, pos:pos + n] = s["timestamps"][:n]
+            _put(out["actions"], raw["actions"], b, pos, s["actions"], n, cmap)
+            _put(out["telemetry"], raw["telemetry"], b, pos, s["telemetry"], n, tmap)
+            _put(out["timestamps"], raw["timestamps"], b, pos, s["timestamps"], n, None)
             if frame_shape is not None and not _in_place(s["frames"][:n], out["frames"][b, pos:pos + n]):
                 out["frames"][b, pos:pos + n] = s["frames"][:n]
             pos += n

@@ -15,6 +15,7 @@ trusted at all: its samples are then checked one by one against their own hashes
 from __future__ import annotations
 
 import errno
+import math
 import os
 import sys
 import threading
@@ -192,6 +193,10 @@ def _sha256_fd(fd: int, size: int) -> str:
 ARRAY_MIN = 1 << 20  # smaller arrays come from malloc's own free lists, without page faults
 
 
+def _nbytes(shape: tuple, dtype) -> int:
+    return math.prod(shape) * np.dtype(dtype).itemsize
+
+
 class BufferPool:
     """Reusable read buffers, and large arrays (``empty``/``zeros``). A fresh 10 MB ``bytes`` per sample
     costs page faults on every read (the allocator hands big blocks back to the OS), which halves
@@ -224,8 +229,7 @@ class BufferPool:
         """``np.empty`` in reused memory for arrays of ``ARRAY_MIN`` bytes or more: a fresh frames array
         (tens of MB a clip or batch) costs a page fault per 4 KiB on first write, several times the copy
         that fills it. The array keeps its buffer from reuse for as long as it, or any view, lives."""
-        dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = _nbytes(shape, dtype)
         if n < ARRAY_MIN:
             return np.empty(shape, dtype)
         buf = self.take(n)
@@ -234,6 +238,8 @@ class BufferPool:
         return arr
 
     def zeros(self, shape: tuple, dtype) -> np.ndarray:
+        if _nbytes(shape, dtype) < ARRAY_MIN:  # calloc's zeroing beats empty + fill for small arrays
+            return np.zeros(shape, dtype)
         arr = self.empty(shape, dtype)
         arr.fill(0)
         return arr

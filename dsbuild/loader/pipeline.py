@@ -188,17 +188,27 @@ class Mixture:
             for k, raw in zip(pos, readers[src].read([refs[k].index for k in pos])):
                 raws[k] = raw
         t1 = time.perf_counter()
-        out = [self._prepared(ref, raw, into[k] if into else None) for k, (ref, raw) in enumerate(zip(refs, raws))]
+        out = []
+        for k, (ref, raw) in enumerate(zip(refs, raws)):
+            row = into[k] if into else None
+            if not isinstance(raw, FormatError):
+                try:
+                    out.append((ref, *prepare(ref.source, raw, ref.epoch, row)))
+                    continue
+                except FormatError as e:
+                    raw = e
+            out.append(self._substitute(ref, raw, row))
         self._stats.add(seconds={"read": t1 - t0, "decode": time.perf_counter() - t1},
                         counts={"bytes": int(sum(self.sources[r.source].byte_length[r.index] for r, _, _ in out))})
         return out
 
-    def _prepared(self, ref: SampleRef, raw, into=None) -> tuple[SampleRef, dict, tuple]:
-        """The sample at ``ref`` prepared, or its deterministic substitute if it is damaged."""
+    def _substitute(self, ref: SampleRef, damage: FormatError, into=None) -> tuple[SampleRef, dict, tuple]:
+        """The deterministic substitute of the damaged sample at ``ref``, prepared."""
         readers, prepare = self._io()
         o, plan, source = self.options, self.plans[ref.source], self.sources[ref.source]
         candidates = None
         tried = 0
+        raw = damage
         while True:
             if not isinstance(raw, FormatError):
                 try:
@@ -268,25 +278,28 @@ class Mixture:
         o = self.options
         refs = [ref for item in nested for ref, _, _ in item]
         samples = [s for item in nested for _, s, _ in item]
-        src = np.array([r.source for r in refs])
+        src = [r.source for r in refs]
         idx = np.array([r.index for r in refs])
-        flat: dict[str, list] = {"keys": [s["key"] for s in samples], "source": src.tolist()}
-        for k in np.unique(src).tolist():
-            at = np.flatnonzero(src == k)
-            for name, values in self.sources[k].fields(idx[at]).items():
+        flat: dict[str, list] = {"keys": [s["key"] for s in samples], "source": src}
+        _, prepare = self._io()
+        kinds = sorted(set(src))
+        for k in kinds:
+            at = np.arange(len(refs)) if len(kinds) == 1 else np.flatnonzero(np.array(src) == k)
+            values = self.sources[k].fields(idx[at])
+            if o.decode == "bytes":
+                values["codec_tag"] = prepare.codec_tags(k, idx[at])
+            for name, column in values.items():
                 if len(at) == len(refs):  # one source (always so with mix="batch")
-                    flat[name] = values
+                    flat[name] = column
                     continue
-                column = flat.setdefault(name, [None] * len(refs))
-                for p, v in zip(at.tolist(), values):
-                    column[p] = v
+                merged = flat.setdefault(name, [None] * len(refs))
+                for p, v in zip(at.tolist(), column):
+                    merged[p] = v
         if o.text:
             flat["text"] = [s["text"] for s in samples]
         if o.decode == "bytes":
-            _, prepare = self._io()
             flat["video"] = [s["video"] for s in samples]
             flat["container"] = [VIDEO_EXT] * len(refs)
-            flat["codec_tag"] = [prepare.codec_tag(r.source, r.index) for r in refs]
         else:
             for name in ("fps", "has_audio"):
                 flat.pop(name)

@@ -2,7 +2,8 @@
 its bytes with what a GPU decoder needs), audio and text when asked, and the user's ``map``.
 
 A sample is a dict: ``key``, ``actions`` [T, C] and ``telemetry`` [T, K] (float32), ``timestamps`` [T]
-(float64, seconds from the session's first frame), then ``frames`` uint8 [T, H, W, 3] (decode="frames")
+(float64, seconds from the session's first frame) as ``read.Rows`` left in the read buffer (numpy arrays
+once a ``map`` ran), then ``frames`` uint8 [T, H, W, 3] (decode="frames")
 or ``video`` (the MP4 bytes, decode="bytes"), ``audio`` float32 [channels, samples] (audio=True) and
 ``text`` (text=True: the text events in the clip, from the sample's JSON). ``map(sample, rng)`` sees it
 with actions and telemetry on the loader's vocabulary; ``rng`` is a numpy Generator seeded from
@@ -63,15 +64,13 @@ class Preparer:
         self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
         self.gpu = _current_cuda_device() if backend.name == "nvdec" else None  # NVDEC decodes there
         self.widths = (len(controls), len(channels))
+        self.whole_clips = options.frame_stride == 1 and options.clip_frames is None and options.max_frames is None
         self.maps: list[list[ColumnMap]] = [
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
             for src in sources]
         self._video: dict[tuple[int, int], object] = {}  # (source, session) -> ClipVideo, parsed once
         # decoded clips and batch arrays in reused memory: enough buffers for every batch in flight
         self.arrays = BufferPool(keep=options.prefetch + options.num_workers * (options.batch_size + 2) + 2)
-
-    def column_map(self, src: int, i: int) -> ColumnMap:
-        return self.maps[src][int(self.sources[src].session_code[i])]
 
     def frames_shape(self, src: int, i: int) -> tuple[int, int, int, int]:
         """(frames, height, width, 3) sample ``i`` of source ``src`` decodes to, from its index row: where
@@ -84,9 +83,10 @@ class Preparer:
     def __call__(self, src: int, raw: RawSample, epoch: int, into: np.ndarray | None = None) -> tuple[dict, ColumnMap]:
         """The sample prepared; its frames decoded straight into ``into`` when they have its shape."""
         o, source = self.o, self.sources[src]
-        actions, telemetry, ts = sample_arrays(source, raw)
-        sel = frame_window(len(ts), o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
-        sample = {"key": raw.key, "actions": actions[sel], "telemetry": telemetry[sel], "timestamps": ts[sel]}
+        sel = slice(0, raw.frames, 1) if self.whole_clips else \
+            frame_window(raw.frames, o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
+        actions, telemetry, ts = sample_arrays(raw, sel)
+        sample = {"key": raw.key, "actions": actions, "telemetry": telemetry, "timestamps": ts}
         video = raw.members[VIDEO_SLOT]
         idx = frame_indices(sel) if o.decode == "frames" or o.audio else None  # bytes mode needs none
         if o.decode == "frames":
@@ -95,13 +95,14 @@ class Preparer:
             sample["video"] = video
             self.video_facts(src, raw)
         if o.audio:
-            sample["audio"] = self._audio(video, source, raw.index, ts, idx)
+            sample["audio"] = self._audio(video, source, raw.index, ts.clip(), idx)
         if o.text:
             sample["text"] = [e.to_json() for e in sample_meta(source, raw).text]
-        cmap = self.column_map(src, raw.index)
+        cmap = self.maps[src][raw.session]
         if o.map is not None:
-            sample["actions"] = on_vocabulary(sample["actions"], cmap[0], self.widths[0])
-            sample["telemetry"] = on_vocabulary(sample["telemetry"], cmap[1], self.widths[1])
+            sample["actions"] = on_vocabulary(sample["actions"].array(), cmap[0], self.widths[0])
+            sample["telemetry"] = on_vocabulary(sample["telemetry"].array(), cmap[1], self.widths[1])
+            sample["timestamps"] = sample["timestamps"].array()
             rng = np.random.default_rng(derive_key(o.seed, "map", epoch, raw.key))
             sample = o.map(sample, rng)
             cmap = (None, None)
@@ -137,16 +138,18 @@ class Preparer:
     def video_facts(self, src: int, raw: RawSample):
         """The clip's encoding (codec, tag, container, size, audio) from its session's first sample read:
         one JSON parse per session per process, not per sample."""
-        key = (src, int(self.sources[src].session_code[raw.index]))
+        key = (src, raw.session)
         facts = self._video.get(key)
         if facts is None:
             facts = self._video[key] = sample_meta(self.sources[src], raw).video
         return facts
 
-    def codec_tag(self, src: int, i: int) -> str | None:
-        """The codec tag of sample ``i``'s session (known once a sample of it was prepared in bytes mode)."""
-        facts = self._video.get((src, int(self.sources[src].session_code[i])))
-        return facts.codec_tag if facts is not None else None
+    def codec_tags(self, src: int, idx: np.ndarray) -> list[str | None]:
+        """The codec tags of samples ``idx``'s sessions (known once a sample of each was prepared in bytes
+        mode)."""
+        codes = self.sources[src].session_code[idx].tolist()
+        facts = {c: self._video.get((src, c)) for c in set(codes)}
+        return [f.codec_tag if f is not None else None for f in map(facts.get, codes)]
 
 
 def _current_cuda_device() -> int:

@@ -15,8 +15,9 @@ Verification (``LoaderOptions.verify``):
   not catch a change made in place afterwards that keeps the file's size, inode and mtime.
 - ``"none"``: bytes are trusted. Framing stays bounded (the index was checked at open), so damage
   yields wrong content, never an unbounded read.
-Arrays are sliced by the shapes the index gives (the last ``frames * width * itemsize`` bytes of each
-``.npy`` member), so no ``.npy`` header is parsed either.
+Arrays are cut by the shapes the index gives (the last ``frames * width * itemsize`` bytes of each
+``.npy`` member), so no ``.npy`` header is parsed either, and stay in the read buffer (``Rows``) until
+collation copies them into the batch.
 """
 
 from __future__ import annotations
@@ -36,11 +37,16 @@ ARRAY_SLOTS = tuple(MEMBERS.index(m) for m in ARRAY_MEMBERS)
 
 @dataclass(slots=True)
 class RawSample:
-    """Sample ``index`` of its source: its canonical members' payloads, in ``MEMBERS`` order."""
+    """Sample ``index`` of its source: its canonical members' payloads, in ``MEMBERS`` order, and the
+    index facts that shape them (taken for a whole read at once: a numpy scalar per sample costs more)."""
 
     index: int
     key: str
     members: list
+    frames: int
+    controls: int  # columns of its actions
+    channels: int  # columns of its telemetry
+    session: int  # its session's code in the source
 
 
 class SampleReader:
@@ -53,16 +59,19 @@ class SampleReader:
 
     def read(self, indices: list[int]) -> list[RawSample | FormatError]:
         """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place)."""
-        got = self._ranges(indices) if self.fast else [self._generic(i) for i in indices]
+        src = self.source
+        idx = np.asarray(indices, dtype=np.int64)
+        facts = list(zip(indices, [src.keys[i] for i in indices], src.frames[idx].tolist(),
+                         src.n_controls[idx].tolist(), src.n_channels[idx].tolist(), src.session_code[idx].tolist()))
+        got = self._ranges(idx, facts) if self.fast else [self._generic(f) for f in facts]
         trust: dict[int, bool] = {}  # verify="shard": each shard's trust asked once per read, not per sample
         return [self._checked(r, trust) if isinstance(r, RawSample) else r for r in got]
 
-    def _ranges(self, indices: list[int]) -> list[RawSample | FormatError]:
+    def _ranges(self, idx: np.ndarray, facts: list[tuple]) -> list[RawSample | FormatError]:
         src = self.source
-        idx = np.asarray(indices, dtype=np.int64)
         shard, off, length = src.shard_id[idx], src.byte_offset[idx], src.byte_length[idx]
         offsets, sizes = src.payload_offsets[idx].tolist(), src.member_bytes[idx].tolist()
-        out: list = [None] * len(indices)
+        out: list = [None] * len(facts)
         order = np.lexsort((off, shard)).tolist()
         shard, off, length = shard.tolist(), off.tolist(), length.tolist()
         k = 0
@@ -79,17 +88,18 @@ class SampleReader:
             got = self.files.read_into(s, [view], start)
             self.pool.give(buf)  # reusable again once every view of it is gone
             for p in run:
-                i, a = indices[p], off[p] - start
+                i, key, *shape = facts[p]
+                a = off[p] - start
                 if a + length[p] > got:
-                    out[p] = FormatError(f"{src.keys[i]}: shard ends inside the sample ({max(0, got - a)} of "
-                                         f"{length[p]} bytes)")
+                    out[p] = FormatError(f"{key}: shard ends inside the sample ({max(0, got - a)} of {length[p]} bytes)")
                     continue
                 sv = view[a:a + length[p]]
-                out[p] = RawSample(i, src.keys[i], [sv[o:o + n] for o, n in zip(offsets[p], sizes[p])])
+                out[p] = RawSample(i, key, [sv[o:o + n] for o, n in zip(offsets[p], sizes[p])], *shape)
         return out
 
-    def _generic(self, i: int) -> RawSample | FormatError:
+    def _generic(self, facts: tuple) -> RawSample | FormatError:
         src = self.source
+        i = facts[0]
         try:
             with self.files.reader(int(src.shard_id[i])) as reader:
                 pairs = reader.members(src.entry(i))
@@ -99,7 +109,7 @@ class SampleReader:
             raise storage_error(f"{src.shards[int(src.shard_id[i])].path}: cannot read shard", e) from None
         if tuple(name for name, _ in pairs) != MEMBERS:
             return FormatError(f"{src.keys[i]}: members are not the canonical {', '.join(MEMBERS)}")
-        return RawSample(i, src.keys[i], [p for _, p in pairs])
+        return RawSample(i, facts[1], [p for _, p in pairs], *facts[2:])
 
     def _checked(self, raw: RawSample, trust: dict[int, bool]) -> RawSample | FormatError:
         if self.verify == "none":
@@ -115,19 +125,50 @@ class SampleReader:
         return raw
 
 
-def sample_arrays(source: Source, raw: RawSample) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(actions [T, controls], telemetry [T, channels], timestamps [T]) in the sample's session columns:
-    views of the members' last bytes, shaped by the index (no .npy header parse)."""
-    i = raw.index
-    t = int(source.frames[i])
-    widths = (int(source.n_controls[i]), int(source.n_channels[i]), None)
-    out = []
-    for slot, width, dtype in zip(ARRAY_SLOTS, widths, ARRAY_DTYPES):
-        data = raw.members[slot]
-        n = t * (1 if width is None else width)
-        need = n * dtype.itemsize
-        if len(data) < need:
-            raise FormatError(f"{raw.key}: {MEMBERS[slot]} holds {len(data)} bytes, less than its {t}-frame array")
-        arr = np.frombuffer(data, dtype=dtype, count=n, offset=len(data) - need)
-        out.append(arr if width is None else arr.reshape(t, width))
-    return out[0], out[1], out[2]
+@dataclass(slots=True)
+class Rows:
+    """One array member of a read sample, left in the read buffer: ``frames`` rows of ``width`` values
+    (None: one value a frame), of which ``count`` rows from ``start`` every ``step`` are delivered.
+    Collation copies rows that land contiguously in the batch with one memcpy, so the hot path makes no
+    numpy view per sample; ``array()`` is the numpy view, for everything else (a user ``map``, strides,
+    columns remapped onto the vocabulary)."""
+
+    data: memoryview  # exactly frames * row_bytes bytes
+    dtype: np.dtype
+    frames: int
+    width: int | None
+    row_bytes: int  # (width or 1) * itemsize
+    start: int
+    count: int
+    step: int
+
+    def __len__(self) -> int:
+        return self.count
+
+    def clip(self) -> np.ndarray:
+        """Every frame's rows (a numpy view)."""
+        a = np.frombuffer(self.data, dtype=self.dtype)
+        return a if self.width is None else a.reshape(self.frames, self.width)
+
+    def array(self) -> np.ndarray:
+        """The delivered rows (a numpy view)."""
+        a = self.clip()
+        return a[self.start:self.start + (self.count - 1) * self.step + 1:self.step] if self.count else a[:0]
+
+
+def sample_arrays(raw: RawSample, window: slice) -> tuple[Rows, Rows, Rows]:
+    """(actions [T, controls], telemetry [T, channels], timestamps [T]) in the sample's session columns,
+    cut to ``window`` (a ``crop.frame_window`` of its frames): the members' last bytes, shaped by the
+    index (no .npy header parse)."""
+    count = len(range(window.start, min(window.stop, raw.frames), window.step))
+    (a, c, s), (da, dc, ds) = ARRAY_SLOTS, ARRAY_DTYPES
+    return (_rows(raw, a, raw.controls, da, window, count), _rows(raw, c, raw.channels, dc, window, count),
+            _rows(raw, s, None, ds, window, count))
+
+
+def _rows(raw: RawSample, slot: int, width: int | None, dtype: np.dtype, window: slice, count: int) -> Rows:
+    data, t = memoryview(raw.members[slot]), raw.frames
+    row = (width or 1) * dtype.itemsize
+    if len(data) < t * row:
+        raise FormatError(f"{raw.key}: {MEMBERS[slot]} holds {len(data)} bytes, less than its {t}-frame array")
+    return Rows(data[len(data) - t * row:], dtype, t, width, row, window.start, count, window.step)

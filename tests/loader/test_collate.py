@@ -50,3 +50,42 @@ def test_rows_decoded_in_place_are_kept_and_a_batch_array_of_another_shape_is_no
     short = poisoned((2, 5, 4, 6, 3), np.uint8)  # the index promised fewer frames than were decoded
     got, _ = collate(items, maps, (2, 1), None, np.zeros, poisoned, short)
     assert got["frames"] is not short and np.array_equal(got["frames"], want["frames"])
+
+
+def rows(a: np.ndarray, window: slice):
+    """``a`` as a sample's array left in a read buffer (with bytes before it, like a .npy header)."""
+    from dsbuild.loader.read import Rows
+
+    data = memoryview(b"\x93NUMPY-header" + a.astype(a.dtype.newbyteorder("<")).tobytes())[13:]
+    count = len(range(window.start, min(window.stop, len(a)), window.step))
+    return Rows(data, a.dtype.newbyteorder("<"), len(a), a.shape[1] if a.ndim == 2 else None,
+                (a.shape[1] if a.ndim == 2 else 1) * a.itemsize, window.start, count, window.step)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 9), st.integers(0, 4), st.integers(1, 3), st.integers(1, 3)),
+                min_size=1, max_size=4),
+       st.sampled_from([None, 6, 20]), st.booleans(), st.integers(0, 2**32 - 1))
+def test_rows_left_in_the_read_buffer_collate_like_their_arrays(shapes, pack, remap, seed):
+    """The memcpy path (rows that land contiguously) and the numpy path (strided windows, remapped or
+    narrower columns) give the batch that numpy views of the same rows give."""
+    rng = np.random.default_rng(seed)
+    width = (3, 2)
+    as_rows, as_arrays, maps = [], [], []
+    for frames, start, step, controls in shapes:
+        start = min(start, frames - 1)
+        window = slice(start, frames, step)
+        full = {"actions": rng.random((frames, controls), dtype=np.float32),
+                "telemetry": rng.random((frames, 2), dtype=np.float32),
+                "timestamps": np.arange(frames) / 30.0}
+        as_rows.append({k: rows(v, window) for k, v in full.items()})
+        as_arrays.append({k: v[window] for k, v in full.items()})
+        cols = np.array([2, 0, 1][:controls], dtype=np.intp) if remap else None
+        maps.append((cols, None))
+    assert all(np.array_equal(r[k].array(), a[k]) for r, a in zip(as_rows, as_arrays) for k in a)
+    group = (lambda xs: [xs]) if pack else (lambda xs: [[x] for x in xs])
+    want, want_counts = collate(group(as_arrays), group(maps), width, pack)
+    got, got_counts = collate(group(as_rows), group(maps), width, pack, np.zeros, poisoned)
+    assert got_counts == want_counts
+    for name in ("actions", "telemetry", "timestamps"):
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name

@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -61,6 +62,29 @@ def _union(names: list[tuple[str, ...]]) -> list[str]:
     return list(out)
 
 
+@dataclass
+class Ahead:
+    """Batches under way for an iteration that starts at ``start``: ``(future, position after)`` in order,
+    and the steps after them."""
+
+    start: Position
+    pending: deque
+    work: Iterator[tuple[Step | None, Position]]
+
+    def fill(self, pool: ThreadPoolExecutor, build: Callable, room: int) -> None:
+        while len(self.pending) < room:
+            step, after = next(self.work, (None, None))
+            if step is None:  # the stream ends within the read-ahead: keep its end for the iteration
+                self.work = iter([(None, after)])
+                return
+            self.pending.append((pool.submit(build, step), after))
+
+    def cancel(self) -> None:
+        """Cancel what has not started; wait for what has (no build outlives its iteration)."""
+        wait([fut for fut, _ in self.pending if not fut.cancel()])
+        self.pending.clear()
+
+
 class Mixture:
     """Batches from several sources by weight: ``Mixture([(ref, split, weight), ...], per="batch", ...)``.
 
@@ -81,6 +105,8 @@ class Mixture:
         self._opened = False
         self._stats = Stats()
         self._io_pid: int | None = None
+        self._pool_pid: int | None = None
+        self._ahead: Ahead | None = None
 
     def _stops(self) -> bool:
         return self.options.policy == "stop"
@@ -166,11 +192,13 @@ class Mixture:
         return batch["state"]
 
     # -- the global stream ---------------------------------------------------------------------------
-    def steps(self, worker: int = 0, workers: int = 1) -> Iterator[tuple[Step | None, Position]]:
-        """This rank's (and DataLoader worker's) steps from the current position, each with the position
-        after its global step; a last ``(None, end)`` if the stream ends (see ``walk.rank_steps``)."""
+    def steps(self, worker: int = 0, workers: int = 1, start: Position | None = None
+              ) -> Iterator[tuple[Step | None, Position]]:
+        """This rank's (and DataLoader worker's) steps from ``start`` (default: the current position), each
+        with the position after its global step; a last ``(None, end)`` if the stream ends (see
+        ``walk.rank_steps``)."""
         self.open()
-        o, start = self.options, self.position
+        o, start = self.options, start or self.position
         if o.mix == "sample":
             walk = walk_samples(start, self.plans, self.weights, o.seed, self._stops(), self.spec)
         else:
@@ -309,12 +337,23 @@ class Mixture:
         batch.update(flat)
 
     def __iter__(self) -> Iterator[dict]:
+        """One epoch (one pass of the stream for a mixture). Batches are built ``prefetch`` ahead by the
+        worker threads, across the epoch's end too: once every batch of this epoch is under way, the next
+        epoch's first ones are started (``Ahead``), so a training loop over epochs never waits for a cold
+        pipeline. A read-ahead is used only by an iteration that starts where it does (a
+        ``load_state_dict`` in between discards it); batches are a function of the position alone."""
         self.open()
         o = self.options
-        pool = ThreadPoolExecutor(max_workers=max(1, o.num_workers), thread_name_prefix="dsbuild-load")
-        pending: deque = deque()
-        work = self.steps()
-        end = None
+        pool = self._workers()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.start == self.position:  # (a load_state_dict moves the position)
+            pending, work = ahead.pending, ahead.work
+        else:
+            if ahead is not None:
+                ahead.cancel()
+            pending, work = deque(), self.steps()
+        end = nxt = None
+        finished = False
         try:
             while True:
                 while end is None and len(pending) < o.prefetch:
@@ -323,6 +362,9 @@ class Mixture:
                         end = after
                         break
                     pending.append((pool.submit(self.build, step), after))
+                if end is not None:
+                    nxt = nxt or Ahead(end, deque(), self.steps(start=end))
+                    nxt.fill(pool, self.build, o.prefetch - len(pending))
                 if not pending:
                     break
                 fut, after = pending.popleft()
@@ -337,10 +379,23 @@ class Mixture:
                 yield batch
             if end is not None:
                 self.position = end
-        finally:
-            for fut, _ in pending:
-                fut.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
+            finished = True
+        finally:  # a consumer that stopped early: nothing builds on after it
+            if not finished:
+                Ahead(self.position, pending, iter(())).cancel()
+                if nxt is not None:
+                    nxt.cancel()
+            self._ahead = nxt if finished else None
+
+    def _workers(self) -> ThreadPoolExecutor:
+        """The worker threads, kept from epoch to epoch (a new thread waits for the GIL from its busy
+        siblings before ``start`` returns: about 1 ms each, every epoch, otherwise); made anew in a forked
+        process, which inherits no threads."""
+        if self._pool_pid != os.getpid():
+            self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.num_workers),
+                                            thread_name_prefix="dsbuild-load")
+            self._pool_pid = os.getpid()
+        return self._pool
 
     def as_torch_dataset(self):
         """This loader as a torch IterableDataset (use ``DataLoader(ds, batch_size=None, num_workers=K)``)."""

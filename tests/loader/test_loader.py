@@ -63,6 +63,30 @@ def test_resume_at_every_position_continues_the_same_stream(cat):
             assert first + rest == full_two_epochs[:per_epoch]
 
 
+def test_reading_ahead_across_epochs_changes_no_batch_and_a_restore_discards_it(cat):
+    """Back-to-back epochs (the next epoch's first batches are built while this one ends) deliver what
+    loaders restored at each epoch's start deliver; stopping early, or a restore between epochs, drops
+    what was read ahead."""
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=3, seed=5, prefetch=4, num_workers=2)
+    starts, epochs = [], []
+    for _ in range(3):
+        starts.append(loader.state_dict())
+        epochs.append([b["keys"] for b in loader])
+    assert len(epochs[0]) > 4 and epochs[0] != epochs[1]  # a global shuffle: epochs differ
+    for state, keys in zip(starts, epochs):
+        assert run(ref, state=state)[0] == keys
+    assert loader._ahead is not None and len(loader._ahead.pending) == 4  # epoch 3's first batches, under way
+    loader.load_state_dict(starts[0])
+    assert [b["keys"] for b in loader] == epochs[0]
+    after = loader.state_dict()
+    for b in loader:  # epoch 1 again, read ahead: stop after its first batch ...
+        break
+    assert b["keys"] == epochs[1][0]
+    assert [b["keys"] for b in loader] == epochs[1][1:]  # ... and the rest follows from the position
+    assert run(ref, state=after)[0] == epochs[1]
+
+
 def test_elastic_resume_4_then_3_then_6_ranks_loses_and_repeats_nothing(cat):
     ref, vid = cat
     seen, state = [], None

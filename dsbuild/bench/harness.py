@@ -50,15 +50,15 @@ SHORT_EPOCH = 4  # batches per loader thread per epoch below which epoch ends we
 
 
 def short_epochs(batches: int, threads: int) -> list[str]:
-    """A note when epochs are too short for the threads: the loader drains its pipeline at each epoch
-    end, so threads idle there (a GPU run gave 8 threads 2 batches per epoch, and a figure that said
-    more about the data than the loader)."""
+    """A note when epochs are too short for the threads: the loader reads ahead into the next epoch
+    only, so threads idle at epoch ends (a GPU run gave 8 threads 2 batches per epoch, and a figure that
+    said more about the data than the loader)."""
     if batches >= SHORT_EPOCH * threads:
         return []
-    return [f"{batches} batch{'' if batches == 1 else 'es'} per epoch for {threads} threads: the pipeline drains "
-            "at every epoch end, so "
-            "threads idle there and the figures understate steady throughput (use more samples or a smaller "
-            "--batch-size)"]
+    return [f"{batches} batch{'' if batches == 1 else 'es'} per epoch for {threads} threads: the pipeline reads "
+            "ahead into the next epoch only, so "
+            "threads idle at epoch ends and the figures understate steady throughput (use more samples or a "
+            "smaller --batch-size)"]
 
 
 def loader_kwargs(o: BenchOptions, bucket_by: str | None, device: str | None, rank: int, world: int) -> dict:

@@ -161,7 +161,8 @@ def test_the_decoder_choice_and_short_epochs_are_said_in_piped_output(bench_cata
     p = run("bench", cat, "--decode-backend", "auto", "--resize", "16x16", "--batch-size", "64", "--threads", "2",
             "--duration", "1", "--rounds", "1", "--step-ms", "0", "--compare", "none")
     assert "decoder: auto: no CUDA GPU, decoding with PyAV on CPU" in p.stdout, p.stdout
-    assert "note 1 batch per epoch for 2 threads: the pipeline drains at every epoch end" in p.stdout, p.stdout
+    assert "note 1 batch per epoch for 2 threads: the pipeline reads ahead into the next epoch only" in p.stdout, \
+        p.stdout
 
 
 def test_nvdec_without_a_gpu_is_a_usage_error_naming_the_cause(bench_catalog):

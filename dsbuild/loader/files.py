@@ -135,11 +135,13 @@ class ShardFiles:
                 self.opened += 1
             yield h.reader
 
-    def read_into(self, shard: int, buffers: list, offset: int) -> int:
-        """``os.preadv`` of the shard at ``offset`` into ``buffers``; returns bytes read."""
+    def read_ranges(self, shard: int, ranges: list[tuple[memoryview, int]]) -> list[int]:
+        """Each ``(buffer, offset)``: the shard's bytes at ``offset`` read into ``buffer`` (``os.preadv``,
+        which releases the GIL); the bytes read, per range. One handle for all of them."""
         with self.handle(shard) as h:
+            fd = self.fd(h)
             try:
-                return os.preadv(self.fd(h), buffers, offset)
+                return [os.preadv(fd, [buf], offset) for buf, offset in ranges]
             except OSError as e:
                 raise storage_error(f"{h.path}: cannot read shard", e) from None
 

@@ -22,7 +22,9 @@ collation copies them into the batch.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,29 +73,31 @@ class SampleReader:
         src = self.source
         shard, off, length = src.shard_id[idx], src.byte_offset[idx], src.byte_length[idx]
         offsets, sizes = src.payload_offsets[idx].tolist(), src.member_bytes[idx].tolist()
+        runs = coalesce(shard, off, length)
+        # One buffer for the whole read: a buffer per run would keep one per sample of every batch in
+        # flight under a shuffle, more than the pool holds (each new one zeroed and faulted in).
+        total = sum(r.end - r.start for r in runs)
+        buf = self.pool.take(total)
+        view = memoryview(buf)[:total]
+        self.pool.give(buf)  # reusable again once every view of it is gone
+        parts, at = [], 0
+        for r in runs:
+            parts.append(view[at:at + r.end - r.start])
+            at += r.end - r.start
+        got: list[int] = []
+        for s, group in itertools.groupby(zip(runs, parts), key=lambda rp: rp[0].shard):
+            got += self.files.read_ranges(s, [(part, r.start) for r, part in group])
         out: list = [None] * len(facts)
-        order = np.lexsort((off, shard)).tolist()
-        shard, off, length = shard.tolist(), off.tolist(), length.tolist()
-        k = 0
-        while k < len(order):
-            run = [order[k]]
-            s, start, end = shard[order[k]], off[order[k]], off[order[k]] + length[order[k]]
-            k += 1
-            while k < len(order) and shard[order[k]] == s and off[order[k]] <= end + COALESCE_GAP:
-                run.append(order[k])
-                end = max(end, off[order[k]] + length[order[k]])
-                k += 1
-            buf = self.pool.take(end - start)
-            view = memoryview(buf)[:end - start]
-            got = self.files.read_into(s, [view], start)
-            self.pool.give(buf)  # reusable again once every view of it is gone
-            for p in run:
+        off, length = off.tolist(), length.tolist()
+        for r, part, n_read in zip(runs, parts, got):
+            for p in r.samples:
                 i, key, *shape = facts[p]
-                a = off[p] - start
-                if a + length[p] > got:
-                    out[p] = FormatError(f"{key}: shard ends inside the sample ({max(0, got - a)} of {length[p]} bytes)")
+                a = off[p] - r.start
+                if a + length[p] > n_read:
+                    out[p] = FormatError(f"{key}: shard ends inside the sample ({max(0, n_read - a)} of "
+                                         f"{length[p]} bytes)")
                     continue
-                sv = view[a:a + length[p]]
+                sv = part[a:a + length[p]]
                 out[p] = RawSample(i, key, [sv[o:o + n] for o, n in zip(offsets[p], sizes[p])], *shape)
         return out
 
@@ -123,6 +127,31 @@ class SampleReader:
         if members_sha256(list(zip(MEMBERS, raw.members))) != self.source.sha256[raw.index]:
             return FormatError(f"{raw.key}: sample bytes do not match their hash (damaged shard?)")
         return raw
+
+
+class Run(NamedTuple):
+    """Bytes [start, end) of a shard, read at once: the samples at positions ``samples`` lie in it."""
+
+    shard: int
+    start: int
+    end: int
+    samples: list[int]
+
+
+def coalesce(shard: np.ndarray, off: np.ndarray, length: np.ndarray) -> list[Run]:
+    """The runs to read for samples at (shard, offset, length): neighbours in a shard, across gaps up to
+    ``COALESCE_GAP``, in file order."""
+    order = np.lexsort((off, shard)).tolist()
+    shard, off, length = shard.tolist(), off.tolist(), length.tolist()
+    runs: list[Run] = []
+    for p in order:
+        last = runs[-1] if runs else None
+        if last is not None and last.shard == shard[p] and off[p] <= last.end + COALESCE_GAP:
+            last.samples.append(p)
+            runs[-1] = last._replace(end=max(last.end, off[p] + length[p]))
+        else:
+            runs.append(Run(shard[p], off[p], off[p] + length[p], [p]))
+    return runs
 
 
 @dataclass(slots=True)

@@ -72,7 +72,7 @@ def test_the_lru_never_holds_more_than_its_limit_and_reopens_evicted_shards(cat)
     for rounds in range(2):
         for shard in range(len(src.shards)):
             buf = bytearray(16)
-            assert files.read_into(shard, [memoryview(buf)], 0) == 16 and buf[:6] != b"\0" * 6
+            assert files.read_ranges(shard, [(memoryview(buf), 0)]) == [16] and buf[:6] != b"\0" * 6
             assert files.open_files <= 3
     assert files.opened == 2 * len(src.shards)  # evicted, then opened again
     files.close()

@@ -61,6 +61,28 @@ def _put(dst: np.ndarray, raw: Raw, b: int, pos: int, a: Rows | np.ndarray, n: i
         dst[b][pos:pos + n, cols] = a
 
 
+def collate_clips(clips: list[tuple[Rows, Rows, Rows]], maps: list[ColumnMap], widths: tuple[int, int],
+                  alloc: Alloc = np.zeros) -> tuple[dict, dict]:
+    """(batch, counters) of whole clips' (actions, telemetry, timestamps) still in their read buffers:
+    ``collate`` for batches with nothing to run per sample (bytes mode without ``map``, audio, text,
+    packing, strides or crops), without a per-sample dict in between."""
+    length = max(len(ts) for _, _, ts in clips)
+    out = {"actions": alloc((len(clips), length, widths[0]), np.float32),
+           "telemetry": alloc((len(clips), length, widths[1]), np.float32),
+           "timestamps": alloc((len(clips), length), np.float64)}
+    acts, tels, tss = out["actions"], out["telemetry"], out["timestamps"]
+    ra, rt, rs = _raw(acts), _raw(tels), _raw(tss)
+    lengths = alloc((len(clips),), np.int32)
+    for b, ((a, t, ts), (cmap, tmap)) in enumerate(zip(clips, maps)):
+        n = lengths[b] = len(ts)
+        _put(acts, ra, b, 0, a, n, cmap)
+        _put(tels, rt, b, 0, t, n, tmap)
+        _put(tss, rs, b, 0, ts, n, None)
+    out["lengths"] = lengths
+    real = int(lengths.sum())
+    return out, {"frames": real, "padding": len(clips) * length - real, "truncated": 0}
+
+
 def _in_place(a: np.ndarray, dst: np.ndarray) -> bool:
     """Whether ``a`` is ``dst`` itself (a sample decoded into its row of the batch)."""
     return (a.shape == dst.shape and a.strides == dst.strides

@@ -101,6 +101,17 @@ class LoaderOptions:
         if self.map is not None and not callable(self.map):
             raise UsageError(f"map must be a function map(sample, rng) -> sample, not {type(self.map).__name__}")
 
+    @property
+    def whole_clips(self) -> bool:
+        """Every frame of every clip is delivered: no stride, crop or cut."""
+        return self.frame_stride == 1 and self.clip_frames is None and self.max_frames is None
+
+    @property
+    def plain(self) -> bool:
+        """Nothing runs per sample: bytes mode, whole clips, no map, audio, text or packing (pack_frames
+        needs frames). Batches are then collated straight from the read buffers."""
+        return self.decode == "bytes" and self.whole_clips and self.map is None and not self.audio and not self.text
+
 
 def _choice(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:

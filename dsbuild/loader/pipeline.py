@@ -26,8 +26,9 @@ import numpy as np
 
 from dsbuild.core.errors import CorruptDataError, FormatError, UsageError
 from dsbuild.formats.sample import VIDEO_EXT
+from dsbuild.loader.prepare import VIDEO_SLOT
 from dsbuild.loader.backends import choose_backend, probe
-from dsbuild.loader.collate import collate
+from dsbuild.loader.collate import collate, collate_clips
 from dsbuild.loader.crop import kept_frames
 from dsbuild.loader.device import Transfer, resolve_device
 from dsbuild.loader.epoch import EpochPlan
@@ -37,7 +38,7 @@ from dsbuild.loader.options import LoaderOptions, order_options, with_overrides
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
 from dsbuild.loader.prepare import Preparer
-from dsbuild.loader.read import SampleReader
+from dsbuild.loader.read import SampleReader, sample_arrays
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
 from dsbuild.loader.stats import Stats
@@ -206,15 +207,23 @@ class Mixture:
         return rank_steps(walk, start.step, o.world_size, o.rank, worker, workers)
 
     # -- loading -------------------------------------------------------------------------------------
-    def _load(self, refs: list[SampleRef], into: list | None = None) -> list[tuple[SampleRef, dict, tuple]]:
-        """The samples at ``refs`` read and prepared; ``into[k]`` (if given) is where sample k's frames go."""
-        readers, prepare = self._io()
-        t0 = time.perf_counter()
+    def _read(self, refs: list[SampleRef]) -> list:
+        """The samples at ``refs`` read (a damaged one as its FormatError)."""
+        readers, _ = self._io()
+        if len({r.source for r in refs}) == 1:
+            return readers[refs[0].source].read([r.index for r in refs])
         raws: list = [None] * len(refs)
         for src in {r.source for r in refs}:
             pos = [k for k, r in enumerate(refs) if r.source == src]
             for k, raw in zip(pos, readers[src].read([refs[k].index for k in pos])):
                 raws[k] = raw
+        return raws
+
+    def _load(self, refs: list[SampleRef], into: list | None = None) -> list[tuple[SampleRef, dict, tuple]]:
+        """The samples at ``refs`` read and prepared; ``into[k]`` (if given) is where sample k's frames go."""
+        _, prepare = self._io()
+        t0 = time.perf_counter()
+        raws = self._read(refs)
         t1 = time.perf_counter()
         out = []
         for k, (ref, raw) in enumerate(zip(refs, raws)):
@@ -227,8 +236,11 @@ class Mixture:
                     raw = e
             out.append(self._substitute(ref, raw, row))
         self._stats.add(seconds={"read": t1 - t0, "decode": time.perf_counter() - t1},
-                        counts={"bytes": int(sum(self.sources[r.source].byte_length[r.index] for r, _, _ in out))})
+                        counts={"bytes": self._bytes([r for r, _, _ in out])})
         return out
+
+    def _bytes(self, refs: list[SampleRef]) -> int:
+        return int(sum(self.sources[r.source].byte_length[r.index] for r in refs))
 
     def _substitute(self, ref: SampleRef, damage: FormatError, into=None) -> tuple[SampleRef, dict, tuple]:
         """The deterministic substitute of the damaged sample at ``ref``, prepared."""
@@ -263,12 +275,17 @@ class Mixture:
         """The batch of ``step`` (arrays from ``alloc``, default: zeroed and in reused memory; see
         ``collate``), with its samples' metadata."""
         self.open()
+        o = self.options
         empty = None
         if alloc is None:
             arrays = self._io()[1].arrays
             alloc, empty = arrays.zeros, arrays.empty
         items = step_items(step, self.plans)
         refs = [r for item in items for r in item]
+        if self.options.plain:
+            batch = self._plain_batch(refs, alloc)
+            if batch is not None:
+                return batch
         frames, rows = self._frame_rows(refs, empty or alloc)
         flat = self._load(refs, rows)
         t0 = time.perf_counter()
@@ -278,12 +295,43 @@ class Mixture:
             k += len(item)
         batch, counters = collate([[s for _, s, _ in item] for item in nested],
                                   [[m for _, _, m in item] for item in nested],
-                                  (len(self.controls), len(self.channels)), self.options.pack_frames, alloc, empty,
+                                  (len(self.controls), len(self.channels)), o.pack_frames, alloc, empty,
                                   frames)
-        self._metadata(batch, nested)
-        self._stats.add(counts={"batches": 1, "samples": len(flat), "frames": counters["frames"],
+        samples = [s for _, s, _ in flat]
+        self._metadata(batch, [r for r, _, _ in flat], [s["key"] for s in samples],
+                       [s["video"] for s in samples] if o.decode == "bytes" else None,
+                       [s["text"] for s in samples] if o.text else None,
+                       [len(item) for item in items] if o.pack_frames else None)
+        self._count(len(flat), counters, t0)
+        return batch
+
+    def _count(self, samples: int, counters: dict, t0: float) -> None:
+        self._stats.add(counts={"batches": 1, "samples": samples, "frames": counters["frames"],
                                 "padding_frames": counters["padding"], "truncated": counters["truncated"]},
                         seconds={"collate": time.perf_counter() - t0})
+
+    def _plain_batch(self, refs: list[SampleRef], alloc) -> dict | None:
+        """A batch with nothing to run per sample (``_plain``: bytes mode, whole clips, no map, audio,
+        text or packing), straight from the read buffers into the batch (``collate_clips``). None when a
+        sample of it is damaged: the general route then replaces it the way it always does."""
+        _, prepare = self._io()
+        t0 = time.perf_counter()
+        raws = self._read(refs)
+        t1 = time.perf_counter()
+        if any(isinstance(raw, FormatError) for raw in raws):
+            return None
+        try:
+            clips = [sample_arrays(raw, slice(0, raw.frames, 1)) for raw in raws]
+        except FormatError:
+            return None
+        for ref, raw in zip(refs, raws):
+            prepare.video_facts(ref.source, raw)  # the codec tag (its session's JSON, parsed once)
+        t2 = time.perf_counter()
+        batch, counters = collate_clips(clips, [prepare.maps[r.source][raw.session] for r, raw in zip(refs, raws)],
+                                        (len(self.controls), len(self.channels)), alloc)
+        self._metadata(batch, refs, [raw.key for raw in raws], [raw.members[VIDEO_SLOT] for raw in raws])
+        self._stats.add(seconds={"read": t1 - t0, "decode": t2 - t1}, counts={"bytes": self._bytes(refs)})
+        self._count(len(refs), counters, t2)
         return batch
 
     def _frame_rows(self, refs: list[SampleRef], alloc) -> tuple[np.ndarray | None, list | None]:
@@ -301,14 +349,14 @@ class Mixture:
         frames = alloc((len(refs), max(shape[0] for shape in shapes), *shapes[0][1:]), np.uint8)
         return frames, [frames[b, :shape[0]] for b, shape in enumerate(shapes)]
 
-    def _metadata(self, batch: dict, nested: list) -> None:
-        """Per-sample fields, aligned with ``keys`` (per item; per item a list of them when packing)."""
+    def _metadata(self, batch: dict, refs: list[SampleRef], keys: list[str], videos: list | None = None,
+                  texts: list | None = None, item_sizes: list[int] | None = None) -> None:
+        """Per-sample fields, aligned with ``keys`` (per item; per item a list of them when packing:
+        ``item_sizes`` samples each)."""
         o = self.options
-        refs = [ref for item in nested for ref, _, _ in item]
-        samples = [s for item in nested for _, s, _ in item]
         src = [r.source for r in refs]
         idx = np.array([r.index for r in refs])
-        flat: dict[str, list] = {"keys": [s["key"] for s in samples], "source": src}
+        flat: dict[str, list] = {"keys": keys, "source": src}
         _, prepare = self._io()
         kinds = sorted(set(src))
         for k in kinds:
@@ -323,16 +371,16 @@ class Mixture:
                 merged = flat.setdefault(name, [None] * len(refs))
                 for p, v in zip(at.tolist(), column):
                     merged[p] = v
-        if o.text:
-            flat["text"] = [s["text"] for s in samples]
-        if o.decode == "bytes":
-            flat["video"] = [s["video"] for s in samples]
+        if texts is not None:
+            flat["text"] = texts
+        if videos is not None:
+            flat["video"] = videos
             flat["container"] = [VIDEO_EXT] * len(refs)
         else:
             for name in ("fps", "has_audio"):
                 flat.pop(name)
-        if o.pack_frames:
-            bounds = np.cumsum([0] + [len(item) for item in nested]).tolist()
+        if item_sizes is not None:
+            bounds = np.cumsum([0] + item_sizes).tolist()
             flat = {name: [v[a:b] for a, b in zip(bounds, bounds[1:])] for name, v in flat.items()}
         batch.update(flat)
 

@@ -64,7 +64,6 @@ class Preparer:
         self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
         self.gpu = _current_cuda_device() if backend.name == "nvdec" else None  # NVDEC decodes there
         self.widths = (len(controls), len(channels))
-        self.whole_clips = options.frame_stride == 1 and options.clip_frames is None and options.max_frames is None
         self.maps: list[list[ColumnMap]] = [
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
             for src in sources]
@@ -83,7 +82,7 @@ class Preparer:
     def __call__(self, src: int, raw: RawSample, epoch: int, into: np.ndarray | None = None) -> tuple[dict, ColumnMap]:
         """The sample prepared; its frames decoded straight into ``into`` when they have its shape."""
         o, source = self.o, self.sources[src]
-        sel = slice(0, raw.frames, 1) if self.whole_clips else \
+        sel = slice(0, raw.frames, 1) if o.whole_clips else \
             frame_window(raw.frames, o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
         actions, telemetry, ts = sample_arrays(raw, sel)
         sample = {"key": raw.key, "actions": actions, "telemetry": telemetry, "timestamps": ts}

@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 
 from dsbuild.core.errors import UsageError
-from dsbuild.loader.read import Rows
+from dsbuild.loader.read import ARRAY_SLOTS, RawSample, Rows, array_bytes
+from dsbuild.loader.source import ARRAY_DTYPES
 
 ColumnMap = tuple[np.ndarray | None, np.ndarray | None]  # (controls, channels) columns; None = identity
 Alloc = Callable[[tuple, np.dtype], np.ndarray]
@@ -43,16 +44,31 @@ def _raw(dst: np.ndarray) -> Raw:
 
 def _put(dst: np.ndarray, raw: Raw, b: int, pos: int, a: Rows | np.ndarray, n: int, cols: np.ndarray | None) -> None:
     """The first ``n`` rows of ``a`` into ``dst[b, pos:pos + n]``, at vocabulary columns ``cols`` (None: the
-    first ones). Rows still in the read buffer that land contiguously (same dtype, no remapped columns,
-    the vocabulary's full width, unstrided) are one memcpy; anything else goes through numpy."""
+    first ones)."""
     if type(a) is Rows:
-        row = a.row_bytes
-        if raw is not None and cols is None and row == raw[1] and (a.step == 1 or n <= 1) and a.dtype == dst.dtype:
-            at, start = (b * dst.shape[1] + pos) * row, a.start * row
-            raw[0][at:at + n * row] = a.data[start:start + n * row]
-            return
-        a = a.array()
-    a = a[:n]
+        _copy_rows(dst, raw, b, pos, a.data, a.dtype, a.width, a.start, n, a.step, cols)
+    else:
+        _put_array(dst, b, pos, a[:n], cols)
+
+
+def _copy_rows(dst: np.ndarray, raw: Raw, b: int, pos: int, data: memoryview, dtype: np.dtype, width: int | None,
+               start: int, n: int, step: int, cols: np.ndarray | None) -> None:
+    """Rows ``start``, ``start + step``, ... (``n`` of them) of the array whose bytes are ``data`` (rows of
+    ``width`` values; None: one) into ``dst[b, pos:pos + n]``: one memcpy where they land contiguously
+    (same dtype, no remapped columns, the vocabulary's full width, unstrided), numpy otherwise."""
+    row = (width or 1) * dtype.itemsize
+    if raw is not None and cols is None and row == raw[1] and (step == 1 or n <= 1) and dtype == dst.dtype:
+        at = (b * dst.shape[1] + pos) * row
+        raw[0][at:at + n * row] = data[start * row:(start + n) * row]
+        return
+    a = np.frombuffer(data, dtype)
+    if width is not None:
+        a = a.reshape(-1, width)
+    _put_array(dst, b, pos, a[start:start + (n - 1) * step + 1:step] if n else a[:0], cols)
+
+
+def _put_array(dst: np.ndarray, b: int, pos: int, a: np.ndarray, cols: np.ndarray | None) -> None:
+    n = len(a)
     if dst.ndim == 2:
         dst[b, pos:pos + n] = a
     elif cols is None:
@@ -61,23 +77,25 @@ def _put(dst: np.ndarray, raw: Raw, b: int, pos: int, a: Rows | np.ndarray, n: i
         dst[b][pos:pos + n, cols] = a
 
 
-def collate_clips(clips: list[tuple[Rows, Rows, Rows]], maps: list[ColumnMap], widths: tuple[int, int],
+def collate_clips(clips: list[RawSample], maps: list[ColumnMap], widths: tuple[int, int],
                   alloc: Alloc = np.zeros) -> tuple[dict, dict]:
-    """(batch, counters) of whole clips' (actions, telemetry, timestamps) still in their read buffers:
-    ``collate`` for batches with nothing to run per sample (bytes mode without ``map``, audio, text,
-    packing, strides or crops), without a per-sample dict in between."""
-    length = max(len(ts) for _, _, ts in clips)
+    """(batch, counters) of whole read clips' actions, telemetry and timestamps: ``collate`` for batches
+    with nothing to run per sample (bytes mode without ``map``, audio, text, strides or crops), copying
+    from the read buffers with neither a per-sample dict nor a ``Rows`` in between. A member too small
+    for its array is a FormatError (the caller takes the general route, which replaces the sample)."""
+    length = max(c.frames for c in clips)
     out = {"actions": alloc((len(clips), length, widths[0]), np.float32),
            "telemetry": alloc((len(clips), length, widths[1]), np.float32),
            "timestamps": alloc((len(clips), length), np.float64)}
     acts, tels, tss = out["actions"], out["telemetry"], out["timestamps"]
     ra, rt, rs = _raw(acts), _raw(tels), _raw(tss)
+    (sa, st, ss), (da, dt, ds) = ARRAY_SLOTS, ARRAY_DTYPES
     lengths = alloc((len(clips),), np.int32)
-    for b, ((a, t, ts), (cmap, tmap)) in enumerate(zip(clips, maps)):
-        n = lengths[b] = len(ts)
-        _put(acts, ra, b, 0, a, n, cmap)
-        _put(tels, rt, b, 0, t, n, tmap)
-        _put(tss, rs, b, 0, ts, n, None)
+    for b, (c, (cmap, tmap)) in enumerate(zip(clips, maps)):
+        n = lengths[b] = c.frames
+        _copy_rows(acts, ra, b, 0, array_bytes(c, sa, c.controls, da), da, c.controls, 0, n, 1, cmap)
+        _copy_rows(tels, rt, b, 0, array_bytes(c, st, c.channels, dt), dt, c.channels, 0, n, 1, tmap)
+        _copy_rows(tss, rs, b, 0, array_bytes(c, ss, None, ds), ds, None, 0, n, 1, None)
     out["lengths"] = lengths
     real = int(lengths.sum())
     return out, {"frames": real, "padding": len(clips) * length - real, "truncated": 0}

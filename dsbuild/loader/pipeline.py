@@ -16,6 +16,7 @@ never taken for damage: it stops the loader with a ``StorageError`` naming the f
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -38,7 +39,7 @@ from dsbuild.loader.options import LoaderOptions, order_options, with_overrides
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
 from dsbuild.loader.prepare import Preparer
-from dsbuild.loader.read import SampleReader, sample_arrays
+from dsbuild.loader.read import SampleReader
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
 from dsbuild.loader.stats import Stats
@@ -106,6 +107,7 @@ class Mixture:
         self._opened = False
         self._stats = Stats()
         self._io_pid: int | None = None
+        self._io_lock = threading.Lock()
         self._pool_pid: int | None = None
         self._ahead: Ahead | None = None
 
@@ -146,14 +148,19 @@ class Mixture:
         return self
 
     def _io(self) -> tuple[list[SampleReader], Preparer]:
-        """Per-process readers (open files, buffer pools): a forked worker makes its own."""
+        """Per-process readers (open files, buffer pools): a forked worker makes its own. Made once, under a
+        lock: worker threads that each made their own would each parse sessions' JSON into a preparer the
+        next call no longer returns (a batch's codec tags came out None)."""
         if self._io_pid != os.getpid():
-            o = self.options
-            files = [ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
-                     for s in self.sources]
-            self._readers = [SampleReader(s, f, o.verify) for s, f in zip(self.sources, files)]
-            self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend, self._stats)
-            self._io_pid = os.getpid()
+            with self._io_lock:
+                if self._io_pid != os.getpid():
+                    o = self.options
+                    files = [ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
+                             for s in self.sources]
+                    self._readers = [SampleReader(s, f, o.verify) for s, f in zip(self.sources, files)]
+                    self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend,
+                                              self._stats)
+                    self._io_pid = os.getpid()
         return self._readers, self._preparer
 
     # -- checkpoints ---------------------------------------------------------------------------------
@@ -320,15 +327,14 @@ class Mixture:
         t1 = time.perf_counter()
         if any(isinstance(raw, FormatError) for raw in raws):
             return None
-        try:
-            clips = [sample_arrays(raw, slice(0, raw.frames, 1)) for raw in raws]
-        except FormatError:
-            return None
         for ref, raw in zip(refs, raws):
             prepare.video_facts(ref.source, raw)  # the codec tag (its session's JSON, parsed once)
         t2 = time.perf_counter()
-        batch, counters = collate_clips(clips, [prepare.maps[r.source][raw.session] for r, raw in zip(refs, raws)],
-                                        (len(self.controls), len(self.channels)), alloc)
+        try:
+            batch, counters = collate_clips(raws, [prepare.maps[r.source][raw.session] for r, raw in zip(refs, raws)],
+                                            (len(self.controls), len(self.channels)), alloc)
+        except FormatError:
+            return None
         self._metadata(batch, refs, [raw.key for raw in raws], [raw.members[VIDEO_SLOT] for raw in raws])
         self._stats.add(seconds={"read": t1 - t0, "decode": t2 - t1}, counts={"bytes": self._bytes(refs)})
         self._count(len(refs), counters, t2)

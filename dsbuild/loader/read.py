@@ -162,11 +162,10 @@ class Rows:
     numpy view per sample; ``array()`` is the numpy view, for everything else (a user ``map``, strides,
     columns remapped onto the vocabulary)."""
 
-    data: memoryview  # exactly frames * row_bytes bytes
+    data: memoryview  # exactly frames rows (``array_bytes``)
     dtype: np.dtype
     frames: int
     width: int | None
-    row_bytes: int  # (width or 1) * itemsize
     start: int
     count: int
     step: int
@@ -185,19 +184,19 @@ class Rows:
         return a[self.start:self.start + (self.count - 1) * self.step + 1:self.step] if self.count else a[:0]
 
 
+def array_bytes(raw: RawSample, slot: int, width: int | None, dtype: np.dtype) -> memoryview:
+    """The bytes of the array member in ``slot`` ([frames] or [frames, width] of ``dtype``): the member's
+    last frames * width * itemsize bytes, as the index shapes it (no .npy header parse)."""
+    data, t = memoryview(raw.members[slot]), raw.frames
+    need = t * (width or 1) * dtype.itemsize
+    if len(data) < need:
+        raise FormatError(f"{raw.key}: {MEMBERS[slot]} holds {len(data)} bytes, less than its {t}-frame array")
+    return data[len(data) - need:]
+
+
 def sample_arrays(raw: RawSample, window: slice) -> tuple[Rows, Rows, Rows]:
     """(actions [T, controls], telemetry [T, channels], timestamps [T]) in the sample's session columns,
-    cut to ``window`` (a ``crop.frame_window`` of its frames): the members' last bytes, shaped by the
-    index (no .npy header parse)."""
+    cut to ``window`` (a ``crop.frame_window`` of its frames)."""
     count = len(range(window.start, min(window.stop, raw.frames), window.step))
-    (a, c, s), (da, dc, ds) = ARRAY_SLOTS, ARRAY_DTYPES
-    return (_rows(raw, a, raw.controls, da, window, count), _rows(raw, c, raw.channels, dc, window, count),
-            _rows(raw, s, None, ds, window, count))
-
-
-def _rows(raw: RawSample, slot: int, width: int | None, dtype: np.dtype, window: slice, count: int) -> Rows:
-    data, t = memoryview(raw.members[slot]), raw.frames
-    row = (width or 1) * dtype.itemsize
-    if len(data) < t * row:
-        raise FormatError(f"{raw.key}: {MEMBERS[slot]} holds {len(data)} bytes, less than its {t}-frame array")
-    return Rows(data[len(data) - t * row:], dtype, t, width, row, window.start, count, window.step)
+    return tuple(Rows(array_bytes(raw, slot, width, dtype), dtype, raw.frames, width, window.start, count, window.step)
+                 for slot, width, dtype in zip(ARRAY_SLOTS, (raw.controls, raw.channels, None), ARRAY_DTYPES))

@@ -58,8 +58,8 @@ def rows(a: np.ndarray, window: slice):
 
     data = memoryview(b"\x93NUMPY-header" + a.astype(a.dtype.newbyteorder("<")).tobytes())[13:]
     count = len(range(window.start, min(window.stop, len(a)), window.step))
-    return Rows(data, a.dtype.newbyteorder("<"), len(a), a.shape[1] if a.ndim == 2 else None,
-                (a.shape[1] if a.ndim == 2 else 1) * a.itemsize, window.start, count, window.step)
+    return Rows(data, a.dtype.newbyteorder("<"), len(a), a.shape[1] if a.ndim == 2 else None, window.start, count,
+                window.step)
 
 
 @settings(max_examples=80, deadline=None)

@@ -87,6 +87,51 @@ def test_reading_ahead_across_epochs_changes_no_batch_and_a_restore_discards_it(
     assert run(ref, state=after)[0] == epochs[1]
 
 
+def assert_same_batches(plain: Loader, general: Loader) -> None:
+    assert plain.options.plain and not general.options.plain
+    n = 0
+    for a, b in zip(plain, general, strict=True):
+        assert a.keys() == b.keys()
+        for name, value in a.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype == b[name].dtype and np.array_equal(value, b[name]), name
+            elif name == "video":
+                assert [bytes(v) for v in value] == [bytes(v) for v in b[name]]
+            else:
+                assert value == b[name], name
+        n += 1
+    assert n > 2
+
+
+def test_plain_batches_are_the_general_routes_batches(cat):
+    """Bytes mode with nothing to run per sample is collated straight from the read buffers; a map that
+    changes nothing sends the same samples through the general route, with the same batches."""
+    ref, _ = cat
+    assert_same_batches(Loader(ref, decode="bytes", batch_size=3, seed=5),
+                        Loader(ref, decode="bytes", batch_size=3, seed=5, map=lambda s, rng: s))
+
+
+def test_worker_threads_share_one_set_of_readers_and_one_preparer(cat):
+    """Threads starting together get the same per-process readers and preparer (each used to make its own,
+    and the first batch's codec tags came from a preparer the batch no longer saw: None)."""
+    import threading
+
+    loader = Loader(cat[0], decode="bytes", batch_size=3).open()
+    barrier, got = threading.Barrier(8), []
+
+    def grab():
+        barrier.wait()
+        got.append(loader._io())
+
+    threads = [threading.Thread(target=grab) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(readers) for readers, _ in got}) == 1 and len({id(p) for _, p in got}) == 1
+    assert None not in next(iter(Loader(cat[0], decode="bytes", batch_size=3, num_workers=4)))["codec_tag"]
+
+
 def test_elastic_resume_4_then_3_then_6_ranks_loses_and_repeats_nothing(cat):
     ref, vid = cat
     seen, state = [], None
@@ -355,6 +400,8 @@ def test_sessions_with_different_controls_land_in_their_own_columns(captures, tm
     vid = convert(caps, out, ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1)).version_id
     vocab = Catalog.open(out).manifest(vid).vocabulary.controls
     assert sorted(vocab) == ["down", "fire", "up"]
+    assert_same_batches(Loader(str(out), decode="bytes", batch_size=4, seed=3),
+                        Loader(str(out), decode="bytes", batch_size=4, seed=3, map=lambda s, rng: s))
     seen = 0
     for b in Loader(str(out), decode="bytes", batch_size=4, seed=3):
         for i, session in enumerate(b["session_id"]):

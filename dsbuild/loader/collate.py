@@ -91,8 +91,21 @@ def collate_clips(clips: list[RawSample], maps: list[ColumnMap], widths: tuple[i
     ra, rt, rs = _raw(acts), _raw(tels), _raw(tss)
     (sa, st, ss), (da, dt, ds) = ARRAY_SLOTS, ARRAY_DTYPES
     lengths = alloc((len(clips),), np.int32)
+    lengths[:] = [c.frames for c in clips]
+    # The common case inline (no call per array): a session whose columns are the vocabulary's, stored in
+    # the batch's byte order, copies each array member's last bytes into its row with one memcpy.
+    inline = None not in (ra, rt, rs) and (da, dt, ds) == (acts.dtype, tels.dtype, tss.dtype)
     for b, (c, (cmap, tmap)) in enumerate(zip(clips, maps)):
-        n = lengths[b] = c.frames
+        n, m = c.frames, c.members
+        if inline and cmap is None and tmap is None and c.controls == widths[0] and c.channels == widths[1]:
+            a, t, ts = m[sa], m[st], m[ss]
+            na, nt, ns = n * ra[1], n * rt[1], n * rs[1]
+            if len(a) >= na and len(t) >= nt and len(ts) >= ns:
+                at = b * length
+                ra[0][at * ra[1]:at * ra[1] + na] = a[len(a) - na:]
+                rt[0][at * rt[1]:at * rt[1] + nt] = t[len(t) - nt:]
+                rs[0][at * rs[1]:at * rs[1] + ns] = ts[len(ts) - ns:]
+                continue
         _copy_rows(acts, ra, b, 0, array_bytes(c, sa, c.controls, da), da, c.controls, 0, n, 1, cmap)
         _copy_rows(tels, rt, b, 0, array_bytes(c, st, c.channels, dt), dt, c.channels, 0, n, 1, tmap)
         _copy_rows(tss, rs, b, 0, array_bytes(c, ss, None, ds), ds, None, 0, n, 1, None)

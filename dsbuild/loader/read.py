@@ -66,8 +66,13 @@ class SampleReader:
         facts = list(zip(indices, [src.keys[i] for i in indices], src.frames[idx].tolist(),
                          src.n_controls[idx].tolist(), src.n_channels[idx].tolist(), src.session_code[idx].tolist()))
         got = self._ranges(idx, facts) if self.fast else [self._generic(f) for f in facts]
-        trust: dict[int, bool] = {}  # verify="shard": each shard's trust asked once per read, not per sample
-        return [self._checked(r, trust) if isinstance(r, RawSample) else r for r in got]
+        if self.verify == "none":
+            return got
+        shards = src.shard_id[idx].tolist()
+        read = {s for s, r in zip(shards, got) if isinstance(r, RawSample)}
+        # verify="shard": each shard's trust is asked once per read, not per sample
+        trusted = {s for s in read if self.files.trusted(s)} if self.verify == "shard" else set()
+        return [r if not isinstance(r, RawSample) or s in trusted else self._hashed(r) for s, r in zip(shards, got)]
 
     def _ranges(self, idx: np.ndarray, facts: list[tuple]) -> list[RawSample | FormatError]:
         src = self.source
@@ -91,14 +96,15 @@ class SampleReader:
         off, length = off.tolist(), length.tolist()
         for r, part, n_read in zip(runs, parts, got):
             for p in r.samples:
-                i, key, *shape = facts[p]
+                i, key, frames, controls, channels, session = facts[p]
                 a = off[p] - r.start
                 if a + length[p] > n_read:
                     out[p] = FormatError(f"{key}: shard ends inside the sample ({max(0, n_read - a)} of "
                                          f"{length[p]} bytes)")
                     continue
                 sv = part[a:a + length[p]]
-                out[p] = RawSample(i, key, [sv[o:o + n] for o, n in zip(offsets[p], sizes[p])], *shape)
+                out[p] = RawSample(i, key, [sv[o:o + n] for o, n in zip(offsets[p], sizes[p])], frames, controls,
+                                   channels, session)
         return out
 
     def _generic(self, facts: tuple) -> RawSample | FormatError:
@@ -115,15 +121,8 @@ class SampleReader:
             return FormatError(f"{src.keys[i]}: members are not the canonical {', '.join(MEMBERS)}")
         return RawSample(i, facts[1], [p for _, p in pairs], *facts[2:])
 
-    def _checked(self, raw: RawSample, trust: dict[int, bool]) -> RawSample | FormatError:
-        if self.verify == "none":
-            return raw
-        if self.verify == "shard":
-            shard = int(self.source.shard_id[raw.index])
-            if shard not in trust:
-                trust[shard] = self.files.trusted(shard)
-            if trust[shard]:
-                return raw
+    def _hashed(self, raw: RawSample) -> RawSample | FormatError:
+        """``raw`` if its members hash to the index's sha256."""
         if members_sha256(list(zip(MEMBERS, raw.members))) != self.source.sha256[raw.index]:
             return FormatError(f"{raw.key}: sample bytes do not match their hash (damaged shard?)")
         return raw

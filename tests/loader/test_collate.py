@@ -89,3 +89,34 @@ def test_rows_left_in_the_read_buffer_collate_like_their_arrays(shapes, pack, re
     assert got_counts == want_counts
     for name in ("actions", "telemetry", "timestamps"):
         assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 9), st.integers(1, 3), st.booleans()), min_size=1, max_size=5),
+       st.integers(0, 2**32 - 1))
+def test_whole_clips_collate_straight_from_read_samples_like_their_arrays(shapes, seed):
+    """``collate_clips`` (inline memcpy for sessions on the vocabulary's columns, numpy otherwise) gives
+    the batch ``collate`` gives for the same clips as arrays."""
+    from dsbuild.formats.sample import MEMBERS
+    from dsbuild.loader.collate import collate_clips
+    from dsbuild.loader.read import RawSample
+
+    rng = np.random.default_rng(seed)
+    raws, items, maps = [], [], []
+    for k, (frames, controls, remap) in enumerate(shapes):
+        arrays = {"actions": rng.random((frames, controls), dtype=np.float32),
+                  "telemetry": rng.random((frames, 2), dtype=np.float32),
+                  "timestamps": np.arange(frames) / 30.0}
+        members = [memoryview(b"{}"), memoryview(b"mp4")] + \
+                  [memoryview(b"\x93NUMPY-header" + a.astype(a.dtype.newbyteorder("<")).tobytes())
+                   for a in arrays.values()] + [memoryview(b"")]
+        assert len(members) == len(MEMBERS)
+        raws.append(RawSample(k, f"k{k}", members, frames, controls, 2, 0))
+        items.append([arrays])
+        cols = np.array([2, 0, 1][:controls], dtype=np.intp) if remap or controls < 3 else None
+        maps.append((cols, None))
+    want, want_counts = collate(items, [[m] for m in maps], (3, 2), None)
+    got, got_counts = collate_clips(raws, maps, (3, 2))
+    assert got_counts == want_counts
+    for name in ("actions", "telemetry", "timestamps", "lengths"):
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name

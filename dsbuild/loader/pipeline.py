@@ -27,7 +27,6 @@ import numpy as np
 
 from dsbuild.core.errors import CorruptDataError, FormatError, UsageError
 from dsbuild.formats.sample import VIDEO_EXT
-from dsbuild.loader.prepare import VIDEO_SLOT
 from dsbuild.loader.backends import choose_backend, probe
 from dsbuild.loader.collate import collate, collate_clips
 from dsbuild.loader.crop import kept_frames
@@ -38,7 +37,7 @@ from dsbuild.loader.mixture import normalise
 from dsbuild.loader.options import LoaderOptions, order_options, with_overrides
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
-from dsbuild.loader.prepare import Preparer
+from dsbuild.loader.prepare import VIDEO_SLOT, Preparer
 from dsbuild.loader.read import SampleReader
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
@@ -217,10 +216,11 @@ class Mixture:
     def _read(self, refs: list[SampleRef]) -> list:
         """The samples at ``refs`` read (a damaged one as its FormatError)."""
         readers, _ = self._io()
-        if len({r.source for r in refs}) == 1:
+        sources = {r.source for r in refs}
+        if len(sources) == 1:
             return readers[refs[0].source].read([r.index for r in refs])
         raws: list = [None] * len(refs)
-        for src in {r.source for r in refs}:
+        for src in sources:
             pos = [k for k, r in enumerate(refs) if r.source == src]
             for k, raw in zip(pos, readers[src].read([refs[k].index for k in pos])):
                 raws[k] = raw
@@ -289,7 +289,7 @@ class Mixture:
             alloc, empty = arrays.zeros, arrays.empty
         items = step_items(step, self.plans)
         refs = [r for item in items for r in item]
-        if self.options.plain:
+        if o.plain:
             batch = self._plain_batch(refs, alloc)
             if batch is not None:
                 return batch
@@ -318,9 +318,9 @@ class Mixture:
                         seconds={"collate": time.perf_counter() - t0})
 
     def _plain_batch(self, refs: list[SampleRef], alloc) -> dict | None:
-        """A batch with nothing to run per sample (``_plain``: bytes mode, whole clips, no map, audio,
-        text or packing), straight from the read buffers into the batch (``collate_clips``). None when a
-        sample of it is damaged: the general route then replaces it the way it always does."""
+        """A batch with nothing to run per sample (``LoaderOptions.plain``), straight from the read buffers
+        into the batch (``collate_clips``). None when a sample of it is damaged: the general route then
+        replaces it the way it always does."""
         _, prepare = self._io()
         t0 = time.perf_counter()
         raws = self._read(refs)

@@ -4,6 +4,10 @@ estimation.
   consumer : the training loop's wall time = wait (blocked on the pipeline) + h2d (host->device copy)
              + step (the simulated training step) + other (loop overhead, planning on its thread)
   workers  : per loader thread, read + decode + collate, and idle = its wall time minus those
+
+A batch's stages are recorded when it is built, so a build that straddles a phase's start counts wholly
+in that phase: with the pipeline kept full (the loader reads ahead across epoch ends), a thread's
+stages can exceed its wall time by up to one build, and its idle is then 0.
 """
 
 from __future__ import annotations

@@ -81,9 +81,14 @@ class Ahead:
             self.pending.append((pool.submit(build, step), after))
 
     def cancel(self) -> None:
-        """Cancel what has not started; wait for what has (no build outlives its iteration)."""
-        wait([fut for fut, _ in self.pending if not fut.cancel()])
-        self.pending.clear()
+        cancel(self.pending)
+
+
+def cancel(pending: deque) -> None:
+    """Cancel the ``(future, position)`` builds that have not started; wait for those that have (no
+    build outlives its iteration)."""
+    wait([fut for fut, _ in pending if not fut.cancel()])
+    pending.clear()
 
 
 class Mixture:
@@ -226,11 +231,10 @@ class Mixture:
                 raws[k] = raw
         return raws
 
-    def _load(self, refs: list[SampleRef], into: list | None = None) -> list[tuple[SampleRef, dict, tuple]]:
-        """The samples at ``refs`` read and prepared; ``into[k]`` (if given) is where sample k's frames go."""
+    def _load(self, refs: list[SampleRef], raws: list, into: list | None = None) -> list[tuple[SampleRef, dict, tuple]]:
+        """The samples at ``refs``, read as ``raws``, prepared; ``into[k]`` (if given) is where sample k's
+        frames go."""
         _, prepare = self._io()
-        t0 = time.perf_counter()
-        raws = self._read(refs)
         t1 = time.perf_counter()
         out = []
         for k, (ref, raw) in enumerate(zip(refs, raws)):
@@ -242,7 +246,7 @@ class Mixture:
                 except FormatError as e:
                     raw = e
             out.append(self._substitute(ref, raw, row))
-        self._stats.add(seconds={"read": t1 - t0, "decode": time.perf_counter() - t1},
+        self._stats.add(seconds={"decode": time.perf_counter() - t1},
                         counts={"bytes": self._bytes([r for r, _, _ in out])})
         return out
 
@@ -289,12 +293,15 @@ class Mixture:
             alloc, empty = arrays.zeros, arrays.empty
         items = step_items(step, self.plans)
         refs = [r for item in items for r in item]
+        t0 = time.perf_counter()
+        raws = self._read(refs)
+        self._stats.add(seconds={"read": time.perf_counter() - t0})
         if o.plain:
-            batch = self._plain_batch(refs, alloc)
+            batch = self._plain_batch(refs, raws, alloc)
             if batch is not None:
                 return batch
         frames, rows = self._frame_rows(refs, empty or alloc)
-        flat = self._load(refs, rows)
+        flat = self._load(refs, raws, rows)
         t0 = time.perf_counter()
         nested, k = [], 0
         for item in items:
@@ -317,13 +324,11 @@ class Mixture:
                                 "padding_frames": counters["padding"], "truncated": counters["truncated"]},
                         seconds={"collate": time.perf_counter() - t0})
 
-    def _plain_batch(self, refs: list[SampleRef], alloc) -> dict | None:
+    def _plain_batch(self, refs: list[SampleRef], raws: list, alloc) -> dict | None:
         """A batch with nothing to run per sample (``LoaderOptions.plain``), straight from the read buffers
         into the batch (``collate_clips``). None when a sample of it is damaged: the general route then
-        replaces it the way it always does."""
+        replaces it, from the same reads, the way it always does."""
         _, prepare = self._io()
-        t0 = time.perf_counter()
-        raws = self._read(refs)
         t1 = time.perf_counter()
         if any(isinstance(raw, FormatError) for raw in raws):
             return None
@@ -336,7 +341,7 @@ class Mixture:
         except FormatError:
             return None
         self._metadata(batch, refs, [raw.key for raw in raws], [raw.members[VIDEO_SLOT] for raw in raws])
-        self._stats.add(seconds={"read": t1 - t0, "decode": t2 - t1}, counts={"bytes": self._bytes(refs)})
+        self._stats.add(seconds={"decode": t2 - t1}, counts={"bytes": self._bytes(refs)})
         self._count(len(refs), counters, t2)
         return batch
 
@@ -436,7 +441,7 @@ class Mixture:
             finished = True
         finally:  # a consumer that stopped early: nothing builds on after it
             if not finished:
-                Ahead(self.position, pending, iter(())).cancel()
+                cancel(pending)
                 if nxt is not None:
                     nxt.cancel()
             self._ahead = nxt if finished else None

@@ -6,8 +6,9 @@ estimation.
   workers  : per loader thread, read + decode + collate, and idle = its wall time minus those
 
 A batch's stages are recorded when it is built, so a build that straddles a phase's start counts wholly
-in that phase: with the pipeline kept full (the loader reads ahead across epoch ends), a thread's
-stages can exceed its wall time by up to one build, and its idle is then 0.
+in that phase, and so does one finished while the pipeline closes after the phase's last batch: with
+the pipeline kept full (the loader reads ahead across epoch ends), a thread's stages can exceed its wall
+time by up to a build at each end, and its idle is then 0.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import json
 import math
 import re
 import sys
+import threading
 import time
 from typing import Iterable, Sequence
 
@@ -169,7 +170,8 @@ class Progress:
     """Progress of long work on stderr: a live bar on a terminal; otherwise a plain line at most every
     ``PLAIN_EVERY`` seconds plus one at the end; nothing with --json or --quiet.
 
-    ``update(done, total, stage=..., detail=...)`` may be called from worker threads. The bar is
+    ``update(done, total, stage=..., detail=...)`` may be called from worker threads, and stages may run
+    at once (validate hashes shards while it reads samples): each stage has its own bar. The bar is
     redrawn only on updates (no refresh thread: convert forks workers, which must not inherit one).
     """
 
@@ -177,10 +179,11 @@ class Progress:
         self.label = label
         self.enabled = out.human
         self.live = self.enabled and err.is_terminal
-        self._bar = self._task = None
+        self._bar = None
+        self._tasks: dict[str, object] = {}  # stage -> its bar
+        self._lock = threading.Lock()
         self._last_line = 0.0
-        self._pending: str | None = None
-        self._stage = None
+        self._pending: dict[str, str] = {}  # stage -> its latest line, not printed yet
 
     def __enter__(self) -> Progress:
         if self.live:
@@ -196,28 +199,30 @@ class Progress:
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.__exit__(*exc)
-        elif self._pending is not None and exc[0] is None:
-            err.print(Text(self._pending))
+        elif exc[0] is None:
+            for text in self._pending.values():
+                err.print(Text(text))
 
     def update(self, done: int, total: int | None, *, stage: str = "", detail: str = "") -> None:
         if not self.enabled:
             return
         description = f"{self.label} {stage}".strip()
-        if self._bar is not None:
-            if self._task is None or stage != self._stage:
-                self._task = self._bar.add_task(description, total=total, detail="")
-                self._stage = stage
-            self._bar.update(self._task, completed=done, total=total, detail=clean(detail))
-            self._bar.refresh()
-            return
-        text = f"{description}: {done}/{total if total is not None else '?'}" + (f", {clean(detail)}" if detail else "")
-        now = time.monotonic()
-        finished = total is not None and done >= total
-        if finished or now - self._last_line >= PLAIN_EVERY:
-            err.print(Text(text))
-            self._last_line, self._pending = now, None
-        else:
-            self._pending = text
+        with self._lock:
+            if self._bar is not None:
+                if stage not in self._tasks:
+                    self._tasks[stage] = self._bar.add_task(description, total=total, detail="")
+                self._bar.update(self._tasks[stage], completed=done, total=total, detail=clean(detail))
+                self._bar.refresh()
+                return
+            text = f"{description}: {done}/{total if total is not None else '?'}" + (f", {clean(detail)}" if detail else "")
+            now = time.monotonic()
+            finished = total is not None and done >= total
+            if finished or now - self._last_line >= PLAIN_EVERY:
+                err.print(Text(text))
+                self._last_line = now
+                self._pending.pop(stage, None)
+            else:
+                self._pending[stage] = text
 
 
 def rate(nbytes: int, started: float) -> str:

@@ -74,17 +74,22 @@ def _die_with_parent(parent: int, close_fds: tuple[int, ...]) -> None:
 
 def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Callable[[int, object], None], *,
               start_method: str = "fork", describe: Callable[[object], str] = str,
-              inline_below: int = 2) -> None:
+              inline_below: int = 2, started: Callable[[], None] | None = None) -> None:
     """``fn(item)`` for every item; ``on_result(index, result)`` as each finishes (in completion order).
 
     ``fork`` starts workers in milliseconds with the modules already imported (the caller must run no
     other threads while the pool forks); ``spawn`` starts clean interpreters. With one worker, or fewer
-    items than ``inline_below``, the tasks run in this process.
+    items than ``inline_below``, the tasks run in this process. ``started()`` is called once the workers
+    exist (after the fork), so a thread it starts runs beside them without being forked into them.
     """
     if spec.kind == "ray":
+        if started:
+            started()
         return ray_map(fn, items, address=spec.ray_address, num_cpus=spec.workers or None, on_result=on_result)
     workers = min(spec.count, len(items))
     if workers <= 1 or len(items) < inline_below:
+        if started:
+            started()
         for i, item in enumerate(items):
             on_result(i, fn(item))
         return
@@ -93,7 +98,9 @@ def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Call
     futures = {}
     try:
         for i, item in enumerate(items):
-            futures[pool.submit(fn, item)] = i
+            futures[pool.submit(fn, item)] = i  # the first submit starts (forks) every worker
+            if i == 0 and started:
+                started()
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)

@@ -99,12 +99,15 @@ def probe_clip(data: bytes, on_frame=None) -> ClipProbe:
         if audio is not None:
             streams.append(audio)
         times, sizes, audio_spans = [], set(), []
-        last_duration = None
+        last = None  # the last frame with a duration: its seconds are worked out once, at the end
         error = audio_error = None
+        # Seconds per tick as a float, once: PyAV's time bases are Fractions, and Fraction arithmetic
+        # per packet cost more than the Python of this loop
+        audio_tb = float(audio.time_base) if audio is not None and audio.time_base else 0.0
         try:
             for packet in container.demux(*streams):
                 if packet.stream is audio:
-                    audio_error = audio_error or _audio_packet(audio, packet, audio_spans)
+                    audio_error = audio_error or _audio_packet(audio, packet, audio_tb, audio_spans)
                     continue
                 for frame in vs.codec_context.decode(packet):
                     if frame.is_corrupt:
@@ -112,9 +115,10 @@ def probe_clip(data: bytes, on_frame=None) -> ClipProbe:
                     if on_frame is not None:
                         on_frame(len(times), frame)
                     sizes.add((frame.width, frame.height))
-                    times.append(frame.time if frame.time is not None else np.nan)
+                    time = frame.time
+                    times.append(np.nan if time is None else time)
                     if frame.duration:
-                        last_duration = float(frame.duration * frame.time_base) if frame.time_base else None
+                        last = frame
         except _Damaged as d:
             n = d.args[0]
             error = f"decode error after {n} frames (frame {n + 1} is damaged; the decoder concealed it)"
@@ -122,6 +126,7 @@ def probe_clip(data: bytes, on_frame=None) -> ClipProbe:
             error = f"decode error after {len(times)} frames ({why(e)})"
         if not times and error is None:
             error = "no frame decodes"
+        last_duration = float(last.duration * last.time_base) if last is not None and last.time_base else None
         t = np.sort(np.asarray(times, np.float64))
         first = float(t[0]) if len(t) else 0.0
         cc = vs.codec_context
@@ -135,14 +140,15 @@ class _Damaged(Exception):
     pass
 
 
-def _audio_packet(stream, packet, spans: list) -> str | None:
-    """Record the packet's span and decode it; returns why it failed to decode, if it did."""
+def _audio_packet(stream, packet, tb: float, spans: list) -> str | None:
+    """Record the packet's span (``tb``: seconds per tick) and decode it; returns why it failed to
+    decode, if it did."""
     import av
 
     if packet.size == 0 or packet.pts is None:
         return None
-    tb = stream.time_base
-    spans.append((float(packet.pts * tb), float((packet.pts + (packet.duration or 0)) * tb)))
+    pts = packet.pts
+    spans.append((pts * tb, (pts + (packet.duration or 0)) * tb))
     try:
         stream.codec_context.decode(packet)
     except (av.error.FFmpegError, ValueError) as e:

@@ -1,6 +1,8 @@
 """Running a validation: the proven manifest and index -> lineage.verify (every shard hashed, every
-locator checked, in threads) -> one pass over every sample (``core.executor.run_tasks``: local processes
-or Ray) -> each registered check's ``run`` -> the Report.
+locator checked, in threads) beside one pass over every sample (``core.executor.run_tasks``: local
+processes or Ray) -> each registered check's ``run`` -> the Report. On a local catalog the two overlap
+(the pass re-reads the units of any shard the hashing finds damaged); an object store's shards are
+hashed first, as that fills the cache the pass reads.
 
 The library decides no exit code: ``Report.accepted`` (or ``Report.raise_if_rejected()``, which raises
 ``CheckFailed``) is what a caller gates on. Mistakes of the caller (unknown version or split set) are
@@ -10,10 +12,11 @@ is a ``LineageError``; a damaged shard or sample is a finding, never an exceptio
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -62,23 +65,56 @@ def _reporter(progress: Progress | None, stage: str) -> Callable[[int, int], Non
     return report
 
 
+def _missing(facts: VersionFacts) -> set[str]:
+    """Shards lineage.verify found missing (their samples are lost, not read)."""
+    return {p["shard"] for p in facts.verify if p.get("problem") == "missing" and "sample" not in p}
+
+
+def _beside(work: Callable[[], None]) -> tuple[threading.Thread, Callable[[], None]]:
+    """``work`` in a thread (not started), and a function that waits for it and re-raises its error."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread, which re-raises it
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name="dsbuild-validate-shards", daemon=True)
+
+    def wait() -> None:
+        if thread.ident is None:
+            thread.start()
+        thread.join()
+        if failed:
+            raise failed[0]
+    return thread, wait
+
+
 def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, executor: ExecutorSpec,
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, alongside: Callable[[], None] | None = None) -> None:
+    """Read every sample once (``inspect_unit`` in the workers).
+
+    With ``alongside`` (the shard hashing), the pass does not wait for the shards' verdict: the hashing
+    runs in a thread beside the workers, units read every present shard as if it were sound, and once
+    the hashing is done a shard found damaged has its units read again (to name the damaged samples)."""
     m = facts.manifest
     by_shard: dict[str, list[IndexRow]] = defaultdict(list)
     for r in facts.rows:
         by_shard[r.shard].append(r)
-    missing = {p["shard"] for p in facts.verify if p.get("problem") == "missing" and "sample" not in p}
+    skip = _missing(facts)
     paths: dict[str, str] = {}
     for rec in m.shards:
-        if rec.path in missing:
-            facts.lost += [(r.key, f"lost with missing shard {rec.path}") for r in by_shard[rec.path]]
+        if rec.path in skip:
             continue
         try:
-            paths[rec.path] = str(catalog.shard_file(rec))
+            path = str(catalog.shard_file(rec))
         except (DsbuildError, OSError) as e:  # e.g. an object store's bytes fail the cache's sha256 check
             facts.lost += [(r.key, f"in shard {rec.path}, which cannot be read ({str(e)[:160]})")
                            for r in by_shard[rec.path]]
+            continue
+        if os.path.exists(path):  # a missing one is lineage.verify's to find
+            paths[rec.path] = path
     work = sum(s.bytes for s in m.shards) if facts.level == "structural" else sum(r.frames or 0 for r in facts.rows)
     if executor.kind == "local" and work < POOL_MIN[facts.level]:
         executor = ExecutorSpec(workers=1)
@@ -96,9 +132,21 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
         if report:
             report(done, total)
 
-    run_tasks(inspect_unit, units, executor, collect, describe=lambda u: f"shard {u.shard}")
-    facts.samples = sorted((s for r in results for s in r.samples), key=lambda s: s.key)
-    facts.unsafe = sorted(x for r in results for x in r.unsafe)
+    thread, wait = _beside(alongside) if alongside else (None, None)
+    try:
+        run_tasks(inspect_unit, units, executor, collect, describe=lambda u: f"shard {u.shard}",
+                  started=thread.start if thread else None)
+    finally:
+        if wait:
+            wait()
+    bad, missing = facts.bad_shards(), _missing(facts)
+    for i, unit in enumerate(units):  # shards the hashing found damaged while the pass read them
+        if unit.shard in bad and not unit.shard_damaged:
+            results[i] = None if unit.shard in missing else inspect_unit(replace(unit, shard_damaged=True))
+    for shard in sorted(missing):
+        facts.lost += [(r.key, f"lost with missing shard {shard}") for r in by_shard[shard]]
+    facts.samples = sorted((s for r in results if r for s in r.samples), key=lambda s: s.key)
+    facts.unsafe = sorted(x for r in results if r for x in r.unsafe)
 
 
 def _result(check: Check, spec: AcceptanceSpec, facts: VersionFacts) -> CheckResult:
@@ -131,12 +179,20 @@ def validate(catalog: Catalog | Path | str, version: str | None = None, spec: Ac
     if options.split:
         facts.split = read_split(catalog, version_id, options.split)
     timings = {}
+
+    def check_shards() -> None:
+        began = time.monotonic()
+        facts.verify = verify(catalog, version_id, threads=options.threads or executor.count,
+                              progress=_reporter(progress, "shards")).problems
+        timings["shards"] = round(time.monotonic() - began, 3)
+
+    # A local catalog's shards are hashed while the samples are read (hashlib and the decoders free the
+    # GIL); an object store's are hashed first, since the hashing fills the shard cache the pass reads.
+    remote = catalog.root is None
+    if remote:
+        check_shards()
     t = time.monotonic()
-    facts.verify = verify(catalog, version_id, threads=options.threads or executor.count,
-                          progress=_reporter(progress, "shards")).problems
-    timings["shards"] = round(time.monotonic() - t, 3)
-    t = time.monotonic()
-    _sample_pass(catalog, facts, spec, executor, progress)
+    _sample_pass(catalog, facts, spec, executor, progress, None if remote else check_shards)
     timings["samples"] = round(time.monotonic() - t, 3)
     t = time.monotonic()
     checks = tuple(_result(c, spec, facts) for c in CHECKS)

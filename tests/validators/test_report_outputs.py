@@ -91,12 +91,11 @@ def test_the_gate_raises_check_failed_naming_the_failed_checks(hostile, wds_cata
     assert verdict_line(accepted).startswith("ACCEPTED")
 
 
-def test_progress_reports_hashing_then_samples_up_to_their_totals(hostile):
-    _, report, _, calls = hostile
-    stages = [stage for _, _, stage in calls]
-    assert stages[0] == "shards" and stages[-1] == "samples" and stages == sorted(stages, key=["shards", "samples"].index)
-    assert calls[-1][:2] == (report.summary.samples, report.summary.samples)
-    assert max(d for d, t, s in calls if s == "shards") == report.summary.shards
+def test_progress_reports_hashing_and_samples_each_up_to_its_total(hostile):
+    _, report, _, calls = hostile  # the two stages run at once on a local catalog: each counts up on its own
+    for stage, total in (("shards", report.summary.shards), ("samples", report.summary.samples)):
+        done = [d for d, t, s in calls if s == stage]
+        assert done == sorted(done) and done[-1] == total and {t for d, t, s in calls if s == stage} == {total}
 
 
 def test_junit_has_one_testcase_per_check_and_failures_with_messages(hostile):

@@ -12,7 +12,7 @@ import pytest
 from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.validators import ValidateOptions, validate
+from dsbuild.validators import ValidateOptions, run, validate
 from dsbuild.validators.checks.structural import key_order_problems
 from tests.validators.support import canonical_meta, copy_catalog, reseal, rows
 
@@ -38,7 +38,11 @@ def test_clean_versions_pass_every_structural_check(fixture, request):
     assert report.summary.samples == len(rows(cat, vid)) and report.summary.checked_content == 0
 
 
-def test_flipped_byte_fails_shard_hashes_naming_the_shard_and_the_sample(wds_catalog, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_flipped_byte_fails_shard_hashes_naming_the_shard_and_the_sample(wds_catalog, tmp_path, workers, monkeypatch):
+    """The samples are read while the shards are hashed; the damaged shard's samples are read again once
+    the hashing has found it (in this process, or after a pool of workers read them unknowing)."""
+    monkeypatch.setattr(run, "POOL_MIN", dict.fromkeys(run.POOL_MIN, 0))  # a pool even for this small catalog
     cat = copy_catalog(wds_catalog[0], tmp_path / "cat")
     vid = wds_catalog[1]
     row = rows(cat, vid)[4]
@@ -46,7 +50,7 @@ def test_flipped_byte_fails_shard_hashes_naming_the_shard_and_the_sample(wds_cat
     data = bytearray(shard.read_bytes())
     data[row.byte_offset + row.byte_length // 2] ^= 0xFF  # inside this sample's video
     shard.write_bytes(bytes(data))
-    report = validate(cat, vid, executor=ONE)
+    report = validate(cat, vid, executor=ExecutorSpec(workers=workers))
     assert not report.accepted and failing(report) == {"shard_hashes"}
     offenders = report.check("shard_hashes").offenders
     assert offenders[0].kind == "shard" and offenders[0].item == row.shard and "altered" in offenders[0].detail
@@ -67,12 +71,14 @@ def test_truncated_shard_names_the_samples_cut_off(wds_catalog, tmp_path):
     assert items(report, "members") == [last.key] and last.key in items(report, "shard_hashes")
 
 
-def test_missing_shard_names_its_samples(parquet_catalog, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_missing_shard_names_its_samples(parquet_catalog, tmp_path, workers, monkeypatch):
+    monkeypatch.setattr(run, "POOL_MIN", dict.fromkeys(run.POOL_MIN, 0))
     cat = copy_catalog(parquet_catalog[0], tmp_path / "cat")
     vid = parquet_catalog[1]
     gone = Catalog.open(cat).manifest(vid).shards[0].path
     (cat / gone).unlink()
-    report = validate(cat, vid, executor=ONE)
+    report = validate(cat, vid, executor=ExecutorSpec(workers=workers))
     assert failing(report) == {"shard_hashes"}
     lost = sorted(r.key for r in rows(cat, vid) if r.shard == gone)
     found = {o.item: o.detail for o in report.check("shard_hashes").offenders}

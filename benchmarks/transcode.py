@@ -67,7 +67,7 @@ def decode_at(clips: list[bytes], size: int) -> tuple[int, float]:
             s.thread_type = "AUTO"
             rgb = VideoReformatter()  # one scaler per clip, as the loader does
             for frame in c.decode(s):
-                rgb.reformat(frame, width=size, height=size, format="rgb24").to_ndarray()
+                rgb.reformat(frame, width=size, height=size, format="rgb24", threads=1).to_ndarray()
                 n += 1
     return n, time.perf_counter() - t
 

@@ -71,6 +71,10 @@ def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, 
 
 
 CURRENT_CONTEXT = 2  # AV_CUDA_USE_CURRENT_CONTEXT (libavutil/hwcontext_cuda.h)
+
+# swscale threads per frame conversion. PyAV's default (0) starts one per core for every frame: with the
+# loader's threads already on every core that cost 4-12% of frames/s here, and at one loader thread too.
+SWSCALE_THREADS = 1
 _bound = threading.local()  # the CUDA device whose context this thread has current
 
 
@@ -108,9 +112,12 @@ def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bo
     ctx.flush_buffers()
     ctx.skip_frame = "NONREF" if skip_nonref else "DEFAULT"
     # One scaler for the clip: ``frame.to_ndarray(format=...)`` builds a new swscale context for every
-    # frame, which cost more than the conversion itself (2.2-2.4x the frames/s with one per clip)
+    # frame, which cost more than the conversion itself (2.2-2.4x the frames/s with one per clip). One
+    # thread per conversion (SWSCALE_THREADS): the loader's own threads are the parallelism
     rgb = VideoReformatter()
-    kw = {"format": "rgb24"} if size is None else {"format": "rgb24", "width": size[1], "height": size[0]}
+    kw = {"format": "rgb24", "threads": SWSCALE_THREADS}
+    if size is not None:
+        kw.update(width=size[1], height=size[0])
     out = None
     left = len(wanted)
     decoded = 0

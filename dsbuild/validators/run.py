@@ -83,8 +83,6 @@ def _beside(work: Callable[[], None]) -> tuple[threading.Thread, Callable[[], No
     thread = threading.Thread(target=run, name="dsbuild-validate-shards", daemon=True)
 
     def wait() -> None:
-        if thread.ident is None:
-            thread.start()
         thread.join()
         if failed:
             raise failed[0]
@@ -133,12 +131,10 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
             report(done, total)
 
     thread, wait = _beside(alongside) if alongside else (None, None)
-    try:
-        run_tasks(inspect_unit, units, executor, collect, describe=lambda u: f"shard {u.shard}",
-                  started=thread.start if thread else None)
-    finally:
-        if wait:
-            wait()
+    run_tasks(inspect_unit, units, executor, collect, describe=lambda u: f"shard {u.shard}",
+              started=thread.start if thread else None)  # on failure the error goes up at once
+    if wait:
+        wait()
     bad, missing = facts.bad_shards(), _missing(facts)
     for i, unit in enumerate(units):  # shards the hashing found damaged while the pass read them
         if unit.shard in bad and not unit.shard_damaged:

@@ -204,6 +204,8 @@ class ParquetFormat(ShardFormat):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from dsbuild.core.arrow import array
+
         rows: dict[str, list] = {c: [] for c in COLUMNS}
         entries = []
         for n, seg in enumerate(segments):
@@ -220,7 +222,7 @@ class ParquetFormat(ShardFormat):
             entries.append(Entry(seg.key, seg.sha256, row_group=n // self.row_group_samples,
                                  row=n % self.row_group_samples))
         schema = _schema()
-        table = pa.table({c: pa.array(rows[c], type=schema.field(c).type) for c in COLUMNS}, schema=schema)
+        table = pa.table({c: array(rows[c], schema.field(c).type) for c in COLUMNS}, schema=schema)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, row_group_size=self.row_group_samples, compression=COMPRESSION,
                        use_dictionary=list(_DICTIONARY), use_byte_stream_split=list(_FLOATS),

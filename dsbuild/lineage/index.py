@@ -138,12 +138,13 @@ def index_bytes(rows: list[IndexRow]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from dsbuild.core.arrow import array
+
     rows = sorted(rows, key=lambda r: r.key)
     schema = index_schema()
     names = [f.name for f in fields(IndexRow)]
     columns = {n: [getattr(r, n) for r in rows] for n in names}
-    columns["conditions"] = [list(c) for c in columns["conditions"]]
-    table = pa.table({n: pa.array(columns[n], type=schema.field(n).type) for n in INDEX_COLUMNS}, schema=schema)
+    table = pa.table({n: array(columns[n], schema.field(n).type) for n in INDEX_COLUMNS}, schema=schema)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", row_group_size=1 << 17, store_schema=False)
     return sink.getvalue().to_pybytes()

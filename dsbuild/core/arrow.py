@@ -1,9 +1,9 @@
-"""Arrow arrays from Python values, built from their buffers.
+"""Arrow arrays from Python values and numpy vectors from Arrow columns, through their buffers.
 
-``pyarrow.array`` asks, for every call, whether pandas is installed, and imports it if so (0.16 s, for
-a column of ints): a ``convert`` command paid that for its index, and each worker for its first Parquet
-shard. These builders lay out the same buffers Arrow's own conversion makes (a test holds them equal to
-``pyarrow.array`` on every type used here), without the detour.
+``pyarrow.array`` and ``to_numpy`` ask whether pandas is installed, and import it if so (0.16 s, for a
+column of ints): ``convert`` paid that for its index, each of its workers for its first Parquet shard,
+``split`` and the loader's start for index columns. These lay out the same buffers Arrow's own
+conversions make (tests hold them equal on every type used here), without the detour.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ _OFFSET_LIMIT = (1 << 31) - 1  # 32-bit offsets: a string, binary, list or map c
 def array(values, type):
     """``pyarrow.array(values, type)`` for the types dsbuild writes: (u)ints, floats, bool, string,
     binary, timestamp[us] (from datetimes; naive ones are taken as UTC), list<any of these> (from
-    sequences or numpy arrays) and map<string, string> (from (key, value) pairs or dicts). None is null."""
+    sequences or numpy arrays) and map<string, string> (from (key, value) pairs or dicts). None is null.
+    ``values`` may be a numpy vector (no nulls then)."""
     import pyarrow as pa
 
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype != object:
+        return _from_numpy(values, type)
     values = values if isinstance(values, list) else list(values)
     valid = [v is not None for v in values]
     n, nulls = len(values), valid.count(False)
@@ -45,6 +48,18 @@ def array(values, type):
         raise TypeError(f"no builder for {type}")
     data = np.array([0 if v is None else v for v in values], dtype=dtype)
     return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(data)], null_count=nulls)
+
+
+def _from_numpy(values: np.ndarray, type):
+    """A column without nulls from a numpy vector: its buffer as it is when the dtype is the column's."""
+    import pyarrow as pa
+
+    if pa.types.is_boolean(type) and values.dtype == bool:
+        return pa.Array.from_buffers(type, len(values), [None, _bitmap(values)])
+    numeric = pa.types.is_integer(type) or pa.types.is_floating(type)
+    if numeric and values.dtype == np.dtype(type.to_pandas_dtype()):
+        return pa.Array.from_buffers(type, len(values), [None, pa.py_buffer(np.ascontiguousarray(values))])
+    return array(values.tolist(), type)
 
 
 def _nested(values: list, type, valid: list[bool], nulls: int):
@@ -79,10 +94,10 @@ def _flat(entries: list, type):
     return array([x for e in entries for x in (e.tolist() if isinstance(e, np.ndarray) else e)], type)
 
 
-def _bitmap(bits: list[bool]):
+def _bitmap(bits):
     import pyarrow as pa
 
-    return pa.py_buffer(np.packbits(np.array(bits, bool), bitorder="little"))
+    return pa.py_buffer(np.packbits(np.asarray(bits, bool), bitorder="little"))
 
 
 def _offsets(lengths: list[int]) -> np.ndarray:
@@ -96,3 +111,33 @@ def _offsets(lengths: list[int]) -> np.ndarray:
 def _micros(t: datetime) -> int:
     """Microseconds since the epoch, exactly (a naive time is UTC)."""
     return ((t if t.tzinfo else t.replace(tzinfo=timezone.utc)) - EPOCH) // _MICRO
+
+
+def to_numpy(column, null=None) -> np.ndarray:
+    """A numeric or bool column (Array or ChunkedArray) as a numpy vector (a copy); nulls become ``null``
+    (without one, a column with nulls is a ValueError)."""
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    n, off = len(column), column.offset
+    validity, data = column.buffers()[:2]
+    if column.null_count and null is None:
+        raise ValueError(f"a {column.type} column with {column.null_count} nulls and no value for them")
+    if pa.types.is_boolean(column.type):
+        out = _bits(data, off, n)
+    elif pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
+        dtype = np.dtype(column.type.to_pandas_dtype())
+        out = np.frombuffer(data, dtype, count=n, offset=off * dtype.itemsize).copy() if n else np.zeros(0, dtype)
+    else:
+        raise TypeError(f"no numpy vector for {column.type}")
+    if column.null_count:
+        out[~_bits(validity, off, n)] = null
+    return out
+
+
+def _bits(buffer, offset: int, n: int) -> np.ndarray:
+    """n bits of an Arrow bitmap from ``offset``, as bools."""
+    if n == 0:
+        return np.zeros(0, bool)
+    return np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")[offset:offset + n].astype(bool)

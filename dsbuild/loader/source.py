@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dsbuild.core.arrow import array, to_numpy
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.formats import Entry, get_format
 from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS
@@ -98,35 +99,36 @@ class Source:
         if stray := [s for s in names if s not in records]:  # never follow an index entry out of the catalog
             raise FormatError(f"{self.ref}: index names shards the manifest does not hold: {stray[:3]}")
         self.shards: list[ShardRecord] = [records[s] for s in names]
-        self.shard_id = shard_col.indices.to_numpy().astype(np.int32)
+        self.shard_id = to_numpy(shard_col.indices).astype(np.int32)
         self.shard_bytes = np.array([s.bytes for s in self.shards], dtype=np.int64)
         self.byte_range = table["byte_offset"].null_count == 0 and table["byte_length"].null_count == 0
         if not self.byte_range and (table["row_group"].null_count or table["row_index"].null_count):
             raise FormatError(f"{self.ref}: index rows give neither a byte range nor a row for every sample")
         for c in ("byte_offset", "byte_length", "row_group", "row_index"):
-            setattr(self, c, table[c].fill_null(-1).to_numpy().astype(np.int64))
+            setattr(self, c, to_numpy(table[c], null=-1).astype(np.int64))
         mb = table["member_bytes"]
         self.member_bytes = self.payload_offsets = None
         if mb.null_count == 0:
-            widths = pc.list_value_length(mb).to_numpy()
+            widths = to_numpy(pc.list_value_length(mb))
             if np.any(widths != len(MEMBERS)):
                 bad = int(np.flatnonzero(widths != len(MEMBERS))[0])
                 raise FormatError(f"{self.keys[bad]}: index lists {widths[bad]} member sizes, not {len(MEMBERS)}")
-            self.member_bytes = pc.list_flatten(mb).to_numpy().astype(np.int64).reshape(-1, len(MEMBERS))
+            self.member_bytes = to_numpy(pc.list_flatten(mb)).astype(np.int64).reshape(-1, len(MEMBERS))
         for c in ("frames", "width", "height", "n_controls", "n_channels"):
-            setattr(self, c, table[c].to_numpy().astype(np.int64))
-        self.fps = table["fps"].fill_null(0.0).to_numpy()
-        self.has_audio = table["has_audio"].to_numpy(zero_copy_only=False).astype(bool)
+            setattr(self, c, to_numpy(table[c]).astype(np.int64))
+        self.fps = to_numpy(table["fps"], null=0.0)
+        self.has_audio = to_numpy(table["has_audio"], null=False)
         codec = pc.dictionary_encode(table["codec"]).combine_chunks()
-        self.codec_id, self.codecs = codec.indices.to_numpy(), codec.dictionary.to_pylist()
+        self.codec_id, self.codecs = to_numpy(codec.indices), codec.dictionary.to_pylist()
 
     def _sessions(self, table) -> None:
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         enc = pc.dictionary_encode(table["session_id"]).combine_chunks()
-        self.session_code = enc.indices.to_numpy().astype(np.int32)
+        self.session_code = to_numpy(enc.indices).astype(np.int32)
         _, first = np.unique(self.session_code, return_index=True)
-        rows = table.select(list(SESSION_COLUMNS)).take(first).to_pylist()
+        rows = table.select(list(SESSION_COLUMNS)).take(array(first, pa.int64())).to_pylist()
         vocab = {s.session_id: s for s in self.catalog.sessions(self.version_id).sessions}
         self.sessions: list[Session] = []
         for row in rows:

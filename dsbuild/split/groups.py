@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from dsbuild.core.arrow import array, to_numpy
 from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS
@@ -47,9 +48,9 @@ def read_version(catalog: Catalog, version_id: str) -> VersionSamples:
     order = np.argsort(np.array(names, dtype=object), kind="stable") if names else np.zeros(0, np.int64)
     rank = np.empty(len(names), np.int64)
     rank[order] = np.arange(len(names))
-    row_session = rank[encoded.indices.to_numpy(zero_copy_only=False)] if len(names) else np.zeros(0, np.int64)
+    row_session = rank[to_numpy(encoded.indices)] if len(names) else np.zeros(0, np.int64)
     uniq, first, counts = np.unique(row_session, return_index=True, return_counts=True)
-    firsts = table.select(["session_id", *SESSION_COLUMNS]).take(pa.array(first)).to_pylist()
+    firsts = table.select(["session_id", *SESSION_COLUMNS]).take(array(first, pa.int64())).to_pylist()
     sessions, per_session = {}, {}
     for record, n in zip(firsts, counts, strict=True):
         record["conditions"] = _conditions(record["conditions"], path)
@@ -119,8 +120,8 @@ def rows_by_split(vs: VersionSamples, group_of: dict[str, str], split_of_group: 
     sid_group = [group_of.get(sid) for sid in vs.session_ids]
     sid_split = np.array([split_of_group.get(g) == split if g is not None else False for g in sid_group])
     mask = sid_split[vs.row_session] if len(vs.row_session) else np.zeros(0, bool)
-    rows = vs.table.filter(pa.array(mask))
+    rows = vs.table.filter(array(mask, pa.bool_()))
     sel = vs.row_session[mask]
-    group_col = pa.array(sid_group, pa.string()).take(pa.array(sel, pa.int64()))
+    group_col = array(sid_group, pa.string()).take(array(sel, pa.int64()))
     return (rows.append_column("group_value", group_col)
-            .append_column("split", pa.array([split] * rows.num_rows, pa.string())))
+            .append_column("split", array([split] * rows.num_rows, pa.string())))

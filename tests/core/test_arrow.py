@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsbuild.core.arrow import array
+from dsbuild.core.arrow import array, to_numpy
 
 text = st.text(max_size=8)
 times = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
@@ -56,6 +56,33 @@ def test_numpy_rows_make_the_same_list_column(rows, dtype):
     assert [b and b.to_pybytes() for b in ours.buffers()] == [b and b.to_pybytes() for b in theirs.buffers()]
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), type=st.sampled_from([pa.int64(), pa.int32(), pa.float64(), pa.bool_()]))
+def test_numpy_vectors_make_the_same_column(data, type):
+    dtype = {pa.int64(): np.int64, pa.int32(): np.int64, pa.float64(): np.float64,
+             pa.bool_(): bool}[type]  # int32 from int64: converted, not reinterpreted
+    values = np.array(data.draw(st.lists(COLUMNS[pa.int32() if type == pa.int32() else type], max_size=10)),
+                      dtype)
+    ours, theirs = array(values, type), pa.array(values, type=type)
+    assert [b and b.to_pybytes() for b in ours.buffers()] == [b and b.to_pybytes() for b in theirs.buffers()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), type=st.sampled_from([pa.int32(), pa.int64(), pa.float64(), pa.bool_()]))
+def test_to_numpy_equals_pyarrow_on_slices_chunks_and_nulls(data, type):
+    chunks = data.draw(st.lists(st.lists(st.none() | COLUMNS[type], max_size=9), min_size=1, max_size=3))
+    column = pa.chunked_array([pa.array(c, type=type) for c in chunks], type=type)
+    lo = data.draw(st.integers(0, len(column)))
+    column = column.slice(lo, data.draw(st.integers(0, len(column) - lo)))  # offsets into the buffers
+    fill = {pa.bool_(): False, pa.float64(): 0.5}.get(type, -1)
+    want = column.fill_null(fill).to_numpy()
+    got = to_numpy(column, null=fill)
+    assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=type != pa.bool_())
+    if column.null_count:
+        with pytest.raises(ValueError, match="nulls"):
+            to_numpy(column)
+
+
 def test_numpy_rows_naive_times_and_dicts_are_accepted():
     rows = [np.array([1.5, 2.5], np.float32), None, np.zeros(0, np.float32)]
     assert array(rows, pa.list_(pa.float32())).to_pylist() == [[1.5, 2.5], None, []]
@@ -67,8 +94,7 @@ def test_numpy_rows_naive_times_and_dicts_are_accepted():
         array([1], pa.decimal128(5, 2))
 
 
-ROWS = """
-import sys
+ROUND_TRIP = """
 from datetime import datetime, timezone
 from dsbuild.lineage.index import IndexRow, index_bytes, rows_from_table, table_from_bytes
 base = dict(sha256="0" * 64, shard="shards/a.tar", session_id="s", title="t", player="p", clip_index=0,
@@ -79,14 +105,30 @@ rows = [IndexRow(key="a__000000", conditions=(("map", "dust"),), platform="pc", 
                  started_at=datetime(2026, 11, 30, 12, tzinfo=timezone.utc), fps=30.0, byte_offset=0,
                  byte_length=512, member_bytes=(1, 2, 3), **base),
         IndexRow(key="b__000000", **base)]
-data = index_bytes(rows)
-print("pandas" in sys.modules, rows_from_table(table_from_bytes(data, "index")) == rows)
+assert rows_from_table(table_from_bytes(index_bytes(rows), "index")) == rows
+"""
+USER_PATH = """
+import sys
+from dsbuild.cli import app
+
+def run(*args):
+    assert app.run(list(args)) == 0, args  # the command's body as the executable runs it, in this process
+
+captures, out = sys.argv[1:3]
+run("convert", captures, out, "--format", "parquet", "--workers", "1", "--quiet")
+run("split", out, "--by", "player", "--name", "main", "--quiet")
+from dsbuild.loader import Loader, LoaderOptions
+next(iter(Loader(out, options=LoaderOptions(batch_size=2, decode="bytes"))))
+exec(sys.argv[3])
+print("pandas" in sys.modules)
 """
 
 
-def test_an_index_is_written_without_importing_pandas():
-    """pyarrow.array imports pandas when it is installed (0.16 s of every convert); it is here (an extra
-    needs it), so this fails if the index is built through pyarrow.array again."""
+def test_convert_split_and_the_loader_start_without_importing_pandas(captures, tmp_path):
+    """pyarrow imports pandas for ``pyarrow.array`` and ``to_numpy`` when it is installed (0.16 s a
+    command); it is here (an extra needs it), so this fails if one of these paths goes through them."""
     assert subprocess.run([sys.executable, "-c", "import pandas"]).returncode == 0, "pandas is not installed"
-    out = subprocess.run([sys.executable, "-c", ROWS], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "True"]
+    args = [sys.executable, "-c", USER_PATH, str(captures), str(tmp_path / "cat"), ROUND_TRIP]
+    out = subprocess.run(args, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "False", out.stdout + out.stderr[-3000:]

@@ -36,8 +36,9 @@ Raw = tuple[memoryview, int] | None  # a batch array's memory as bytes, and the 
 
 
 def _raw(dst: np.ndarray) -> Raw:
-    """``dst``'s memory as bytes, where samples' rows can be copied in with one memcpy."""
-    if not dst.flags.c_contiguous:
+    """``dst``'s memory as bytes, where samples' rows can be copied in with one memcpy (None: no memcpy;
+    also for an array with no columns, such as the telemetry of captures without any)."""
+    if not dst.flags.c_contiguous or dst.size == 0:
         return None
     return memoryview(dst).cast("B"), dst.itemsize * (dst.shape[2] if dst.ndim == 3 else 1)
 
@@ -56,7 +57,9 @@ def _copy_rows(dst: np.ndarray, raw: Raw, b: int, pos: int, data: memoryview, dt
     """Rows ``start``, ``start + step``, ... (``n`` of them) of the array whose bytes are ``data`` (rows of
     ``width`` values; None: one) into ``dst[b, pos:pos + n]``: one memcpy where they land contiguously
     (same dtype, no remapped columns, the vocabulary's full width, unstrided), numpy otherwise."""
-    row = (width or 1) * dtype.itemsize
+    row = (1 if width is None else width) * dtype.itemsize
+    if row == 0:  # no columns: nothing to copy
+        return
     if raw is not None and cols is None and row == raw[1] and (step == 1 or n <= 1) and dtype == dst.dtype:
         at = (b * dst.shape[1] + pos) * row
         raw[0][at:at + n * row] = data[start * row:(start + n) * row]

@@ -187,7 +187,7 @@ def array_bytes(raw: RawSample, slot: int, width: int | None, dtype: np.dtype) -
     """The bytes of the array member in ``slot`` ([frames] or [frames, width] of ``dtype``): the member's
     last frames * width * itemsize bytes, as the index shapes it (no .npy header parse)."""
     data, t = memoryview(raw.members[slot]), raw.frames
-    need = t * (width or 1) * dtype.itemsize
+    need = t * (1 if width is None else width) * dtype.itemsize
     if len(data) < need:
         raise FormatError(f"{raw.key}: {MEMBERS[slot]} holds {len(data)} bytes, less than its {t}-frame array")
     return data[len(data) - need:]

@@ -65,18 +65,19 @@ def rows(a: np.ndarray, window: slice):
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 9), st.integers(0, 4), st.integers(1, 3), st.integers(1, 3)),
                 min_size=1, max_size=4),
-       st.sampled_from([None, 6, 20]), st.booleans(), st.integers(0, 2**32 - 1))
-def test_rows_left_in_the_read_buffer_collate_like_their_arrays(shapes, pack, remap, seed):
+       st.sampled_from([None, 6, 20]), st.booleans(), st.integers(0, 2**32 - 1), st.sampled_from([0, 2]))
+def test_rows_left_in_the_read_buffer_collate_like_their_arrays(shapes, pack, remap, seed, channels):
     """The memcpy path (rows that land contiguously) and the numpy path (strided windows, remapped or
-    narrower columns) give the batch that numpy views of the same rows give."""
+    narrower columns) give the batch that numpy views of the same rows give; also with no telemetry
+    channels at all."""
     rng = np.random.default_rng(seed)
-    width = (3, 2)
+    width = (3, channels)
     as_rows, as_arrays, maps = [], [], []
     for frames, start, step, controls in shapes:
         start = min(start, frames - 1)
         window = slice(start, frames, step)
         full = {"actions": rng.random((frames, controls), dtype=np.float32),
-                "telemetry": rng.random((frames, 2), dtype=np.float32),
+                "telemetry": rng.random((frames, channels), dtype=np.float32),
                 "timestamps": np.arange(frames) / 30.0}
         as_rows.append({k: rows(v, window) for k, v in full.items()})
         as_arrays.append({k: v[window] for k, v in full.items()})
@@ -93,8 +94,8 @@ def test_rows_left_in_the_read_buffer_collate_like_their_arrays(shapes, pack, re
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 9), st.integers(1, 3), st.booleans()), min_size=1, max_size=5),
-       st.integers(0, 2**32 - 1))
-def test_whole_clips_collate_straight_from_read_samples_like_their_arrays(shapes, seed):
+       st.integers(0, 2**32 - 1), st.sampled_from([0, 2]))
+def test_whole_clips_collate_straight_from_read_samples_like_their_arrays(shapes, seed, channels):
     """``collate_clips`` (inline memcpy for sessions on the vocabulary's columns, numpy otherwise) gives
     the batch ``collate`` gives for the same clips as arrays."""
     from dsbuild.formats.sample import MEMBERS
@@ -105,18 +106,18 @@ def test_whole_clips_collate_straight_from_read_samples_like_their_arrays(shapes
     raws, items, maps = [], [], []
     for k, (frames, controls, remap) in enumerate(shapes):
         arrays = {"actions": rng.random((frames, controls), dtype=np.float32),
-                  "telemetry": rng.random((frames, 2), dtype=np.float32),
+                  "telemetry": rng.random((frames, channels), dtype=np.float32),
                   "timestamps": np.arange(frames) / 30.0}
         members = [memoryview(b"{}"), memoryview(b"mp4")] + \
                   [memoryview(b"\x93NUMPY-header" + a.astype(a.dtype.newbyteorder("<")).tobytes())
                    for a in arrays.values()] + [memoryview(b"")]
         assert len(members) == len(MEMBERS)
-        raws.append(RawSample(k, f"k{k}", members, frames, controls, 2, 0))
+        raws.append(RawSample(k, f"k{k}", members, frames, controls, channels, 0))
         items.append([arrays])
         cols = np.array([2, 0, 1][:controls], dtype=np.intp) if remap or controls < 3 else None
         maps.append((cols, None))
-    want, want_counts = collate(items, [[m] for m in maps], (3, 2), None)
-    got, got_counts = collate_clips(raws, maps, (3, 2))
+    want, want_counts = collate(items, [[m] for m in maps], (3, channels), None)
+    got, got_counts = collate_clips(raws, maps, (3, channels))
     assert got_counts == want_counts
     for name in ("actions", "telemetry", "timestamps", "lengths"):
         assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name

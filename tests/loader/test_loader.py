@@ -411,3 +411,28 @@ def test_sessions_with_different_controls_land_in_their_own_columns(captures, tm
                 assert (b["actions"][i, :n, j] == expected).all(), (session, control)
             seen += 1
     assert seen == len(index_rows(str(out), vid))
+
+
+@pytest.mark.parametrize("dropped", [("telemetry.jsonl",), ("telemetry.jsonl", "actions.jsonl")])
+def test_captures_without_telemetry_or_actions_deliver_empty_columns(captures, tmp_path, dropped):
+    """Recorders often write video and inputs only (or video alone): the vocabulary is then empty and
+    every batch carries [B, T, 0] arrays, in bytes mode on both routes and in frames mode."""
+    import shutil
+
+    from dsbuild.convert import ConvertConfig, convert
+    from dsbuild.core.executor import ExecutorSpec
+
+    caps = tmp_path / "caps"
+    shutil.copytree(captures, caps)
+    for name in dropped:
+        for f in caps.rglob(name):
+            f.unlink()
+    out = str(tmp_path / "cat")
+    convert(caps, out, ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
+    assert_same_batches(Loader(out, decode="bytes", batch_size=4, seed=3),
+                        Loader(out, decode="bytes", batch_size=4, seed=3, map=lambda s, rng: s))
+    for b in Loader(out, decode="frames", batch_size=4, seed=3, resize=(16, 16), bucket_by="resolution"):
+        n = len(b["keys"])
+        assert b["telemetry"].shape[::2] == (n, 0) and b["timestamps"].shape[0] == n
+        assert (b["actions"].shape[2] == 0) == ("actions.jsonl" in dropped)
+        assert (b["timestamps"][:, 1] > b["timestamps"][:, 0]).all()

@@ -27,6 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dsbuild.formats.probe import SWSCALE_THREADS  # noqa: E402
 from dsbuild.formats.video import DemuxReport, VideoSource  # noqa: E402
 from dsbuild.samples.synthetic import frames  # noqa: E402
 from dsbuild.samples.writer import VideoSpec, encode_video  # noqa: E402
@@ -67,7 +68,7 @@ def decode_at(clips: list[bytes], size: int) -> tuple[int, float]:
             s.thread_type = "AUTO"
             rgb = VideoReformatter()  # one scaler per clip, as the loader does
             for frame in c.decode(s):
-                rgb.reformat(frame, width=size, height=size, format="rgb24", threads=1).to_ndarray()
+                rgb.reformat(frame, width=size, height=size, format="rgb24", threads=SWSCALE_THREADS).to_ndarray()
                 n += 1
     return n, time.perf_counter() - t
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
+from dsbuild.formats.probe import SWSCALE_THREADS
 from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
 PIECE = 8 << 20
@@ -158,9 +159,9 @@ class PyAV:
         import av
         from av.video.reformatter import VideoReformatter
 
-        # One swscale thread per conversion: PyAV's default (0 = one per core, started for every frame)
-        # made this loop 12-32% slower here, and the baseline is the strongest loop
-        kw = {"format": "rgb24", "threads": 1}
+        # One swscale thread per conversion, as the loader: PyAV's default made this loop 12-32% slower
+        # here, and the baseline is the strongest loop
+        kw = {"format": "rgb24", "threads": SWSCALE_THREADS}
         if self.resize:
             kw.update(width=self.resize[1], height=self.resize[0])
         while not meter.over:

@@ -16,6 +16,11 @@ import numpy as np
 from dsbuild.formats.mp4 import why
 
 ERR_DETECT = "crccheck+bitstream+buffer"  # find damage (and flag the frame) without aborting on warnings
+# swscale threads per frame conversion (``VideoReformatter.reformat(threads=...)``, PyAV >= 17). PyAV's
+# default, 0, starts one thread per core for every frame: where the callers' own threads or processes
+# are already on every core, that cost 4-12% of the loader's frames/s and 3-4x validate's 64 px gray
+# frames here, and it made small conversions (128x128) up to 2.6x slower even alone.
+SWSCALE_THREADS = 1
 
 
 def frame_rate(frame_t: np.ndarray) -> float | None:
@@ -101,9 +106,9 @@ def probe_clip(data: bytes, on_frame=None) -> ClipProbe:
         times, sizes, audio_spans = [], set(), []
         last = None  # the last frame with a duration: its seconds are worked out once, at the end
         error = audio_error = None
-        # Seconds per tick as a float, once: PyAV's time bases are Fractions, and Fraction arithmetic
-        # per packet cost more than the Python of this loop
-        audio_tb = float(audio.time_base) if audio is not None and audio.time_base else 0.0
+        # Seconds per audio tick as a float, once: PyAV's time bases are Fractions, and Fraction
+        # arithmetic per packet cost more than the Python of this loop
+        audio_tb = float(audio.time_base) if audio is not None and audio.time_base else None
         try:
             for packet in container.demux(*streams):
                 if packet.stream is audio:
@@ -140,13 +145,15 @@ class _Damaged(Exception):
     pass
 
 
-def _audio_packet(stream, packet, tb: float, spans: list) -> str | None:
+def _audio_packet(stream, packet, tb: float | None, spans: list) -> str | None:
     """Record the packet's span (``tb``: seconds per tick) and decode it; returns why it failed to
     decode, if it did."""
     import av
 
     if packet.size == 0 or packet.pts is None:
         return None
+    if not tb:
+        return "the audio stream gives no time base"
     pts = packet.pts
     spans.append((pts * tb, (pts + (packet.duration or 0)) * tb))
     try:

@@ -27,6 +27,7 @@ import threading
 import numpy as np
 
 from dsbuild.core.errors import FormatError, UsageError
+from dsbuild.formats.probe import SWSCALE_THREADS
 
 
 def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:
@@ -71,10 +72,6 @@ def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, 
 
 
 CURRENT_CONTEXT = 2  # AV_CUDA_USE_CURRENT_CONTEXT (libavutil/hwcontext_cuda.h)
-
-# swscale threads per frame conversion. PyAV's default (0) starts one per core for every frame: with the
-# loader's threads already on every core that cost 4-12% of frames/s here, and at one loader thread too.
-SWSCALE_THREADS = 1
 _bound = threading.local()  # the CUDA device whose context this thread has current
 
 
@@ -112,8 +109,8 @@ def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bo
     ctx.flush_buffers()
     ctx.skip_frame = "NONREF" if skip_nonref else "DEFAULT"
     # One scaler for the clip: ``frame.to_ndarray(format=...)`` builds a new swscale context for every
-    # frame, which cost more than the conversion itself (2.2-2.4x the frames/s with one per clip). One
-    # thread per conversion (SWSCALE_THREADS): the loader's own threads are the parallelism
+    # frame, which cost more than the conversion itself (2.2-2.4x the frames/s with one per clip); one
+    # swscale thread per conversion: the loader's own threads are the parallelism
     rgb = VideoReformatter()
     kw = {"format": "rgb24", "threads": SWSCALE_THREADS}
     if size is not None:

@@ -17,7 +17,7 @@ import numpy as np
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import loads_bounded
 from dsbuild.formats.sample import SampleMeta, decompress_events
-from dsbuild.formats.probe import frame_rate
+from dsbuild.formats.probe import SWSCALE_THREADS, frame_rate
 
 SAMPLED_FRAMES = 16  # frames converted per clip: enough for a motion statistic, cheap next to decoding
 GRAY_WIDTH = 64  # px; motion and darkness survive this downscale, and swscale at this size is ~free
@@ -69,8 +69,8 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
         if not size:
             gw = min(GRAY_WIDTH, frame.width)
             size[:] = [gw, max(8, round(gw * frame.height / frame.width))]
-        # threads=1: swscale's default starts a thread per core for every 64 px frame (3-4x the cost)
-        grays.append(gray.reformat(frame, width=size[0], height=size[1], format="gray", threads=1).to_ndarray())
+        grays.append(gray.reformat(frame, width=size[0], height=size[1], format="gray",
+                                   threads=SWSCALE_THREADS).to_ndarray())
 
     p = probe_clip(data, sample)
     readable = p.codec is not None

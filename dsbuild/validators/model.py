@@ -101,7 +101,7 @@ class Summary(Record):
     shard_format: str
     checked_content: int  # samples whose content was decoded and read (level full)
     decoded_frames: int
-    seconds: dict[str, float]  # per stage, and "total"
+    seconds: dict[str, float]  # per stage, and "total" ("shards" runs during "samples" on a local catalog)
     durations: Distribution  # clip window lengths
 
 

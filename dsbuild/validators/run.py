@@ -37,7 +37,7 @@ from dsbuild.validators.spec import AcceptanceSpec, default_spec
 
 # Below this much work, forking workers costs more than it saves and the pass runs in this process.
 POOL_MIN = {"structural": 64 << 20, "full": 600}  # shard bytes / frames
-Progress = Callable[[int, int, str], None]  # (done, total, stage): stage "shards" (hashing) then "samples"
+Progress = Callable[[int, int, str], None]  # (done, total, stage): "shards" (hashing) and "samples", at once
 
 
 @dataclass(frozen=True)
@@ -70,27 +70,33 @@ def _missing(facts: VersionFacts) -> set[str]:
     return {p["shard"] for p in facts.verify if p.get("problem") == "missing" and "sample" not in p}
 
 
-def _beside(work: Callable[[], None]) -> tuple[threading.Thread, Callable[[], None]]:
-    """``work`` in a thread (not started), and a function that waits for it and re-raises its error."""
-    failed: list[BaseException] = []
+class _Beside:
+    """``work(stop)`` in a thread: ``wait()`` joins it and re-raises its error; ``cancel()`` sets ``stop``
+    (lineage.verify then ends at its next 4 MiB) and joins it, its outcome no longer wanted."""
 
-    def run() -> None:
+    def __init__(self, work: Callable[[threading.Event], None]):
+        self.stop, self.failed = threading.Event(), []
+        self.thread = threading.Thread(target=self._run, args=(work,), name="dsbuild-validate-shards", daemon=True)
+
+    def _run(self, work) -> None:
         try:
-            work()
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread, which re-raises it
-            failed.append(e)
+            work(self.stop)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            self.failed.append(e)
 
-    thread = threading.Thread(target=run, name="dsbuild-validate-shards", daemon=True)
+    def wait(self) -> None:
+        self.thread.join()
+        if self.failed:
+            raise self.failed[0]
 
-    def wait() -> None:
-        thread.join()
-        if failed:
-            raise failed[0]
-    return thread, wait
+    def cancel(self) -> None:
+        self.stop.set()
+        if self.thread.ident is not None:
+            self.thread.join()
 
 
 def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, executor: ExecutorSpec,
-                 progress: Progress | None, alongside: Callable[[], None] | None = None) -> None:
+                 progress: Progress | None, alongside: Callable[[threading.Event], None] | None = None) -> None:
     """Read every sample once (``inspect_unit`` in the workers).
 
     With ``alongside`` (the shard hashing), the pass does not wait for the shards' verdict: the hashing
@@ -130,15 +136,25 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
         if report:
             report(done, total)
 
-    thread, wait = _beside(alongside) if alongside else (None, None)
-    run_tasks(inspect_unit, units, executor, collect, describe=lambda u: f"shard {u.shard}",
-              started=thread.start if thread else None)  # on failure the error goes up at once
-    if wait:
-        wait()
+    beside = _Beside(alongside) if alongside else None
+    try:
+        run_tasks(inspect_unit, units, executor, collect, describe=lambda u: f"shard {u.shard}",
+                  started=beside.thread.start if beside else None)
+    except BaseException:
+        if beside:  # a failed pass (a dead worker, Ctrl-C) ends the hashing too, at its next 4 MiB
+            beside.cancel()
+        raise
+    if beside:
+        beside.wait()
     bad, missing = facts.bad_shards(), _missing(facts)
-    for i, unit in enumerate(units):  # shards the hashing found damaged while the pass read them
-        if unit.shard in bad and not unit.shard_damaged:
-            results[i] = None if unit.shard in missing else inspect_unit(replace(unit, shard_damaged=True))
+    # Units of shards the hashing found damaged while the pass read them: gone, or read again (in
+    # workers, as the first time) to name the damaged samples
+    redo = [i for i, unit in enumerate(units) if unit.shard in bad and not unit.shard_damaged]
+    for i in redo:
+        results[i] = None
+    again = [i for i in redo if units[i].shard not in missing]
+    run_tasks(inspect_unit, [replace(units[i], shard_damaged=True) for i in again], executor,
+              lambda k, result: results.__setitem__(again[k], result), describe=lambda u: f"shard {u.shard}")
     for shard in sorted(missing):
         facts.lost += [(r.key, f"lost with missing shard {shard}") for r in by_shard[shard]]
     facts.samples = sorted((s for r in results if r for s in r.samples), key=lambda s: s.key)
@@ -176,10 +192,10 @@ def validate(catalog: Catalog | Path | str, version: str | None = None, spec: Ac
         facts.split = read_split(catalog, version_id, options.split)
     timings = {}
 
-    def check_shards() -> None:
+    def check_shards(stop: threading.Event | None = None) -> None:
         began = time.monotonic()
         facts.verify = verify(catalog, version_id, threads=options.threads or executor.count,
-                              progress=_reporter(progress, "shards")).problems
+                              progress=_reporter(progress, "shards"), stop=stop).problems
         timings["shards"] = round(time.monotonic() - began, 3)
 
     # A local catalog's shards are hashed while the samples are read (hashlib and the decoders free the

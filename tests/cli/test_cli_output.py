@@ -70,6 +70,16 @@ def test_convert_progress_is_plain_lines_when_piped_and_silent_with_quiet(caps, 
     assert re.search(r"^verify shards: (\d+)/\1$", v.stderr, re.M) and run("verify", tmp_path / "b", "-q").stderr == ""
 
 
+def test_validate_progress_has_hashing_and_reading_each_to_its_end_piped_and_on_a_terminal(catalog):
+    """The two stages run at once: each keeps its own line (piped) or bar (terminal)."""
+    cat, _ = catalog
+    p = run("validate", cat)
+    for stage in ("shards", "samples"):
+        assert re.search(rf"^validate {stage}: (\d+)/\1$", p.stderr, re.M), p.stderr
+    rc, text = run_tty("validate", cat)
+    assert rc == 0 and "validate shards" in text and "validate samples" in text, text
+
+
 def test_convert_shows_a_live_bar_on_a_terminal(caps, tmp_path):
     rc, text = run_tty("convert", caps, tmp_path / "c", "--clip-seconds", 2, "--workers", 1)
     assert rc == 0 and "convert sessions" in text and "committed" in text, text

@@ -247,6 +247,21 @@ def test_an_index_with_a_duplicated_row_is_refused_by_its_pin(wds_catalog, tmp_p
     assert not verify(Catalog.open(cat), vid).ok
 
 
+def test_verify_stops_when_its_caller_no_longer_needs_the_answer(wds_catalog):
+    """validate hashes beside its sample pass and sets ``stop`` when the pass fails (a dead worker,
+    Ctrl-C): the hashing must end there, not after every queued shard."""
+    import threading
+
+    from dsbuild.lineage.verify import Stopped
+
+    cat, vid = wds_catalog
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Stopped):
+        verify(Catalog.open(cat), vid, threads=2, stop=stop)
+    assert verify(Catalog.open(cat), vid, threads=2, stop=threading.Event()).ok  # unset: a normal verify
+
+
 def test_verify_sample_checks_a_seeded_subset(wds_catalog):
     cat, vid = wds_catalog
     a = verify(Catalog.open(cat), vid, sample=2, seed=3)

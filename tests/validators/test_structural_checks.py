@@ -195,3 +195,27 @@ def test_object_store_catalogs_validate_through_the_shard_cache(captures, tmp_pa
     offenders = report.check("shard_hashes").offenders
     assert offenders[0].item.endswith(shard.rsplit("/", 1)[1]) and offenders[0].detail.startswith("altered")
     assert {o.kind for o in offenders[1:]} == {"sample"} and all("cannot be read" in o.detail for o in offenders[1:])
+
+
+def test_the_hashing_beside_the_pass_re_raises_its_error_and_a_cancel_stops_it():
+    """``_Beside``: an error of the hashing thread reaches the caller's ``wait``; ``cancel`` (the pass
+    failed) sets the stop event the hashing watches and returns once the thread has ended."""
+    import threading
+
+    def fails(stop: threading.Event) -> None:
+        raise OSError("disk gone")
+
+    b = run._Beside(fails)
+    b.thread.start()
+    with pytest.raises(OSError, match="disk gone"):
+        b.wait()
+    seen = []
+
+    def watches(stop: threading.Event) -> None:
+        seen.append(stop.wait(timeout=600))  # returns True as soon as the caller cancels
+
+    b = run._Beside(watches)
+    b.thread.start()
+    b.cancel()
+    assert seen == [True] and not b.thread.is_alive()
+    run._Beside(watches).cancel()  # never started (the pass failed before its workers existed): no join

@@ -20,8 +20,10 @@ _OFFSET_LIMIT = (1 << 31) - 1  # 32-bit offsets: a string, binary, list or map c
 def array(values, type):
     """``pyarrow.array(values, type)`` for the types dsbuild writes: (u)ints, floats, bool, string,
     binary, timestamp[us] (from datetimes; naive ones are taken as UTC), list<any of these> (from
-    sequences or numpy arrays) and map<string, string> (from (key, value) pairs or dicts). None is null.
-    ``values`` may be a numpy vector (no nulls then)."""
+    sequences or 1-D numpy arrays) and map<string, string> (from (key, value) pairs or dicts). None is
+    null; ``values`` may be a numpy vector (no nulls then). A value of the wrong kind is a TypeError (no
+    silent coercion: a float for an int column, an int for a string); a string or binary column past
+    32-bit offsets comes back as a ChunkedArray, as pyarrow's does."""
     import pyarrow as pa
 
     if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype != object:
@@ -31,23 +33,65 @@ def array(values, type):
     n, nulls = len(values), valid.count(False)
     if pa.types.is_list(type) or pa.types.is_map(type):
         return _nested(values, type, valid, nulls)
+    kind = _kind(type)
+    _check(values, kind, type)
     validity = _bitmap(valid) if nulls else None
-    if pa.types.is_string(type) or pa.types.is_binary(type):
-        data = [b"" if v is None else v.encode() if isinstance(v, str) else bytes(v) for v in values]
-        buffers = [validity, pa.py_buffer(_offsets([len(b) for b in data])), pa.py_buffer(b"".join(data))]
+    if kind is str or kind is bytes:
+        data = [b"" if v is None else v.encode() if kind is str else bytes(v) for v in values]
+        lengths = [len(b) for b in data]
+        if sum(lengths) > _OFFSET_LIMIT:
+            return _chunked(values, lengths, type)
+        buffers = [validity, pa.py_buffer(_offsets(lengths)), pa.py_buffer(b"".join(data))]
         return pa.Array.from_buffers(type, n, buffers, null_count=nulls)
-    if pa.types.is_boolean(type):
+    if kind is bool:
         return pa.Array.from_buffers(type, n, [validity, _bitmap([bool(v) for v in values])], null_count=nulls)
-    if pa.types.is_timestamp(type):
+    if kind is datetime:
         if type.unit != "us":
             raise TypeError(f"timestamps in microseconds only, not {type}")
         values, dtype = [None if v is None else _micros(v) for v in values], np.int64
-    elif pa.types.is_integer(type) or pa.types.is_floating(type):
-        dtype = type.to_pandas_dtype()  # the numpy dtype (a name lookup: pandas is not imported)
     else:
-        raise TypeError(f"no builder for {type}")
+        dtype = type.to_pandas_dtype()  # the numpy dtype (a name lookup: pandas is not imported)
     data = np.array([0 if v is None else v for v in values], dtype=dtype)
     return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(data)], null_count=nulls)
+
+
+# What a column of each kind accepts (pyarrow's own conversion refuses the rest too).
+_ACCEPTS = {str: (str,), bytes: (bytes, bytearray, memoryview), bool: (bool, np.bool_),
+            int: (int, np.integer), float: (int, float, np.integer, np.floating), datetime: (datetime,)}
+
+
+def _kind(type):
+    import pyarrow as pa
+
+    for test, kind in ((pa.types.is_string, str), (pa.types.is_binary, bytes), (pa.types.is_boolean, bool),
+                       (pa.types.is_timestamp, datetime), (pa.types.is_integer, int), (pa.types.is_floating, float)):
+        if test(type):
+            return kind
+    raise TypeError(f"no builder for {type}")
+
+
+def _check(values: list, kind, type) -> None:
+    accepts = _ACCEPTS[kind]
+    bad = next((v for v in values if v is not None and (not isinstance(v, accepts) or
+                                                         (kind is int and isinstance(v, bool)))), None)
+    if bad is not None:
+        raise TypeError(f"a {type} column cannot hold {bad!r:.60} ({bad.__class__.__name__})")
+
+
+def _chunked(values: list, lengths: list[int], type):
+    """A string or binary column past 32-bit offsets, in chunks under them."""
+    import pyarrow as pa
+
+    if max(lengths) > _OFFSET_LIMIT:
+        raise ValueError(f"a {type} value of {max(lengths)} bytes is more than 32-bit offsets hold")
+    chunks, start, size = [], 0, 0
+    for i, n in enumerate(lengths):
+        if size + n > _OFFSET_LIMIT:
+            chunks.append(array(values[start:i], type))
+            start, size = i, 0
+        size += n
+    chunks.append(array(values[start:], type))
+    return pa.chunked_array(chunks, type=type)
 
 
 def _from_numpy(values: np.ndarray, type):
@@ -85,11 +129,13 @@ def _flat(entries: list, type):
     """The child column of a list column: numbers from numpy rows are concatenated, not listed."""
     import pyarrow as pa
 
+    if any(isinstance(e, np.ndarray) and e.ndim != 1 for e in entries):
+        raise TypeError(f"a {type} list takes 1-D rows; flatten them first")
     if pa.types.is_integer(type) or pa.types.is_floating(type):
         dtype = np.dtype(type.to_pandas_dtype())
         rows = [e for e in entries if len(e)]
         if all(isinstance(e, np.ndarray) and e.dtype == dtype for e in rows):
-            data = np.concatenate([e.reshape(-1) for e in rows]) if rows else np.zeros(0, dtype)
+            data = np.concatenate(rows) if rows else np.zeros(0, dtype)
             return pa.Array.from_buffers(type, len(data), [None, pa.py_buffer(data)])
     return array([x for e in entries for x in (e.tolist() if isinstance(e, np.ndarray) else e)], type)
 

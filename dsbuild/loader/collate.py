@@ -36,9 +36,11 @@ Raw = tuple[memoryview, int] | None  # a batch array's memory as bytes, and the 
 
 
 def _raw(dst: np.ndarray) -> Raw:
-    """``dst``'s memory as bytes, where samples' rows can be copied in with one memcpy (None: no memcpy;
-    also for an array with no columns, such as the telemetry of captures without any)."""
-    if not dst.flags.c_contiguous or dst.size == 0:
+    """``dst``'s memory as bytes, where samples' rows can be copied in with one memcpy (None: no memcpy).
+    An array with no values (telemetry of captures without any) is empty bytes with rows of 0 bytes."""
+    if dst.size == 0:
+        return memoryview(bytearray()), 0
+    if not dst.flags.c_contiguous:
         return None
     return memoryview(dst).cast("B"), dst.itemsize * (dst.shape[2] if dst.ndim == 3 else 1)
 

@@ -94,6 +94,31 @@ def test_numpy_rows_naive_times_and_dicts_are_accepted():
         array([1], pa.decimal128(5, 2))
 
 
+@pytest.mark.parametrize("values, type", [
+    ([3], pa.string()), (["x"], pa.binary()), ([1], pa.bool_()), ([1.5], pa.int32()), ([True], pa.int64()),
+    (np.array([1.5, 2.0]), pa.int64()), (["1"], pa.float64()), ([[("k", 1)]], pa.map_(pa.string(), pa.string())),
+    ([np.ones((2, 2), np.float32)], pa.list_(pa.float32())), (["2026-11-30"], pa.timestamp("us", tz="UTC"))])
+def test_values_of_the_wrong_kind_are_refused_not_coerced(values, type):
+    """A silent coercion would write wrong data into a content-addressed file (pyarrow itself refuses most
+    of these, but truncates 1.5 into an int column and encodes a str into a binary one)."""
+    with pytest.raises(TypeError, match="cannot hold|1-D rows"):
+        array(values, type)
+
+
+def test_a_string_or_binary_column_past_32_bit_offsets_comes_back_in_chunks(monkeypatch):
+    """As pyarrow's own conversion does (a Parquet shard of clips over 2 GiB); the limit is lowered here."""
+    import dsbuild.core.arrow as arrow
+
+    monkeypatch.setattr(arrow, "_OFFSET_LIMIT", 10)
+    values = [b"abcd", None, b"efghij", b"k", b"lmnopqrst", b""]
+    got = array(values, pa.binary())
+    assert isinstance(got, pa.ChunkedArray) and got.num_chunks > 1
+    assert all(sum(len(v or b"") for v in c.to_pylist()) <= 10 for c in got.chunks)
+    assert got.to_pylist() == values and got.null_count == 1
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        array([b"x" * 11], pa.binary())
+
+
 ROUND_TRIP = """
 from datetime import datetime, timezone
 from dsbuild.lineage.index import IndexRow, index_bytes, rows_from_table, table_from_bytes

@@ -79,8 +79,9 @@ def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Call
 
     ``fork`` starts workers in milliseconds with the modules already imported (the caller must run no
     other threads while the pool forks); ``spawn`` starts clean interpreters. With one worker, or fewer
-    items than ``inline_below``, the tasks run in this process. ``started()`` is called once the workers
-    exist (after the fork), so a thread it starts runs beside them without being forked into them.
+    items than ``inline_below``, the tasks run in this process. ``started()`` is called once the first
+    task is submitted: with ``fork`` every worker has been forked by then, so a thread it starts runs
+    beside them without being forked into them.
     """
     if spec.kind == "ray":
         if started:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, monotonic_dts, why
+from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, demux_only, monotonic_dts, why
 
 COPY_CODECS = frozenset({"aac", "mp3", "mp2", "opus", "ac3", "eac3", "alac", "flac"})
 REENCODE_CODEC = "flac"
@@ -304,6 +304,7 @@ def open_audio(path: Path, report: AudioReport) -> AudioTrack:
 
     container = av.open(str(path), metadata_errors="ignore")
     try:
+        demux_only(container, container.streams.audio[0])
         cc = container.streams.audio[0].codec_context
         if cc is None:
             raise ValueError("FFmpeg has no decoder for this audio codec")

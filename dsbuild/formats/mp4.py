@@ -28,6 +28,17 @@ _SET_TAGS = frozenset(_KEEP_TAGS)  # codecs whose tag we set; the muxer picks th
 MUX_OPTIONS = {"fflags": "+bitexact"}
 
 
+def demux_only(container, stream) -> None:
+    """Have the demuxer skip every stream of ``container`` but ``stream`` (PyAV >= 17.1). Convert opens a
+    capture twice, for its video and for its audio; each demuxer used to read, then drop, the other's
+    packets as well (all of the video's bytes a second time, for the audio)."""
+    from av.stream import Discard
+
+    for s in container.streams:
+        if s.index != stream.index:
+            s.discard = Discard.all
+
+
 @dataclass(frozen=True)
 class PacketRecord:
     """A demuxed packet detached from its container, so a clip can be muxed more than once."""

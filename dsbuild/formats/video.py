@@ -27,7 +27,7 @@ import numpy as np
 
 from dsbuild.core.errors import FormatError
 from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, open_audio
-from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, check_mp4_video, monotonic_dts, mp4_tag, why
+from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, check_mp4_video, demux_only, monotonic_dts, mp4_tag, why
 from dsbuild.formats.sample import VIDEO_EXT
 from dsbuild.formats.transcode import ClipEncoder, TranscodeSpec, parse_transcode
 
@@ -166,6 +166,7 @@ class VideoSource:
         if not c.streams.video:
             raise FormatError(f"no video stream in the {fmt} file")
         vs = self._stream = c.streams.video[0]
+        demux_only(c, vs)  # the audio has a demuxer of its own (open_audio)
         cc = vs.codec_context
         if cc is None:
             raise FormatError(f"FFmpeg has no decoder for the video stream of the {fmt} file")

@@ -25,7 +25,7 @@ from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.executor import ExecutorSpec, run_tasks
 from dsbuild.core.records import SHA256, JsonValue, Record, spec
 from dsbuild.formats import format_names, get_format
-from dsbuild.formats.sample import Sample, members_sha256
+from dsbuild.formats.sample import Sample, members_blake3, members_sha256
 from dsbuild.lineage.catalog import BuildArea, Catalog, CommitRecord
 from dsbuild.lineage.index import INDEX_FILE, IndexRow, parse_started_at
 from dsbuild.lineage.manifest import ShardRecord, shard_key
@@ -97,7 +97,7 @@ def _check(s: Sample) -> None:
             raise FormatError(f"{s.key}: {name} has shape {tuple(got)}, its metadata says {want}")
 
 
-def _row(s: Sample, sha256: str, size: int, parent_version: str, parent_key: str) -> IndexRow:
+def _row(s: Sample, sha256: str, blake3: str, size: int, parent_version: str, parent_key: str) -> IndexRow:
     m = s.meta
     ses, clip, video = m.session, m.clip, m.video
     return IndexRow(key=s.key, sha256=sha256, shard="", session_id=ses.session_id, title=ses.title,
@@ -108,7 +108,7 @@ def _row(s: Sample, sha256: str, size: int, parent_version: str, parent_key: str
                     has_audio=video.has_audio, n_controls=len(m.controls), n_channels=len(m.telemetry_channels),
                     video_bytes=len(s.video), bytes=size, action_events=m.action_events, text_events=len(m.text),
                     source_video_sha256=m.sources.get("video", ""), parent_version=parent_version,
-                    parent_key=parent_key)
+                    parent_key=parent_key, blake3=blake3)
 
 
 def encode_samples(samples: Iterable[DerivedSample], config: DeriveConfig, seg_path: Path) -> list[Encoded]:
@@ -124,8 +124,8 @@ def encode_samples(samples: Iterable[DerivedSample], config: DeriveConfig, seg_p
             seg = fmt.encode(s.key, digest, members)
             f.write(seg.data)
             out.append(Encoded(SampleRef(s.key, digest, seg.member_bytes, seg_path, offset, len(seg.data)),
-                               _row(s, digest, sum(len(p) for _, p in members), config.derived_from,
-                                    d.parent_key)))
+                               _row(s, digest, members_blake3(members), sum(len(p) for _, p in members),
+                                    config.derived_from, d.parent_key)))
             offset += len(seg.data)
     return out
 

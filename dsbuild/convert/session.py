@@ -28,6 +28,7 @@ from dsbuild.formats.sample import (
     SampleMeta,
     SessionFields,
     TextEvent,
+    members_blake3,
     members_sha256,
     sample_key,
 )
@@ -244,7 +245,7 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> No
                          n_controls=len(actions.controls), n_channels=len(telemetry.channels),
                          video_bytes=len(video), bytes=sum(len(p) for _, p in members),
                          action_events=len(raw), text_events=len(texts),
-                         source_video_sha256=meta.sources["video"]),
+                         source_video_sha256=meta.sources["video"], blake3=members_blake3(members)),
                 offset, len(segment.data), segment.member_bytes))
     finally:
         video_source.__exit__(None, None, None)

@@ -6,7 +6,9 @@ A value that does not apply is NULL (never -1): ``offset`` for a Parquet shard, 
 without a rate. Column types (documented in the README): ``conditions`` is ``MAP<VARCHAR, VARCHAR>``,
 ``started_at`` a UTC timestamp (NULL when the capture gives none or an unparseable one; the sample's
 metadata keeps the original string). ``parent_version``/``parent_key`` name the sample a derived
-version's sample was made from (NULL for samples converted from captures).
+version's sample was made from (NULL for samples converted from captures). ``blake3`` is the BLAKE3 of
+the same canonical members as ``sha256`` (the loader's per-read check); an index written before it
+existed reads it as NULL.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ _SCHEMA = (
     ("source_video_sha256", "string"),
     ("parent_version", "string"),  # a derived version's sample: the version and key it was made from
     ("parent_key", "string"),
+    ("blake3", "string"),
 )
+LATER_COLUMNS = ("blake3",)  # added after the first index format: an older index reads them as NULL
 INDEX_COLUMNS = tuple(name for name, _ in _SCHEMA)
 
 
@@ -112,6 +116,7 @@ class IndexRow:
     member_bytes: tuple[int, ...] | None = None
     parent_version: str | None = None  # NULL for a sample converted from captures
     parent_key: str | None = None
+    blake3: str | None = None  # NULL in versions made before it was recorded
 
     def entry(self) -> Entry:
         return Entry(self.key, self.sha256, self.byte_offset, self.byte_length, self.row_group, self.row_index,
@@ -155,11 +160,18 @@ def table_from_bytes(data: bytes, what: str, columns: list[str] | None = None):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    schema = index_schema()
+    wanted = list(columns or INDEX_COLUMNS)
     try:
-        table = pq.ParquetFile(pa.BufferReader(data)).read(columns=columns)
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        absent = [c for c in wanted if c in LATER_COLUMNS and c not in pf.schema_arrow.names]
+        table = pf.read(columns=[c for c in wanted if c not in absent] if absent else columns)
     except (pa.ArrowException, OSError, KeyError) as e:
         raise FormatError(f"{what}: unreadable index ({str(e).splitlines()[0][:200]})") from None
-    schema = index_schema()
+    if absent:  # an index from before these columns: NULL, in their place
+        for c in absent:
+            table = table.append_column(schema.field(c), pa.nulls(table.num_rows, schema.field(c).type))
+        table = table.select(wanted)
     expected = schema if columns is None else pa.schema([schema.field(c) for c in columns])
     if not table.schema.equals(expected):
         raise FormatError(f"{what}: index schema differs from the {INDEX_FILE} format")

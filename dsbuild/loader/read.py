@@ -7,8 +7,9 @@ memoryview slices at offsets computed once at open — no tar header is parsed o
 other format goes through its ``ShardReader.members`` (framing checked by the format).
 
 Verification (``LoaderOptions.verify``):
-- ``"sample"``: each sample's members are hashed (sha256) on every read and compared with the index.
-  Catches any damage to the bytes read, at any time, at one hash pass per read, every epoch.
+- ``"sample"``: each sample's members are hashed on every read and compared with the index: BLAKE3
+  (recorded beside the sha256 since it was added; 2.4x faster here), sha256 for older versions. Catches
+  any damage to the bytes read, at any time, at one hash pass per read, every epoch.
 - ``"shard"``: each shard is hashed once per process (and again if its file changes identity) before
   its bytes are trusted; a shard that does not match is checked sample by sample. Catches damage
   present when the process first reads the shard, for one pass over each shard per process; it does
@@ -29,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dsbuild.core.errors import FormatError
-from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS, members_sha256
+from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS, members_blake3, members_sha256
 from dsbuild.loader.files import BufferPool, ShardFiles, storage_error
 from dsbuild.loader.source import ARRAY_DTYPES, Source
 
@@ -122,8 +123,12 @@ class SampleReader:
         return RawSample(i, facts[1], [p for _, p in pairs], *facts[2:])
 
     def _hashed(self, raw: RawSample) -> RawSample | FormatError:
-        """``raw`` if its members hash to the index's sha256."""
-        if members_sha256(list(zip(MEMBERS, raw.members))) != self.source.sha256[raw.index]:
+        """``raw`` if its members hash to the index's BLAKE3 (or, in a version made before it was
+        recorded, its sha256)."""
+        members, src = list(zip(MEMBERS, raw.members)), self.source
+        blake3 = src.blake3[raw.index]
+        ok = members_blake3(members) == blake3 if blake3 else members_sha256(members) == src.sha256[raw.index]
+        if not ok:
             return FormatError(f"{raw.key}: sample bytes do not match their hash (damaged shard?)")
         return raw
 

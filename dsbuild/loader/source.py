@@ -25,7 +25,7 @@ from dsbuild.loader.state import SourceId
 
 SESSION_COLUMNS = ("session_id", "title", "player", "platform", "conditions")
 COLUMNS = [*LOCATOR_COLUMNS, *SESSION_COLUMNS, "frames", "fps", "width", "height", "codec", "has_audio",
-           "n_controls", "n_channels"]
+           "n_controls", "n_channels", "blake3"]
 # The array members' dtypes (``formats.sample.Sample``): actions, telemetry float32; timestamps float64.
 ARRAY_DTYPES = (np.dtype("<f4"), np.dtype("<f4"), np.dtype("<f8"))
 
@@ -93,6 +93,7 @@ class Source:
 
         self.keys = np.asarray(table["key"].to_pylist(), dtype=object)
         self.sha256 = table["sha256"].to_pylist()
+        self.blake3 = table["blake3"].to_pylist()  # None for samples of versions made before it was recorded
         records = {s.path: s for s in self.manifest.shards}
         shard_col = pc.dictionary_encode(table["shard"]).combine_chunks()
         names = shard_col.dictionary.to_pylist()

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
 import zstandard
+from blake3 import blake3
 
 from dsbuild.formats.sample import members_sha256
 from dsbuild.formats.video import decoded_frame_count
@@ -63,6 +64,10 @@ def test_index_byte_ranges_hold_exactly_their_sample_and_hash_matches(wds_catalo
             f.seek(r["byte_offset"])
             members = parse_members(f.read(r["byte_length"]), key=r["key"])
         assert members_sha256(members) == r["sha256"]
+        b3 = blake3()  # the loader's per-read hash, over the same framing: extension, NUL, length, NUL, payload
+        for ext, payload in members:
+            b3.update(b"%s\0%d\0%s" % (ext.encode(), len(payload), payload))
+        assert b3.hexdigest() == r["blake3"]
         assert [len(p) for _, p in members] == r["member_bytes"] and r["row_group"] is None
 
 

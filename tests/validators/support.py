@@ -19,7 +19,7 @@ from dsbuild.core.executor import ExecutorSpec
 from dsbuild.core.hashing import sha256_bytes
 from dsbuild.core.jsonio import canonical_json
 from dsbuild.formats import get_format
-from dsbuild.formats.sample import MEMBERS, members_sha256
+from dsbuild.formats.sample import MEMBERS, members_blake3, members_sha256
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import index_bytes, rows_from_table
 from dsbuild.lineage.manifest import FilePin, ShardRecord, content_id, shard_key
@@ -128,7 +128,8 @@ def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None =
                 members = edit(r.key, members) if edit else members
                 sha = members_sha256(members)
                 segments.append(fmt.encode(r.key, sha, members))
-                sizes.append((sum(len(p) for _, p in members), len(dict(members).get(MEMBERS[1], b""))))
+                sizes.append((sum(len(p) for _, p in members), len(dict(members).get(MEMBERS[1], b"")),
+                              members_blake3(members)))
         buf = io.BytesIO()
         entries = fmt.write(segments, buf)
         data = shard_bytes(n, buf.getvalue()) if shard_bytes else buf.getvalue()
@@ -138,8 +139,9 @@ def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None =
         (cat / path).parent.mkdir(parents=True, exist_ok=True)
         (cat / path).write_bytes(data)
         shards.append(ShardRecord(path, sha, len(data), len(srows)))
-        for r, e, (total, video) in zip(srows, entries, sizes):
-            new_rows.append(replace(r.located(path, e), sha256=e.sha256, bytes=total, video_bytes=video))
+        for r, e, (total, video, blake3) in zip(srows, entries, sizes):
+            new_rows.append(replace(r.located(path, e), sha256=e.sha256, bytes=total, video_bytes=video,
+                                    blake3=blake3))
     index = index_bytes(new_rows)
     new = replace(m, shards=tuple(shards), index=FilePin(m.index.path, sha256_bytes(index), len(new_rows), len(index)),
                   content_id=content_id([(r.key, r.sha256) for r in new_rows]))

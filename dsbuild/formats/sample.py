@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from blake3 import blake3
+
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import canonical_json
 from dsbuild.core.records import Record, spec
@@ -169,12 +171,23 @@ class Sample:
         ]
 
 
+LARGE_PAYLOAD = 16 << 10  # hashed by itself (the GIL released); smaller pieces are joined first
+
+
 def _members_digest(h, members: list[tuple[str, bytes]]) -> str:
-    """``h`` over a sample's canonical members: extension, length and payload of each, in order."""
+    """``h`` over a sample's canonical members: extension, NUL, decimal length, NUL and payload of each,
+    in order. Small pieces go in as one update: each update holds the GIL, which two loader threads
+    hashing every sample queued on (18 updates a sample before)."""
+    small: list = []
     for ext, payload in members:
-        h.update(ext.encode())
-        h.update(b"\0%d\0" % len(payload))
-        h.update(payload)
+        small.append(b"%s\0%d\0" % (ext.encode(), len(payload)))
+        if len(payload) >= LARGE_PAYLOAD:
+            h.update(b"".join(small))
+            h.update(payload)
+            small = []
+        else:
+            small.append(payload)
+    h.update(b"".join(small))
     return h.hexdigest()
 
 
@@ -186,8 +199,6 @@ def members_sha256(members: list[tuple[str, bytes]]) -> str:
 def members_blake3(members: list[tuple[str, bytes]]) -> str:
     """BLAKE3 of the same bytes, recorded beside the sample hash: the loader's per-read check
     (``verify="sample"``) hashes with it, 2.4x faster than sha256 here and as strong against damage."""
-    from blake3 import blake3
-
     return _members_digest(blake3(), members)
 
 

@@ -72,3 +72,42 @@ def alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def with_index(catalog: Path, version_id: str, edit, older: bool = False, remove: bool = False) -> str:
+    """A sealed version whose index is ``edit(table)`` of this one's (``older``: as a dsbuild from before the
+    ``blake3`` column wrote it, column and manifest entry gone), re-pinned; returns its id. ``remove``: the
+    original version goes (so the new one is the newest)."""
+    import shutil
+    from dataclasses import replace
+
+    import pyarrow as pa
+
+    from dsbuild.core.hashing import sha256_bytes
+    from dsbuild.lineage.catalog import Catalog
+    from dsbuild.lineage.manifest import FilePin
+
+    cat = Catalog.open(catalog)
+    m = cat.manifest(version_id)
+    table = edit(cat.index(version_id))
+    schema = m.schema
+    if older:
+        table = table.drop_columns(["blake3"])
+        schema = {**m.schema, "index_columns": [c for c in m.schema["index_columns"] if c != "blake3"]}
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd", store_schema=False)
+    data = sink.getvalue().to_pybytes()
+    new = replace(m, schema=schema, index=FilePin(m.index.path, sha256_bytes(data), m.index.rows, len(data)))
+    vdir = Path(catalog) / "versions" / new.version_id
+    vdir.mkdir()
+    (vdir / m.index.path).write_bytes(data)
+    shutil.copy(Path(catalog) / "versions" / version_id / m.sessions.path, vdir / m.sessions.path)
+    (vdir / "manifest.json").write_bytes(new.to_bytes())
+    if remove:
+        shutil.rmtree(Path(catalog) / "versions" / version_id)
+    return new.version_id
+
+
+def as_older_version(catalog: Path, version_id: str, remove: bool = False) -> str:
+    """The version as a dsbuild from before the index's ``blake3`` column wrote it."""
+    return with_index(catalog, version_id, lambda table: table, older=True, remove=remove)

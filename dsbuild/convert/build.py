@@ -90,15 +90,20 @@ class ConvertResult(Record):
 
 
 def reusable_parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[str | None, Manifest | None]:
-    """(parent version, its manifest when its samples can be reused: same config and tool version)."""
+    """(parent version, its manifest when its samples can be reused: same config, tool version and index
+    columns — a parent from before a column existed would pass NULLs on, and the build would differ from a
+    fresh one)."""
     if not onto and not catalog.versions():
         return None, None
     parent = catalog.resolve(onto)
     m = catalog.manifest(parent)
-    same = m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__
+    columns = isinstance(m.schema, dict) and m.schema.get("index_columns") == list(INDEX_COLUMNS)
+    same = m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__ and columns
     if onto and not same:
         theirs = m.config if isinstance(m.config, dict) else {}
-        changed = sorted(k for k, v in config.to_json().items() if theirs.get(k) != v) or ["tool version"]
+        changed = (sorted(k for k, v in config.to_json().items() if theirs.get(k) != v)
+                   + (["tool version"] if m.tool_version != __version__ else [])
+                   + ([] if columns else ["index columns"]))
         raise UsageError(f"--onto {onto}: version {parent[:12]} was built with other settings "
                          f"({', '.join(changed)})", hint="convert without --onto for a fresh build")
     return parent, m if same else None

@@ -198,7 +198,7 @@ def members_sha256(members: list[tuple[str, bytes]]) -> str:
 
 def members_blake3(members: list[tuple[str, bytes]]) -> str:
     """BLAKE3 of the same bytes, recorded beside the sample hash: the loader's per-read check
-    (``verify="sample"``) hashes with it, 2.4x faster than sha256 here and as strong against damage."""
+    (``verify="sample"``) hashes with it, 2.3x faster than sha256 here and as strong against damage."""
     return _members_digest(blake3(), members)
 
 

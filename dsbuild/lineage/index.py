@@ -161,7 +161,7 @@ def table_from_bytes(data: bytes, what: str, columns: list[str] | None = None):
     import pyarrow.parquet as pq
 
     schema = index_schema()
-    wanted = list(columns or INDEX_COLUMNS)
+    wanted = list(INDEX_COLUMNS if columns is None else columns)
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
         absent = [c for c in wanted if c in LATER_COLUMNS and c not in pf.schema_arrow.names]

@@ -8,7 +8,7 @@ other format goes through its ``ShardReader.members`` (framing checked by the fo
 
 Verification (``LoaderOptions.verify``):
 - ``"sample"``: each sample's members are hashed on every read and compared with the index: BLAKE3
-  (recorded beside the sha256 since it was added; 2.4x faster here), sha256 for older versions. Catches
+  (recorded beside the sha256 since it was added; 2.3x faster here), sha256 for older versions. Catches
   any damage to the bytes read, at any time, at one hash pass per read, every epoch.
 - ``"shard"``: each shard is hashed once per process (and again if its file changes identity) before
   its bytes are trusted; a shard that does not match is checked sample by sample. Catches damage

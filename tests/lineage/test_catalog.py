@@ -23,7 +23,7 @@ from dsbuild.lineage.query import run_query
 from dsbuild.lineage.verify import verify
 from dsbuild.samples.synthetic import generate, session_spec
 from dsbuild.samples.writer import VideoSpec
-from tests.helpers import index_rows, manifest
+from tests.helpers import as_older_version, index_rows, manifest
 
 CONFIG = ConvertConfig(clip_seconds=1.0, shard_size=120_000)
 
@@ -77,6 +77,19 @@ def test_incremental_version_equals_a_from_scratch_build(grown, tmp_path):
     caps, _, _, v2 = grown
     fresh = convert(caps, tmp_path / "fresh", CONFIG, executor=ExecutorSpec(workers=1))
     assert (fresh.content_id, fresh.version_id) == (v2.content_id, v2.version_id)
+
+
+def test_a_parent_from_before_an_index_column_is_built_again_not_reused(grown, tmp_path):
+    """Reusing its rows would carry NULL blake3 values into the new version, which would then differ from
+    a fresh build; with --onto it is a usage error naming the index columns."""
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    old = as_older_version(cat, v2.version_id, remove=True)
+    with pytest.raises(UsageError, match="index columns"):
+        convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=2), onto=old)
+    again = convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=2))
+    assert again.version_id == v2.version_id
+    assert None not in [r["blake3"] for r in index_rows(cat, again.version_id)]
 
 
 def test_diff_shows_exactly_the_added_samples(grown):

@@ -441,30 +441,14 @@ def test_captures_without_telemetry_or_actions_deliver_empty_columns(captures, t
 
 def test_a_version_made_before_blake3_was_recorded_still_verifies_each_sample(cat_copy):
     """Its index has no blake3 column: it reads as NULL and ``verify="sample"`` checks the sha256."""
-    import shutil
-    from dataclasses import replace
     from pathlib import Path
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from dsbuild.core.hashing import sha256_bytes
-    from dsbuild.lineage.manifest import FilePin
+    from tests.helpers import as_older_version
 
     ref, vid = cat_copy
-    catalog = Catalog.open(ref)
-    m = catalog.manifest(vid)
-    sink = pa.BufferOutputStream()
-    pq.write_table(catalog.index(vid).drop_columns(["blake3"]), sink, compression="zstd", store_schema=False)
-    data = sink.getvalue().to_pybytes()
-    old = replace(m, index=FilePin(m.index.path, sha256_bytes(data), m.index.rows, len(data)))
-    vdir = Path(ref) / "versions" / old.version_id
-    vdir.mkdir()
-    (vdir / m.index.path).write_bytes(data)
-    shutil.copy(Path(ref) / "versions" / vid / m.sessions.path, vdir / m.sessions.path)
-    (vdir / "manifest.json").write_bytes(old.to_bytes())
-    assert set(Catalog.open(ref).index(old.version_id, ["blake3"])["blake3"].to_pylist()) == {None}
-    at = f"{ref}@{old.version_id}"
+    old = as_older_version(Path(ref), vid)
+    assert set(Catalog.open(ref).index(old, ["blake3"])["blake3"].to_pylist()) == {None}
+    at = f"{ref}@{old}"
     keys = [k for b in Loader(at, decode="bytes", batch_size=3, seed=5, verify="sample") for k in b["keys"]]
     assert sorted(keys) == sorted(r["key"] for r in index_rows(ref, vid))
     victim = index_rows(ref, vid)[2]

@@ -103,6 +103,26 @@ def test_a_damaged_catalog_is_a_lineage_error_and_a_wrong_version_a_usage_error(
         ValidateOptions(level="deep")
 
 
+def test_a_wrong_blake3_in_the_index_fails_index_at_level_full(wds_catalog, tmp_path):
+    """The loader's per-read check would reject that sample; verify and structural validation hash
+    shards and sha256s only, so level full hashes each sample's members with BLAKE3 too."""
+    import pyarrow as pa
+
+    from tests.helpers import with_index
+
+    cat = copy_catalog(wds_catalog[0], tmp_path / "cat")
+    victim = rows(cat, wds_catalog[1])[3].key
+
+    def wrong(table):
+        values = ["0" * 64 if k == victim else b for k, b in zip(table["key"].to_pylist(), table["blake3"].to_pylist())]
+        return table.set_column(table.schema.get_field_index("blake3"), "blake3", pa.array(values, pa.string()))
+
+    vid = with_index(cat, wds_catalog[1], wrong)
+    assert validate(cat, vid, executor=ONE).check("index").status == "pass"  # structural: not hashed
+    full = validate(cat, vid, options=ValidateOptions(level="full"), executor=ONE)
+    assert items(full, "index") == [victim] and "blake3" in full.check("index").offenders[0].detail
+
+
 def test_metadata_that_disagrees_with_the_index_fails_index_and_keys(wds_catalog, tmp_path):
     cat = copy_catalog(wds_catalog[0], tmp_path / "cat")
     keys = [r.key for r in rows(cat, wds_catalog[1])]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dsbuild.formats.sample import ARRAY_MEMBERS, KEY_RE, MEMBERS, members_sha256, sample_key
+from dsbuild.formats.sample import ARRAY_MEMBERS, KEY_RE, MEMBERS, members_blake3, members_sha256, sample_key
 from dsbuild.lineage.index import IndexRow, parse_started_at
 from dsbuild.validators.base import Check, Judge, Threshold
 from dsbuild.validators.facts import SHARD_DAMAGE, VersionFacts
@@ -67,6 +67,9 @@ def index_disagreements(row: IndexRow, v: SampleView) -> list[str]:
             "bytes": sum(len(p) for _, p in v.members), "action_events": meta.action_events,
             "text_events": len(meta.text), "source_video_sha256": meta.sources.get("video")}
     wrong = [f"{k}={getattr(row, k)!r} (sample: {w!r})" for k, w in want.items() if getattr(row, k) != w]
+    # At level full only: one more pass over the bytes, cheap beside decoding them
+    if row.blake3 and v.level == "full" and members_blake3(v.members) != row.blake3:
+        wrong.append("blake3 does not hash the sample's members (the loader would reject it)")
     if not wrong:
         return []
     more = f" and {len(wrong) - MAX_DETAILS} more" if len(wrong) > MAX_DETAILS else ""

@@ -1,4 +1,4 @@
-"""Arrow arrays from Python values and numpy vectors from Arrow columns, through their buffers.
+"""Arrow arrays from Python values, and numpy vectors and datetimes from Arrow columns, through their buffers.
 
 ``pyarrow.array`` and ``to_numpy`` ask whether pandas is installed, and import it if so (0.16 s, for a
 column of ints): ``convert`` paid that for its index, each of its workers for its first Parquet shard,
@@ -55,7 +55,8 @@ def array(values, type):
     return pa.Array.from_buffers(type, n, [validity, pa.py_buffer(data)], null_count=nulls)
 
 
-# What a column of each kind accepts (pyarrow's own conversion refuses the rest too).
+# What a column of each kind accepts (stricter than pyarrow, which truncates 1.5 into an int column and
+# encodes a str into a binary one).
 _ACCEPTS = {str: (str,), bytes: (bytes, bytearray, memoryview), bool: (bool, np.bool_),
             int: (int, np.integer), float: (int, float, np.integer, np.floating), datetime: (datetime,)}
 
@@ -180,6 +181,14 @@ def to_numpy(column, null=None) -> np.ndarray:
     if column.null_count:
         out[~_bits(validity, off, n)] = null
     return out
+
+
+def datetimes(column) -> list[datetime | None]:
+    """A timestamp[us] column as UTC datetimes (None for nulls): the inverse of ``array``'s conversion."""
+    import pyarrow as pa
+
+    micros = column.cast(pa.int64()).to_pylist()
+    return [None if us is None else EPOCH + timedelta(microseconds=us) for us in micros]
 
 
 def _bits(buffer, offset: int, n: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from dsbuild.core.errors import FormatError
 from dsbuild.formats import Entry
@@ -178,23 +178,13 @@ def table_from_bytes(data: bytes, what: str, columns: list[str] | None = None):
     return table
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
 def table_columns(table) -> dict[str, list]:
-    """``table.to_pydict()``, except that ``started_at`` becomes UTC datetimes here: pyarrow converts a
-    timezone-aware timestamp column by importing pandas (0.2 s of a command's start-up)."""
-    import pyarrow as pa
+    """``table.to_pydict()``, except that ``started_at`` becomes UTC datetimes through ``core.arrow``:
+    pyarrow converts a timezone-aware timestamp column by importing pandas (0.2 s of a command's start-up)."""
+    from dsbuild.core.arrow import datetimes
 
-    out = {}
-    for name in table.column_names:
-        column = table.column(name)
-        if name == "started_at":
-            micros = column.cast(pa.int64()).to_pylist()
-            out[name] = [None if us is None else _EPOCH + timedelta(microseconds=us) for us in micros]
-        else:
-            out[name] = column.to_pylist()
-    return out
+    return {name: datetimes(table.column(name)) if name == "started_at" else table.column(name).to_pylist()
+            for name in table.column_names}
 
 
 def rows_from_table(table) -> list[IndexRow]:

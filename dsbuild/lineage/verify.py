@@ -51,9 +51,13 @@ class Stopped(Exception):
     """``verify``'s ``stop`` was set: its caller no longer needs the answer."""
 
 
-def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None = None) -> dict | None:
+def _go_on(stop: threading.Event | None, path: str) -> None:
     if stop is not None and stop.is_set():
-        raise Stopped(rec.path)
+        raise Stopped(path)
+
+
+def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None = None) -> dict | None:
+    _go_on(stop, rec.path)
     try:
         size = catalog.store.size(rec.path)
     except (OSError, DsbuildError) as e:
@@ -68,13 +72,11 @@ def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None
             with open_regular(catalog.root / rec.path, catalog.root) as f:
                 while chunk := f.read(CHUNK):
                     h.update(chunk)
-                    if stop is not None and stop.is_set():
-                        raise Stopped(rec.path)
+                    _go_on(stop, rec.path)
         else:  # an object store: stream it by ranges, without caching what may be damaged
             for start in range(0, rec.bytes, CHUNK):
                 h.update(catalog.store.read_range(rec.path, start, min(rec.bytes, start + CHUNK)))
-                if stop is not None and stop.is_set():
-                    raise Stopped(rec.path)
+                _go_on(stop, rec.path)
     except (OSError, DsbuildError) as e:
         return {"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}
     if h.hexdigest() != rec.sha256:

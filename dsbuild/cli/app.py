@@ -106,7 +106,7 @@ def _no_type_noise(command) -> None:
                 p.display_type_rich = lambda ctx, meta=meta: meta
             if p.param_type_name == "argument":
                 name = p.metavar or (p.name or "arg").upper()
-                p._usage_display_name = lambda name=name, req=p.required: name if req else f"[{name}]"
+                p.get_usage_pieces = lambda ctx, name=name, req=p.required: [name if req else f"[{name}]"]
 
 
 def build_command():
@@ -220,8 +220,9 @@ def _quiet_broken_pipe() -> int:
     return BROKEN_PIPE
 
 
-def run(args: list[str]) -> int:
-    """Run ``dsbuild ARGS``; return the exit code (never raises, never exits)."""
+def run(args: list[str], command=None) -> int:
+    """Run ``dsbuild ARGS`` (with ``command``, the built click command, if the caller has it); return the
+    exit code (never raises, never exits)."""
     head = args[:args.index("--")] if "--" in args else args
     debug, as_json = "--debug" in head, "--json" in head
     if debug:
@@ -230,7 +231,7 @@ def run(args: list[str]) -> int:
         sys.stdout.write(f"dsbuild {__version__}\n")
         return 0
     command_name = next((a for a in head if a in COMMANDS), None)
-    command = build_command()
+    command = command or build_command()
     try:
         with command.make_context("dsbuild", list(args)) as ctx:
             command.invoke(ctx)
@@ -258,7 +259,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     command = build_command()
     command._main_shell_completion({}, "dsbuild", None)  # answers completion requests from the shell
-    code = run(sys.argv[1:])
+    code = run(sys.argv[1:], command)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

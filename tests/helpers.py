@@ -75,9 +75,9 @@ def alive(pid: int) -> bool:
 
 
 def with_index(catalog: Path, version_id: str, edit, older: bool = False, remove: bool = False) -> str:
-    """A sealed version whose index is ``edit(table)`` of this one's (``older``: as a dsbuild from before the
-    ``blake3`` column wrote it, column and manifest entry gone), re-pinned; returns its id. ``remove``: the
-    original version goes (so the new one is the newest)."""
+    """A sealed version whose index is ``edit(table)`` of this one's (``older``: as a dsbuild from before
+    BLAKE3 was recorded wrote it: no ``blake3`` index column, no shard ``blake3``), re-pinned; returns its
+    id. ``remove``: the original version goes (so the new one is the newest)."""
     import shutil
     from dataclasses import replace
 
@@ -90,14 +90,15 @@ def with_index(catalog: Path, version_id: str, edit, older: bool = False, remove
     cat = Catalog.open(catalog)
     m = cat.manifest(version_id)
     table = edit(cat.index(version_id))
-    schema = m.schema
+    schema, shards = m.schema, m.shards
     if older:
         table = table.drop_columns(["blake3"])
         schema = {**m.schema, "index_columns": [c for c in m.schema["index_columns"] if c != "blake3"]}
+        shards = tuple(replace(s, blake3=None) for s in m.shards)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", store_schema=False)
     data = sink.getvalue().to_pybytes()
-    new = replace(m, schema=schema, index=FilePin(m.index.path, sha256_bytes(data), m.index.rows, len(data)))
+    new = replace(m, schema=schema, shards=shards, index=FilePin(m.index.path, sha256_bytes(data), m.index.rows, len(data)))
     vdir = Path(catalog) / "versions" / new.version_id
     vdir.mkdir()
     (vdir / m.index.path).write_bytes(data)
@@ -109,5 +110,5 @@ def with_index(catalog: Path, version_id: str, edit, older: bool = False, remove
 
 
 def as_older_version(catalog: Path, version_id: str, remove: bool = False) -> str:
-    """The version as a dsbuild from before the index's ``blake3`` column wrote it."""
+    """The version as a dsbuild from before BLAKE3 was recorded wrote it."""
     return with_index(catalog, version_id, lambda table: table, older=True, remove=remove)

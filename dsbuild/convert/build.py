@@ -12,7 +12,6 @@ bytes no longer match its name) is healed: its sessions are processed again from
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -90,20 +89,21 @@ class ConvertResult(Record):
 
 
 def reusable_parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[str | None, Manifest | None]:
-    """(parent version, its manifest when its samples can be reused: same config, tool version and index
-    columns — a parent from before a column existed would pass NULLs on, and the build would differ from a
-    fresh one)."""
+    """(parent version, its manifest when its samples can be reused: same config, tool version, index
+    columns and shard hashes — a parent from before a column or a hash was recorded would pass NULLs on,
+    and the build would differ from a fresh one)."""
     if not onto and not catalog.versions():
         return None, None
     parent = catalog.resolve(onto)
     m = catalog.manifest(parent)
     columns = isinstance(m.schema, dict) and m.schema.get("index_columns") == list(INDEX_COLUMNS)
+    columns = columns and all(s.blake3 for s in m.shards)
     same = m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__ and columns
     if onto and not same:
         theirs = m.config if isinstance(m.config, dict) else {}
         changed = (sorted(k for k, v in config.to_json().items() if theirs.get(k) != v)
                    + (["tool version"] if m.tool_version != __version__ else [])
-                   + ([] if columns else ["index columns"]))
+                   + ([] if columns else ["index columns or shard hashes"]))
         raise UsageError(f"--onto {onto}: version {parent[:12]} was built with other settings "
                          f"({', '.join(changed)})", hint="convert without --onto for a fresh build")
     return parent, m if same else None
@@ -133,7 +133,7 @@ def _shard_healthy(catalog: Catalog, rec: ShardRecord, rehash: bool) -> bool:
         return False
     if not rehash:
         return True
-    h = hashlib.sha256()
+    h = rec.proof()
     try:
         path = catalog.shard_file(rec)
         with open(path, "rb") as f:
@@ -141,7 +141,7 @@ def _shard_healthy(catalog: Catalog, rec: ShardRecord, rehash: bool) -> bool:
                 h.update(chunk)
     except Exception:  # noqa: BLE001 - any failure to prove it means: rewrite it from the captures
         return False
-    return h.hexdigest() == rec.sha256
+    return h.ok()
 
 
 @dataclass
@@ -307,7 +307,7 @@ def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], bas
             rows += [parent_rows[ref.key] for ref in group]
             continue
         w = written[i]
-        rec = ShardRecord(shard_key(w.sha256, ext), w.sha256, w.bytes, len(w.entries))
+        rec = ShardRecord(shard_key(w.sha256, ext), w.sha256, w.bytes, len(w.entries), w.blake3)
         shards.append(rec)
         moves.append((w.tmp_path, rec))
         for e in w.entries:

@@ -172,7 +172,7 @@ def commit_derived(catalog: Catalog, area: BuildArea, config: DeriveConfig, enco
     shards, rows, moves = [], [], []
     for i in range(len(tasks)):
         w = written[i]
-        rec = ShardRecord(shard_key(w.sha256, fmt.ext), w.sha256, w.bytes, len(w.entries))
+        rec = ShardRecord(shard_key(w.sha256, fmt.ext), w.sha256, w.bytes, len(w.entries), w.blake3)
         shards.append(rec)
         moves.append((w.tmp_path, rec))
         rows += [rows_by_key[e.key].located(rec.path, e) for e in w.entries]

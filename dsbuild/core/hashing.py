@@ -1,10 +1,15 @@
-"""sha256 everywhere: it is what users verify with `sha256sum`, and at ~1.6 GB/s it is not the bottleneck."""
+"""sha256 names everything: it is what users check with `sha256sum`. BLAKE3 is recorded beside it for
+the bytes that are re-checked often (shards, samples): as strong against damage and forgery (a 256-bit
+cryptographic hash), 2.5x faster on one core and parallel within one file, so proving a version's shards
+runs at memory speed instead of one core's sha256 per shard."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 from typing import BinaryIO
+
+from blake3 import blake3
 
 from dsbuild.core.files import open_regular
 from dsbuild.core.jsonio import canonical_json
@@ -32,19 +37,44 @@ def sha256_file(path: Path, root: Path | None = None) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+class FileProof:
+    """Proves a file's bytes against its record, streamed chunk by chunk: by BLAKE3 on every core when
+    the record carries one, else by sha256 (records written before BLAKE3 was recorded)."""
+
+    def __init__(self, sha256: str, blake3_hex: str | None):
+        self.hash_name = "blake3" if blake3_hex else "sha256"
+        self.expected = blake3_hex or sha256
+        self._h = blake3(max_threads=blake3.AUTO) if blake3_hex else hashlib.sha256()
+
+    def update(self, chunk) -> None:
+        self._h.update(chunk)  # both release the GIL on large chunks
+
+    def ok(self) -> bool:
+        return self._h.hexdigest() == self.expected
+
+    def mismatch(self) -> str:
+        return f"{self.hash_name} {self._h.hexdigest()[:16]}…, expected {self.expected[:16]}…"
+
+
 class HashingWriter:
-    """A write-only file wrapper that hashes and counts what passes through it (one pass, no re-read)."""
+    """A write-only file wrapper that hashes (sha256 and BLAKE3) and counts what passes through it (one
+    pass, no re-read)."""
 
     def __init__(self, f: BinaryIO):
         self._f = f
         self._h = hashlib.sha256()
+        self._b = blake3()
         self.tell_bytes = 0
 
     def write(self, data: bytes) -> int:
         self._f.write(data)
         self._h.update(data)
+        self._b.update(data)
         self.tell_bytes += len(data)
         return len(data)
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()
+
+    def blake3_hexdigest(self) -> str:
+        return self._b.hexdigest()

@@ -61,6 +61,7 @@ def plan_shards(keys: Sequence[str], sizes: Sequence[int], target: int, overhead
 class WrittenShard:
     tmp_path: Path
     sha256: str
+    blake3: str
     bytes: int
     entries: tuple[Entry, ...]
 
@@ -79,5 +80,5 @@ def write_shard(fmt: ShardFormat, segments: Iterable[Segment], path: Path) -> Wr
         path.unlink(missing_ok=True)
         raise StorageError(f"cannot write shard {path}: {e.strerror or e}",
                            hint="check free space and permissions, then run the command again") from None
-    return WrittenShard(path, out.hexdigest(), out.tell_bytes, tuple(entries))
+    return WrittenShard(path, out.hexdigest(), out.blake3_hexdigest(), out.tell_bytes, tuple(entries))
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from dsbuild.core.errors import FormatError
-from dsbuild.core.hashing import sha256_bytes
+from dsbuild.core.hashing import FileProof, sha256_bytes
 from dsbuild.core.jsonio import canonical_json, loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, JsonValue, Record, spec
 
@@ -32,10 +32,23 @@ def shard_key(sha256: str, ext: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ShardRecord(Record):
+    """One shard of a version: named by the sha256 of its bytes, proven by their BLAKE3."""
+
     path: str = field(metadata=spec(pattern=SHARD_KEY, doc="shards/<sha[:2]>/<sha256>.<ext>, in the catalog"))
     sha256: str = field(metadata=spec(pattern=SHA256))
     bytes: int = field(metadata=spec(minimum=0))
     samples: int = field(metadata=spec(minimum=0))
+    blake3: str | None = field(default=None, metadata=spec(
+        pattern=SHA256, doc="BLAKE3 of the same bytes, what checks prove them with; absent before it was recorded"))
+
+    def proof(self) -> FileProof:
+        return FileProof(self.sha256, self.blake3)
+
+    def to_json(self) -> dict:
+        out = Record.to_json(self)
+        if self.blake3 is None:  # written as versions from before it was recorded wrote it
+            del out["blake3"]
+        return out
 
     def name_matches_hash(self) -> bool:
         m = _SHARD_KEY_RE.fullmatch(self.path)

@@ -13,7 +13,6 @@ Tags pointing at the version and its split sets come along when asked.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -53,16 +52,16 @@ class _Progress:
 
 def _copy_verified(src: Path, dst: Path, rec: ShardRecord) -> None:
     """Copy a shard file, hashing it on the way; refuse bytes that are not what its name says."""
-    h = hashlib.sha256()
+    h = rec.proof()
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         while chunk := fin.read(CHUNK):
             h.update(chunk)
             fout.write(chunk)
         fout.flush()
         os.fsync(fout.fileno())
-    if h.hexdigest() != rec.sha256:
+    if not h.ok():
         dst.unlink(missing_ok=True)
-        raise LineageError(f"{rec.path}: the source's bytes do not match the shard's sha256 (damaged source)",
+        raise LineageError(f"{rec.path}: the source's bytes do not match the shard's {h.hash_name} (damaged source)",
                            hint="run `dsbuild verify` on the source catalog")
 
 

@@ -2,17 +2,17 @@
 
     version id  == sha256(manifest bytes)
     index       == the manifest's pin (sha256, bytes, rows)
-    shard name  == its recorded sha256 == sha256(its bytes), size as recorded
+    shard name  == its recorded sha256; its bytes == its recorded BLAKE3 (sha256 where a version predates
+                   it: both are recorded at build time from the same bytes), size as recorded
     every index entry lies inside its shard and frames exactly its own sample
 
-Shards are hashed in a thread pool (hashlib releases the GIL), several at once; entry checks are
+Shards are hashed in a thread pool (the hashes release the GIL), several at once; entry checks are
 arithmetic over the index plus the format's cheap framing proof, grouped by shard (linear in rows).
 Every problem names the file and what is wrong; missing or damaged shards name the command that heals.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -66,7 +66,7 @@ def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None
         return {"shard": rec.path, "problem": "missing"}
     if size != rec.bytes:
         return {"shard": rec.path, "problem": "size changed", "detail": f"{size} bytes, expected {rec.bytes}"}
-    h = hashlib.sha256()
+    h = rec.proof()
     try:
         if catalog.root is not None:
             with open_regular(catalog.root / rec.path, catalog.root) as f:
@@ -79,9 +79,8 @@ def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None
                 _go_on(stop, rec.path)
     except (OSError, DsbuildError) as e:
         return {"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}
-    if h.hexdigest() != rec.sha256:
-        return {"shard": rec.path, "problem": "altered",
-                "detail": f"sha256 {h.hexdigest()[:16]}…, expected {rec.sha256[:16]}…"}
+    if not h.ok():
+        return {"shard": rec.path, "problem": "altered", "detail": h.mismatch()}
     return None
 
 

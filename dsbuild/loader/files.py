@@ -146,7 +146,7 @@ class ShardFiles:
                 raise storage_error(f"{h.path}: cannot read shard", e) from None
 
     def trusted(self, shard: int) -> bool:
-        """verify="shard": True once the shard's bytes hashed to its recorded sha256 (once per process and
+        """verify="shard": True once the shard's bytes hashed to their record (once per process and
         file identity); False if they did not (the caller then checks each sample's own hash)."""
         if shard in self._damaged:
             return False
@@ -158,7 +158,7 @@ class ShardFiles:
             ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if self._trusted.get(shard) == ident:
                 return True
-            ok = st.st_size == self.shards[shard].bytes and _sha256_fd(fd, st.st_size) == self.shards[shard].sha256
+            ok = st.st_size == self.shards[shard].bytes and _proven(fd, self.shards[shard])
             if ok:
                 self._trusted[shard] = ident
             else:
@@ -173,14 +173,13 @@ class ShardFiles:
             self._open.clear()
 
 
-def _sha256_fd(fd: int, size: int) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
+def _proven(fd: int, rec) -> bool:
+    """The shard's bytes, read through ``fd``, hash to its record (BLAKE3, or sha256 for older versions)."""
+    h = rec.proof()
     buf = bytearray(CHUNK)
     view = memoryview(buf)
     pos = 0
-    while pos < size:
+    while pos < rec.bytes:
         try:
             n = os.preadv(fd, [view], pos)
         except OSError as e:
@@ -189,7 +188,7 @@ def _sha256_fd(fd: int, size: int) -> str:
             break
         h.update(view[:n])  # releases the GIL for large updates
         pos += n
-    return h.hexdigest()
+    return h.ok()
 
 
 ARRAY_MIN = 1 << 20  # smaller arrays come from malloc's own free lists, without page faults

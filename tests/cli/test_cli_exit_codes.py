@@ -105,7 +105,7 @@ def test_a_version_of_an_earlier_manifest_format_names_it_and_what_to_do(private
                    "hint: a version written by another dsbuild")
 
 
-def test_a_version_from_before_the_blake3_column_loads_verifies_and_is_not_built_onto(private_catalog, caps):
+def test_a_version_from_before_blake3_was_recorded_loads_verifies_and_is_not_built_onto(private_catalog, caps):
     """As a user meets one: it still verifies and loads; `convert --onto` it is a usage error naming the
     index columns; a plain convert builds afresh and gives the fresh build's version id."""
     from tests.helpers import as_older_version
@@ -114,7 +114,7 @@ def test_a_version_from_before_the_blake3_column_loads_verifies_and_is_not_built
     old = as_older_version(cat, vid, remove=True)
     assert run("verify", f"{cat}@{old}", "--quiet", check=0).returncode == 0
     p = run("convert", caps, cat, "--clip-seconds", 2, "--workers", 1, "--onto", old, check=None)
-    one_line_error(p, 2, "built with other settings (index columns)", "hint: convert without --onto")
+    one_line_error(p, 2, "built with other settings (index columns or shard hashes)", "hint: convert without --onto")
     assert run("convert", caps, cat, "--clip-seconds", 2, "--workers", 1, "--quiet").stdout.strip() == vid
 
 

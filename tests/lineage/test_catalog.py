@@ -225,6 +225,31 @@ def test_verify_names_the_damaged_shard_and_the_command_that_heals(wds_catalog, 
     assert report.heal.startswith("dsbuild convert ") and "--rehash" in report.heal
 
 
+@pytest.mark.parametrize("older", [False, True])
+def test_verify_proves_shards_by_their_recorded_blake3_or_by_sha256_in_older_versions(wds_catalog, tmp_path, older):
+    import hashlib
+
+    from blake3 import blake3
+
+    src, vid = wds_catalog
+    cat = _copy(src, tmp_path)
+    if older:
+        vid = as_older_version(cat, vid, remove=True)
+    shards = manifest(cat, vid)["shards"]
+    for rec in shards:  # both hashes of the bytes on disk, by the libraries themselves
+        data = (cat / rec["path"]).read_bytes()
+        assert rec["sha256"] == hashlib.sha256(data).hexdigest() and ("blake3" in rec) is not older
+        assert older or rec["blake3"] == blake3(data).hexdigest()
+    assert verify(Catalog.open(cat), vid).ok
+    shard = cat / shards[-1]["path"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x80
+    shard.write_bytes(bytes(data))
+    problems = verify(Catalog.open(cat), vid).problems
+    assert [(p["shard"], p["problem"]) for p in problems] == [(shards[-1]["path"], "altered")]
+    assert problems[0]["detail"].startswith("sha256 " if older else "blake3 ")
+
+
 def test_verify_refuses_a_manifest_edited_to_match_a_flipped_shard(wds_catalog, tmp_path):
     """A forger flips a shard and rewrites the manifest's sha256 for it: the version id (the folder
     name) no longer matches the manifest, and the shard's name no longer matches its hash."""

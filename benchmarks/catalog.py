@@ -1,10 +1,14 @@
 """Catalog commands against their floors, as users run them, in one run.
 
     .venv/bin/python benchmarks/catalog.py [--rounds 5] [--sets 720p,small] [--big bench-out/scale/catalog]
+                                           [--also CATALOG,...]
 
-verify : `dsbuild verify CATALOG` (a whole command: start-up, manifest, index framing, every shard's
-         sha256) against the floor: hashlib sha256 of the same shard files in one thread per core,
-         in-process (no start-up at all). Catalogs: the sets of benchmarks/convert.py (built if missing).
+verify : `dsbuild verify CATALOG` (a whole command: start-up, manifest, index framing, every shard
+         proven by its recorded BLAKE3) against the floor: hashlib sha256 of the same shard files in one
+         thread per core, in-process (no start-up at all); also reported: the bare `blake3` library over
+         the same files on every core, in-process (the hash verify uses). Catalogs: the sets of
+         benchmarks/convert.py (built if missing), and any given with --also (e.g. the 983 MB catalog B
+         of benchmarks/validate.py, to see the ratio once start-up is not most of the command).
 query  : `dsbuild query` (a GROUP BY over the index) against the same SQL in bare duckdb on the
          version's index.parquet, both as commands; on --big (the 10,000-session catalog of
          benchmarks/scale.py) when it exists, else on the small set.
@@ -61,6 +65,15 @@ def catalog_of(out: Path, name: str) -> Path:
     return cat
 
 
+def blake3_floor(files: list[Path]) -> float:
+    from blake3 import blake3
+
+    t = time.perf_counter()
+    for p in files:
+        blake3(max_threads=blake3.AUTO).update_mmap(p).hexdigest()
+    return time.perf_counter() - t
+
+
 def shard_files(cat: Path) -> list[Path]:
     _, proc = command(DSBUILD, "shards", str(cat), "--json")
     doc = json.loads(proc.stdout)
@@ -70,13 +83,15 @@ def shard_files(cat: Path) -> list[Path]:
 def verify_vs_floor(cat: Path, rounds: int, threads: int) -> dict:
     files = shard_files(cat)
     size = sum(p.stat().st_size for p in files)
-    floor, verify = [], []
+    floor, b3, verify = [], [], []
     for _ in range(rounds):
         floor.append(sha256_floor(files, threads))
+        b3.append(blake3_floor(files))
         verify.append(command(DSBUILD, "verify", str(cat), "--json")[0])
-    med_f, med_v = statistics.median(floor), statistics.median(verify)
+    med_f, med_b, med_v = statistics.median(floor), statistics.median(b3), statistics.median(verify)
     return {"shards": len(files), "shard_bytes": size, "floor_seconds": med_f, "verify_seconds": med_v,
-            "ratio_verify_over_floor": med_f / med_v, "all": {"floor": floor, "verify": verify}}
+            "ratio_verify_over_floor": med_f / med_v, "blake3_floor_seconds": med_b,
+            "all": {"floor": floor, "blake3_floor": b3, "verify": verify}}
 
 
 def index_of(cat: Path) -> Path:
@@ -113,11 +128,14 @@ def main() -> None:
     ap.add_argument("--sets", default="720p,small")
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "convert"))
     ap.add_argument("--big", default=str(ROOT / "bench-out" / "scale" / "catalog"))
+    ap.add_argument("--also", default="", help="more catalogs to verify, comma-separated")
     args = ap.parse_args()
     out, threads = Path(args.out), os.cpu_count() or 1
     report: dict = {"cores": threads, "rounds": args.rounds, "verify": {}}
     for name in args.sets.split(","):
         report["verify"][name] = verify_vs_floor(catalog_of(out, name), args.rounds, threads)
+    for path in filter(None, args.also.split(",")):
+        report["verify"][path] = verify_vs_floor(Path(path), args.rounds, threads)
     big = Path(args.big)
     big = big if (big / "catalog.json").exists() else catalog_of(out, "small")
     report["query"] = query_vs_duckdb(big, args.rounds)

@@ -118,7 +118,13 @@ class TarReader(ShardReader):
         return data
 
     def members(self, entry: Entry) -> Members:
-        pairs = parse_members(self._range(entry), entry.key)
+        return self._members(entry, views=False)
+
+    def member_views(self, entry: Entry) -> Members:
+        return self._members(entry, views=True)
+
+    def _members(self, entry: Entry, views: bool) -> Members:
+        pairs = parse_members(self._range(entry), entry.key, views=views)
         names = tuple(ext for ext, _ in pairs)
         if names != MEMBERS:
             raise FormatError(f"{entry.key}: members {', '.join('.' + n for n in names)} are not the "

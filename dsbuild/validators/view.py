@@ -37,7 +37,7 @@ class SampleView:
     @classmethod
     def read(cls, reader: ShardReader, row: IndexRow, spec, level: str, shard_damaged: bool = False) -> "SampleView":
         try:
-            members = reader.members(row.entry())
+            members = reader.member_views(row.entry())
         except FormatError as e:
             return cls(row, spec, level, shard_damaged, None, None, str(e))
         except OSError as e:

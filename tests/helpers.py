@@ -74,10 +74,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-def with_index(catalog: Path, version_id: str, edit, older: bool = False, remove: bool = False) -> str:
-    """A sealed version whose index is ``edit(table)`` of this one's (``older``: as a dsbuild from before
-    BLAKE3 was recorded wrote it: no ``blake3`` index column, no shard ``blake3``), re-pinned; returns its
-    id. ``remove``: the original version goes (so the new one is the newest)."""
+def with_index(catalog: Path, version_id: str, edit, older: tuple[str, ...] = (), remove: bool = False) -> str:
+    """A sealed version whose index is ``edit(table)`` of this one's, re-pinned; returns its id. ``older``:
+    what a dsbuild from before BLAKE3 was recorded left out — "index" (the ``blake3`` column), "shards"
+    (each shard's ``blake3``). ``remove``: the original version goes (so the new one is the newest)."""
     import shutil
     from dataclasses import replace
 
@@ -91,9 +91,10 @@ def with_index(catalog: Path, version_id: str, edit, older: bool = False, remove
     m = cat.manifest(version_id)
     table = edit(cat.index(version_id))
     schema, shards = m.schema, m.shards
-    if older:
+    if "index" in older:
         table = table.drop_columns(["blake3"])
         schema = {**m.schema, "index_columns": [c for c in m.schema["index_columns"] if c != "blake3"]}
+    if "shards" in older:
         shards = tuple(replace(s, blake3=None) for s in m.shards)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", store_schema=False)
@@ -109,6 +110,7 @@ def with_index(catalog: Path, version_id: str, edit, older: bool = False, remove
     return new.version_id
 
 
-def as_older_version(catalog: Path, version_id: str, remove: bool = False) -> str:
-    """The version as a dsbuild from before BLAKE3 was recorded wrote it."""
-    return with_index(catalog, version_id, lambda table: table, older=True, remove=remove)
+def as_older_version(catalog: Path, version_id: str, remove: bool = False,
+                     older: tuple[str, ...] = ("index", "shards")) -> str:
+    """The version as a dsbuild from before BLAKE3 was recorded wrote it (``older``: see ``with_index``)."""
+    return with_index(catalog, version_id, lambda table: table, older=older, remove=remove)

@@ -96,14 +96,14 @@ def reusable_parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -
         return None, None
     parent = catalog.resolve(onto)
     m = catalog.manifest(parent)
-    columns = isinstance(m.schema, dict) and m.schema.get("index_columns") == list(INDEX_COLUMNS)
-    columns = columns and all(s.blake3 for s in m.shards)
-    same = m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__ and columns
+    current = (isinstance(m.schema, dict) and m.schema.get("index_columns") == list(INDEX_COLUMNS)
+               and all(s.blake3 for s in m.shards))
+    same = m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__ and current
     if onto and not same:
         theirs = m.config if isinstance(m.config, dict) else {}
         changed = (sorted(k for k, v in config.to_json().items() if theirs.get(k) != v)
                    + (["tool version"] if m.tool_version != __version__ else [])
-                   + ([] if columns else ["index columns or shard hashes"]))
+                   + ([] if current else ["index columns or shard hashes"]))
         raise UsageError(f"--onto {onto}: version {parent[:12]} was built with other settings "
                          f"({', '.join(changed)})", hint="convert without --onto for a fresh build")
     return parent, m if same else None

@@ -79,13 +79,14 @@ def test_incremental_version_equals_a_from_scratch_build(grown, tmp_path):
     assert (fresh.content_id, fresh.version_id) == (v2.content_id, v2.version_id)
 
 
-def test_a_parent_from_before_an_index_column_is_built_again_not_reused(grown, tmp_path):
-    """Reusing its rows would carry NULL blake3 values into the new version, which would then differ from
-    a fresh build; with --onto it is a usage error naming the index columns."""
+@pytest.mark.parametrize("older", [("index", "shards"), ("shards",)])
+def test_a_parent_from_before_blake3_was_recorded_is_built_again_not_reused(grown, tmp_path, older):
+    """Reusing its rows or shard records would carry NULL blake3 values into the new version, which would
+    then differ from a fresh build; with --onto it is a usage error naming what is missing."""
     caps, src, _, v2 = grown
     cat = _copy(src, tmp_path)
-    old = as_older_version(cat, v2.version_id, remove=True)
-    with pytest.raises(UsageError, match="index columns"):
+    old = as_older_version(cat, v2.version_id, remove=True, older=older)
+    with pytest.raises(UsageError, match="index columns or shard hashes"):
         convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=2), onto=old)
     again = convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=2))
     assert again.version_id == v2.version_id

@@ -26,11 +26,11 @@ import hashlib
 import json
 import os
 import pstats
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -101,23 +101,41 @@ def floor(src: Path, dst: Path, threads: int) -> float:
     return time.perf_counter() - t
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+# Linux records a process's peak RSS across exec: a child forked by this (large) script would report
+# this script's size. So the command runs under a bare interpreter (-S -I: ~10 MB) that reports its
+# child's peak; the launcher's start-up (~15 ms) counts in the wall time, against us.
+LAUNCH = ("import os, sys; pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ); "
+          "_, status, ru = os.wait4(pid, 0); sys.stderr.write(f'\\npeak_rss_kb {ru.ru_maxrss}\\n'); "
+          "sys.exit(os.waitstatus_to_exitcode(status))")
+
+
+def launched(cmd: list[str]) -> list[str]:
+    """``cmd`` under the bare launcher; its peak RSS is then ``launched_peak(stderr)``."""
+    return [sys.executable, "-S", "-I", "-c", LAUNCH, *cmd]
+
+
+def launched_peak(stderr: str) -> int:
+    """Peak RSS in bytes of a command run through ``launched``, from its stderr."""
+    return int(stderr.rsplit("peak_rss_kb ", 1)[1]) * 1024
 
 
 def run_convert(src: Path, out: Path, clip: float) -> tuple[float, float, int, dict]:
-    """(wall seconds of the whole command, CPU seconds of its tree, peak RSS, its --json report)."""
+    """(wall seconds of the whole command, CPU seconds of its tree, peak RSS of its largest process, its
+    --json report), from wait4 on this command alone (RUSAGE_CHILDREN's peak is the largest child the
+    script ever had, so it would carry one set's peak into the next)."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [DSBUILD, "convert", str(src), str(out), "--clip-seconds", str(clip), "--json"]
-    cpu0 = _children_cpu()
+    cmd = launched([DSBUILD, "convert", str(src), str(out), "--clip-seconds", str(clip), "--json"])
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if proc.returncode:
-        raise SystemExit(f"convert failed: {proc.stderr.strip()[-400:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    return wall, _children_cpu() - cpu0, peak, json.loads(proc.stdout)
+    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        out_f.seek(0)
+        err_f.seek(0)
+        stdout, stderr = out_f.read().decode(), err_f.read().decode()
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"convert failed: {stderr.strip()[-400:]}")
+    return wall, usage.ru_utime + usage.ru_stime, launched_peak(stderr), json.loads(stdout)
 
 
 STAGES = {  # stage -> (file, function) pairs whose cumulative time it is; none nests in another

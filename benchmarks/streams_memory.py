@@ -23,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from convert import launched, launched_peak  # noqa: E402
 
 from dsbuild.samples.writer import VideoSpec, encode_video  # noqa: E402
 
@@ -82,15 +85,13 @@ def peak_rss(captures: Path, out: Path) -> tuple[float, int, float]:
             "r = convert(sys.argv[1], sys.argv[2], ConvertConfig(clip_seconds=8.0), executor=ExecutorSpec(workers=1)); "
             "print(json.dumps({'samples': r.samples, 'quarantined': len(r.quarantined)}))")
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, str(captures), str(out)], stdout=subprocess.PIPE,
-                            env={**os.environ, "DSBUILD_HASH_CACHE": "0"})
-    stdout = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status:
-        raise SystemExit(f"convert failed ({status})")
-    result = json.loads(stdout)
+    proc = subprocess.run(launched([sys.executable, "-c", code, str(captures), str(out)]), capture_output=True,
+                          text=True, env={**os.environ, "DSBUILD_HASH_CACHE": "0"})
+    if proc.returncode:
+        raise SystemExit(f"convert failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    result = json.loads(proc.stdout)
     assert result["quarantined"] == 0, result
-    return usage.ru_maxrss / 1024, result["samples"], time.perf_counter() - t
+    return launched_peak(proc.stderr) / 2**20, result["samples"], time.perf_counter() - t
 
 
 def main() -> None:

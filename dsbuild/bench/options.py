@@ -30,7 +30,7 @@ class BenchOptions(Record):
     decode: str = "frames"  # frames (uint8 arrays) or bytes (encoded clips for a GPU decoder)
     decode_backend: str = "pyav"  # the loader's default; auto picks the fastest measured (PyAV today: dsbuild.loader.backends)
     resize: tuple[int, ...] | None = None  # (height, width); None keeps sizes and buckets by resolution
-    verify: str = "sample"  # the loader's default: sha256 of each sample read
+    verify: str = "sample"  # the loader's default: a hash of each sample read
     device: str = "auto"  # cuda when present, else cpu tensors; numpy when torch is missing
     duration: float = field(default=30.0, metadata=spec(minimum=0, doc="wall seconds of all rounds together"))
     rounds: int = field(default=5, metadata=spec(minimum=1, doc="interleaved rounds; the gate needs 3 or more"))

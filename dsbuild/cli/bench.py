@@ -78,7 +78,7 @@ def bench(
     resize: str = typer.Option(None, "--resize", metavar="HxW", help="Resize frames, e.g. 128x128."),
     verify: str = typer.Option("sample", "--verify", metavar="sample|shard|none",
                                callback=choice("--verify", ("sample", "shard", "none")),
-                               help="The loader's verification: sha256 per sample, per shard once, or none."),
+                               help="The loader's verification: a hash per sample read (BLAKE3), per shard once, or none."),
     device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu", callback=choice("--device", ("auto", "cuda", "cpu")),
                                help="Where batches go (auto: cuda if present, else cpu; numpy without torch)."),
     duration: float = typer.Option(30.0, "--duration", min=0.1, metavar="S",

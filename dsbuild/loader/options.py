@@ -53,7 +53,7 @@ class LoaderOptions:
     rank: int = option(0, "this process's rank")
     world_size: int = option(1, "ranks that share the stream; each sample once per epoch across them")
     # -- delivery (free to change) ----------------------------------------------------------------------
-    num_workers: int = option(2, "threads that read and decode (PyAV, preadv and sha256 release the GIL)")
+    num_workers: int = option(2, "threads that read and decode (PyAV, preadv and the hashes release the GIL)")
     prefetch: int = option(4, "batches in flight: bounds memory")
     decode: str = option("frames", "frames: uint8 arrays; bytes: the encoded MP4 for a GPU decoder")
     decode_backend: str = option("pyav", "pyav (CPU, default), torchcodec (CPU), nvdec (NVDEC through PyAV's FFmpeg), auto")
@@ -61,8 +61,9 @@ class LoaderOptions:
                                                   "resolutions without buckets")
     device: str | None = option(None, "None: numpy; 'cpu'/'cuda'/'auto': torch tensors (auto without torch: "
                                       "numpy, noted in stats)")
-    verify: str | bool = option("sample", "sample: sha256 per sample read; shard: each shard hashed once per "
-                                          "process; none (False): trust the bytes")
+    verify: str | bool = option("sample", "sample: every sample read is hashed (BLAKE3; sha256 in versions made "
+                                          "before it was recorded); shard: each shard hashed once per process; "
+                                          "none (False): trust the bytes")
     max_open_shards: int = option(64, "open shard files kept (LRU): far below common `ulimit -n` values")
     max_replacements: int = option(16, "corrupt-sample substitutes tried before failing loudly")
     audio: bool = option(False, "deliver the clip's audio as float32 PCM with lengths")

@@ -3,7 +3,7 @@
 Global batch j (counted across all ranks) is a pure function of (seed, versions, splits, order
 options, j): ``dsbuild.loader.walk`` names its samples, rank r of W takes j = p + r, p + r + W, ...
 from the restored position p. A checkpoint is p and one cursor per source, so it restores under any
-world size or worker count. Workers are threads: PyAV decoding, swscale, ``preadv`` and sha256 release
+world size or worker count. Workers are threads: PyAV decoding, swscale, ``preadv`` and the hashes release
 the GIL, and batches need no pickling. Inside a torch ``DataLoader`` with process workers, batches
 are built in shared memory (``as_torch_dataset``); for JAX, ``as_jax_iterator`` builds global arrays.
 

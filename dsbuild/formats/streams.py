@@ -189,10 +189,15 @@ def _list_names(name: str, n: int) -> tuple[str, ...]:
 
 
 def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
-    """(t, {channel: value}): lists become ``name.i``; NaN, non-numeric and colliding fields dropped."""
-    out: dict[str, float] = {}
-    dropped = collided = 0
-    flat = []
+    """(t, channel names, float64 values): lists become ``name.i``; NaN, non-numeric and colliding fields
+    dropped. A line stays arrays, not a dict per channel: a list's names are one shared tuple per shape,
+    and later stages key their column layouts by a line's names (128-byte RAM dumps at 60 Hz are the
+    field's telemetry)."""
+    dropped = 0
+    names: tuple[str, ...] = ()
+    parts: list[np.ndarray] = []
+    flat_names: list[str] = []
+    flat_values: list[float] = []
     for name, value in obj.items():
         if name == "t":
             continue
@@ -203,27 +208,35 @@ def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
             if nums is None:
                 dropped += 1
                 continue
-            names = _list_names(name, len(nums))
+            listed = _list_names(name, len(nums))
             finite = np.isfinite(nums)
-            if finite.all():
-                out.update(zip(names, nums.tolist()))
-            else:
+            if not finite.all():
                 dropped += int(len(nums) - finite.sum())
-                out.update(pair for pair, ok in zip(zip(names, nums.tolist()), finite.tolist()) if ok)
+                listed = tuple(n for n, ok in zip(listed, finite.tolist()) if ok)
+                nums = nums[finite]
+            names = listed if not names else names + listed
+            parts.append(nums)
         else:
-            flat.append((name, value))
-    for name, value in flat:  # after the lists, so `pos: [..]` beside `pos.0` is a counted collision
-        x = _finite(value)
-        if x is None:
-            dropped += 1
-        elif name in out:
-            collided += 1
-        else:
-            out[name] = x
+            x = _finite(value)
+            if x is None:
+                dropped += 1
+            else:
+                flat_names.append(name)
+                flat_values.append(x)
+    collided = 0
+    if flat_names:  # after the lists, so `pos: [..]` beside `pos.0` is a counted collision (the list wins)
+        if names and any("." in n for n in flat_names):
+            taken = set(names)
+            kept = [k for k, n in enumerate(flat_names) if n not in taken]
+            collided = len(flat_names) - len(kept)
+            flat_names, flat_values = [flat_names[k] for k in kept], [flat_values[k] for k in kept]
+        names += tuple(flat_names)
+        parts.append(np.array(flat_values, dtype=np.float64))
     if report is not None:
         report.dropped_fields += dropped
         report.collisions += collided
-    return (obj["t"], out)
+    values = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.empty(0)
+    return (obj["t"], names, values)
 
 
 def _lines(path: Path, root: Path | None, report: StreamReport | None) -> Iterator[tuple[int, bytes]]:
@@ -246,8 +259,8 @@ def _lines(path: Path, root: Path | None, report: StreamReport | None) -> Iterat
 
 
 def events(path: Path, kind: str, root: Path | None = None, report: StreamReport | None = None) -> Iterator[tuple]:
-    """Validated events of a stream in file order: (t, control, value), (t, {channel: value}) or
-    (t, speaker, text). Problems are counted in ``report`` when one is given."""
+    """Validated events of a stream in file order: (t, control, value), (t, channel names, float64
+    values) or (t, speaker, text). Problems are counted in ``report`` when one is given."""
     for lineno, line in _lines(path, root, report):
         obj = _parse(line, lineno, report)
         if obj is None:
@@ -290,6 +303,7 @@ def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
     refused: set[str] = set()
     first_t: dict[str, float] = {}
     keep: list[tuple] | None = [] if path.stat().st_size <= RETAIN_BYTES else None
+    known: set[tuple[str, ...]] = set()  # telemetry line layouts whose every channel has a first reading
     for ev in events(path, kind, root, rep):
         if keep is not None:
             keep.append(ev)
@@ -307,13 +321,17 @@ def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
                     continue
                 names.add(ev[1])
         elif kind == "telemetry":
-            if in_order and ev[1].keys() <= out.first.keys():
+            if in_order and ev[1] in known:
                 continue  # the common line: no new channel, and no earlier reading of a known one
-            for ch, x in ev[1].items():
+            for ch, x in zip(ev[1], ev[2].tolist()):
                 if ch not in out.first and len(out.first) >= MAX_CONTROLS:
                     rep.dropped_fields += 1
                 elif ch not in out.first or t < first_t[ch]:  # the earliest reading, also out of order
                     out.first[ch], first_t[ch] = x, t
+            if out.first.keys() >= set(ev[1]):
+                if len(known) >= _LIST_NAMES_MAX:  # a hostile stream with a new layout every line
+                    known.clear()
+                known.add(ev[1])
     if refused:
         rep.dropped_fields += len(refused)
         rep.examples.append(f"more than {MAX_CONTROLS} distinct controls; {len(refused)} ignored")
@@ -434,10 +452,9 @@ class TelemetryTrack:
             return np.repeat(self._state[None, :], len(frame_t), axis=0)
         times = np.array([e[0] for e in evs], dtype=np.float64)
         rows = np.full((len(evs), n), np.nan, dtype=np.float32)
-        for i, (_, values) in enumerate(evs):
-            cols, known = self._layout(tuple(values))
-            x = np.fromiter(values.values(), np.float32, len(values))
-            rows[i, cols] = x if known is None else x[known]
+        for i, (_, names, values) in enumerate(evs):
+            cols, known = self._layout(names)
+            rows[i, cols] = values if known is None else values[known]
         # forward fill each channel from the state carried in from earlier clips
         seen = ~np.isnan(rows)
         last = np.where(seen, np.arange(len(evs))[:, None], -1)

@@ -130,8 +130,8 @@ def test_numbers_beyond_the_float_range_bools_and_infinities_are_dropped_fields_
                  '{"t":2,"x":3,"l":[true,2]}\n{"t":3,"x":4,"l":[1e999,2]}\n')
     s = scan(p, "telemetry")
     assert s.report.dropped_fields == 4 and s.report.events == 4  # x, a list, a list, one element
-    assert [e[1] for e in events(p, "telemetry")] == [{"l.0": 1.0, "l.1": 2.0}, {"x": 2.0}, {"x": 3.0},
-                                                     {"l.1": 2.0, "x": 4.0}]
+    assert [dict(zip(e[1], e[2].tolist())) for e in events(p, "telemetry")] == [
+        {"l.0": 1.0, "l.1": 2.0}, {"x": 2.0}, {"x": 3.0}, {"l.1": 2.0, "x": 4.0}]
     a = tmp_path / "a.jsonl"
     a.write_text(f'{{"t":0,"control":"fire","value":{huge}}}\n{{"t":{huge},"control":"fire","value":1}}\n')
     assert scan(a, "actions").report.malformed == 2
@@ -139,11 +139,14 @@ def test_numbers_beyond_the_float_range_bools_and_infinities_are_dropped_fields_
 
 def test_duplicate_keys_and_list_flat_collisions_are_counted_repairs(tmp_path):
     p = tmp_path / "t.jsonl"
-    p.write_text('{"t":0,"speed":1,"speed":2}\n{"t":1,"pos":[1,2],"pos.0":9}\n{"t":2,"text":"a \\":b"}\n')
+    p.write_text('{"t":0,"speed":1,"speed":2}\n{"t":1,"pos":[1,2],"pos.0":9}\n{"t":2,"text":"a \\":b"}\n'
+                 '{"t":3,"pos":[NaN,2],"pos.0":9}\n')
     s = scan(p, "telemetry")
-    assert s.report.duplicate_keys == 1 and s.report.collisions == 1
-    first = dict(next(iter(events(p, "telemetry")))[1])
-    assert first == {"speed": 2.0}  # the last value wins, as in JSON parsers; the repair is counted
+    assert s.report.duplicate_keys == 1 and s.report.collisions == 1 and s.report.dropped_fields == 2
+    got = [dict(zip(names, values.tolist())) for _, names, values in events(p, "telemetry")]
+    assert got[0] == {"speed": 2.0}  # the last value wins, as in JSON parsers; the repair is counted
+    assert got[1] == {"pos.0": 1.0, "pos.1": 2.0}  # the list wins over the flat `pos.0`
+    assert got[3] == {"pos.1": 2.0, "pos.0": 9.0}  # a dropped NaN element leaves its name to the flat field
     assert s.report.repaired
 
 

@@ -6,6 +6,7 @@ runs at memory speed instead of one core's sha256 per shard."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,6 +38,19 @@ def sha256_file(path: Path, root: Path | None = None) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+_POOL_OWNER: int | None = None  # the process whose BLAKE3 thread pool (rayon's, process-wide) is live
+
+
+def _blake3_threads() -> int:
+    """Every core for the process that first asked; one thread in a process forked from it: rayon's pool
+    does not survive fork (its threads are gone, its state is not), and a forked loader or validate
+    worker that used it would wait forever."""
+    global _POOL_OWNER
+    if _POOL_OWNER is None:
+        _POOL_OWNER = os.getpid()
+    return blake3.AUTO if _POOL_OWNER == os.getpid() else 1
+
+
 class FileProof:
     """Proves a file's bytes against its record, streamed chunk by chunk: by BLAKE3 on every core when
     the record carries one, else by sha256 (records written before BLAKE3 was recorded)."""
@@ -44,7 +58,7 @@ class FileProof:
     def __init__(self, sha256: str, blake3_hex: str | None):
         self.hash_name = "blake3" if blake3_hex else "sha256"
         self.expected = blake3_hex or sha256
-        self._h = blake3(max_threads=blake3.AUTO) if blake3_hex else hashlib.sha256()
+        self._h = blake3(max_threads=_blake3_threads()) if blake3_hex else hashlib.sha256()
 
     def update(self, chunk) -> None:
         self._h.update(chunk)  # both release the GIL on large chunks

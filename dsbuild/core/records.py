@@ -31,9 +31,12 @@ _MAX_STR = 1 << 20  # no single string field of a record is a megabyte; longer i
 
 
 def spec(*, pattern: str | None = None, minimum: float | None = None, maximum: float | None = None,
-         doc: str = "") -> dict:
-    """Field metadata: ``field(metadata=spec(pattern=SHA256, doc="..."))``."""
-    return {"pattern": pattern, "minimum": minimum, "maximum": maximum, "doc": doc}
+         doc: str = "", absent_when_none: bool = False) -> dict:
+    """Field metadata: ``field(metadata=spec(pattern=SHA256, doc="..."))``. ``absent_when_none``: a field
+    added later is left out of the JSON while None, so a record reads and writes back as the format
+    before it did (same bytes, same hashes)."""
+    return {"pattern": pattern, "minimum": minimum, "maximum": maximum, "doc": doc,
+            "absent_when_none": absent_when_none}
 
 
 def _hints(cls) -> dict[str, Any]:
@@ -62,7 +65,8 @@ class Record:
 
     # -- writing ----------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        out = {f.name: _dump(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        out = {f.name: _dump(v) for f in dataclasses.fields(self)
+               if (v := getattr(self, f.name)) is not None or not f.metadata.get("absent_when_none")}
         if self.FORMAT is not None:
             out["format"] = self.FORMAT
         return out

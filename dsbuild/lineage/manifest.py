@@ -39,16 +39,11 @@ class ShardRecord(Record):
     bytes: int = field(metadata=spec(minimum=0))
     samples: int = field(metadata=spec(minimum=0))
     blake3: str | None = field(default=None, metadata=spec(
-        pattern=SHA256, doc="BLAKE3 of the same bytes, what checks prove them with; absent before it was recorded"))
+        pattern=SHA256, doc="BLAKE3 of the same bytes, what checks prove them with; absent before it was recorded",
+        absent_when_none=True))
 
     def proof(self) -> FileProof:
         return FileProof(self.sha256, self.blake3)
-
-    def to_json(self) -> dict:
-        out = Record.to_json(self)
-        if self.blake3 is None:  # written as versions from before it was recorded wrote it
-            del out["blake3"]
-        return out
 
     def name_matches_hash(self) -> bool:
         m = _SHARD_KEY_RE.fullmatch(self.path)

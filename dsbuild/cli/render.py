@@ -10,6 +10,9 @@
 Text from captures and catalogs (titles, players, session ids, member names, SQL results) is data:
 it is never parsed as rich markup (every string goes through ``rich.text.Text``) and control
 characters are shown escaped, so a title like ``[bold red]x`` or an ANSI escape prints as written.
+
+rich is imported only to draw on a terminal: a pipe, a file, ``--json`` and ``--quiet`` never load it
+(a sixth of a short command's start-up).
 """
 
 from __future__ import annotations
@@ -20,16 +23,19 @@ import re
 import sys
 import threading
 import time
+from functools import cache
 from typing import Iterable, Sequence
-
-from rich.console import Console
-from rich.text import Text
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 SHORT_ID = 12
 PLAIN_EVERY = 2.0  # seconds between progress lines when stderr is not a terminal
 
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+@cache
+def err():
+    """The rich console on stderr (for a terminal; see ``to_stderr``)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 
 def clean(value: object) -> str:
@@ -38,13 +44,38 @@ def clean(value: object) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
-def styled(*parts: str | tuple[object, str]) -> Text:
-    """Plain text from parts; a ``(value, style)`` part is styled. Values are never markup."""
+def styled(*parts: str | tuple[object, str]):
+    """A rich ``Text`` from parts; a ``(value, style)`` part is styled. Values are never markup."""
+    from rich.text import Text
+
     out = Text()
     for part in parts:
         value, style = part if isinstance(part, tuple) else (part, "")
         out.append(clean(value), style=style)
     return out
+
+
+def plain(*parts: str | tuple[object, str]) -> str:
+    """The same parts as one line of plain text (styles dropped)."""
+    return "".join(clean(part[0] if isinstance(part, tuple) else part) for part in parts)
+
+
+def to_stderr(*parts: str | tuple[object, str]) -> None:
+    """One line on stderr: styled on a terminal, plain otherwise."""
+    if sys.stderr.isatty():
+        err().print(styled(*parts))
+    else:
+        sys.stderr.write(plain(*parts) + "\n")
+        sys.stderr.flush()
+
+
+def _cell(c: object) -> object:
+    """A table cell: a rich renderable (from a caller that styles it) is kept, anything else cleaned."""
+    return c if hasattr(c, "__rich_console__") else clean(c)
+
+
+def _plain_cell(c: object) -> str:
+    return c if isinstance(c, str) else str(getattr(c, "plain", c))
 
 
 def _finite(obj: object) -> object:
@@ -70,7 +101,11 @@ class Out:
     def __init__(self, json: bool = False, quiet: bool = False, no_trunc: bool = False):
         self.as_json, self.quiet, self.no_trunc = json, quiet, no_trunc
         self.tty = sys.stdout.isatty()
-        self.console = Console(highlight=False, emoji=False, soft_wrap=False) if self.tty else None
+        self.console = None
+        if self.tty and self.human:
+            from rich.console import Console
+
+            self.console = Console(highlight=False, emoji=False, soft_wrap=False)
 
     @property
     def human(self) -> bool:
@@ -116,12 +151,12 @@ class Out:
         if self.console is not None:
             self.console.print(styled(*parts), overflow="fold")
         else:
-            sys.stdout.write(styled(*parts).plain + "\n")
+            sys.stdout.write(plain(*parts) + "\n")
 
     def table(self, columns: Sequence[str], rows: Iterable[Sequence[object]], *, title: str | None = None,
               wide: Sequence[str] = (), styles: dict[str, str] | None = None) -> None:
         """A table: rich on a terminal (``wide`` columns never wrap), tab-separated lines otherwise."""
-        rows = [[c if isinstance(c, Text) else clean(c) for c in row] for row in rows]
+        rows = [[_cell(c) for c in row] for row in rows]
         if not self.human or not rows:
             return
         if self.console is None:
@@ -129,9 +164,10 @@ class Out:
                 sys.stdout.write(f"# {clean(title)}\n")
             sys.stdout.write("\t".join(columns) + "\n")
             for row in rows:
-                sys.stdout.write("\t".join(c.plain if isinstance(c, Text) else c for c in row) + "\n")
+                sys.stdout.write("\t".join(_plain_cell(c) for c in row) + "\n")
             return
         from rich.table import Table
+        from rich.text import Text
 
         t = Table(title=clean(title) if title else None, box=None, padding=(0, 1, 0, 1), pad_edge=False, highlight=False,
                   header_style="bold underline")
@@ -139,7 +175,7 @@ class Out:
             t.add_column(name, no_wrap=name in wide, overflow="fold", min_width=None if name in wide else 4,
                          style=(styles or {}).get(name, ""))
         for row in rows:
-            t.add_row(*(c if isinstance(c, Text) else Text(c) for c in row))
+            t.add_row(*(Text(c) if isinstance(c, str) else c for c in row))
         self.console.print(t)
 
     def pairs(self, items: Iterable[tuple[str, object]]) -> None:
@@ -152,6 +188,7 @@ class Out:
                 sys.stdout.write(f"{k}\t{v}\n")
             return
         from rich.table import Table
+        from rich.text import Text
 
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold", no_wrap=True)
@@ -163,7 +200,7 @@ class Out:
     def note(self, *parts: str | tuple[object, str]) -> None:
         """A remark for the person (stderr), e.g. a warning; silent with --quiet or --json."""
         if self.human:
-            err.print(styled(*parts))
+            to_stderr(*parts)
 
 
 class Progress:
@@ -178,7 +215,7 @@ class Progress:
     def __init__(self, label: str, out: Out):
         self.label = label
         self.enabled = out.human
-        self.live = self.enabled and err.is_terminal
+        self.live = self.enabled and sys.stderr.isatty()
         self._bar = None
         self._tasks: dict[str, object] = {}  # stage -> its bar
         self._lock = threading.Lock()
@@ -191,7 +228,7 @@ class Progress:
             from rich.progress import Progress as Bar
 
             self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err,
+                            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err(),
                             auto_refresh=False, transient=True)
             self._bar.__enter__()
         return self
@@ -201,7 +238,7 @@ class Progress:
             self._bar.__exit__(*exc)
         elif exc[0] is None:
             for text in self._pending.values():
-                err.print(Text(text))
+                to_stderr(text)
 
     def update(self, done: int, total: int | None, *, stage: str = "", detail: str = "") -> None:
         if not self.enabled:
@@ -218,7 +255,7 @@ class Progress:
             now = time.monotonic()
             finished = total is not None and done >= total
             if finished or now - self._last_line >= PLAIN_EVERY:
-                err.print(Text(text))
+                to_stderr(text)
                 self._last_line = now
                 self._pending.pop(stage, None)
             else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from dsbuild.cli.params import EXECUTOR, JSON, QUIET, RAY_ADDRESS, REF, WORKERS, choice
-from dsbuild.cli.render import Out, Progress, err, styled
+from dsbuild.cli.render import Out, Progress, to_stderr
 
 EXAMPLES = """\b
 Examples:
@@ -45,7 +45,7 @@ def _render(o: Out, report) -> None:
                   format_value(c.threshold), " | ".join(f"{x.item}: {x.detail}" for x in c.offenders[:SHOWN])
                   + (f" | … {c.offender_count - SHOWN} more" if c.offender_count > SHOWN else ""))
                  for c in report.checks])
-    o.line(styled((verdict_line(report), "bold green" if report.accepted else "bold red")).plain)
+    o.line((verdict_line(report), "bold green" if report.accepted else "bold red"))
 
 
 def validate(
@@ -91,7 +91,7 @@ def validate(
     if as_json:
         o.json(report.to_json())
         if not quiet:  # a job that sends stdout to a file still logs the verdict (docs/ci-gate.md)
-            err.print(styled(verdict_line(report)))
+            to_stderr(verdict_line(report))
     elif not quiet:
         _render(o, report)
     report.raise_if_rejected()

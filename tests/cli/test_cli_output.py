@@ -29,6 +29,22 @@ def test_terminal_log_shortens_ids_unless_no_trunc(catalog):
     assert rc == 0 and vid in text
 
 
+def _imports(p) -> set[str]:
+    """Top-level packages a command imported (from ``PYTHONPROFILEIMPORTTIME``'s lines on stderr)."""
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in p.stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_rich_is_loaded_only_to_draw_on_a_terminal(catalog):
+    """A pipe, --json and --quiet get plain text without importing rich (a sixth of a short command's start-up);
+    the same command on a terminal draws with it."""
+    cat, vid = catalog
+    profiled = {"PYTHONPROFILEIMPORTTIME": "1"}
+    assert "typer" in _imports(run("log", cat, extra_env=profiled))  # the profile works
+    for args in (["log", cat], ["verify", cat, "--json"], ["log", cat, "--quiet"], ["info", cat, "--json"]):
+        assert "rich" not in _imports(run(*args, extra_env=profiled)), args
+    assert vid[:12] in run_tty("log", cat)[1]
+
+
 JSON_COMMANDS = [
     ["info", "{cat}"], ["log", "{cat}"], ["shards", "{cat}"], ["diff", "{cat}@gold", "{cat}"],
     ["verify", "{cat}"], ["query", "{cat}", "select count(*) as n from samples"], ["gc", "{cat}", "--dry-run"],

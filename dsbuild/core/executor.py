@@ -24,12 +24,10 @@ from multiprocessing import get_context
 from typing import Callable, Sequence
 
 from dsbuild.core.errors import MissingDependency, UsageError, WorkerDied
+from dsbuild.core.files import PARENT_ONLY_FDS
 
 EXECUTORS = ("local", "ray")
 _PR_SET_PDEATHSIG = 1
-# File descriptors the parent holds that workers must not inherit (e.g. a build folder's lock: a forked
-# child would otherwise keep the lock alive after its parent is gone).
-PARENT_ONLY_FDS: set[int] = set()
 
 
 @dataclass(frozen=True)

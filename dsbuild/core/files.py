@@ -19,6 +19,9 @@ from pathlib import Path
 
 from dsbuild.core.errors import FormatError, StorageError
 
+# File descriptors the parent holds that worker processes must not inherit (e.g. a build folder's lock:
+# a forked child would otherwise keep the lock alive after its parent is gone); the executor closes them.
+PARENT_ONLY_FDS: set[int] = set()
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
-from dsbuild.core.executor import PARENT_ONLY_FDS
-from dsbuild.core.files import INTERRUPTED_WRITE, fsync_dir, write_durably
+from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, fsync_dir, write_durably
 from dsbuild.core.hashing import sha256_bytes
 from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from convert import DSBUILD, SETS, make_captures  # noqa: E402
+from convert import DSBUILD, SETS, as_installed, make_captures  # noqa: E402
 
 SQL = "select title, count(*) as clips, sum(frames) as frames, avg(action_events) as events from samples group by title"
 
@@ -130,6 +130,7 @@ def main() -> None:
     ap.add_argument("--big", default=str(ROOT / "bench-out" / "scale" / "catalog"))
     ap.add_argument("--also", default="", help="more catalogs to verify, comma-separated")
     args = ap.parse_args()
+    as_installed()
     out, threads = Path(args.out), os.cpu_count() or 1
     report: dict = {"cores": threads, "rounds": args.rounds, "verify": {}}
     for name in args.sets.split(","):

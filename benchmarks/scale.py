@@ -29,6 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from convert import as_installed  # noqa: E402
+
 DSBUILD = [sys.executable, "-c", "from dsbuild.cli.app import main; main()"]
 
 
@@ -109,6 +113,7 @@ def main() -> None:
     ap.add_argument("--measure-only", action="store_true",
                     help="time the read-side commands on the catalog an earlier run left in --out; build nothing")
     a = ap.parse_args()
+    as_installed()
     out = Path(a.out)
     if a.measure_only:
         cat = out / "catalog"

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from convert import launched, launched_peak  # noqa: E402
+from convert import as_installed, launched, launched_peak  # noqa: E402
 
 from dsbuild.samples.writer import VideoSpec, encode_video  # noqa: E402
 
@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "streams"))
     a = ap.parse_args()
+    as_installed()
     out = Path(a.out)
     full = out / "caps-full" / "s"
     size = make_session(full, a.minutes)

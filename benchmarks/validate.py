@@ -148,6 +148,10 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--cli", action="store_true", help="time `dsbuild validate` instead of the library entry point")
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from convert import as_installed
+
+    as_installed()
     out = Path(args.out)
     a, b = make_catalogs(out, args.copies)
     ranges = out / "ranges.json"

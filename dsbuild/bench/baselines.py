@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
-from dsbuild.formats.probe import SWSCALE_THREADS
+from dsbuild.formats.probe import STORED_OPEN, SWSCALE_THREADS
 from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
 PIECE = 8 << 20
@@ -167,7 +167,8 @@ class PyAV:
         while not meter.over:
             with self._lock:
                 clip, size = self.clips[next(self._next)]
-            with av.open(io.BytesIO(clip)) as container:
+            # opened as the loader opens clips: as MP4, without FFmpeg's probing decode of the first frame
+            with av.open(io.BytesIO(clip), format=VIDEO_EXT, options=STORED_OPEN) as container:
                 stream = container.streams.video[0]
                 stream.thread_type = "AUTO"
                 rgb = VideoReformatter()  # one scaler per clip, as a careful PyAV user writes it

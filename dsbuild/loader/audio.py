@@ -8,11 +8,10 @@ window, within one audio frame); a crop of the frames cuts the audio to the same
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 
 from dsbuild.core.errors import FormatError
+from dsbuild.formats.probe import open_clip
 
 LAYOUTS = {1: "mono", 2: "stereo"}
 
@@ -23,7 +22,7 @@ def decode_audio(data, rate: int, channels: int | None) -> np.ndarray:
     import av
 
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with open_clip(data) as container:
             if not container.streams.audio:
                 return np.zeros((channels or 1, 0), np.float32)
             stream = container.streams.audio[0]

@@ -27,7 +27,7 @@ import threading
 import numpy as np
 
 from dsbuild.core.errors import FormatError, UsageError
-from dsbuild.formats.probe import SWSCALE_THREADS
+from dsbuild.formats.probe import SWSCALE_THREADS, open_clip
 
 
 def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:
@@ -82,7 +82,7 @@ def _open(data, gpu: int | None):
     import av
 
     if gpu is None:
-        return av.open(io.BytesIO(data))
+        return open_clip(data)
     from av.codec.hwaccel import HWAccel
 
     try:
@@ -94,7 +94,7 @@ def _open(data, gpu: int | None):
             _bound.device = gpu
         return av.open(io.BytesIO(data), hwaccel=HWAccel("cuda", allow_software_fallback=False, flags=CURRENT_CONTEXT))
     except Exception as e:  # torch without CUDA raises AttributeError/AssertionError, FFmpeg its own errors
-        av.open(io.BytesIO(data)).close()  # raises (-> FormatError) if the clip itself is bad
+        open_clip(data).close()  # raises (-> FormatError) if the clip itself is bad
         raise UsageError(f"NVDEC is unavailable: FFmpeg could not use CUDA device {gpu} ({e})",
                          hint="decode_backend='pyav' decodes on CPU") from None
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import io
 from fractions import Fraction
 
 import numpy as np
+
+from dsbuild.formats.probe import open_clip
 
 THUMB_WIDTH = 120  # px per frame: big enough to recognise a scene, small enough to inline dozens as base64
 STRIP_FRAMES = 4  # frames per clip, first to last: a frozen, black or broken clip shows at a glance
@@ -33,7 +34,7 @@ def strip(video: bytes, frames: int, count: int = STRIP_FRAMES, width: int = THU
     want = set(np.linspace(0, max(frames - 1, 0), count).round().astype(int).tolist())
     tiles = []
     try:
-        with av.open(io.BytesIO(video), metadata_errors="ignore") as c:
+        with open_clip(video) as c:
             stream = c.streams.video[0]
             stream.thread_type = "AUTO"
             for i, f in enumerate(c.decode(stream)):

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsbuild.core.arrow import array, to_numpy
+from dsbuild.core.arrow import array, datetimes, to_numpy
 
 text = st.text(max_size=8)
 times = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
@@ -81,6 +81,20 @@ def test_to_numpy_equals_pyarrow_on_slices_chunks_and_nulls(data, type):
     if column.null_count:
         with pytest.raises(ValueError, match="nulls"):
             to_numpy(column)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_datetimes_equal_pyarrow_on_slices_chunks_and_nulls(data):
+    """Read from the buffers (a cast would import pyarrow.compute), the same UTC times as pyarrow's."""
+    type = pa.timestamp("us", tz="UTC")
+    chunks = data.draw(st.lists(st.lists(st.none() | times, max_size=9), min_size=1, max_size=3))
+    column = pa.chunked_array([pa.array(c, type=type) for c in chunks], type=type)
+    lo = data.draw(st.integers(0, len(column)))
+    column = column.slice(lo, data.draw(st.integers(0, len(column) - lo)))
+    assert datetimes(column) == column.to_pylist()
+    with pytest.raises(TypeError, match="timestamp"):
+        datetimes(pa.array([1], pa.int64()))
 
 
 def test_numpy_rows_naive_times_and_dicts_are_accepted():

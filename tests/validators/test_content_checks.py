@@ -10,6 +10,9 @@ import json
 import numpy as np
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.executor import ExecutorSpec
@@ -21,6 +24,7 @@ from dsbuild.validators.checks.content import (
     analyse_video,
     dhash,
     events_problems,
+    median,
     span,
     telemetry_problems,
     text_problems,
@@ -313,3 +317,11 @@ def test_text_events_need_no_speaker_but_must_lie_in_the_window():
     assert "outside the window" in text_problems(_meta(text=[{"t": 3.0, "speaker": "p", "text": "late"}]))[0][1]
     with pytest.raises(FormatError, match=r"text\[0\]: speaker"):  # types are proven when the metadata is read
         _meta(text=[{"t": 0.05, "speaker": 7, "text": "x"}])
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=hnp.arrays(np.float32, st.integers(1, 40), elements=st.floats(0, 255, width=32)))
+def test_median_is_numpys_to_the_bit(x):
+    """The motion statistic's median (numpy's imports numpy.ma in every worker) equals np.median exactly."""
+    ours, theirs = median(x), np.median(x)
+    assert ours.dtype == theirs.dtype and ours.tobytes() == theirs.tobytes()

@@ -37,6 +37,14 @@ def span(frame_t: np.ndarray) -> float | None:
     return len(frame_t) / rate if rate else None
 
 
+def median(x: np.ndarray):
+    """``np.median`` of a 1-D vector without NaN, in the same arithmetic: np.median (like np.unique)
+    imports numpy.ma, 12 ms in every validate worker."""
+    s = np.sort(x)
+    k = len(s) // 2
+    return s[k] if len(s) % 2 else (s[k - 1] + s[k]) / 2
+
+
 def dhash(gray: np.ndarray) -> int:
     """64-bit difference hash of a gray image: 9x8 block means, one bit per horizontal neighbour pair."""
     h, w = gray.shape
@@ -84,8 +92,8 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
         if len(g) >= 2:
             # Largest change anywhere between consecutive sampled frames (median over pairs): a game with a
             # still background and one small moving sprite moves; a stuck capture does not.
-            out["motion"] = float(np.median(np.abs(np.diff(g, axis=0)).max(axis=(1, 2))))
-        picks = np.unique(np.linspace(0, len(g) - 1, HASH_FRAMES).round().astype(int))
+            out["motion"] = float(median(np.abs(np.diff(g, axis=0)).max(axis=(1, 2))))
+        picks = sorted(set(np.linspace(0, len(g) - 1, HASH_FRAMES).round().astype(int).tolist()))
         if len(picks) == HASH_FRAMES:
             out["phash"] = [dhash(g[i]) for i in picks]
     return out

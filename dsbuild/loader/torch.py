@@ -2,13 +2,17 @@
 
 Each DataLoader worker takes every K-th of this rank's batches; the DataLoader reads workers round-robin
 in order, so the stream is the same for any ``num_workers``. Use ``DataLoader(ds, batch_size=None)``:
-batches are built inside the workers. In a worker process every batch array is allocated in shared
-memory and filled in place (``collate``'s ``alloc``), and encoded clips (decode="bytes") are packed
-into one shared uint8 tensor ``video_data`` with ``video_offsets`` (clip i is
-``video_data[video_offsets[i]:video_offsets[i + 1]]``): sample payloads cross to the main process as
-shared-memory handles, never pickled. Only small metadata (keys, titles, the checkpoint) is pickled
-by torch's queue. Each batch carries ``state``: the checkpoint to save after consuming it
+batches are built inside the workers. In a worker process a built batch is copied into one shared-memory
+block (``shared_batch``), and every array of it crosses as a view of that block; encoded clips
+(decode="bytes") are packed into it as one uint8 tensor ``video_data`` with ``video_offsets`` (clip i is
+``video_data[video_offsets[i]:video_offsets[i + 1]]``). Sample payloads cross to the main process as
+one shared-memory handle per batch, never pickled; only small metadata (keys, titles, the checkpoint) is
+pickled by torch's queue. Each batch carries ``state``: the checkpoint to save after consuming it
 (``loader.state_after(batch)``).
+
+One block per batch, not one per array: torch maps, sends and unmaps every shared storage on its own,
+and at six arrays a batch that cost more than building the batch (5.3 ms against 2.2 for 30 small
+clips here).
 """
 
 from __future__ import annotations
@@ -17,42 +21,69 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-
-class SharedAlloc:
-    """Zeroed numpy arrays backed by shared-memory torch tensors (kept, so they cross without a copy)."""
-
-    def __init__(self) -> None:
-        self.tensors: dict[int, torch.Tensor] = {}
-
-    def __call__(self, shape: tuple, dtype) -> np.ndarray:
-        t = torch.zeros(shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype).share_memory_()
-        arr = t.numpy()
-        self.tensors[id(arr)] = t
-        return arr
-
-    def tensor(self, arr: np.ndarray) -> torch.Tensor:
-        return self.tensors.get(id(arr)) if id(arr) in self.tensors else torch.from_numpy(arr)
+ALIGN = 64  # bytes: every array's view starts on a cache line (and on its dtype's alignment)
 
 
-def to_torch(batch: dict, alloc: SharedAlloc | None) -> dict:
-    out = {}
-    for k, v in batch.items():
-        if isinstance(v, np.ndarray):
-            out[k] = alloc.tensor(v) if alloc is not None else torch.from_numpy(v)
-        elif k == "cu_seqlens":
-            out[k] = [x.tolist() for x in v]
-        else:
-            out[k] = v
-    if "video" in out:
-        clips = out.pop("video")
-        sizes = np.array([len(c) for c in clips], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        data = (alloc or np.zeros)((int(offsets[-1]),), np.uint8)
-        for c, a in zip(clips, offsets[:-1].tolist()):
-            data[a:a + len(c)] = np.frombuffer(c, dtype=np.uint8)
-        out["video_data"] = alloc.tensor(data) if alloc is not None else torch.from_numpy(data)
-        out["video_offsets"] = torch.from_numpy(offsets)
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def _offsets(clips: list) -> np.ndarray:
+    """Where each clip starts when they are laid end to end, and (last entry) where they end."""
+    return np.concatenate([[0], np.cumsum([len(c) for c in clips], dtype=np.int64)]).astype(np.int64)
+
+
+def _pack(clips: list, into: np.ndarray) -> None:
+    """The clips' bytes end to end into ``into`` (uint8, exactly their total size)."""
+    at = 0
+    for c in clips:
+        into[at:at + len(c)] = np.frombuffer(c, np.uint8)
+        at += len(c)
+
+
+def _finish(out: dict) -> dict:
+    if isinstance(out.get("cu_seqlens"), list):
+        out["cu_seqlens"] = [x.tolist() for x in out["cu_seqlens"]]
     return out
+
+
+def shared_batch(batch: dict) -> dict:
+    """``batch`` as torch tensors that are views of one new shared-memory block (clips packed as
+    ``video_data`` + ``video_offsets``); the other fields as they are."""
+    arrays = {k: np.ascontiguousarray(v) for k, v in batch.items() if isinstance(v, np.ndarray)}
+    clips = batch.get("video")
+    if clips is not None:
+        arrays["video_offsets"] = _offsets(clips)
+    layout, total = {}, 0
+    for k, a in arrays.items():
+        layout[k] = total
+        total += -(-a.nbytes // ALIGN) * ALIGN
+    video_at = total
+    if clips is not None:
+        total += int(arrays["video_offsets"][-1])
+    block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
+    raw = block.numpy()
+    out = {k: v for k, v in batch.items() if k not in arrays and k != "video"}
+    for k, a in arrays.items():
+        at = layout[k]
+        raw[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
+        out[k] = block[at:at + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape)
+    if clips is not None:
+        _pack(clips, raw[video_at:total])
+        out["video_data"] = block[video_at:total]
+    return _finish(out)
+
+
+def local_batch(batch: dict) -> dict:
+    """``batch`` as torch tensors sharing its arrays' memory (no worker process: nothing crosses)."""
+    out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    clips = out.pop("video", None)
+    if clips is not None:
+        offsets = _offsets(clips)
+        data = np.empty(int(offsets[-1]), np.uint8)
+        _pack(clips, data)
+        out["video_data"], out["video_offsets"] = torch.from_numpy(data), torch.from_numpy(offsets)
+    return _finish(out)
 
 
 class TorchDataset(IterableDataset):
@@ -63,10 +94,10 @@ class TorchDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        convert = local_batch if info is None else shared_batch
         for step, after in self.loader.steps(worker, workers):
             if step is None:
                 return
-            alloc = SharedAlloc() if info is not None else None
-            batch = to_torch(self.loader.build(step, alloc), alloc)
+            batch = convert(self.loader.build(step))
             batch["state"] = self.loader.state_at(after)
             yield batch

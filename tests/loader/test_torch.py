@@ -37,11 +37,17 @@ def test_process_workers_hand_payloads_over_in_shared_memory(cat):
     loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
     dl = torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=2)
     for mine, b in zip(direct, dl):
-        for k in ("actions", "telemetry", "timestamps", "video_data"):
-            assert b[k].is_shared(), k  # a shared-memory handle crossed, not a pickled copy
+        tensors = {k: v for k, v in b.items() if isinstance(v, torch.Tensor)}
+        assert {"actions", "telemetry", "timestamps", "lengths", "video_data", "video_offsets"} <= set(tensors)
+        for k, t in tensors.items():
+            assert t.is_shared(), k  # a shared-memory handle crossed, not a pickled copy
+        # every array of the batch is a view of one shared block: one handle per batch, not one per array
+        assert len({t.untyped_storage().data_ptr() for t in tensors.values()}) == 1
         clips = [bytes(b["video_data"][a:z].numpy()) for a, z in zip(b["video_offsets"][:-1], b["video_offsets"][1:])]
         assert clips == [bytes(v) for v in mine["video"]]
-        assert np.array_equal(b["actions"].numpy(), mine["actions"])
+        for k, v in mine.items():
+            if isinstance(v, np.ndarray):
+                assert tensors[k].dtype == torch.from_numpy(v).dtype and np.array_equal(tensors[k].numpy(), v), k
 
 
 def test_frames_cross_in_shared_memory_too(cat):
@@ -68,3 +74,19 @@ def test_a_killed_worker_is_a_clear_error_and_resume_is_exact(wds_catalog):
     resumed = Loader(ref, decode="bytes", batch_size=1, seed=4)
     resumed.load_state_dict(state)
     assert got + [b["keys"] for b in resumed] == expected
+
+
+def test_packed_frames_cross_whole_with_their_segments(cat):
+    """Packed batches (frames, segment ids, per-item cu_seqlens) from a process worker equal the
+    loader's own, field by field."""
+    ref, _ = cat
+    opts = dict(batch_size=2, seed=1, resize=(8, 8), pack_frames=200)
+    direct = list(Loader(ref, **opts))
+    dl = torch.utils.data.DataLoader(Loader(ref, **opts).as_torch_dataset(), batch_size=None, num_workers=1)
+    got = list(dl)
+    assert len(got) == len(direct)
+    for mine, b in zip(direct, got):
+        assert b["cu_seqlens"] == [x.tolist() for x in mine["cu_seqlens"]] and b["keys"] == mine["keys"]
+        for k, v in mine.items():
+            if isinstance(v, np.ndarray):
+                assert b[k].is_shared() and np.array_equal(b[k].numpy(), v), k

@@ -92,8 +92,8 @@ class ShardReads:
         pass
 
 
-def raw(data: Dataset) -> ShardReads:
-    return ShardReads("raw", data, 1, hashed=False)
+def raw(data: Dataset, threads: int = 1) -> ShardReads:
+    return ShardReads("raw" if threads == 1 else f"raw_{threads}t", data, threads, hashed=False)
 
 
 def sha256(data: Dataset, threads: int) -> ShardReads:

@@ -27,7 +27,7 @@ from dsbuild.convert.session import SessionJob, SessionResult, process_session, 
 from dsbuild.core.hashcache import lookup
 from dsbuild.core.errors import CheckFailed, UsageError
 from dsbuild.core.executor import ExecutorSpec, run_tasks
-from dsbuild.core.hashing import CHUNK, sha256_bytes, sha256_json
+from dsbuild.core.hashing import sha256_bytes, sha256_json
 from dsbuild.core.records import Record
 from dsbuild.core.store import is_url, local_path
 from dsbuild.formats import get_format
@@ -133,15 +133,11 @@ def _shard_healthy(catalog: Catalog, rec: ShardRecord, rehash: bool) -> bool:
         return False
     if not rehash:
         return True
-    h = rec.proof()
     try:
-        path = catalog.shard_file(rec)
-        with open(path, "rb") as f:
-            while chunk := f.read(CHUNK):
-                h.update(chunk)
+        with open(catalog.shard_file(rec), "rb") as f:
+            return rec.proof().feed(f).ok()
     except Exception:  # noqa: BLE001 - any failure to prove it means: rewrite it from the captures
         return False
-    return h.ok()
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from blake3 import blake3
 
@@ -62,6 +62,15 @@ class FileProof:
 
     def update(self, chunk) -> None:
         self._h.update(chunk)  # both release the GIL on large chunks
+
+    def feed(self, f: BinaryIO, after_each: Callable[[], None] | None = None) -> "FileProof":
+        """Hash the rest of ``f`` in ``CHUNK`` reads, calling ``after_each`` after every one (a caller's
+        stop check)."""
+        while chunk := f.read(CHUNK):
+            self._h.update(chunk)
+            if after_each is not None:
+                after_each()
+        return self
 
     def ok(self) -> bool:
         return self._h.hexdigest() == self.expected

@@ -70,9 +70,7 @@ def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None
     try:
         if catalog.root is not None:
             with open_regular(catalog.root / rec.path, catalog.root) as f:
-                while chunk := f.read(CHUNK):
-                    h.update(chunk)
-                    _go_on(stop, rec.path)
+                h.feed(f, lambda: _go_on(stop, rec.path))
         else:  # an object store: stream it by ranges, without caching what may be damaged
             for start in range(0, rec.bytes, CHUNK):
                 h.update(catalog.store.read_range(rec.path, start, min(rec.bytes, start + CHUNK)))

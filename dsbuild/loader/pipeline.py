@@ -4,8 +4,9 @@ Global batch j (counted across all ranks) is a pure function of (seed, versions,
 options, j): ``dsbuild.loader.walk`` names its samples, rank r of W takes j = p + r, p + r + W, ...
 from the restored position p. A checkpoint is p and one cursor per source, so it restores under any
 world size or worker count. Workers are threads: PyAV decoding, swscale, ``preadv`` and the hashes release
-the GIL, and batches need no pickling. Inside a torch ``DataLoader`` with process workers, batches
-are built in shared memory (``as_torch_dataset``); for JAX, ``as_jax_iterator`` builds global arrays.
+the GIL, and batches need no pickling. Inside a torch ``DataLoader`` with process workers, each batch
+crosses as one shared-memory block (``as_torch_dataset``); for JAX, ``as_jax_iterator`` builds global
+arrays.
 
 A damaged sample (hash mismatch, bad framing, undecodable video) is replaced by a substitute drawn
 deterministically from the same source and bucket, so every rank makes the same choice; it is

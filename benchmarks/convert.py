@@ -9,7 +9,8 @@ Capture sets (generated once, cached under --out):
           upscaled x2), 1-s clips; skipped when the `atari` extra is not installed;
   720p  : 8 sessions x 6 s of 1280x720 H.264 with heavy grain, 2-s clips.
 
-Per round, interleaved: the floor, then `dsbuild convert` (default workers = cores) as a subprocess.
+Per round, interleaved: the floor, then `dsbuild convert` (default workers = cores) as a subprocess;
+each starts once the file system has written back everything before it (``settle``).
   floor : read every capture byte, sha256 it and write a copy, fsync'd, in one thread per core (hashlib
           releases the GIL): the least any converter that content-addresses its output must do.
 Reported: medians, throughput ratio convert/floor, CPU seconds of each (user+sys of the process tree),
@@ -89,9 +90,17 @@ def _files(src: Path) -> list[Path]:
     return sorted(p for p in src.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
+def settle() -> None:
+    """Flush the file system's pending writes, outside any timing: each measurement starts with nothing
+    left to write back (the previous one's deleted output and journal would land on whoever runs next)."""
+    os.sync()
+    time.sleep(0.2)
+
+
 def floor(src: Path, dst: Path, threads: int) -> float:
     shutil.rmtree(dst, ignore_errors=True)
     dst.mkdir(parents=True)
+    settle()
 
     def copy(item: tuple[int, Path]) -> str:
         i, p = item
@@ -133,6 +142,7 @@ def run_convert(src: Path, out: Path, clip: float) -> tuple[float, float, int, d
     --json report), from wait4 on this command alone (RUSAGE_CHILDREN's peak is the largest child the
     script ever had, so it would carry one set's peak into the next)."""
     shutil.rmtree(out, ignore_errors=True)
+    settle()
     cmd = launched([DSBUILD, "convert", str(src), str(out), "--clip-seconds", str(clip), "--json"])
     t = time.perf_counter()
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:

@@ -53,30 +53,39 @@ def _blake3_threads() -> int:
 
 class FileProof:
     """Proves a file's bytes against its record, streamed chunk by chunk: by BLAKE3 on every core when
-    the record carries one, else by sha256 (records written before BLAKE3 was recorded)."""
+    the record carries one, else by sha256 (records written before BLAKE3 was recorded). ``named``
+    also proves the sha256 the file is named by, in the same pass: for bytes about to be stored under
+    that name (``push``/``pull``), where everything later trusts "same name, same bytes" and skips
+    what is present. A record's BLAKE3 alone does not tie its bytes to its name: a forged manifest can
+    pair an honest name with other bytes and their BLAKE3."""
 
-    def __init__(self, sha256: str, blake3_hex: str | None):
-        self.hash_name = "blake3" if blake3_hex else "sha256"
-        self.expected = blake3_hex or sha256
-        self._h = blake3(max_threads=_blake3_threads()) if blake3_hex else hashlib.sha256()
+    def __init__(self, sha256: str, blake3_hex: str | None, *, named: bool = False):
+        self._checks = []  # (hash name, hasher, expected hex digest)
+        if blake3_hex:
+            self._checks.append(("blake3", blake3(max_threads=_blake3_threads()), blake3_hex))
+        if named or not blake3_hex:
+            self._checks.append(("sha256", hashlib.sha256(), sha256))
 
     def update(self, chunk) -> None:
-        self._h.update(chunk)  # both release the GIL on large chunks
+        for _, h, _ in self._checks:
+            h.update(chunk)  # both release the GIL on large chunks
 
     def feed(self, f: BinaryIO, after_each: Callable[[], None] | None = None) -> "FileProof":
         """Hash the rest of ``f`` in ``CHUNK`` reads, calling ``after_each`` after every one (a caller's
         stop check)."""
         while chunk := f.read(CHUNK):
-            self._h.update(chunk)
+            self.update(chunk)
             if after_each is not None:
                 after_each()
         return self
 
     def ok(self) -> bool:
-        return self._h.hexdigest() == self.expected
+        return not self.mismatch()
 
     def mismatch(self) -> str:
-        return f"{self.hash_name} {self._h.hexdigest()[:16]}…, expected {self.expected[:16]}…"
+        """What does not match ("" when everything does)."""
+        return "; ".join(f"{name} {digest[:16]}…, expected {expected[:16]}…" for name, h, expected in self._checks
+                         if (digest := h.hexdigest()) != expected)
 
 
 class HashingWriter:

@@ -42,8 +42,9 @@ class ShardRecord(Record):
         pattern=SHA256, doc="BLAKE3 of the same bytes, what checks prove them with; absent before it was recorded",
         absent_when_none=True))
 
-    def proof(self) -> FileProof:
-        return FileProof(self.sha256, self.blake3)
+    def proof(self, *, named: bool = False) -> FileProof:
+        """What proves the shard's bytes; ``named``: its name (sha256) too, for bytes stored under it."""
+        return FileProof(self.sha256, self.blake3, named=named)
 
     def name_matches_hash(self) -> bool:
         m = _SHARD_KEY_RE.fullmatch(self.path)

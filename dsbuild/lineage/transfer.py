@@ -51,8 +51,9 @@ class _Progress:
 
 
 def _copy_verified(src: Path, dst: Path, rec: ShardRecord) -> None:
-    """Copy a shard file, hashing it on the way; refuse bytes that are not what its name says."""
-    h = rec.proof()
+    """Copy a shard file, hashing it on the way; refuse bytes that are not what its name (sha256) and its
+    record (BLAKE3) say: what lands under a name here is trusted by that name from then on."""
+    h = rec.proof(named=True)
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         while chunk := fin.read(CHUNK):
             h.update(chunk)
@@ -61,8 +62,8 @@ def _copy_verified(src: Path, dst: Path, rec: ShardRecord) -> None:
         os.fsync(fout.fileno())
     if not h.ok():
         dst.unlink(missing_ok=True)
-        raise LineageError(f"{rec.path}: the source's bytes do not match the shard's {h.hash_name} (damaged source)",
-                           hint="run `dsbuild verify` on the source catalog")
+        raise LineageError(f"{rec.path}: the source's bytes are not what the shard's name and record say "
+                           f"({h.mismatch()}): a damaged or forged source", hint="run `dsbuild verify` on the source catalog")
 
 
 def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = False, splits: bool = False,

@@ -3,7 +3,10 @@
     version id  == sha256(manifest bytes)
     index       == the manifest's pin (sha256, bytes, rows)
     shard name  == its recorded sha256; its bytes == its recorded BLAKE3 (sha256 where a version predates
-                   it: both are recorded at build time from the same bytes), size as recorded
+                   it), size as recorded. The BLAKE3 is pinned by the version id like everything in the
+                   manifest; that a name is the sha256 of its bytes is proven where bytes are stored
+                   under it (convert hashes what it writes, push and pull check both hashes, an object
+                   store's reads are checked against the name)
     every index entry lies inside its shard and frames exactly its own sample
 
 Shards are hashed in a thread pool (the hashes release the GIL), several at once; entry checks are

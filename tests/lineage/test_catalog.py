@@ -272,6 +272,44 @@ def test_verify_refuses_a_manifest_edited_to_match_a_flipped_shard(wds_catalog, 
         Catalog.open(cat).manifest(vid)
 
 
+def test_pull_refuses_bytes_that_are_not_what_their_shard_name_says(wds_catalog, tmp_path):
+    """A forged catalog pairs an honest shard's name (its sha256) with other bytes of the same size and
+    their BLAKE3, in a re-sealed manifest (a self-consistent version). Pulling it must not store those
+    bytes under the honest name: the destination skips any shard already present by name, so an honest
+    version pulled afterwards would be left pointing at the forged bytes."""
+    import hashlib
+
+    from blake3 import blake3
+
+    from dsbuild.lineage.manifest import Manifest
+    from tests.helpers import cli
+
+    src, vid = wds_catalog
+    forged = _copy(src, tmp_path / "forged")
+    doc = manifest(forged, vid)
+    rec = doc["shards"][0]
+    first = min((r for r in index_rows(forged, vid) if r["shard"] == rec["path"]), key=lambda r: r["byte_offset"])
+    data = bytearray((forged / rec["path"]).read_bytes())
+    data[first["byte_offset"] + first["byte_length"] // 2] ^= 0xFF  # inside the first clip: framing intact
+    (forged / rec["path"]).write_bytes(bytes(data))
+    rec["blake3"] = blake3(bytes(data)).hexdigest()
+    sealed = Manifest.from_json(doc, "manifest").to_bytes()
+    fid = hashlib.sha256(sealed).hexdigest()
+    shutil.move(forged / "versions" / vid, forged / "versions" / fid)
+    (forged / "versions" / fid / "manifest.json").write_bytes(sealed)
+    assert verify(Catalog.open(forged), fid).ok  # self-consistent: only the name tells
+
+    dest = tmp_path / "dest"
+    refused = cli("pull", f"{forged}@{fid}", dest, "--json")
+    assert refused.returncode != 0
+    assert rec["path"] in refused.stderr and "sha256" in refused.stderr and "forged" in refused.stderr
+    assert not (dest / rec["path"]).exists() and fid not in Catalog.open(dest).versions()
+    honest = cli("pull", f"{src}@{vid}", dest, "--json")
+    assert honest.returncode == 0, honest.stderr
+    assert json.loads(honest.stdout)["shards_sent"] == len(doc["shards"])
+    assert verify(Catalog.open(dest), vid).ok
+
+
 def test_an_index_with_a_duplicated_row_is_refused_by_its_pin(wds_catalog, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

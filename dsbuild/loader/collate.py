@@ -5,8 +5,8 @@ their samples along time with ``segment_ids`` (-1 = padding) and ``cu_seqlens`` 
 Actions and telemetry land on the loader's vocabulary: each sample's session columns are written at
 cached column indices (identity sessions take a plain slice), so no per-sample remapped copy exists;
 rows still in the read buffer (``read.Rows``) that land contiguously are one memcpy each.
-``alloc(shape, dtype)`` makes the batch arrays (zeroed): numpy by default, shared memory in torch's
-DataLoader workers, so a batch crosses processes without being copied or pickled. Given ``empty``, the
+``alloc(shape, dtype)`` makes the batch arrays (zeroed): numpy by default, the loader's reused buffers
+when it builds a batch. Given ``empty``, the
 frames array (by far the largest) comes from it instead and only its padding is zeroed: clearing the
 whole array and then overwriting it was one more pass over every frame byte.
 """

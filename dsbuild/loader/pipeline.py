@@ -5,8 +5,7 @@ options, j): ``dsbuild.loader.walk`` names its samples, rank r of W takes j = p 
 from the restored position p. A checkpoint is p and one cursor per source, so it restores under any
 world size or worker count. Workers are threads: PyAV decoding, swscale, ``preadv`` and the hashes release
 the GIL, and batches need no pickling. Inside a torch ``DataLoader`` with process workers, each batch
-crosses as one shared-memory block (``as_torch_dataset``); for JAX, ``as_jax_iterator`` builds global
-arrays.
+crosses in shared memory (``as_torch_dataset``); for JAX, ``as_jax_iterator`` builds global arrays.
 
 A damaged sample (hash mismatch, bad framing, undecodable video) is replaced by a substitute drawn
 deterministically from the same source and bucket, so every rank makes the same choice; it is
@@ -283,15 +282,12 @@ class Mixture:
             ref = SampleRef(ref.source, ref.epoch, nxt)
             raw = readers[ref.source].read([nxt])[0]
 
-    def build(self, step: Step, alloc=None) -> dict:
-        """The batch of ``step`` (arrays from ``alloc``, default: zeroed and in reused memory; see
-        ``collate``), with its samples' metadata."""
+    def build(self, step: Step) -> dict:
+        """The batch of ``step`` (its arrays in reused memory; see ``collate``), with its samples' metadata."""
         self.open()
         o = self.options
-        empty = None
-        if alloc is None:
-            arrays = self._io()[1].arrays
-            alloc, empty = arrays.zeros, arrays.empty
+        arrays = self._io()[1].arrays
+        alloc, empty = arrays.zeros, arrays.empty
         items = step_items(step, self.plans)
         refs = [r for item in items for r in item]
         t0 = time.perf_counter()

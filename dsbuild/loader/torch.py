@@ -2,17 +2,19 @@
 
 Each DataLoader worker takes every K-th of this rank's batches; the DataLoader reads workers round-robin
 in order, so the stream is the same for any ``num_workers``. Use ``DataLoader(ds, batch_size=None)``:
-batches are built inside the workers. In a worker process a built batch is copied into one shared-memory
-block (``shared_batch``), and every array of it crosses as a view of that block; encoded clips
-(decode="bytes") are packed into it as one uint8 tensor ``video_data`` with ``video_offsets`` (clip i is
+batches are built inside the workers. In a worker process a built batch is copied into shared memory
+(``shared_batch``) and every array crosses as a view of it; encoded clips (decode="bytes") are packed
+as one uint8 tensor ``video_data`` with ``video_offsets`` (clip i is
 ``video_data[video_offsets[i]:video_offsets[i + 1]]``). Sample payloads cross to the main process as
-one shared-memory handle per batch, never pickled; only small metadata (keys, titles, the checkpoint) is
-pickled by torch's queue. Each batch carries ``state``: the checkpoint to save after consuming it
+shared-memory handles, never pickled; only small metadata (keys, titles, the checkpoint) is pickled by
+torch's queue. Each batch carries ``state``: the checkpoint to save after consuming it
 (``loader.state_after(batch)``).
 
-One block per batch, not one per array: torch maps, sends and unmaps every shared storage on its own,
-and at six arrays a batch that cost more than building the batch (5.3 ms against 2.2 for 30 small
-clips here).
+The small arrays of a batch (lengths, timestamps, actions...) share one block; each payload of ``BIG``
+bytes or more (frames, the clips, audio) gets a block of its own. Fewer blocks are faster — torch maps,
+sends and unmaps every shared storage on its own, which at six arrays a batch cost more than building
+the batch (5.3 ms against 2.2 for 30 small clips here) — but a tensor keeps its whole block alive: a
+training loop that keeps ``batch["lengths"]`` for its metrics must not keep the batch's frames with it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 ALIGN = 64  # bytes: every array's view starts on a cache line (and on its dtype's alignment)
+BIG = 1 << 20  # bytes: an array at least this large crosses in a shared block of its own
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -47,30 +50,46 @@ def _finish(out: dict) -> dict:
     return out
 
 
-def shared_batch(batch: dict) -> dict:
-    """``batch`` as torch tensors that are views of one new shared-memory block (clips packed as
-    ``video_data`` + ``video_offsets``); the other fields as they are."""
-    arrays = {k: np.ascontiguousarray(v) for k, v in batch.items() if isinstance(v, np.ndarray)}
-    clips = batch.get("video")
-    if clips is not None:
-        arrays["video_offsets"] = _offsets(clips)
+def _new_block(nbytes: int) -> torch.Tensor:
+    """A new shared-memory block as a uint8 tensor."""
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+
+
+def _in_block(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """``arrays`` copied into one new shared block, each a tensor view of it."""
     layout, total = {}, 0
     for k, a in arrays.items():
         layout[k] = total
         total += -(-a.nbytes // ALIGN) * ALIGN
-    video_at = total
-    if clips is not None:
-        total += int(arrays["video_offsets"][-1])
-    block = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
+    block = _new_block(total)
     raw = block.numpy()
-    out = {k: v for k, v in batch.items() if k not in arrays and k != "video"}
+    out = {}
     for k, a in arrays.items():
         at = layout[k]
         raw[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
         out[k] = block[at:at + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape)
+    return out
+
+
+def shared_batch(batch: dict) -> dict:
+    """``batch`` as torch tensors in new shared memory: the arrays under ``BIG`` bytes as views of one
+    block, each larger one (and the clips packed as ``video_data`` + ``video_offsets``) in its own; the
+    other fields as they are."""
+    arrays = {k: np.ascontiguousarray(v) for k, v in batch.items() if isinstance(v, np.ndarray)}
+    clips = batch.get("video")
     if clips is not None:
-        _pack(clips, raw[video_at:total])
-        out["video_data"] = block[video_at:total]
+        arrays["video_offsets"] = _offsets(clips)
+    out = {k: v for k, v in batch.items() if k not in arrays and k != "video"}
+    small = {k: a for k, a in arrays.items() if a.nbytes < BIG}
+    for k, a in arrays.items():
+        if k not in small:
+            out.update(_in_block({k: a}))
+    if clips is not None:
+        data = _new_block(int(arrays["video_offsets"][-1]))
+        _pack(clips, data.numpy())
+        out["video_data"] = data
+    if small:
+        out.update(_in_block(small))
     return _finish(out)
 
 

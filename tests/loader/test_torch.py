@@ -41,8 +41,12 @@ def test_process_workers_hand_payloads_over_in_shared_memory(cat):
         assert {"actions", "telemetry", "timestamps", "lengths", "video_data", "video_offsets"} <= set(tensors)
         for k, t in tensors.items():
             assert t.is_shared(), k  # a shared-memory handle crossed, not a pickled copy
-        # every array of the batch is a view of one shared block: one handle per batch, not one per array
-        assert len({t.untyped_storage().data_ptr() for t in tensors.values()}) == 1
+        # the small arrays are views of one shared block (one handle for all of them, not one per array);
+        # the clips are a block of their own, so keeping a small tensor does not keep the clips alive
+        small = {k: t for k, t in tensors.items() if k != "video_data"}
+        assert len({t.untyped_storage().data_ptr() for t in small.values()}) == 1
+        block = b["lengths"].untyped_storage()
+        assert block.nbytes() < b["video_data"].nbytes and b["video_data"].untyped_storage().data_ptr() != block.data_ptr()
         clips = [bytes(b["video_data"][a:z].numpy()) for a, z in zip(b["video_offsets"][:-1], b["video_offsets"][1:])]
         assert clips == [bytes(v) for v in mine["video"]]
         for k, v in mine.items():
@@ -55,6 +59,20 @@ def test_frames_cross_in_shared_memory_too(cat):
     loader = Loader(ref, batch_size=2, seed=1, resize=(8, 8))
     b = next(iter(torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=1)))
     assert b["frames"].is_shared() and b["frames"].dtype == torch.uint8 and b["frames"].shape[2:] == (8, 8, 3)
+
+
+def test_a_kept_small_tensor_does_not_keep_the_frames_alive(cat):
+    """A training loop that keeps ``lengths`` (or ``actions``) for its metrics holds only the batch's
+    small block: frames of BIG bytes or more cross in a block of their own."""
+    from dsbuild.loader.torch import ALIGN, BIG
+
+    ref, _ = cat
+    loader = Loader(ref, batch_size=2, seed=1, resize=(240, 320))
+    b = next(iter(torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=1)))
+    assert b["frames"].nbytes >= BIG
+    assert b["frames"].untyped_storage().nbytes() < b["frames"].nbytes + ALIGN  # its block holds nothing else
+    kept = b["lengths"].untyped_storage().nbytes()
+    assert kept < BIG and b["actions"].untyped_storage().data_ptr() == b["lengths"].untyped_storage().data_ptr()
 
 
 def test_a_killed_worker_is_a_clear_error_and_resume_is_exact(wds_catalog):

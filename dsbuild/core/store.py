@@ -20,6 +20,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -30,6 +31,7 @@ _SEGMENT = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9._-]{0,254})")
 RANGE_BYTES = 8 << 20
 RETRIES = 5
 CACHE_LIMIT = 20 << 30  # shards kept locally for a remote catalog; DSBUILD_CACHE_BYTES overrides
+PART_GRACE = 3600.0  # seconds: a partial download older than this was killed (one write per 8 MiB range)
 
 
 class UnsafeKey(FormatError):
@@ -290,7 +292,12 @@ class ShardCache:
         self.downloads = 0
 
     def path(self, key: str, sha256: str, size: int) -> Path:
-        """Local path of a verified copy of shard ``key``; downloads it (by ranges) if needed."""
+        """Local path of a verified copy of shard ``key``; downloads it (by ranges) if needed.
+
+        The remote object's size must be the record's (and fit the cache) before anything is evicted or
+        fetched: a forged record cannot empty the cache or start an endless download. Each download
+        writes a temp file of its own (``O_EXCL``; forked workers share thread idents), renamed into
+        place only once the bytes written to it hash to ``sha256``."""
         if not re.fullmatch(r"[0-9a-f]{64}", sha256):
             raise UnsafeKey(f"shard sha256 {sha256[:80]!r} is not a hex digest")
         local = self.dir / f"{sha256}{Path(check_key(key)).suffix}"
@@ -298,16 +305,25 @@ class ShardCache:
             if local.is_file() and local.stat().st_size == size:
                 os.utime(local)  # recently used
                 return local
+            remote = self.store.size(key)
+            if remote != size:
+                raise StorageError(f"{self.store.url}/{key}: " + ("missing" if remote is None else
+                                   f"{remote} bytes, the manifest says {size}"),
+                                   hint=f"run `dsbuild verify {self.store.url}` to see what is damaged")
+            if size > self.limit:
+                raise StorageError(f"{self.store.url}/{key}: {size} bytes do not fit the shard cache "
+                                   f"({self.limit} bytes)", hint="raise DSBUILD_CACHE_BYTES")
             self._evict(size)
-            tmp = local.with_name(f".{local.name}.{threading.get_ident()}.part")
+            tmp = local.with_name(f".{local.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.part")
             h = hashlib.sha256()
             try:
-                with open(tmp, "wb") as f:
+                with open(tmp, "xb") as f:
                     for start in range(0, size, RANGE_BYTES):
                         chunk = self.store.read_range(key, start, min(size, start + RANGE_BYTES))
                         h.update(chunk)
                         f.write(chunk)
-                if h.hexdigest() != sha256:
+                    written = f.tell()
+                if written != size or h.hexdigest() != sha256:
                     raise StorageError(f"{self.store.url}/{key}: downloaded bytes do not match the manifest's "
                                        "sha256", hint=f"run `dsbuild verify {self.store.url}` to see what is damaged")
                 os.replace(tmp, local)
@@ -317,6 +333,15 @@ class ShardCache:
             return local
 
     def _evict(self, incoming: int) -> None:
+        """Oldest shards out until ``incoming`` bytes fit; temp files of downloads that were killed (older
+        than ``PART_GRACE``) out too: nothing else would ever remove them."""
+        now = time.time()
+        for p in self.dir.glob(".*.part"):
+            try:
+                if now - p.lstat().st_mtime > PART_GRACE:
+                    p.unlink()
+            except FileNotFoundError:
+                pass
         files = sorted((p for p in self.dir.iterdir() if p.is_file() and not p.name.startswith(".")),
                        key=lambda p: p.stat().st_mtime)
         total = sum(p.stat().st_size for p in files)

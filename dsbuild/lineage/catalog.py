@@ -25,6 +25,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -106,21 +107,54 @@ class BuildArea:
         self._lock.close()
 
 
+_NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def real_folder(path: Path) -> Path:
+    """``path``, created if needed, when it is a folder of its own: a symlink in its place would point
+    the cleaning of build folders at folders outside the catalog (StorageError)."""
+    try:
+        path.mkdir(exist_ok=True)
+        is_dir = stat.S_ISDIR(path.lstat().st_mode)
+    except OSError as e:
+        raise StorageError(f"{path}: cannot create a folder ({e.strerror or e})",
+                           hint="check free space and permissions of the catalog") from None
+    if not is_dir:
+        raise StorageError(f"{path}: is not a folder (a symlink?); dsbuild keeps its build folders there",
+                           hint="remove it: dsbuild creates it again")
+    return path
+
+
+def _build_is_gone(area: Path) -> bool:
+    """Whether the build folder ``area`` (a real folder) is stale: its lock is free, or it has none (the
+    build died before creating it). A lock that is a symlink, a FIFO or anything but a file is not
+    dsbuild's: the folder is left alone."""
+    try:
+        fd = os.open(area / "lock", os.O_RDONLY | _NO_FOLLOW)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False  # a live build
+    finally:
+        os.close(fd)
+
+
 def stale_builds(folder: Path) -> list[Path]:
-    """Build folders under ``folder`` whose build is gone (their lock can be taken)."""
-    out = []
-    for area in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if not area.is_dir():
-            continue
-        try:
-            with open(area / "lock", "rb") as f:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue  # a live build
-        except OSError:
-            pass  # no lock file: the build died before creating it
-        out.append(area)
-    return out
+    """Build folders under ``folder`` whose build is gone; never a symlink, nor anything behind one."""
+    try:
+        if not stat.S_ISDIR(folder.lstat().st_mode):
+            return []
+    except FileNotFoundError:
+        return []
+    return [area for area in sorted(folder.iterdir())
+            if stat.S_ISDIR(area.lstat().st_mode) and _build_is_gone(area)]
 
 
 class Catalog:
@@ -343,8 +377,10 @@ class Catalog:
         """Where this catalog's build areas live: inside a local catalog (same file system, so renames
         work), else in the local cache."""
         if self.root is not None:
-            return self.root / ".tmp"
-        return cache_root() / "builds"
+            return real_folder(self.root / ".tmp")
+        cache = cache_root()
+        cache.mkdir(parents=True, exist_ok=True)
+        return real_folder(cache / "builds")
 
     @contextmanager
     def build_area(self) -> Iterator[BuildArea]:
@@ -398,12 +434,17 @@ class Catalog:
         if self.root is None:
             yield
             return
+        folder = real_folder(self.root / ".tmp")
         try:
-            (self.root / ".tmp").mkdir(exist_ok=True)
-            f = open(self.root / ".tmp" / "commit.lock", "ab")
+            fd = os.open(folder / "commit.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NO_FOLLOW, 0o644)
         except OSError as e:
             raise StorageError(f"{self.root}: cannot lock the catalog ({e.strerror or e})",
-                               hint="is the catalog read-only? check its permissions") from None
+                               hint="is the catalog read-only? check its permissions; a commit.lock that is "
+                                    "not a file must be removed") from None
+        f = os.fdopen(fd, "ab")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            f.close()
+            raise StorageError(f"{folder / 'commit.lock'}: is not a file", hint="remove it: dsbuild creates it again")
         with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             yield

@@ -37,7 +37,7 @@ def collect(catalog: Catalog, *, dry_run: bool = False, grace: float = GRACE, no
                     continue
             garbage.append((key, catalog.store.size(key) or 0))
         unpublished = _unpublished(catalog, now, grace if catalog.root is None else 0)
-        splits = unreferenced_split_folders(catalog)
+        splits, unreadable = unreferenced_split_folders(catalog, now=now, grace=grace)
         if not dry_run:
             for key in [k for k, _ in garbage] + unpublished + splits:
                 catalog.store.delete(key)
@@ -45,6 +45,7 @@ def collect(catalog: Catalog, *, dry_run: bool = False, grace: float = GRACE, no
         writes = catalog.interrupted_writes(older_than=INTERRUPTED_GRACE, now=now, dry_run=dry_run)
     return {"shards": [{"path": k, "bytes": b} for k, b in garbage], "bytes": sum(b for _, b in garbage),
             "kept_young_shards": young, "unpublished_files": unpublished, "replaced_split_files": splits,
+            "unreadable_split_pointers": unreadable,
             "stale_builds": builds, "interrupted_writes": writes, "dry_run": dry_run, "grace_seconds": grace if catalog.root is None else None}
 
 

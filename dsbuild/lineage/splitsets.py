@@ -317,15 +317,31 @@ def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[
     return "created" if old is None else "replaced"
 
 
-def unreferenced_split_folders(catalog: Catalog) -> list[str]:
-    """Keys of split set folders no pointer names any more (replaced sets), for ``gc``."""
+def unreferenced_split_folders(catalog: Catalog, *, now: float, grace: float) -> tuple[list[str], list[str]]:
+    """(keys of split set folders no pointer names any more (replaced sets), for ``gc``; pointers that
+    cannot be read). A name whose pointer cannot be read keeps every folder: which one is live is
+    unknown, and the only copy of a split set is not garbage. On an object store (no locks) a file
+    younger than ``grace`` seconds at ``now`` is kept too: ``make_split`` writes a folder before the
+    pointer that names it."""
     keys = catalog.store.list("splits")
-    pointed = set()
+    pointed, unreadable = set(), []
     for key in keys:
         parts = key.split("/")
         if len(parts) == 3 and parts[2].endswith(".json"):
+            name = parts[2][:-5]
             try:
-                pointed.add(f"splits/{parts[1]}/{parts[2][:-5]}/{_read_pointer(catalog, parts[1], parts[2][:-5])}")
+                pointed.add(f"splits/{parts[1]}/{name}/{_read_pointer(catalog, parts[1], name)}")
             except (FormatError, UsageError):
+                unreadable.append(key)
+                pointed.add(f"splits/{parts[1]}/{name}")  # the name's folders, whichever is live
+    out = []
+    for k in keys:
+        parts = k.split("/")
+        if len(parts) != 5 or "/".join(parts[:4]) in pointed or "/".join(parts[:3]) in pointed:
+            continue
+        if catalog.root is None:
+            stamp = catalog.store.modified(k)
+            if stamp is None or now - stamp < grace:
                 continue
-    return [k for k in keys if len(k.split("/")) == 5 and "/".join(k.split("/")[:4]) not in pointed]
+        out.append(k)
+    return out, unreadable

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from dsbuild.core.errors import LineageError, StorageError, UsageError
+from dsbuild.core.files import UnsafeFile, open_regular
 from dsbuild.core.hashing import CHUNK
 from dsbuild.core.jsonio import pretty_json
 from dsbuild.core.records import Record
@@ -50,16 +51,23 @@ class _Progress:
     started: float = field(default_factory=time.monotonic)
 
 
-def _copy_verified(src: Path, dst: Path, rec: ShardRecord) -> None:
+def _copy_verified(src: Path, dst: Path, rec: ShardRecord, root: Path | None) -> None:
     """Copy a shard file, hashing it on the way; refuse bytes that are not what its name (sha256) and its
-    record (BLAKE3) say: what lands under a name here is trusted by that name from then on."""
+    record (BLAKE3) say: what lands under a name here is trusted by that name from then on. The source is
+    read as a regular file inside ``root`` (its catalog, when local) and never past its recorded size."""
     h = rec.proof(named=True)
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        while chunk := fin.read(CHUNK):
+    got = 0
+    with open_regular(src, root) as fin, open(dst, "wb") as fout:
+        while got <= rec.bytes and (chunk := fin.read(min(CHUNK, rec.bytes + 1 - got))):
             h.update(chunk)
             fout.write(chunk)
+            got += len(chunk)
         fout.flush()
         os.fsync(fout.fileno())
+    if got != rec.bytes:
+        dst.unlink(missing_ok=True)
+        raise LineageError(f"{rec.path}: the source's shard is {'larger' if got > rec.bytes else 'smaller'} than "
+                           f"the {rec.bytes} bytes its record says", hint="run `dsbuild verify` on the source catalog")
     if not h.ok():
         dst.unlink(missing_ok=True)
         raise LineageError(f"{rec.path}: the source's bytes are not what the shard's name and record say "
@@ -81,7 +89,12 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
                 skipped += 1
             else:
                 local = area.path / f"{rec.sha256}.part"
-                _copy_verified(source.shard_file(rec), local, rec)
+                try:
+                    _copy_verified(source.shard_file(rec), local, rec, source.root)
+                except (UnsafeFile, FileNotFoundError) as e:
+                    why = "missing" if isinstance(e, FileNotFoundError) else str(e).split(": ", 1)[-1]
+                    raise LineageError(f"{source.url}/{rec.path}: {why}",
+                                       hint="run `dsbuild verify` on the source catalog") from None
                 if dest.root is not None:
                     (dest.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
                 try:

@@ -17,6 +17,7 @@ Every problem names the file and what is wrong; missing or damaged shards name t
 from __future__ import annotations
 
 import random
+import shlex
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -120,9 +121,11 @@ def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: Verif
 
 
 def heal_command(catalog: Catalog, version_id: str) -> str:
+    """The command that heals the version, safe to paste: its captures folder comes from the commit
+    record, which a forged catalog (or a pull of one) controls, so both arguments are shell-quoted."""
     commit = catalog.commit_record(version_id)
-    captures = commit.captures if commit and commit.captures else "CAPTURES"
-    return f"dsbuild convert {captures} {catalog.url} --rehash"
+    captures = shlex.quote(commit.captures) if commit and commit.captures else "CAPTURES"
+    return f"dsbuild convert {captures} {shlex.quote(catalog.url)} --rehash"
 
 
 def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed: int = 0, threads: int = 4,

@@ -1,9 +1,11 @@
 """The commands users asked for: info, shards (read back by the real webdataset library), convert
---dry-run / --rehash / --no-audio, query --unsafe, and tags with suggestions."""
+--dry-run / --rehash / --no-audio, query --unsafe, and tags with suggestions; gc, pull and verify's
+hint facing a damaged or forged catalog."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -118,3 +120,50 @@ def test_tags_are_created_moved_and_deleted(private_catalog):
     assert "deleted tag release" in p.stdout
     run("tag", f"{cat}@gold", "x.1")
     assert run("tag", f"{cat}@gold", "1bad", check=2).stderr.startswith("error: tag '1bad'")
+
+
+def test_gc_never_follows_a_symlinked_build_folder_out_of_the_catalog(private_catalog, tmp_path):
+    """A `.tmp` that is a symlink once made gc delete every folder it pointed at; a build folder whose
+    lock is a FIFO made it hang holding the catalog lock."""
+    cat, _ = private_catalog
+    victim = tmp_path / "victim"
+    (victim / "projectA").mkdir(parents=True)
+    (victim / "projectA" / "keep.txt").write_text("mine")
+    shutil.rmtree(cat / ".tmp", ignore_errors=True)
+    (cat / ".tmp").symlink_to(victim)
+    p = run("gc", cat, check=3, timeout=120)
+    assert ".tmp" in p.stderr and "symlink" in p.stderr
+    assert (victim / "projectA" / "keep.txt").read_text() == "mine" and not (victim / "commit.lock").exists()
+    (cat / ".tmp").unlink()
+    (cat / ".tmp" / "odd").mkdir(parents=True)
+    os.mkfifo(cat / ".tmp" / "odd" / "lock")
+    done = run_json("gc", cat, timeout=120)
+    assert "odd" not in done["stale_builds"] and (cat / ".tmp" / "odd").is_dir()
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/zero", "fifo"])
+def test_pull_reads_a_source_shard_only_as_a_regular_file_of_its_recorded_size(private_catalog, tmp_path, kind):
+    cat, vid = private_catalog
+    shard = next((cat / "shards").rglob("*.tar"))
+    shard.unlink()
+    if kind == "fifo":
+        os.mkfifo(shard)
+    else:
+        shard.symlink_to("/dev/zero")
+    p = run("pull", cat, tmp_path / "dest", check=3, timeout=120)  # a damaged catalog: exit 3
+    assert shard.name in p.stderr
+    assert sum(f.stat().st_size for f in (tmp_path / "dest").rglob("*") if f.is_file()) < 10 << 20
+
+
+def test_the_heal_hint_is_safe_to_paste_whatever_the_commit_record_says(private_catalog):
+    """The captures folder in the hint comes from commit.json, which a forged catalog controls."""
+    import shlex
+
+    cat, vid = private_catalog
+    record = cat / "versions" / vid / "commit.json"
+    doc = json.loads(record.read_text())
+    doc["captures"] = "/data/caps; touch /tmp/pwned #"
+    record.write_text(json.dumps(doc))
+    next((cat / "shards").rglob("*.tar")).unlink()
+    hint = run("verify", cat, check=1).stderr.splitlines()[-1].removeprefix("hint: heal with: ")
+    assert shlex.split(hint) == ["dsbuild", "convert", "/data/caps; touch /tmp/pwned #", str(cat), "--rehash"]

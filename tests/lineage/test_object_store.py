@@ -152,3 +152,56 @@ def test_object_store_gc_keeps_referenced_and_young_shards(s3, remote):
     assert [s["path"] for s in done["shards"]] == [orphan] and not fs.exists(f"data/catalog/{orphan}")
     assert verify(Catalog.open(url), r.version_id).ok
 
+
+
+def test_a_record_whose_size_is_not_the_remote_objects_neither_empties_the_cache_nor_downloads(s3, remote, tmp_path):
+    """A forged record claiming 2**50 bytes used to evict every cached shard (of any catalog) first."""
+    from dsbuild.core.errors import StorageError
+
+    url, r = remote
+    catalog = Catalog.open(url)
+    shards = catalog.manifest(r.version_id).shards
+    cache = ShardCache(catalog.store, directory=tmp_path / "cache")
+    kept = [cache.path(s.path, s.sha256, s.bytes) for s in shards[:2]]
+    forged = shards[2]
+    with pytest.raises(StorageError, match="the manifest says"):
+        cache.path(forged.path, forged.sha256, 1 << 50)
+    assert all(p.exists() for p in kept) and cache.downloads == 2
+    small = ShardCache(catalog.store, limit=forged.bytes - 1, directory=tmp_path / "small")
+    with pytest.raises(StorageError, match="do not fit the shard cache"):
+        small.path(forged.path, forged.sha256, forged.bytes)
+
+
+def test_partial_downloads_a_kill_left_behind_are_swept_and_young_ones_kept(s3, remote, tmp_path):
+    from dsbuild.core.store import PART_GRACE
+
+    url, r = remote
+    catalog = Catalog.open(url)
+    shard = catalog.manifest(r.version_id).shards[0]
+    cache = ShardCache(catalog.store, directory=tmp_path / "cache")
+    old, young = cache.dir / ".dead.tar.1.a.part", cache.dir / ".live.tar.2.b.part"
+    old.write_bytes(b"x" * 1000)
+    young.write_bytes(b"y" * 1000)
+    os.utime(old, (time.time() - PART_GRACE - 60,) * 2)
+    cache.path(shard.path, shard.sha256, shard.bytes)
+    assert not old.exists() and young.exists()
+
+
+def test_gc_keeps_a_split_set_whose_pointer_is_damaged_and_young_split_files_on_s3(s3, remote):
+    """gc must not take the only copy of a split set for garbage: a pointer it cannot read keeps every
+    folder of that name, and on S3 a folder younger than the grace period may be one whose pointer is
+    about to be written."""
+    url, r = remote
+    catalog = Catalog.open(url)
+    make_split(catalog, r.version_id, "gcd", SplitOptions(by="session_id"))
+    fs = _fs()
+    pointer = f"data/catalog/splits/{r.version_id}/gcd.json"
+    fs.pipe(pointer, b"{ damaged")
+    done = collect(Catalog.open(url), grace=1, now=time.time() + 10)
+    assert done["unreadable_split_pointers"] == [f"splits/{r.version_id}/gcd.json"]
+    assert not [k for k in done["replaced_split_files"] if "/gcd/" in k]
+    assert fs.find(f"data/catalog/splits/{r.version_id}/gcd/")
+    fs.rm(pointer)  # as if make_split had written the folder and not yet its pointer
+    young = collect(Catalog.open(url))  # default grace: a day
+    assert not [k for k in young["replaced_split_files"] if "/gcd/" in k]
+    assert fs.find(f"data/catalog/splits/{r.version_id}/gcd/")

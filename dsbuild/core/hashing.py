@@ -22,6 +22,11 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def hashes_to(sha256: str, size: int | None = None) -> Callable[[bytes], bool]:
+    """Whether bytes are the ones pinned by ``sha256`` (and ``size``): a store's ``proven`` check."""
+    return lambda data: (size is None or len(data) == size) and sha256_bytes(data) == sha256
+
+
 def sha256_json(obj: object) -> str:
     """Hash of the canonical JSON form: config hashes, version ids."""
     return sha256_bytes(canonical_json(obj))

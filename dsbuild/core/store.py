@@ -8,8 +8,8 @@ resolved and must stay inside its root. A hostile bucket can at worst be refused
 the catalog, its mirror or the shard cache.
 
 ``LocalStore`` reads and writes a folder (writes are atomic renames). ``FsspecStore`` reads and writes
-an object store; immutable keys (a version's files, split sets: named by or pinned to their hashes)
-are read through a local cache, and shards go through ``ShardCache``: whole-shard, bounded, LRU,
+an object store; keys whose right bytes never change (a version's files, split sets: named by or pinned
+to their hashes) are read through a local cache that keeps only bytes their reader proved, and shards go through ``ShardCache``: whole-shard, bounded, LRU,
 verified against the manifest's sha256 on arrival.
 """
 
@@ -66,6 +66,17 @@ def local_path(path: object) -> Path:
     return Path(text[len("file://"):] if text.startswith("file://") else text)
 
 
+def parses(parse: Callable[[bytes], object]) -> Callable[[bytes], bool]:
+    """A ``read(..., proven=)`` check from a parser: bytes it accepts (raising no FormatError)."""
+    def proven(data: bytes) -> bool:
+        try:
+            parse(data)
+        except FormatError:
+            return False
+        return True
+    return proven
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("DSBUILD_CACHE", Path.home() / ".cache" / "dsbuild"))
 
@@ -76,7 +87,7 @@ class Store(Protocol):
     url: str
     local_root: Path | None
 
-    def read(self, key: str, cap: int, *, immutable: bool = False) -> bytes: ...
+    def read(self, key: str, cap: int, *, proven: Callable[[bytes], bool] | None = None) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def size(self, key: str) -> int | None: ...
     def modified(self, key: str) -> float | None: ...
@@ -86,7 +97,6 @@ class Store(Protocol):
     def delete(self, key: str) -> None: ...
     def read_range(self, key: str, start: int, end: int) -> bytes: ...
     def shard_file(self, key: str, sha256: str, size: int) -> Path: ...
-    def cached_file(self, key: str) -> Path | None: ...
 
 
 class LocalStore:
@@ -100,7 +110,7 @@ class LocalStore:
             raise UnsafeKey(f"{key}: resolves outside {self.local_root}")
         return p
 
-    def read(self, key: str, cap: int, *, immutable: bool = False) -> bytes:
+    def read(self, key: str, cap: int, *, proven: Callable[[bytes], bool] | None = None) -> bytes:
         return read_capped(self.path(key), cap, root=self.local_root, what=f"{self.url}/{key}")
 
     def exists(self, key: str) -> bool:
@@ -149,11 +159,6 @@ class LocalStore:
     def shard_file(self, key: str, sha256: str, size: int) -> Path:
         return self.path(key)
 
-    def cached_file(self, key: str) -> Path | None:
-        """A local file holding ``key`` (here: the file itself)."""
-        p = self.path(key)
-        return p if p.is_file() else None
-
 
 def _fsspec(url: str):
     try:
@@ -200,18 +205,25 @@ class FsspecStore:
     def _cached(self, key: str) -> Path:
         return self.cache / check_key(key)  # checked keys cannot leave the cache; read_capped re-checks
 
-    def read(self, key: str, cap: int, *, immutable: bool = False) -> bytes:
-        if immutable:
+    def read(self, key: str, cap: int, *, proven: Callable[[bytes], bool] | None = None) -> bytes:
+        """The key's bytes. With ``proven`` (for keys whose right bytes never change: manifests, pinned
+        files, split files) they come from the local cache when a cached copy passes ``proven``, and are
+        cached only once they pass it: a damaged or forged copy never sticks (a copy that fails is read
+        again from the store)."""
+        if proven is not None:
             p = self._cached(key)
             if p.is_file():
-                return read_capped(p, cap, root=self.cache)
+                data = read_capped(p, cap, root=self.cache)
+                if proven(data):
+                    return data
+                p.unlink(missing_ok=True)
         size = retry(f"{self.url}/{key}", lambda: self.fs.size(self._remote(key)))
         if size is not None and size > cap:
             raise FormatError(f"{self.url}/{key}: larger than the limit of {cap} bytes")
         data = retry(f"{self.url}/{key}", lambda: self.fs.cat_file(self._remote(key), start=0, end=cap + 1))
         if len(data) > cap:
             raise FormatError(f"{self.url}/{key}: larger than the limit of {cap} bytes")
-        if immutable:
+        if proven is not None and proven(data):
             p = self._cached(key)
             p.parent.mkdir(parents=True, exist_ok=True)
             replace_atomically(p, data)
@@ -264,11 +276,6 @@ class FsspecStore:
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return retry(f"{self.url}/{key}", lambda: self.fs.cat_file(self._remote(key), start=start, end=end))
-
-    def cached_file(self, key: str) -> Path | None:
-        """The local copy of an immutable key read before (``read(..., immutable=True)``), if any."""
-        p = self._cached(key)
-        return p if p.is_file() else None
 
     def shard_file(self, key: str, sha256: str, size: int) -> Path:
         if self._shards is None:

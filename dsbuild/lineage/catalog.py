@@ -30,14 +30,14 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
 from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, fsync_dir, write_durably
-from dsbuild.core.hashing import sha256_bytes
+from dsbuild.core.hashing import hashes_to, sha256_bytes
 from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
-from dsbuild.core.store import Store, cache_root, open_store
+from dsbuild.core.store import Store, cache_root, open_store, parses
 from dsbuild.lineage.index import INDEX_FILE, MAX_INDEX_BYTES, table_from_bytes
 from dsbuild.lineage.manifest import (MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, FilePin, Manifest, SessionTable,
                                       ShardRecord)
@@ -211,9 +211,9 @@ class Catalog:
         """The local folder, for a local catalog (None for an object store)."""
         return self.store.local_root
 
-    def _read(self, key: str, cap: int, *, immutable: bool = False) -> bytes:
+    def _read(self, key: str, cap: int, *, proven: Callable[[bytes], bool] | None = None) -> bytes:
         try:
-            return self.store.read(key, cap, immutable=immutable)
+            return self.store.read(key, cap, proven=proven)
         except FileNotFoundError:
             raise
         except OSError as e:
@@ -234,12 +234,16 @@ class Catalog:
 
     def commit_record(self, version_id: str) -> CommitRecord | None:
         key = f"versions/{version_id}/commit.json"
-        try:
-            data = self._read(key, MAX_SMALL_FILE, immutable=True)
+
+        def parse(data: bytes) -> CommitRecord:
+            return CommitRecord.from_json(loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=key), key)
+
+        try:  # nothing pins it: a copy is kept once it parses
+            data = self._read(key, MAX_SMALL_FILE, proven=parses(parse))
         except FileNotFoundError:
             return None
         try:
-            return CommitRecord.from_json(loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=key), key)
+            return parse(data)
         except FormatError as e:
             raise LineageError(f"{self.url}/{e}", hint=f"restore {key} or delete it (the version stays intact; "
                                                        "only its date and parent are lost)") from None
@@ -250,7 +254,7 @@ class Catalog:
             return self._manifests[version_id]
         key = f"versions/{check_version_id(version_id)}/manifest.json"
         try:
-            data = self._read(key, MAX_MANIFEST_BYTES, immutable=True)
+            data = self._read(key, MAX_MANIFEST_BYTES, proven=hashes_to(version_id))
         except FileNotFoundError:
             raise LineageError(f"{self.url}: version {version_id[:12]} has no manifest") from None
         if sha256_bytes(data) != version_id:
@@ -268,7 +272,7 @@ class Catalog:
         """A file beside the manifest (index, sessions), proven against the manifest's pin."""
         key = f"versions/{version_id}/{pin.path}"
         try:
-            data = self._read(key, cap, immutable=True)
+            data = self._read(key, cap, proven=hashes_to(pin.sha256, pin.bytes))
         except FileNotFoundError:
             raise LineageError(f"{self.url}/{key}: missing") from None
         if len(data) != pin.bytes or sha256_bytes(data) != pin.sha256:

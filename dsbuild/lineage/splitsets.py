@@ -19,9 +19,10 @@ import re
 from dataclasses import dataclass, field, replace
 
 from dsbuild.core.errors import FormatError, LineageError, UsageError
-from dsbuild.core.hashing import sha256_bytes, sha256_json
+from dsbuild.core.hashing import hashes_to, sha256_bytes, sha256_json
 from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
+from dsbuild.core.store import parses
 from dsbuild.lineage.catalog import Catalog, check_version_id
 
 SPLIT_FORMAT = "dsbuild.split/2"
@@ -210,7 +211,7 @@ class SplitSet:
         rec = self.manifest.splits[split]
         key = f"{self.folder}/{rec.file}"
         try:
-            data = self.catalog.store.read(key, MAX_SPLIT_FILE, immutable=True)
+            data = self.catalog.store.read(key, MAX_SPLIT_FILE, proven=hashes_to(rec.sha256, rec.bytes))
         except FileNotFoundError:
             raise LineageError(f"{self.catalog.url}/{key}: missing") from None
         if len(data) != rec.bytes or sha256_bytes(data) != rec.sha256:
@@ -255,18 +256,22 @@ def _read_pointer(catalog: Catalog, version_id: str, name: str) -> str | None:
 def _load(catalog: Catalog, version_id: str, name: str, digest: str) -> SplitSet:
     folder = f"splits/{version_id}/{name}/{digest}"
     key = f"{folder}/{MANIFEST}"
+
+    def parse(data: bytes) -> SplitManifest:
+        m = _check_manifest(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=key), f"{catalog.url}/{key}")
+        if m.hash != digest or m.name != name or m.version_id != version_id:
+            raise FormatError(f"{catalog.url}/{key}: describes {m.version_id[:12]}/{m.name} hash {m.hash[:12]}, "
+                              "not the folder it is in")
+        return m
+
     try:
-        data = catalog.store.read(key, MAX_MANIFEST_BYTES, immutable=True)
+        data = catalog.store.read(key, MAX_MANIFEST_BYTES, proven=parses(parse))
     except FileNotFoundError:
         raise LineageError(f"{catalog.url}/{key}: missing (the split set's pointer names it)") from None
     try:
-        m = _check_manifest(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=key), f"{catalog.url}/{key}")
+        return SplitSet(catalog, folder, parse(data))
     except FormatError as e:
         raise LineageError(str(e)) from None
-    if m.hash != digest or m.name != name or m.version_id != version_id:
-        raise LineageError(f"{catalog.url}/{key}: describes {m.version_id[:12]}/{m.name} hash {m.hash[:12]}, "
-                           "not the folder it is in")
-    return SplitSet(catalog, folder, m)
 
 
 def open_split_set(catalog: Catalog, version_id: str, name: str) -> SplitSet:

@@ -21,7 +21,7 @@ from typing import Callable
 
 from dsbuild.core.errors import LineageError, StorageError, UsageError
 from dsbuild.core.files import UnsafeFile, open_regular
-from dsbuild.core.hashing import CHUNK
+from dsbuild.core.hashing import CHUNK, hashes_to
 from dsbuild.core.jsonio import pretty_json
 from dsbuild.core.records import Record
 from dsbuild.lineage.catalog import Catalog
@@ -132,7 +132,7 @@ def _present(dest: Catalog, vid: str) -> bool:
 def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path) -> None:
     commit = source.commit_record(vid)
     files = source.pinned_files(vid)
-    manifest = source.store.read(f"versions/{vid}/manifest.json", 1 << 30, immutable=True)
+    manifest = source.store.read(f"versions/{vid}/manifest.json", 1 << 30, proven=hashes_to(vid))
     with dest.lock():
         missing = [s.path for s in source.manifest(vid).shards if dest.store.size(s.path) != s.bytes]
         if missing:

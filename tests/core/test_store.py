@@ -87,11 +87,36 @@ def test_a_hostile_bucket_listing_is_filtered_and_cached_files_stay_in_the_cache
     fs.pipe_file(f"{root}/versions/.hidden", b"x")
     store = FsspecStore(f"memory://{root}")
     assert store.list("") == ["versions/ok.json"]
-    assert store.read("versions/ok.json", 100, immutable=True) == b"{}"
-    cached = store.cached_file("versions/ok.json")
-    assert cached is not None and str(cached).startswith(str(tmp_path / "cache"))
+    assert store.read("versions/ok.json", 100, proven=lambda d: True) == b"{}"
+    cached = list((tmp_path / "cache").rglob("ok.json"))
+    assert len(cached) == 1 and cached[0].read_bytes() == b"{}"
     with pytest.raises(UnsafeKey):
-        store.read("versions/../../../../etc/passwd", 100, immutable=True)
+        store.read("versions/../../../../etc/passwd", 100, proven=lambda d: True)
+
+
+def test_the_read_cache_keeps_only_bytes_their_reader_proved(tmp_path, monkeypatch):
+    """A damaged copy read from the store is returned (the reader reports it) but never cached; once
+    the store holds the right bytes again, they are read, not a stale damaged copy. A cached copy
+    damaged on disk is read from the store again."""
+    import fsspec
+
+    from dsbuild.core.hashing import hashes_to, sha256_bytes
+
+    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
+    fs = fsspec.filesystem("memory")
+    root = f"/bucket-{uuid.uuid4().hex}/cat"
+    good = b'{"right": true}'
+    proven = hashes_to(sha256_bytes(good))
+    fs.pipe_file(f"{root}/versions/v/manifest.json", b"{ damaged")
+    store = FsspecStore(f"memory://{root}")
+    assert store.read("versions/v/manifest.json", 100, proven=proven) == b"{ damaged"
+    assert not list((tmp_path / "cache").rglob("manifest.json"))
+    fs.pipe_file(f"{root}/versions/v/manifest.json", good)  # restored
+    assert store.read("versions/v/manifest.json", 100, proven=proven) == good
+    copy = next((tmp_path / "cache").rglob("manifest.json"))
+    copy.write_bytes(b"{ rotten on disk")
+    assert store.read("versions/v/manifest.json", 100, proven=proven) == good
+    assert copy.read_bytes() == good
 
 
 def test_shard_cache_verifies_bytes_and_evicts_least_recently_used(tmp_path, monkeypatch):

@@ -146,6 +146,35 @@ def _build_is_gone(area: Path) -> bool:
         os.close(fd)
 
 
+@contextmanager
+def flocked(path: Path, what: str) -> Iterator[None]:
+    """An exclusive ``flock`` on the lock file ``path`` (created if needed; a symlink, FIFO or anything but
+    a file there is a StorageError, never followed or waited on)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NO_FOLLOW, 0o644)
+    except OSError as e:
+        raise StorageError(f"{what} ({e.strerror or e})", hint="is the catalog read-only? check its permissions; "
+                                                               f"a {path.name} that is not a file must be removed") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StorageError(f"{path}: is not a file", hint="remove it: dsbuild creates it again")
+        os.set_blocking(fd, True)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _clean(folder: Path, dry_run: bool) -> list[str]:
+    """Remove (unless ``dry_run``) the dead build folders under ``folder`` (locked); return their names."""
+    out = []
+    for area in stale_builds(folder):
+        out.append(area.name)
+        if not dry_run:
+            shutil.rmtree(area, ignore_errors=True)
+    return out
+
+
 def stale_builds(folder: Path) -> list[Path]:
     """Build folders under ``folder`` whose build is gone; never a symlink, nor anything behind one."""
     try:
@@ -153,8 +182,14 @@ def stale_builds(folder: Path) -> list[Path]:
             return []
     except FileNotFoundError:
         return []
-    return [area for area in sorted(folder.iterdir())
-            if stat.S_ISDIR(area.lstat().st_mode) and _build_is_gone(area)]
+    out = []
+    for area in sorted(folder.iterdir()):
+        try:
+            if stat.S_ISDIR(area.lstat().st_mode) and _build_is_gone(area):
+                out.append(area)
+        except FileNotFoundError:  # its build just finished and removed it
+            continue
+    return out
 
 
 class Catalog:
@@ -387,12 +422,19 @@ class Catalog:
         return real_folder(cache / "builds")
 
     @contextmanager
+    def _builds(self) -> Iterator[Path]:
+        """The builds folder, locked: a cleaner never sees a build folder between its mkdir and its flock
+        (also for object stores' catalogs, which share one builds folder and have no catalog lock)."""
+        folder = self.builds_folder()
+        with flocked(folder / ".lock", f"{self.url}: cannot lock its build folders"):
+            yield folder
+
+    @contextmanager
     def build_area(self) -> Iterator[BuildArea]:
-        # Under the catalog lock, so a cleaner never sees a build folder between its mkdir and its flock.
-        with self.lock():
-            self.clean_stale_builds()
+        with self.lock(), self._builds() as folder:
+            _clean(folder, dry_run=False)
             try:
-                area = BuildArea(self.builds_folder() / uuid.uuid4().hex).__enter__()
+                area = BuildArea(folder / uuid.uuid4().hex).__enter__()
             except OSError as e:
                 raise StorageError(f"{self.url}: cannot create a build folder ({e.strerror or e})",
                                    hint="check free space and permissions of the catalog") from None
@@ -403,12 +445,8 @@ class Catalog:
 
     def clean_stale_builds(self, *, dry_run: bool = False) -> list[str]:
         """Remove build folders whose build is gone (their lock can be taken); return their names."""
-        out = []
-        for area in stale_builds(self.builds_folder()):
-            out.append(area.name)
-            if not dry_run:
-                shutil.rmtree(area, ignore_errors=True)
-        return out
+        with self._builds() as folder:
+            return _clean(folder, dry_run)
 
     def interrupted_writes(self, *, older_than: float, now: float, dry_run: bool = False) -> list[str]:
         """Temp files of record writes killed before their rename (local catalogs), older than
@@ -438,19 +476,7 @@ class Catalog:
         if self.root is None:
             yield
             return
-        folder = real_folder(self.root / ".tmp")
-        try:
-            fd = os.open(folder / "commit.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NO_FOLLOW, 0o644)
-        except OSError as e:
-            raise StorageError(f"{self.root}: cannot lock the catalog ({e.strerror or e})",
-                               hint="is the catalog read-only? check its permissions; a commit.lock that is "
-                                    "not a file must be removed") from None
-        f = os.fdopen(fd, "ab")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            f.close()
-            raise StorageError(f"{folder / 'commit.lock'}: is not a file", hint="remove it: dsbuild creates it again")
-        with f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        with flocked(real_folder(self.root / ".tmp") / "commit.lock", f"{self.root}: cannot lock the catalog"):
             yield
 
     def commit(self, area: BuildArea, shards: list[tuple[Path, ShardRecord]], manifest: Manifest,

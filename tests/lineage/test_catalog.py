@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -568,3 +569,33 @@ def test_a_commit_whose_pinned_files_differ_from_the_pins_publishes_nothing(grow
         c.commit(area, [], other, pinned, CommitRecord("2026-01-01T00:00:00Z", 0, None, None, "webdataset",
                                                         m.stats.samples, m.stats.bytes, other.content_id, {}))
     assert sorted(p.name for p in (cat / "versions").iterdir()) == before
+
+
+def _builds_forever(cache: str, started, stop) -> None:
+    os.environ["DSBUILD_CACHE"] = cache
+    catalog = Catalog.open("memory://builds-race/cat", create=True)
+    started.set()
+    while not stop.is_set():
+        catalog.clean_stale_builds()
+
+
+def test_cleaning_dead_builds_never_takes_a_live_one_of_an_object_store_catalog(tmp_path, monkeypatch):
+    """Object stores' catalogs share one local builds folder and have no catalog lock: a cleaner in
+    another process must not see a new build folder before its lock is held (it deleted live ones)."""
+    import multiprocessing
+
+    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
+    catalog = Catalog.open("memory://builds-race/cat", create=True)
+    ctx = multiprocessing.get_context("spawn")
+    started, stop = ctx.Event(), ctx.Event()
+    cleaner = ctx.Process(target=_builds_forever, args=(str(tmp_path / "cache"), started, stop))
+    cleaner.start()
+    try:
+        assert started.wait(120)
+        for _ in range(500):
+            with catalog.build_area() as area:
+                (area.path / "segment").write_bytes(b"x")  # FileNotFoundError if a cleaner took it
+    finally:
+        stop.set()
+        cleaner.join(60)
+    assert cleaner.exitcode == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -114,6 +115,8 @@ class Mixture:
         self._io_lock = threading.Lock()
         self._pool_pid: int | None = None
         self._ahead: Ahead | None = None
+        self._held = _Held()
+        weakref.finalize(self, self._held.release)  # a loader simply dropped releases its files too
 
     def _stops(self) -> bool:
         return self.options.policy == "stop"
@@ -161,6 +164,7 @@ class Mixture:
                     o = self.options
                     files = [ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
                              for s in self.sources]
+                    self._held.files = files
                     self._readers = [SampleReader(s, f, o.verify) for s, f in zip(self.sources, files)]
                     self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend,
                                               self._stats)
@@ -448,10 +452,25 @@ class Mixture:
         siblings before ``start`` returns: about 1 ms each, every epoch, otherwise); made anew in a forked
         process, which inherits no threads."""
         if self._pool_pid != os.getpid():
-            self._pool = ThreadPoolExecutor(max_workers=max(1, self.options.num_workers),
-                                            thread_name_prefix="dsbuild-load")
+            self._pool = self._held.pool = ThreadPoolExecutor(max_workers=max(1, self.options.num_workers),
+                                                              thread_name_prefix="dsbuild-load")
             self._pool_pid = os.getpid()
         return self._pool
+
+    def close(self) -> None:
+        """Close its shard files and stop its worker threads now (a loader that is simply dropped does
+        so when it is collected). Using it again reopens them; ``with Loader(...) as loader:`` closes."""
+        if self._ahead is not None:
+            self._ahead.cancel()
+            self._ahead = None
+        self._held.release()
+        self._io_pid = self._pool_pid = None
+
+    def __enter__(self) -> "Mixture":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def as_torch_dataset(self):
         """This loader as a torch IterableDataset (use ``DataLoader(ds, batch_size=None, num_workers=K)``)."""
@@ -479,6 +498,23 @@ class Mixture:
     def stats(self) -> dict:
         """Counts (batches, samples, frames, padding, truncated, corrupt + keys), seconds per stage, notes."""
         return self._stats.to_json()
+
+
+class _Held:
+    """What a loader holds open in this process: shard files and worker threads. Kept apart from the
+    loader so that the finalizer releasing them does not keep the loader alive."""
+
+    def __init__(self):
+        self.files: list[ShardFiles] = []
+        self.pool: ThreadPoolExecutor | None = None
+
+    def release(self) -> None:
+        files, self.files = self.files, []
+        for f in files:
+            f.close()
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Loader(Mixture):

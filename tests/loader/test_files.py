@@ -65,6 +65,40 @@ def test_running_out_of_file_descriptors_is_a_storage_error_not_corruption(many_
     assert "Too many open files" in got["error"] and "ulimit -n" in got["hint"] and got["corrupt"] == 0
 
 
+def _fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_closed_or_dropped_loader_releases_its_shard_files(many_shards):
+    """One loader per evaluation or restart used to keep up to max_open_shards files open each, until
+    the process ran out of descriptors. ``close()`` (or ``with``) releases them at once; a loader that is
+    simply dropped releases them when it is collected (once its read-ahead into the next epoch is done)."""
+    import gc
+
+    ref, _ = many_shards
+    with Loader(ref, decode="bytes", batch_size=2, seed=9) as reference:
+        stream = [b["keys"] for b in reference]
+    base = _fds()
+    with Loader(ref, decode="bytes", batch_size=2, seed=9, num_workers=2) as loader:
+        assert next(iter(loader))["keys"] == stream[0]
+        one = _fds() - base
+        assert one > 0
+    assert _fds() == base
+    assert next(iter(loader))["keys"] == stream[1]  # usable after close: it reopens where it was
+    loader.close()
+    assert _fds() == base
+    after = []
+    for seed in range(12):
+        loader = Loader(ref, decode="bytes", batch_size=2, seed=seed, num_workers=2)
+        assert sum(len(b["keys"]) for b in loader) > 0
+        del loader
+        gc.collect()
+        after.append(_fds() - base)
+    assert max(after[3:]) <= max(after[:3]), after  # bounded: not one loader's files more with every loader
+
+
 def test_the_lru_never_holds_more_than_its_limit_and_reopens_evicted_shards(cat):
     ref, _ = cat
     src = Source(ref).open()

@@ -95,6 +95,7 @@ def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Call
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context(start_method),
                                initializer=_die_with_parent, initargs=(os.getpid(), tuple(PARENT_ONLY_FDS)))
     futures = {}
+    interrupted = False
     try:
         for i, item in enumerate(items):
             futures[pool.submit(fn, item)] = i  # the first submit starts (forks) every worker
@@ -111,9 +112,15 @@ def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Call
                                  hint="run again, with fewer --workers if memory is short")
             for fut in sorted(done, key=futures.get):
                 on_result(futures[fut], fut.result())
+    except BaseException as e:
+        interrupted = not isinstance(e, Exception)  # Ctrl-C, SIGTERM: stop the workers, do not wait
+        raise
     finally:
         for fut in futures:
             fut.cancel()
+        if interrupted:  # a worker stuck in a blocking call (a hung mount) would hold the exit forever
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.kill()
         pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -18,6 +18,7 @@ open unless a ``transcode`` spec re-encodes the video (``formats.transcode``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Iterator
 import numpy as np
 
 from dsbuild.core.errors import FormatError
+from dsbuild.core.files import UnsafeFile, open_regular
 from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, open_audio
 from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, check_mp4_video, demux_only, monotonic_dts, mp4_tag, why
 from dsbuild.formats.sample import VIDEO_EXT
@@ -138,13 +140,20 @@ class VideoSource:
         self._container = self._stream = self._audio = self._tag = None
         self._audio_report = AudioReport()
         self._t0: int | None = None  # pts of the first video frame: the session clock's zero
+        self._size = 0  # bytes, when opened
         self.info: VideoInfo | None = None
 
     def __enter__(self) -> "VideoSource":
         import av
 
         try:
+            # Only a regular file: FFmpeg's open of a FIFO in its place would block forever, a device
+            # would never end (UnsafeFile names which; the session is quarantined with it)
+            with open_regular(self.path) as f:
+                self._size = os.fstat(f.fileno()).st_size
             self._container = av.open(str(self.path), metadata_errors="ignore")
+        except UnsafeFile as e:  # the reason without the host path: it lands in the manifest
+            raise FormatError(str(e).removeprefix(f"{self.path}: ")) from None
         except (av.error.FFmpegError, OSError, ValueError) as e:
             raise FormatError(f"not a readable video ({why(e)})") from None
         try:
@@ -256,7 +265,7 @@ class VideoSource:
     def _packets(self, report: DemuxReport) -> Iterator[PacketRecord]:
         import av
 
-        size = self.path.stat().st_size
+        size = self._size
         try:
             for p in self._container.demux(self._stream):
                 if p.size == 0:

@@ -426,7 +426,7 @@ class Catalog:
         """The builds folder, locked: a cleaner never sees a build folder between its mkdir and its flock
         (also for object stores' catalogs, which share one builds folder and have no catalog lock)."""
         folder = self.builds_folder()
-        with flocked(folder / ".lock", f"{self.url}: cannot lock its build folders"):
+        with flocked(folder / "builds.lock", f"{self.url}: cannot lock its build folders"):
             yield folder
 
     @contextmanager

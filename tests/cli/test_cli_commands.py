@@ -167,3 +167,17 @@ def test_the_heal_hint_is_safe_to_paste_whatever_the_commit_record_says(private_
     next((cat / "shards").rglob("*.tar")).unlink()
     hint = run("verify", cat, check=1).stderr.splitlines()[-1].removeprefix("hint: heal with: ")
     assert shlex.split(hint) == ["dsbuild", "convert", "/data/caps; touch /tmp/pwned #", str(cat), "--rehash"]
+
+
+def test_a_video_that_is_a_fifo_quarantines_its_session_instead_of_hanging(caps, tmp_path):
+    """FFmpeg's open of a FIFO blocks until a writer comes: convert waited forever."""
+    mine = tmp_path / "caps"
+    shutil.copytree(caps, mine)
+    session = sorted(p.parent for p in mine.rglob("session.json"))[0]
+    video = json.loads((session / "session.json").read_text())["video"]
+    (session / video).unlink()
+    os.mkfifo(session / video)
+    done = run_json("convert", mine, tmp_path / "cat", "--clip-seconds", 2, timeout=300)
+    assert [(q["path"], q["reason"]) for q in done["quarantined"]] == [
+        (f"{session.name}/{video}", "is a FIFO, not a regular file")]  # no host path: it is in the manifest
+    assert done["sessions"] == 2

@@ -49,6 +49,24 @@ def test_killing_the_parent_leaves_no_worker_behind(tmp_path, sig):
     assert not any(alive(p) for p in pids), "a worker survived its parent"
 
 
+def test_ctrl_c_stops_workers_stuck_in_a_task_instead_of_waiting_for_them(tmp_path):
+    """Workers ignore SIGINT (the parent handles it); one stuck in a blocking call (a hung mount, a FIFO)
+    used to hold the interrupted parent in its wait for the pool forever."""
+    proc = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stderr=subprocess.PIPE, text=True)
+    pids = _workers(tmp_path, 2, proc)
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=120)  # a hang guard, not a timing: it returns at once
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in proc.stderr.read()
+    for _ in range(200):
+        if not any(alive(p) for p in pids):
+            break
+        time.sleep(0.05)
+    assert not any(alive(p) for p in pids)
+
+
 def _suicide(i: int) -> int:
     if i == 2:
         os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does

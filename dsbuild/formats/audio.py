@@ -26,6 +26,8 @@ from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, demux_only, monotonic_d
 COPY_CODECS = frozenset({"aac", "mp3", "mp2", "opus", "ac3", "eac3", "alac", "flac"})
 REENCODE_CODEC = "flac"
 FLAC_OPTIONS = {"lpc_type": "fixed"}  # integer-only prediction: same bytes whatever the CPU's float paths
+FLAC_BLOCK = 4608  # samples in a FLAC frame as FFmpeg's encoder writes them at 44.1-48 kHz: one "audio frame"
+SYNC_SLACK = 1e-3  # seconds beyond one audio frame: timestamp rounding in a clip's MP4 clocks
 MAX_CHANNELS = 8  # FLAC's limit, and more than any capture has
 
 
@@ -59,6 +61,7 @@ class AudioReport:
 
     tracks: int = 0  # audio tracks in the capture (only the first is carried)
     clips_with_audio: int = 0
+    partial_clips: int = 0  # clips whose audio would not cover them (it began or ended inside): no audio
     packets: int = 0
     outside_clips: int = 0  # before the first video frame, after the last, or in a dropped-frame gap
     undecodable: int = 0  # packets the decoder refused
@@ -93,6 +96,7 @@ class _CopiedCut:
         first, last = packets[0], packets[-1]
         self.audio = AudioSpan(info.codec, info.sample_rate, info.channels, float(first.pts * self.tb - origin),
                                float((last.pts + last.duration) * self.tb - origin))
+        self.frame_seconds = float(max(p.duration for p in packets) * self.tb)  # its longest packet
 
     def add_to(self, writer: Mp4Writer):
         return writer.copy_stream(self.template)
@@ -114,6 +118,7 @@ class _EncodedCut:
         rate = info.sample_rate
         end = start + Fraction(len(samples), rate)
         self.audio = AudioSpan(info.codec, rate, info.channels, float(start), float(end))
+        self.frame_seconds = FLAC_BLOCK / rate
 
     def add_to(self, writer: Mp4Writer):
         import av
@@ -140,6 +145,13 @@ class _EncodedCut:
                 writer.mux(p)
         for p in stream.encode(None):
             writer.mux(p)
+
+
+def covers(cut, first: float, end: float) -> bool:
+    """Whether a cut's audio spans a clip from its first frame (``first``) to its window's end (``end``),
+    within one audio frame: what validate demands of every clip with audio."""
+    tol = cut.frame_seconds + SYNC_SLACK
+    return abs(cut.audio.t_start - first) <= tol and abs(cut.audio.t_end - end) <= tol
 
 
 class AudioTrack:
@@ -229,7 +241,10 @@ class AudioTrack:
         if broken:
             self.report.clips_without_audio += 1
             return None
-        return _CopiedCut(self._stream, packets, self.origin, self.info) if packets else None
+        if not packets:  # the track has nothing in this window (it ended, or has a gap): counted
+            self.report.clips_without_audio += 1
+            return None
+        return _CopiedCut(self._stream, packets, self.origin, self.info)
 
     def _encode_cut(self, lo: Fraction, hi: Fraction):
         import av
@@ -250,7 +265,10 @@ class AudioTrack:
         if broken:
             self.report.clips_without_audio += 1
             return None
-        return _EncodedCut(window, start, self._layout, self.info) if len(window) else None
+        if not len(window):
+            self.report.clips_without_audio += 1
+            return None
+        return _EncodedCut(window, start, self._layout, self.info)
 
 
 class _Samples:

@@ -28,7 +28,7 @@ import numpy as np
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.files import UnsafeFile, open_regular
-from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, open_audio
+from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, covers, open_audio
 from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, check_mp4_video, demux_only, monotonic_dts, mp4_tag, why
 from dsbuild.formats.sample import VIDEO_EXT
 from dsbuild.formats.transcode import ClipEncoder, TranscodeSpec, parse_transcode
@@ -307,6 +307,10 @@ class VideoSource:
             report.long_clips += 1
         cut = self._audio.cut(t_start, t_end) if self._audio is not None else None
         packets = seg.packets
+        if cut is not None and not covers(cut, self._t(min(p.pts for p in packets)), t_end):
+            report.audio.partial_clips += 1  # a recording whose audio stopped (or began) inside the clip
+            report.audio.clips_without_audio += 1
+            cut = None
         try:
             data, frame_t = self._mux(packets, t_start, t_end, cut)
         except FormatError:

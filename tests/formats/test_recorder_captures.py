@@ -24,7 +24,7 @@ from dsbuild.formats.video import DemuxReport, VideoSource
 from dsbuild.formats.sample import npy_load
 from dsbuild.validators import ValidateOptions, validate
 from tests.helpers import manifest, session_records, shard_files
-from tests.recorders import RECORDERS, ffmpeg, ffprobe_frames, record, write_streams
+from tests.recorders import RECORDERS, SECONDS, ffmpeg, ffprobe_frames, record, write_streams
 
 CLIP = 0.5  # seconds: four clips per 2 s capture, so every kind has cuts inside it
 SLACK = 1e-3  # seconds beyond one audio frame
@@ -199,6 +199,26 @@ def test_broken_audio_keeps_the_video_and_is_a_counted_repair(tmp_path):
         probe = probe_clip(s["mp4"])
         assert probe.error is None and probe.frames == s["json"]["clip"]["frames"]
         assert s["json"]["video"]["has_audio"] == (probe.audio is not None)
+    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    assert report.check("audio").status == "pass" and report.check("decode").status == "pass"
+
+
+def test_a_recording_cut_short_keeps_only_clips_whose_audio_covers_them(tmp_path):
+    """A recording whose audio stops inside its last clip (a capture card's TS cut short, an audio device
+    that went away): that clip used to carry audio ending early, which validate then refused, and with
+    it the version. It is carried without audio instead, counted."""
+    caps = tmp_path / "caps"
+    d = caps / "cut-short"
+    d.mkdir(parents=True)
+    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={SECONDS}",
+           "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={SECONDS - 0.6}",
+           "-c:v", "libx264", "-g", "15", "-bf", "2", "-pix_fmt", "yuv420p", "-c:a", "aac", str(d / "video.ts"))
+    write_streams(d, "video.ts", "cut-short")
+    r = convert(caps, tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    assert r.quarantined == () and r.samples >= 2
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    audio = session["repairs"]["video"]["audio"]
+    assert audio["partial_clips"] >= 1 and audio["clips_with_audio"] + audio["clips_without_audio"] == r.samples
     report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
     assert report.check("audio").status == "pass" and report.check("decode").status == "pass"
 

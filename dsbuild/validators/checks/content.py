@@ -16,6 +16,7 @@ import numpy as np
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import loads_bounded
+from dsbuild.formats.audio import SYNC_SLACK
 from dsbuild.formats.sample import SampleMeta, decompress_events
 from dsbuild.formats.probe import SWSCALE_THREADS, frame_rate
 
@@ -23,7 +24,6 @@ SAMPLED_FRAMES = 16  # frames converted per clip: enough for a motion statistic,
 GRAY_WIDTH = 64  # px; motion and darkness survive this downscale, and swscale at this size is ~free
 HASH_FRAMES = 4  # frames in the perceptual hash (4 x 64-bit dHash = 256 bits)
 TIME_EPS = 1e-6  # seconds; window edges are compared with float tolerance
-AUDIO_SLACK = 1e-3  # seconds beyond one audio frame: timestamp rounding in the clip's MP4 clocks
 
 
 def _why(e: BaseException) -> str:
@@ -145,7 +145,7 @@ def _audio_problems(a: dict, expect: dict) -> list[str]:
         return [a["error"]]
     if a["start"] is None:
         return ["audio track has no packets"]
-    tol = a["frame_seconds"] + AUDIO_SLACK
+    tol = a["frame_seconds"] + SYNC_SLACK
     out = []
     meta = expect.get("audio")
     if meta is not None and abs(a["start"] - meta["start"]) > tol:

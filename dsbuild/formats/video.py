@@ -93,6 +93,7 @@ class DemuxReport:
     dropped_no_pts: int = 0
     dropped_duplicate_pts: int = 0
     dropped_undecodable: int = 0
+    dropped_after_restart: int = 0  # packets after a keyframe went back in time (a recorder that restarted)
     truncated: str | None = None  # set when the file ended early: the final clip is then decode-checked
     long_clips: int = 0
     audio: AudioReport = field(default_factory=AudioReport)
@@ -110,6 +111,7 @@ class DemuxReport:
             "dropped_no_pts": self.dropped_no_pts,
             "dropped_duplicate_pts": self.dropped_duplicate_pts,
             "dropped_undecodable": self.dropped_undecodable,
+            "dropped_after_restart": self.dropped_after_restart,
             "truncated": self.truncated,
             "long_clips": self.long_clips,
             "audio": self.audio.to_json(),
@@ -233,6 +235,18 @@ class VideoSource:
     def _segments(self, clip_seconds: float, report: DemuxReport) -> Iterator[_Segment]:
         seg: _Segment | None = None
         for p in self._packets(report):
+            if report.dropped_after_restart:
+                report.dropped_after_restart += 1
+                continue
+            if p.keyframe and seg is not None and p.pts < seg.key_pts:
+                # A keyframe earlier than the open clip's: the clock went back (two recordings in one file,
+                # a capture card that restarted). Open-GOP leading frames are never keyframes. What follows
+                # would overlap the timeline: the session ends here, its final clip decode-checked.
+                report.truncated = (f"timestamps go back at packet {report.packets} ({self._t(p.pts):.3f} s "
+                                    f"after {self._t(seg.key_pts):.3f} s): the recording restarted; the rest "
+                                    "is not converted")
+                report.dropped_after_restart += 1
+                continue
             if self._t0 is None:
                 if not p.keyframe:
                     report.dropped_before_keyframe += 1

@@ -223,6 +223,30 @@ def test_a_recording_cut_short_keeps_only_clips_whose_audio_covers_them(tmp_path
     assert report.check("audio").status == "pass" and report.check("decode").status == "pass"
 
 
+def test_a_recording_whose_clock_goes_back_ends_there_counted_never_an_inverted_window(tmp_path):
+    """Two recordings in one TS (a capture card that restarted): the second's timestamps start over. Its
+    packets used to count as open-GOP leading frames and give a window ending before it starts."""
+    caps = tmp_path / "caps"
+    d = caps / "restarted"
+    d.mkdir(parents=True)
+    one = tmp_path / "one.ts"
+    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={SECONDS}", "-f", "lavfi", "-i",
+           f"sine=frequency=440:sample_rate=48000:duration={SECONDS}", "-c:v", "libx264", "-g", "15", "-bf", "2",
+           "-pix_fmt", "yuv420p", "-c:a", "aac", str(one))
+    (d / "video.ts").write_bytes(one.read_bytes() * 2)
+    write_streams(d, "video.ts", "restarted")
+    r = convert(caps, tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    assert r.quarantined == () and r.repaired_sessions == 1
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    video = session["repairs"]["video"]
+    assert "timestamps go back" in video["truncated"] and video["dropped_after_restart"] >= SECONDS * 30
+    assert video["dropped_leading"] == 0
+    windows = sorted((s["json"]["clip"]["t_start"], s["json"]["clip"]["t_end"]) for s in _samples(tmp_path / "cat", r.version_id)["restarted"])
+    assert all(a < b for a, b in windows) and windows[-1][1] <= SECONDS + 0.05
+    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    assert report.accepted, [c.name for c in report.checks if c.failed]
+
+
 def test_audio_false_drops_audio_as_a_recorded_choice(tmp_path):
     record(tmp_path / "caps", "obs_x264_mkv")
     r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP, audio=False), executor=ExecutorSpec(workers=1))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -99,6 +100,7 @@ def _nan(_name: str) -> float:
     return math.nan
 
 
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a surrogate escape in a line: json accepts a lone one
 _INT_EXACT = 1 << 53  # ints a float holds exactly; beyond, finite_float decides (and refuses huge ones)
 
 
@@ -125,8 +127,12 @@ def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None
     except orjson.JSONDecodeError as e:
         try:  # the slow path, only for lines orjson refuses: non-standard NaN/Infinity are repairable
             obj = json.loads(line, parse_constant=_nan)
+            if _SURROGATE.search(line):  # paired escapes became one character; a lone one is no text
+                json.dumps(obj, ensure_ascii=False).encode()
         except UnicodeDecodeError as u:
             return bad(f"invalid UTF-8 at byte {u.start}")
+        except UnicodeEncodeError:
+            return bad("a string holds a lone surrogate escape (not Unicode text)")
         except (ValueError, RecursionError):
             return bad("nested deeper than 1024" if "depth" in str(e) else f"invalid JSON ({e})")
     if type(obj) is not dict:

@@ -160,6 +160,17 @@ def test_text_keeps_unicode_optional_speakers_and_drops_invalid_utf8(tmp_path):
                                           {"t": 3.0, "speaker": "p1", "text": "gg"}]
 
 
+def test_a_lone_surrogate_escape_is_a_malformed_line_not_a_quarantined_session(tmp_path):
+    """JSON accepts "\\ud800" alone, but no text holds it: the line used to pass and the sample's
+    canonical JSON then failed, quarantining the whole session (blaming its video)."""
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"t":1,"text":"bad \\ud800 x"}\n{"t":2,"text":"pair \\ud83d\\ude00 ok"}\n'
+                 '{"t":3,"text":"nan beside a pair \\ud83d\\ude00","n":NaN}\n')
+    s = scan(p, "text")
+    assert s.report.malformed == 1 and "lone surrogate" in s.report.examples[0] and s.report.events == 2
+    assert [e["text"] for e in TextTrack(s).clip(0.0, 5.0)] == ["pair \U0001f600 ok", "nan beside a pair \U0001f600"]
+
+
 def test_a_missing_stream_is_reported_not_fatal(tmp_path):
     s = scan(tmp_path / "nope.jsonl", "actions")
     assert s.report.missing and s.report.repaired and ActionTrack(s).clip(np.zeros(3), 0, 1)[0].shape == (3, 0)

@@ -181,16 +181,20 @@ def step_items(step: Step, plans: Sequence[Plan]) -> tuple[Item, ...]:
 def rank_steps(walk: Iterator[Step | End], start: int, world: int, rank: int, worker: int = 0,
                workers: int = 1) -> Iterator[tuple[Step | None, Position]]:
     """This rank's (and worker's) steps of ``walk`` (which starts at global batch ``start``), each with
-    the position after its whole global step. If the walk ends, a last ``(None, end position)`` follows
-    (a walk that ends mid-step gives its steps there the end position too)."""
+    the position after its whole global step. If the walk ends, a last ``(None, end position)`` follows.
+    A walk that ends mid-step gives its steps there the position after the walk's last step: the same
+    position the last batch of an epoch has at any world size (the end position would have moved a
+    checkpoint taken after it into the next epoch only where the epoch's batches are not a multiple of
+    the world size)."""
     mine = rank_batch_ids(start, sys.maxsize, world, rank, worker, workers)
-    held = None
+    held = last = None
     for item in walk:
         if isinstance(item, End):
             if held is not None:
-                yield held, item.at
+                yield held, last.after
             yield None, item.at
             return
+        last = item
         if item.j in mine:
             held = item
         if held is not None and (item.j - start) % world == world - 1:

@@ -464,3 +464,32 @@ def test_a_version_made_before_blake3_was_recorded_still_verifies_each_sample(ca
     loader = Loader(at, decode="bytes", batch_size=3, seed=5, verify="sample")
     assert victim["key"] not in [k for b in loader for k in b["keys"]]
     assert {k.split(":")[0] for k in loader.stats()["corrupt_keys"]} == {victim["key"]}
+
+
+@pytest.mark.parametrize("mix", ["batch", "sample"])
+def test_the_checkpoint_after_an_epochs_last_batch_is_the_same_at_any_world_size(cat, mix):
+    """Where an epoch's batches are not a multiple of the world size, the rank holding the last batch
+    used to get the next epoch's start as its checkpoint: restored, "the rest of this epoch" delivered
+    all of the next one, and a loop over E epochs ran E + 1."""
+    ref, _ = cat
+    opts = dict(decode="bytes", batch_size=4, seed=3, mix=mix)
+    batches = len(list(Loader(ref, **opts)))
+    states = {}
+    for world in (1, 2, 3):
+        if batches % world == 0 and world > 1:
+            continue
+        last = (batches - 1) % world
+        mine = len(list(Loader(ref, rank=last, world_size=world, **opts)))
+        loader = Loader(ref, rank=last, world_size=world, **opts)
+        for k, _ in enumerate(loader, 1):
+            if k == mine:  # its epoch's last batch consumed; the loop has not yet seen the end
+                states[world] = loader.state_dict()
+                break
+        resumed = Loader(ref, rank=last, world_size=world, **opts)
+        resumed.load_state_dict(states[world])
+        assert resumed.epoch == 0 and list(resumed) == []  # the rest of epoch 0: nothing
+        fresh = Loader(ref, rank=last, world_size=world, **opts)
+        list(fresh)  # epoch 0
+        assert [b["keys"] for b in resumed] == [b["keys"] for b in fresh]  # then both deliver epoch 1
+    assert len(states) >= 2 and all(s["position"] == states[1]["position"] and s["cursors"] == states[1]["cursors"]
+                                    for s in states.values())

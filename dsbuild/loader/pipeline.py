@@ -116,6 +116,7 @@ class Mixture:
         self._pool_pid: int | None = None
         self._ahead: Ahead | None = None
         self._held = _Held()
+        self._generation = 0  # bumped by load_state_dict and by every new loop
         weakref.finalize(self, self._held.release)  # a loader simply dropped releases its files too
 
     def _stops(self) -> bool:
@@ -202,6 +203,7 @@ class Mixture:
             raise FormatError(f"loader checkpoint: inner = {theirs.inner} exceeds a planning chunk "
                               f"({self.spec.chunk} batches)")
         self.position = Position(theirs.position, tuple((c.epoch, c.at) for c in theirs.cursors), theirs.inner)
+        self._generation += 1  # a loop running now goes on from here (see ``__iter__``)
 
     def state_after(self, batch: dict) -> dict:
         """The checkpoint to save after consuming ``batch`` from ``as_torch_dataset()`` or ``as_jax_iterator``."""
@@ -401,10 +403,14 @@ class Mixture:
         worker threads, across the epoch's end too: once every batch of this epoch is under way, the next
         epoch's first ones are started (``Ahead``), so a training loop over epochs never waits for a cold
         pipeline. A read-ahead is used only by an iteration that starts where it does (a
-        ``load_state_dict`` in between discards it); batches are a function of the position alone."""
+        ``load_state_dict`` in between discards it); batches are a function of the position alone. A
+        ``load_state_dict`` during the loop (a roll-back) takes effect at once: the loop goes on from the
+        restored position."""
         self.open()
         o = self.options
         pool = self._workers()
+        self._generation += 1
+        generation = self._generation
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.start == self.position:  # (a load_state_dict moves the position)
             pending, work = ahead.pending, ahead.work
@@ -437,6 +443,14 @@ class Mixture:
                     self._stats.add(seconds={"h2d": time.perf_counter() - t1})
                 self.position = after
                 yield batch
+                if self._generation != generation:
+                    # load_state_dict (or another loop) moved the position while this loop waited: go on
+                    # from there, not from where this loop was (which would undo the restore)
+                    generation = self._generation
+                    cancel(pending)
+                    if nxt is not None:
+                        nxt.cancel()
+                    pending, work, end, nxt = deque(), self.steps(), None, None
             if end is not None:
                 self.position = end
             finished = True

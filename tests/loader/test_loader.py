@@ -493,3 +493,24 @@ def test_the_checkpoint_after_an_epochs_last_batch_is_the_same_at_any_world_size
         assert [b["keys"] for b in resumed] == [b["keys"] for b in fresh]  # then both deliver epoch 1
     assert len(states) >= 2 and all(s["position"] == states[1]["position"] and s["cursors"] == states[1]["cursors"]
                                     for s in states.values())
+
+
+def test_a_restore_inside_a_running_loop_takes_effect_at_once(cat):
+    """Rolling back mid-loop used to be undone: the loop went on with its old stream and wrote its own
+    position over the restored one."""
+    ref, _ = cat
+    opts = dict(decode="bytes", batch_size=2, seed=4)
+    loader = Loader(ref, **opts)
+    stream, states = [], []
+    for b in Loader(ref, **opts):
+        stream.append(b["keys"])
+    got = []
+    for k, b in enumerate(loader):
+        got.append(b["keys"])
+        states.append(loader.state_dict())
+        if k == 5:
+            loader.load_state_dict(states[1])  # back to just after batch 1
+        if len(got) == 8:
+            break
+    assert got == stream[:6] + stream[2:4]
+    assert loader.state_dict() == states[3]

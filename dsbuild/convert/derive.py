@@ -27,7 +27,8 @@ from dsbuild.core.records import SHA256, JsonValue, Record, spec
 from dsbuild.formats import format_names, get_format
 from dsbuild.formats.sample import Sample, members_blake3, members_sha256
 from dsbuild.lineage.catalog import BuildArea, Catalog, CommitRecord
-from dsbuild.lineage.index import INDEX_FILE, IndexRow, parse_started_at
+from dsbuild.formats.capture import parse_started_at
+from dsbuild.lineage.index import INDEX_FILE, IndexRow
 from dsbuild.lineage.manifest import ShardRecord, shard_key
 
 DEFAULT_SHARD_SIZE = 256_000_000  # as convert's default, when the parent's config names none

@@ -34,7 +34,8 @@ from dsbuild.formats.sample import (
 )
 from dsbuild.formats.streams import ActionTrack, TelemetryTrack, TextTrack, scan
 from dsbuild.formats.video import DemuxReport, VideoSource
-from dsbuild.lineage.index import IndexRow, parse_started_at
+from dsbuild.formats.capture import parse_started_at
+from dsbuild.lineage.index import IndexRow
 from dsbuild.lineage.manifest import Quarantined, SourceRecord
 
 

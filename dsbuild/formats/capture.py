@@ -6,9 +6,11 @@ path may leave the session folder (``..``, absolute paths and symlinks pointing 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from dsbuild.core.errors import CaptureError, FormatError
@@ -113,6 +115,40 @@ def safe_member(directory: Path, name: object, path: str, what: str) -> str:
     return pure.as_posix()
 
 
+def parse_started_at(text: str | None) -> datetime | None:
+    """An ISO 8601 time as UTC (naive times are taken as UTC); None when absent or unparseable (which
+    ``read_session`` refuses, so a session's recorded time always parses)."""
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise _DuplicateKey(twice[0])
+    return dict(pairs)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object_field(doc: dict, key: str, where: str, what: str) -> dict:
+    """An optional object field: absent or null is empty; any other non-object (false, 0, "") is refused."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CaptureError(where, f"{key} must be {what}, not {type(value).__name__}")
+    return value
+
+
 def read_session(directory: Path, root: Path) -> Session:
     """Parse and validate ``directory/session.json``; raise CaptureError with the precise reason."""
     rel = directory.relative_to(root).as_posix()
@@ -129,6 +165,10 @@ def read_session(directory: Path, root: Path) -> Session:
         raise CaptureError(where, str(e).removeprefix(f"{where}: ").removeprefix(f"{sj}: ")) from None
     if not isinstance(doc, dict):
         raise CaptureError(where, "must be a JSON object")
+    try:  # JSON parsers keep the last of a repeated key: which session_id was meant is unknown
+        json.loads(data, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise CaptureError(where, f"key {clip_text(str(e), 64)!r} appears more than once in an object") from None
     for key in REQUIRED:
         if key not in doc:
             raise CaptureError(where, f"missing required field '{key}'")
@@ -137,17 +177,17 @@ def read_session(directory: Path, root: Path) -> Session:
     sid = doc["session_id"]
     if not isinstance(sid, str) or not SESSION_ID_RE.fullmatch(sid):
         raise CaptureError(where, f"session_id {clip_text(str(sid), 80)!r} must match [A-Za-z0-9_-]{{1,64}}")
-    conditions = doc.get("conditions") or {}
-    if not isinstance(conditions, dict):
-        raise CaptureError(where, "conditions must be an object of strings")
+    conditions = _object_field(doc, "conditions", where, "an object of strings")
     if len(conditions) > MAX_CONDITIONS:
         raise CaptureError(where, f"{len(conditions)} conditions exceeds the limit of {MAX_CONDITIONS}")
     for k, v in conditions.items():
         if not isinstance(v, str) or len(k) > MAX_FIELD_CHARS or len(v) > MAX_FIELD_CHARS:
             raise CaptureError(where, f"condition {k[:64]!r} must map to a string")
-    streams = doc.get("streams") or {}
-    if not isinstance(streams, dict):
-        raise CaptureError(where, "streams must be an object")
+    streams = _object_field(doc, "streams", where, "an object")
+    started_at = _string(doc, "started_at", where, required=False)
+    if started_at is not None and parse_started_at(started_at) is None:
+        raise CaptureError(where, f"started_at {clip_text(started_at, 64)!r} is not an ISO 8601 time "
+                                  "(e.g. 2026-11-01T10:00:00Z)")
     checked_streams = {}
     for kind, name in streams.items():
         if kind not in STREAM_KINDS:
@@ -162,7 +202,7 @@ def read_session(directory: Path, root: Path) -> Session:
         directory=directory,
         platform=_string(doc, "platform", where, required=False),
         build=_string(doc, "build", where, required=False),
-        started_at=_string(doc, "started_at", where, required=False),
+        started_at=started_at,
         conditions=dict(sorted(conditions.items())),
         streams=checked_streams,
     )

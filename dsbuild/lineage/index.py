@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timezone
+from datetime import datetime
 
 from dsbuild.core.errors import FormatError
 from dsbuild.formats import Entry
@@ -125,17 +125,6 @@ class IndexRow:
     def located(self, shard: str, e: Entry) -> "IndexRow":
         return replace(self, shard=shard, byte_offset=e.offset, byte_length=e.length, row_group=e.row_group,
                        row_index=e.row, member_bytes=e.member_bytes)
-
-
-def parse_started_at(text: str | None) -> datetime | None:
-    """An ISO 8601 time as UTC (naive times are taken as UTC); None when absent or unparseable."""
-    if not text:
-        return None
-    try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
 
 def index_bytes(rows: list[IndexRow]) -> bytes:

@@ -41,11 +41,25 @@ def test_a_valid_session_reads_with_relative_paths(tmp_path):
     ({"video": "a/../../x.mp4"}, "escapes"),
     ({"video": "/etc/passwd"}, "absolute"),
     ({"video": "bad\nname.mp4"}, "control character"),
+    ({"streams": False}, "streams must be an object, not bool"),
+    ({"conditions": 0}, "conditions must be an object of strings, not int"),
+    ({"started_at": "yesterday"}, "not an ISO 8601 time"),
 ])
 def test_bad_session_fields_are_named(tmp_path, change, reason):
     d = _session(tmp_path, {**GOOD, **change})
     with pytest.raises(CaptureError, match=reason):
         read_session(d, tmp_path / "root")
+
+
+def test_a_repeated_key_is_refused_not_resolved_by_the_parser(tmp_path):
+    """JSON parsers keep the last of a repeated key: a session.json naming two session ids is refused."""
+    d = _session(tmp_path, json.dumps(GOOD)[:-1] + ', "session_id": "s-2"}')
+    with pytest.raises(CaptureError, match="'session_id' appears more than once"):
+        read_session(d, tmp_path / "root")
+    d = _session(tmp_path, {**GOOD, "started_at": None, "conditions": None, "streams": None})
+    s = read_session(d, tmp_path / "root")  # null is the same as absent
+    assert s.started_at is None and s.conditions == {} and s.streams == {}
+    assert read_session(_session(tmp_path, {**GOOD, "started_at": "2026-11-01 10:00:00"}), tmp_path / "root")
 
 
 def test_deep_nesting_and_huge_files_are_refused(tmp_path):

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 
 from dsbuild.formats.sample import ARRAY_MEMBERS, KEY_RE, MEMBERS, members_blake3, members_sha256, sample_key
-from dsbuild.lineage.index import IndexRow, parse_started_at
+from dsbuild.formats.capture import parse_started_at
+from dsbuild.lineage.index import IndexRow
 from dsbuild.validators.base import Check, Judge, Threshold
 from dsbuild.validators.facts import SHARD_DAMAGE, VersionFacts
 from dsbuild.validators.model import CheckResult

@@ -255,5 +255,7 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> No
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
     result.sources = source_list
     _check_unchanged(session, seen)
+    for kind, track in (("actions", actions), ("telemetry", telemetry), ("text", text)):
+        scans[kind].report.outside_video = track.outside()
     result.repairs = {k: s.report.to_json() for k, s in scans.items()}
     result.repairs.update(video=demux.to_json(), audio_not_carried=demux.audio_not_carried)

@@ -50,6 +50,8 @@ class StreamReport:
     dropped_fields: int = 0
     duplicate_keys: int = 0  # lines with a key given twice (the last value is kept, as JSON parsers do)
     collisions: int = 0  # a list field `pos` beside a flat `pos.0` in one line (the list wins)
+    outside_video: int = 0  # events in no clip: after the video's last one (text: or before its first);
+    # counted, not a repair: input loggers routinely run a little past the video
     missing: bool = False
     unreadable: str | None = None
     examples: list[str] = field(default_factory=list)
@@ -62,7 +64,8 @@ class StreamReport:
     def to_json(self) -> dict:
         return {"lines": self.lines, "events": self.events, "malformed": self.malformed,
                 "out_of_order": self.out_of_order, "dropped_fields": self.dropped_fields,
-                "duplicate_keys": self.duplicate_keys, "collisions": self.collisions, "missing": self.missing,
+                "duplicate_keys": self.duplicate_keys, "collisions": self.collisions,
+                "outside_video": self.outside_video, "missing": self.missing,
                 "unreadable": self.unreadable, "examples": list(self.examples)}
 
     @property
@@ -390,6 +393,12 @@ class EventStream:
             out.append(heapq.heappop(self._heap)[2])
         return out
 
+    def rest(self) -> int:
+        """How many events were never handed out (they lie after the last window asked for)."""
+        left = len(self._heap) + sum(1 for ev in self._it if self.scan.kind != "actions" or ev[1] in self._names)
+        self._heap, self._done = [], True
+        return left
+
 
 def hold(event_t: np.ndarray, event_v: np.ndarray, frame_t: np.ndarray, before: float) -> np.ndarray:
     """Value of a sorted event series at each frame time; ``before`` where no event has happened yet.
@@ -410,6 +419,10 @@ class ActionTrack:
         self._stream = EventStream(s, root)
         self._col = {c: i for i, c in enumerate(self.controls)}
         self._state = np.zeros(len(self.controls), np.float32)
+
+    def outside(self) -> int:
+        """Events after the last window (earlier ones set the state every clip starts from)."""
+        return self._stream.rest()
 
     def clip(self, frame_t: np.ndarray, t_start: float, t_end: float) -> tuple[np.ndarray, list[tuple]]:
         evs = self._stream.until(t_end)
@@ -439,6 +452,10 @@ class TelemetryTrack:
         self._col = {c: i for i, c in enumerate(self.channels)}
         self._state = np.array([s.first[c] for c in self.channels], dtype=np.float32)
         self._layouts: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray | None]] = {}
+
+    def outside(self) -> int:
+        """Readings after the last window (earlier ones set the values every clip starts from)."""
+        return self._stream.rest()
 
     def _layout(self, keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray | None]:
         """Columns of a line's channels (and which of them are known), computed once per key order."""
@@ -477,7 +494,14 @@ class TextTrack:
 
     def __init__(self, s: StreamScan, root: Path | None = None):
         self._stream = EventStream(s, root)
+        self._before = 0  # events before the window they were handed out with: in no clip
 
     def clip(self, t_start: float, t_end: float) -> list[dict]:
-        return [{"t": t, "speaker": speaker, "text": text}
-                for t, speaker, text in self._stream.until(t_end) if t >= t_start]
+        evs = self._stream.until(t_end)
+        out = [{"t": t, "speaker": speaker, "text": text} for t, speaker, text in evs if t >= t_start]
+        self._before += len(evs) - len(out)
+        return out
+
+    def outside(self) -> int:
+        """Events in no clip (before the first window or between windows, and after the last)."""
+        return self._before + self._stream.rest()

@@ -87,6 +87,27 @@ def test_missing_streams_are_recorded_not_fatal(damaged):
     assert r["actions"]["missing"] and r["text"]["missing"] and not r["telemetry"]["missing"]
 
 
+def test_events_in_no_clip_are_counted_per_stream(tmp_path):
+    """Text before the video and events after its end reach no clip: counted, not silently dropped (and
+    not a repair: input loggers run a little past the video)."""
+    import json
+
+    paths = generate(tmp_path / "cap", sessions=1, seconds=2, seed=6)
+    d = paths[0]
+    doc = json.loads((d / "session.json").read_text())
+    base = convert(tmp_path / "cap", tmp_path / "before", CONFIG, executor=ExecutorSpec(workers=1))
+    clean = session_records(tmp_path / "before", base.version_id)["sessions"][0]["repairs"]
+    text = d / doc["streams"]["text"]
+    text.write_text('{"t": -5, "text": "before"}\n' + text.read_text() + '{"t": 500, "text": "after"}\n')
+    with open(d / doc["streams"]["actions"], "a") as f:
+        f.write('{"t": 500, "control": "late", "value": 1}\n')
+    r = convert(tmp_path / "cap", tmp_path / "after", CONFIG, executor=ExecutorSpec(workers=1))
+    repairs = session_records(tmp_path / "after", r.version_id)["sessions"][0]["repairs"]
+    assert repairs["text"]["outside_video"] == clean["text"]["outside_video"] + 2
+    assert repairs["actions"]["outside_video"] == clean["actions"]["outside_video"] + 1
+    assert r.repaired_sessions == base.repaired_sessions
+
+
 def test_strict_turns_quarantine_into_exit_1(tmp_path):
     generate(tmp_path / "cap", sessions=2, seconds=2, seed=4, damage={1: "zero_video"})
     loose = cli("convert", tmp_path / "cap", tmp_path / "a", "--workers", "1")

@@ -60,6 +60,11 @@ class EpochPlan:
     def batches_in_epoch(self, epoch: int) -> int:
         return int(self._counts(epoch).sum())
 
+    def batches_before(self, epoch: int, sample: int) -> int:
+        """Batches of the epoch's chunks that end at or before epoch-order position ``sample`` (a chunk
+        boundary: where mix="sample" keeps its cursor)."""
+        return int(self._counts(epoch)[:sample // self.spec.chunk].sum())
+
     def locate(self, epoch: int, b: int) -> tuple[int, int]:
         """(chunk, batch within chunk) of batch ``b`` of ``epoch``."""
         if self.spec.simple:

@@ -556,7 +556,11 @@ class Loader(Mixture):
     def __len__(self) -> int:
         """Batches this rank gets in the current epoch from the current position."""
         self.open()
-        epoch, b = self.position.cursors[0]
-        remaining = self.plans[0].batches_in_epoch(epoch) - b
         o = self.options
+        epoch, at = self.position.cursors[0]
+        plan = self.plans[0]
+        # mix="batch": the cursor counts batches; mix="sample": samples up to the current planning chunk
+        # (one source: its chunks are the plan's own), plus ``inner`` batches into that chunk
+        done = at if o.mix == "batch" else plan.batches_before(epoch, at) + self.position.inner
+        remaining = plan.batches_in_epoch(epoch) - done
         return max(0, -(-(remaining - o.rank) // o.world_size))

@@ -514,3 +514,20 @@ def test_a_restore_inside_a_running_loop_takes_effect_at_once(cat):
             break
     assert got == stream[:6] + stream[2:4]
     assert loader.state_dict() == states[3]
+
+
+@pytest.mark.parametrize("mix", ["batch", "sample"])
+@pytest.mark.parametrize("world", [1, 3])
+def test_len_is_the_batches_this_rank_still_gets_this_epoch_at_any_point(cat, mix, world):
+    ref, _ = cat
+    opts = dict(decode="bytes", batch_size=2, seed=8, mix=mix, world_size=world, rank=world - 1)
+    loader = Loader(ref, **opts)
+    total = len(list(Loader(ref, **opts)))
+    assert len(loader) == total
+    for k, _ in enumerate(loader, 1):
+        assert len(loader) == total - k
+        if k == 3:
+            break
+    restored = Loader(ref, **opts)
+    restored.load_state_dict(loader.state_dict())
+    assert len(restored) == total - 3 == len(list(restored))

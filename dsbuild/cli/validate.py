@@ -70,6 +70,7 @@ def validate(
 
     Structure, content, coverage, duplicates and split leakage."""
     from dsbuild.core.executor import ExecutorSpec
+    from dsbuild.core.files import replace_atomically
     from dsbuild.lineage.catalog import open_catalog, parse_ref
     from dsbuild.validators import ValidateOptions, load_spec, to_json, to_junit, verdict_line, write_html
     from dsbuild.validators import validate as run_validate
@@ -82,10 +83,10 @@ def validate(
         report = run_validate(catalog, version, spec, ValidateOptions(level=level, split=split_set),
                               executor=ExecutorSpec(executor, workers, ray_address),
                               progress=lambda done, total, stage: bar.update(done, total, stage=stage))
-    if save:
-        _write(save, lambda p: p.write_text(to_json(report), encoding="utf-8"), "JSON report")
+    if save:  # atomically, like the HTML: a failed write never leaves a half report where a good one was
+        _write(save, lambda p: replace_atomically(p, to_json(report).encode()), "JSON report")
     if junit:
-        _write(junit, lambda p: p.write_text(to_junit(report), encoding="utf-8"), "JUnit report")
+        _write(junit, lambda p: replace_atomically(p, to_junit(report).encode()), "JUnit report")
     if html:
         _write(html, lambda p: write_html(report, p, catalog=catalog), "HTML report")
     if as_json:

@@ -27,7 +27,9 @@ from dsbuild.lineage.splitsets import (
 )
 from dsbuild.split.files import table_bytes
 from dsbuild.split.groups import (
+    NO_STRATUM,
     VersionSamples,
+    field_value,
     group_sessions,
     group_strata,
     read_version,
@@ -149,6 +151,7 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
         for label, r in uncovered.items():
             warnings.append(f"stratum {label or '(none)'!r} ({r.groups} group(s)) is missing from split(s) "
                             f"{', '.join(r.missing)}")
+        warnings += _strata_without_samples(vs, tables, params, set(uncovered), hashed_splits)
         stratification = Stratification(
             field=params.stratify, multi_stratum_groups=multi, uncovered=tuple(sorted(uncovered)),
             repaired={g: tuple(v) for g, v in sorted(a.repaired.items())},
@@ -169,6 +172,25 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
         stratification=stratification, carried=carried, assignment_id=sha256_json(key_hashes),
         warnings=tuple(warnings))
     return Computed(files=files, tables=tables, manifest=manifest.sealed())
+
+
+def _strata_without_samples(vs: VersionSamples, tables: dict, params: SplitParams, warned: set[str],
+                            hashed_splits: list[str]) -> list[str]:
+    """Warnings for values of the stratify field that reach no sample of a hashed split although no
+    stratum was reported missing: a value every group of which belongs mostly to other strata (a
+    title each player played once) has no groups of its own, so stratification cannot place it."""
+    reach: dict[str, set[str]] = {}
+    for split, table in tables.items():
+        for sid in set(table["session_id"].to_pylist()):
+            reach.setdefault(field_value(vs.sessions[sid], params.stratify) or NO_STRATUM, set()).add(split)
+    labels = {field_value(vs.sessions[sid], params.stratify) or NO_STRATUM for sid in vs.session_ids}
+    out = []
+    for label in sorted(labels - warned):
+        missing = [s for s in hashed_splits if s not in reach.get(label, set())]
+        if missing:
+            out.append(f"{params.stratify} {label or '(none)'!r} reaches no sample of split(s) {', '.join(missing)}: "
+                       "no group has most of its samples there, so stratification cannot place it")
+    return out
 
 
 def _carried_doc(carry: Carry, final: dict, old: SplitSet, params: SplitParams) -> Carried:

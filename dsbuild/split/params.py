@@ -7,9 +7,9 @@ is given); ``SplitParams`` is what was used, written into the split manifest and
 from __future__ import annotations
 
 import difflib
-
 import math
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +106,7 @@ def read_pin_file(path: Path) -> tuple[str, ...]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: pin file is not UTF-8 (byte {e.start})") from None
-    values = [line.strip() for line in text.splitlines()]
+    values = [unicodedata.normalize("NFC", line.strip()) for line in text.splitlines()]  # as group values are
     return tuple(sorted({v for v in values if v and not v.startswith("#")}))
 
 

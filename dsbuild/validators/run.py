@@ -51,6 +51,9 @@ class ValidateOptions:
             raise UsageError(f"level {str(self.level)[:40]!r}: use {' or '.join(LEVELS)}")
         if not isinstance(self.threads, int) or self.threads < 0:
             raise UsageError(f"threads must be a whole number >= 0 (0 = one per worker), not {self.threads!r}")
+        if self.split is not None and (not isinstance(self.split, str) or not self.split.strip()):
+            # an unset $SPLIT in a CI line must not turn the leakage checks off and pass the gate
+            raise UsageError("split set name is empty", hint="name the split set, or leave --split-set out")
 
 
 def _reporter(progress: Progress | None, stage: str) -> Callable[[int, int], None] | None:
@@ -188,7 +191,7 @@ def validate(catalog: Catalog | Path | str, version: str | None = None, spec: Ac
         raise LineageError(f"{catalog.url}: version {version_id[:12]}: {e}",
                            hint="it was written by another dsbuild; validate it with that one") from None
     facts = VersionFacts(version_id, options.level, m, rows_from_table(catalog.index(version_id)))
-    if options.split:
+    if options.split is not None:
         facts.split = read_split(catalog, version_id, options.split)
     timings = {}
 

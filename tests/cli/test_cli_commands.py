@@ -181,3 +181,24 @@ def test_a_video_that_is_a_fifo_quarantines_its_session_instead_of_hanging(caps,
     assert [(q["path"], q["reason"]) for q in done["quarantined"]] == [
         (f"{session.name}/{video}", "is a FIFO, not a regular file")]  # no host path: it is in the manifest
     assert done["sessions"] == 2
+
+
+def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(catalog, tmp_path):
+    """--save and --junit are replaced atomically, like --html: a disk that fills mid-write (here a file
+    size limit) used to leave 4 KiB of broken JSON where the last good report was."""
+    import resource
+    import signal
+
+    cat, _ = catalog
+    report, junit = tmp_path / "r.json", tmp_path / "r.xml"
+    run("validate", cat, "--save", report, "--junit", junit, "--quiet")
+    good, good_xml = report.read_bytes(), junit.read_bytes()
+    assert json.loads(good)["verdict"] and len(good) > 4096
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    p = run("validate", cat, "--save", report, "--junit", junit, check=3, preexec_fn=small_files)
+    assert "r.json: cannot write" in p.stderr
+    assert report.read_bytes() == good and junit.read_bytes() == good_xml

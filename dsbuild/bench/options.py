@@ -8,6 +8,8 @@ each round lasts, not what a round measures.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from dsbuild.core.errors import UsageError
@@ -46,10 +48,10 @@ class BenchOptions(Record):
                                  ("--ranks", self.ranks, 1), ("--rounds", self.rounds, 1), ("--seed", self.seed, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise UsageError(f"{flag} must be a whole number >= {low}, not {value!r}")
-        if not self.step_ms >= 0:
-            raise UsageError(f"--step-ms must be >= 0, not {self.step_ms!r}")
-        if not self.duration > 0:
-            raise UsageError(f"--duration must be > 0 seconds, not {self.duration!r}")
+        if not 0 <= self.step_ms < math.inf:
+            raise UsageError(f"--step-ms must be a finite number >= 0, not {self.step_ms!r}")
+        if not 0 < self.duration < math.inf:
+            raise UsageError(f"--duration must be a finite number of seconds > 0, not {self.duration!r}")
         if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
             raise UsageError(f"--resize must be HEIGHTxWIDTH, not {self.resize!r}")
 

@@ -7,6 +7,8 @@ import typer
 from dsbuild.cli.params import JSON, QUIET, choice
 from dsbuild.cli.render import Out
 
+MAX_SECONDS = 6 * 3600  # a session's length: sample captures, not an archive (memory grows with it)
+
 EXAMPLES = """\b
 Examples:
   dsbuild samples caps --sessions 6 --seconds 20 --seed 7
@@ -24,7 +26,8 @@ def samples(
                                callback=choice("--source", ("synthetic", "atari")),
                                help="synthetic (generated) or atari (real gameplay recorded with ale-py)."),
     sessions: int = typer.Option(3, "--sessions", min=1, metavar="N", help="Sessions (per game with --source atari)."),
-    seconds: float = typer.Option(10.0, "--seconds", min=0.5, metavar="S", help="Length of each session."),
+    seconds: float = typer.Option(10.0, "--seconds", min=0.5, max=MAX_SECONDS, metavar="S",
+                                  help="Length of each session."),
     seed: int = typer.Option(0, "--seed", metavar="N", help="The same seed gives byte-identical captures."),
     damage: list[str] = typer.Option([], "--damage", metavar="[INDEX=]KIND",
                                      help="Damage session INDEX (default: its position in the list) in one way; "
@@ -47,6 +50,10 @@ def samples(
     from dsbuild.core.store import is_url
 
     o = Out(as_json, quiet)
+    if not 0.5 <= seconds <= MAX_SECONDS:  # click's range lets nan through
+        raise UsageError(f"--seconds must be a number from 0.5 to {MAX_SECONDS}, not {seconds!r}")
+    if not out.strip():
+        raise UsageError("the output folder is empty", hint="name a folder, e.g. `dsbuild samples caps`")
     if is_url(out):
         raise UsageError(f"{out}: samples writes a local folder", hint="upload the folder afterwards")
     if source == "atari":

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Protocol
 
-from dsbuild.core.errors import FormatError, MissingDependency, StorageError
+from dsbuild.core.errors import FormatError, MissingDependency, StorageError, UsageError
 from dsbuild.core.files import inside, open_regular, read_capped, replace_atomically
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9._-]{0,254})")
@@ -165,10 +165,19 @@ def _fsspec(url: str):
         import fsspec
     except ImportError:
         raise MissingDependency(url, "s3", "fsspec") from None
+    scheme = url.split("://", 1)[0]
+    if scheme not in fsspec.available_protocols():
+        raise UsageError(f"{url[:200]}: no file system is known for {scheme[:20]!r}://",
+                         hint="a local folder, or an fsspec URL such as s3://bucket/catalog")
     try:
         fs, path = fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as e:
-        raise MissingDependency(f"{url} ({e})", "s3") from None
+    except ImportError as e:  # a known protocol whose package is not installed (gcsfs for gs://, ...)
+        if scheme in ("s3", "s3a"):
+            raise MissingDependency(f"{url} ({e})", "s3") from None
+        raise StorageError(f"{url[:200]}: {str(e)[:200]}",
+                           hint="install the package it names (the s3 extra covers only s3://)") from None
+    except ValueError as e:
+        raise UsageError(f"{url[:200]}: {str(e)[:200]}") from None
     return fs, path.rstrip("/")
 
 

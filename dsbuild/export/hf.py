@@ -84,9 +84,12 @@ def _card(source: ExportSource) -> bytes:
     info = {
         "dataset_info": {"features": [{"name": f.name, **_feature(f.type)} for f in _schema()]},
         "configs": [{"config_name": "default", "data_files": [
-            {"split": s.name, "path": f"data/{s.name}-*.parquet"} for s in source.splits]}],
+            {"split": s.name, "path": f"data/{s.name}-*.parquet"} for s in source.splits if s.samples]}],
     }
     split = f", split {source.split_set}" if source.split_set else ""
+    empty = [s.name for s in source.splits if not s.samples]
+    if empty:  # a split without files in the card: `datasets` refuses to load any split then
+        split += f" (empty split(s) {', '.join(empty)} left out: no sample to export)"
     body = (f"# dsbuild version {source.version_id[:12]}\n\n"
             f"Exported by `dsbuild export --to hf` from version `{source.version_id}`{split}.\n"
             "Each row is one clip: `mp4` holds the video, `actions`/`telemetry` are per-frame arrays whose "

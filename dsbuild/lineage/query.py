@@ -96,9 +96,15 @@ def _views(con, catalog: Catalog, version_id: str, needed: set[str]) -> None:
 def run_query(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False) -> tuple[list[str], list[tuple]]:
     import duckdb
 
+    if not sql.strip().strip(";").strip():
+        raise UsageError("the query is empty", hint='e.g. "select title, count(*) from samples group by title"')
     with connect(catalog, version_id, sql, unsafe=unsafe) as con:
         try:
             cur = con.execute(sql)
+        except RuntimeError as e:  # duckdb's answer to Ctrl-C (or SIGTERM) while it runs: an interrupt
+            if "interrupt" in str(e).lower():
+                raise KeyboardInterrupt from None
+            raise
         except duckdb.PermissionException as e:
             raise UsageError(f"query refused: {str(e).splitlines()[0][:200]}",
                              hint="queries run sandboxed (no file access); --unsafe lifts that for your own "

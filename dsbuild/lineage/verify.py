@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from dsbuild.core.errors import DsbuildError, FormatError, LineageError
+from dsbuild.core.errors import DsbuildError, FormatError, LineageError, StorageError
 from dsbuild.core.hashing import CHUNK
 from dsbuild.core.files import open_regular
 from dsbuild.formats import Entry, get_format
@@ -79,6 +79,8 @@ def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None
             for start in range(0, rec.bytes, CHUNK):
                 h.update(catalog.store.read_range(rec.path, start, min(rec.bytes, start + CHUNK)))
                 _go_on(stop, rec.path)
+    except PermissionError as e:
+        raise _not_allowed(catalog, rec, e) from None
     except (OSError, DsbuildError) as e:
         return {"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}
     if not h.ok():
@@ -91,9 +93,17 @@ def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: lis
     try:
         with fmt.reader(catalog.shard_file(rec)) as reader:
             found = reader.check_all(entries, rec.bytes)
+    except PermissionError as e:
+        raise _not_allowed(catalog, rec, e) from None
     except (OSError, DsbuildError) as e:
         return [{"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}]
     return [{"sample": key, "shard": rec.path, "problem": "bad locator", "detail": why} for key, why in found]
+
+
+def _not_allowed(catalog: Catalog, rec: ShardRecord, e: OSError) -> StorageError:
+    """A shard this user may not read: the environment (exit 3), not damage to report (exit 1)."""
+    return StorageError(f"{catalog.url}/{rec.path}: cannot read ({e.strerror or e})",
+                        hint="check the permissions of the catalog's files")
 
 
 def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: VerifyReport) -> dict[str, list[Entry]]:
@@ -159,6 +169,10 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
         hashes = [pool.submit(_hash_shard, catalog, rec, stop) for rec in shards]
         try:
             by_shard = _index_entries(catalog, m, version_id, report)
+        except StorageError:  # cannot be read here (permissions, the store): not a finding about the data
+            for h in hashes:
+                h.cancel()
+            raise
         except (DsbuildError, FormatError) as e:
             for h in hashes:
                 h.cancel()

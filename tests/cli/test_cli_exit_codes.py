@@ -42,6 +42,8 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["split", "cat", "--name", "x", "--pin", "holdout=pins.txt", "--ratios", "train=0.9,val=0.1"], ["holdout"]),
     (["shards", "cat", "--split", "main"], ["NAME/SPLIT"]),
     (["validate", "cat", "--split-set", ""], ["split set name is empty"]),  # an unset $SPLIT: no silent pass
+    (["query", "cat", " ; "], ["the query is empty"]),
+    (["log", "foo://bar/cat"], ["no file system is known for 'foo'://"]),
 ])
 def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):
     cat, _ = catalog

@@ -70,3 +70,15 @@ def test_kill_9_of_convert_leaves_no_worker_and_gc_removes_its_build_folder(many
     assert len(stale) == 1 and (cat / ".tmp" / stale[0]).is_dir()
     assert json.loads(run("gc", cat, "--json").stdout)["stale_builds"] == stale
     assert not (cat / ".tmp" / stale[0]).exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_query_is_an_interruption_not_an_internal_error(catalog, sig):
+    """duckdb answers a signal while it runs with its own "Query interrupted" error: that was exit 70."""
+    cat, _ = catalog
+    p = subprocess.Popen(argv("query", cat, "select sum(a.range * b.range) from range(100000000) a, range(100) b"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    time.sleep(2.0)  # let it start its scan (not a timing assertion: the query runs for minutes)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode in (130, 143) and "internal error" not in err, (p.returncode, err)

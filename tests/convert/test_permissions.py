@@ -62,3 +62,15 @@ def test_a_read_only_catalog_is_one_storage_error_and_leaves_nothing_behind(tmp_
     assert out["error"] in ("StorageError", "LineageError") and "Permission denied" in out["message"], out
     assert sorted(p.relative_to(cat).as_posix() for p in cat.rglob("*")) == before
     assert any(first["version_id"] in p for p in before)
+
+
+def test_a_shard_this_user_may_not_read_is_exit_3_not_damage(tmp_path, wds_catalog):
+    """verify and validate used to report a permission problem as a damaged shard (exit 1, "rejected")."""
+    cat = tmp_path / "cat"
+    shutil.copytree(wds_catalog[0], cat)
+    shard = next((cat / "shards").rglob("*.tar"))
+    shard.chmod(0)
+    for command in ("verify", "validate"):
+        p = unprivileged("from dsbuild.cli.app import main; main()", command, cat)
+        assert p.returncode == 3, (command, p.returncode, p.stderr)
+        assert shard.name in p.stderr and "Permission denied" in p.stderr and "altered" not in p.stderr

@@ -30,3 +30,20 @@ def test_hf_streaming_gives_the_same_rows(exported, expected, hf_offline):
     rows = list(datasets.load_dataset(str(exported("hf")), split="test", streaming=True))
     assert [r["key"] for r in rows] == sorted(expected["test"])
     assert {c["key"] for c in rows[0]["conditions"]} == {"track", "weather", "difficulty", "mode"}
+
+
+def test_an_empty_split_is_left_out_of_the_card_so_the_others_load(export_catalog, expected, hf_offline, tmp_path):
+    """A split set with an empty split (val got no group) used to give a card naming files that do not
+    exist: `datasets` then refused to load any split, while the export exited 0."""
+    from dsbuild.export import export
+    from dsbuild.split import SplitOptions, make_split
+
+    datasets = peer("datasets")
+    cat, vid = export_catalog
+    make_split(cat, vid, "noval", SplitOptions(by="player", ratios="train=0.5,val=0.25,test=0.25",
+                                               pins=[("train", ["p-0", "p-1"]), ("test", ["p-2"])]))
+    out = tmp_path / "out"
+    export(f"{cat}@{vid}", out, to="hf", split="noval")
+    assert "left out" in (out / "README.md").read_text()
+    loaded = {s: len(datasets.load_dataset(str(out), split=s)) for s in ("train", "test")}
+    assert loaded["train"] > 0 and loaded["test"] > 0

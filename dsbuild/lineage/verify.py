@@ -169,13 +169,11 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
         hashes = [pool.submit(_hash_shard, catalog, rec, stop) for rec in shards]
         try:
             by_shard = _index_entries(catalog, m, version_id, report)
-        except StorageError:  # cannot be read here (permissions, the store): not a finding about the data
-            for h in hashes:
-                h.cancel()
-            raise
         except (DsbuildError, FormatError) as e:
             for h in hashes:
                 h.cancel()
+            if isinstance(e, StorageError) and not isinstance(e, LineageError):
+                raise  # cannot be read here (permissions, the store): not a finding about the data
             report.problems.append({"version": version_id, "problem": "index", "detail": str(e)})
             return report
         checks = [pool.submit(check, rec, h.result()) for rec, h in zip(shards, hashes)]

@@ -69,6 +69,33 @@ def loads_bounded(data: bytes | str, *, max_bytes: int, what: str, max_depth: in
     return value
 
 
+class _Repeated(Exception):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict:
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise _Repeated(k)
+        seen.add(k)
+    return dict(pairs)
+
+
+def repeated_key(data: bytes | str) -> str | None:
+    """The first key given twice in one object of ``data`` (JSON already parsed once, so bounded), else
+    None: parsers silently keep the last value, so a caller that must not guess asks here."""
+    import json
+
+    try:
+        json.loads(data, object_pairs_hook=_unique, parse_constant=lambda _: 0.0)
+    except _Repeated as e:
+        return str(e.args[0])
+    except ValueError:
+        pass
+    return None
+
+
 def canonical_json(obj: Any) -> bytes:
     """Deterministic JSON bytes: sorted keys, no whitespace, UTF-8, finite numbers only."""
     try:

@@ -6,7 +6,6 @@ path may leave the session folder (``..``, absolute paths and symlinks pointing 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from dsbuild.core.errors import CaptureError, FormatError
 from dsbuild.core.files import inside, read_capped
-from dsbuild.core.jsonio import clip_text, loads_bounded
+from dsbuild.core.jsonio import clip_text, loads_bounded, repeated_key
 
 CAPTURE_FORMAT = "capture/1"
 SESSION_FILE = "session.json"
@@ -127,18 +126,6 @@ def parse_started_at(text: str | None) -> datetime | None:
     return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        twice = sorted({k for k in keys if keys.count(k) > 1})
-        raise _DuplicateKey(twice[0])
-    return dict(pairs)
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
 def _object_field(doc: dict, key: str, where: str, what: str) -> dict:
     """An optional object field: absent or null is empty; any other non-object (false, 0, "") is refused."""
     value = doc.get(key)
@@ -165,10 +152,9 @@ def read_session(directory: Path, root: Path) -> Session:
         raise CaptureError(where, str(e).removeprefix(f"{where}: ").removeprefix(f"{sj}: ")) from None
     if not isinstance(doc, dict):
         raise CaptureError(where, "must be a JSON object")
-    try:  # JSON parsers keep the last of a repeated key: which session_id was meant is unknown
-        json.loads(data, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as e:
-        raise CaptureError(where, f"key {clip_text(str(e), 64)!r} appears more than once in an object") from None
+    twice = repeated_key(data)  # a parser keeps the last value: which session_id was meant is unknown
+    if twice is not None:
+        raise CaptureError(where, f"key {clip_text(twice, 64)!r} appears more than once in an object")
     for key in REQUIRED:
         if key not in doc:
             raise CaptureError(where, f"missing required field '{key}'")

@@ -26,7 +26,7 @@ import numpy as np
 import orjson
 
 from dsbuild.core.files import open_regular
-from dsbuild.core.jsonio import MAX_DEPTH, clip_text, depth_ok, finite_float
+from dsbuild.core.jsonio import MAX_DEPTH, clip_text, depth_ok, finite_float, repeated_key
 
 MAX_LINE_BYTES = 1 << 20  # one event; a longer line is malformed, not a reason to run out of memory
 MAX_CONTROLS = 1024  # distinct controls, or telemetry channels, per session
@@ -83,22 +83,6 @@ def _key_count(v: object) -> int:
     return 0
 
 
-def _has_duplicate_keys(line: bytes) -> bool:
-    def hook(pairs):
-        keys = [k for k, _ in pairs]
-        if len(set(keys)) != len(keys):
-            raise KeyError
-        return dict(pairs)
-
-    try:
-        json.loads(line, object_pairs_hook=hook, parse_constant=lambda _: 0.0)
-    except KeyError:
-        return True
-    except ValueError:
-        pass
-    return False
-
-
 def _nan(_name: str) -> float:
     return math.nan
 
@@ -144,7 +128,7 @@ def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None
     if braces + line.count(b"[") > MAX_DEPTH and not depth_ok(obj, MAX_DEPTH):
         return bad(f"nested deeper than {MAX_DEPTH}")
     keys = len(obj) if braces == 1 else _key_count(obj)
-    if line.count(b'":') > keys and _has_duplicate_keys(line) and report is not None:
+    if line.count(b'":') > keys and repeated_key(line) is not None and report is not None:
         report.duplicate_keys += 1
     t = _finite(obj.get("t"))
     if t is None:

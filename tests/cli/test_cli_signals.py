@@ -72,13 +72,25 @@ def test_kill_9_of_convert_leaves_no_worker_and_gc_removes_its_build_folder(many
     assert not (cat / ".tmp" / stale[0]).exists()
 
 
+def _busy(pid: int, cpu_seconds: float) -> None:
+    """Return once process ``pid`` has used ``cpu_seconds`` of CPU (its own clock, not the wall's)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        if (int(fields[11]) + int(fields[12])) / tick >= cpu_seconds:  # utime + stime
+            return
+        assert fields[0] != "Z", "the query ended before it was interrupted"
+        time.sleep(0.02)  # a poll, not a wait for the clock
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_query_is_an_interruption_not_an_internal_error(catalog, sig):
     """duckdb answers a signal while it runs with its own "Query interrupted" error: that was exit 70."""
     cat, _ = catalog
     p = subprocess.Popen(argv("query", cat, "select sum(a.range * b.range) from range(100000000) a, range(100) b"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
-    time.sleep(2.0)  # let it start its scan (not a timing assertion: the query runs for minutes)
+    _busy(p.pid, cpu_seconds=1.0)  # past its start-up (~0.3 s of CPU): duckdb is scanning
     p.send_signal(sig)
     _, err = p.communicate(timeout=120)
     assert p.returncode in (130, 143) and "internal error" not in err, (p.returncode, err)

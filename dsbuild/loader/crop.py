@@ -1,6 +1,8 @@
 """Which frames of a clip a sample delivers: stride, a cut after ``max_frames``, a seeded random crop of
 ``clip_frames``. Pure arithmetic, so plans know every sample's length from the index alone, and a
-crop is a function of (seed, epoch, key): the same after any resume, on any rank."""
+crop is a function of (seed, epoch, sample): the same after any resume, on any rank. A sample is named by
+(version id, key), so two sources that share keys (two datasets with the same session names) get
+their own draws."""
 
 from __future__ import annotations
 
@@ -25,21 +27,21 @@ def kept_frames(frames, stride: int, clip_frames: int | None, max_frames: int | 
     return n
 
 
-def crop_start(frames: int, stride: int, count: int, seed: int, epoch: int, key: str) -> int:
+def crop_start(frames: int, stride: int, count: int, seed: int, epoch: int, sample: tuple[str, str]) -> int:
     """First frame of a random crop of ``count`` frames (every ``stride``-th) out of ``frames``: uniform
-    over the positions where the crop fits, keyed by (seed, epoch, sample key)."""
+    over the positions where the crop fits, keyed by (seed, epoch, sample's (version id, key))."""
     room = frames - ((count - 1) * stride + 1)
     if room <= 0:
         return 0
-    return derive_key(seed, "crop", epoch, key) % (room + 1)
+    return derive_key(seed, "crop", epoch, *sample) % (room + 1)
 
 
 def frame_window(frames: int, stride: int, clip_frames: int | None, max_frames: int | None, seed: int,
-                 epoch: int, key: str) -> slice:
+                 epoch: int, sample: tuple[str, str]) -> slice:
     """The frames (of the clip's, in order) a sample delivers this epoch, as a slice: it cuts the sample's
     arrays as views, and ``frame_indices`` spells it out for decoding."""
     count = kept_frames(frames, stride, clip_frames, max_frames)
-    start = crop_start(frames, stride, count, seed, epoch, key) if clip_frames is not None else 0
+    start = crop_start(frames, stride, count, seed, epoch, sample) if clip_frames is not None else 0
     return slice(start, start + (count - 1) * stride + 1, stride)
 
 

@@ -72,7 +72,7 @@ class LoaderOptions:
     text: bool = option(False, "deliver each sample's text events (parses the sample's JSON)")
     map: Callable[[dict, Any], dict] | None = option(None, "map(sample, rng) -> sample, per sample in the "
                                                            "worker threads before collation; rng is seeded "
-                                                           "from (seed, epoch, key)")
+                                                           "from (seed, epoch, version id, key)")
 
     def __post_init__(self) -> None:
         if isinstance(self.verify, bool):

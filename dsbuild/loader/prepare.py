@@ -7,7 +7,8 @@ once a ``map`` ran), then ``frames`` uint8 [T, H, W, 3] (decode="frames")
 or ``video`` (the MP4 bytes, decode="bytes"), ``audio`` float32 [channels, samples] (audio=True) and
 ``text`` (text=True: the text events in the clip, from the sample's JSON). ``map(sample, rng)`` sees it
 with actions and telemetry on the loader's vocabulary; ``rng`` is a numpy Generator seeded from
-(seed, epoch, key), so an augmentation is the same after any resume and on any rank.
+(seed, epoch, version id, key), so an augmentation is the same after any resume and on any rank, and
+sources that share keys get their own draws.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ class Preparer:
     def __call__(self, src: int, raw: RawSample, epoch: int, into: np.ndarray | None = None) -> tuple[dict, ColumnMap]:
         """The sample prepared; its frames decoded straight into ``into`` when they have its shape."""
         o, source = self.o, self.sources[src]
+        who = (source.version_id, raw.key)  # draws differ between sources that share keys
         sel = slice(0, raw.frames, 1) if o.whole_clips else \
-            frame_window(raw.frames, o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, raw.key)
+            frame_window(raw.frames, o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, who)
         actions, telemetry, ts = sample_arrays(raw, sel)
         sample = {"key": raw.key, "actions": actions, "telemetry": telemetry, "timestamps": ts}
         video = raw.members[VIDEO_SLOT]
@@ -102,7 +104,7 @@ class Preparer:
             sample["actions"] = on_vocabulary(sample["actions"].array(), cmap[0], self.widths[0])
             sample["telemetry"] = on_vocabulary(sample["telemetry"].array(), cmap[1], self.widths[1])
             sample["timestamps"] = sample["timestamps"].array()
-            rng = np.random.default_rng(derive_key(o.seed, "map", epoch, raw.key))
+            rng = np.random.default_rng(derive_key(o.seed, "map", epoch, *who))
             sample = o.map(sample, rng)
             cmap = (None, None)
         return sample, cmap

@@ -531,3 +531,25 @@ def test_len_is_the_batches_this_rank_still_gets_this_epoch_at_any_point(cat, mi
     restored = Loader(ref, **opts)
     restored.load_state_dict(loader.state_dict())
     assert len(restored) == total - 3 == len(list(restored))
+
+
+def test_sources_that_share_keys_get_their_own_map_draws(cat, wds_catalog):
+    """Two datasets converted from captures with the same session names share sample keys: a per-sample
+    seed of (seed, epoch, key) alone gave both the same augmentation."""
+    ref, _ = cat
+    other = str(wds_catalog[0])
+
+    def draw(sample, rng):  # the sample's first draw, carried in its actions (a batch keeps only known fields)
+        sample["actions"] = np.full_like(sample["actions"], rng.random())
+        return sample
+
+    def draws():
+        m = Mixture([(ref, None, 0.5), (other, None, 0.5)], per="sample", decode="bytes", batch_size=4, seed=3,
+                    policy="stop", map=draw)
+        return {(s, k): float(a[0, 0]) for b in m for s, k, a in zip(b["source"], b["keys"], b["actions"])}
+
+    got = draws()
+    shared = {k for s, k in got if s == 0} & {k for s, k in got if s == 1}
+    assert len(shared) >= 3  # the fixture's two versions do share keys
+    assert all(got[(0, k)] != got[(1, k)] for k in shared)
+    assert draws() == got  # and each source's draws are still a function of the seed

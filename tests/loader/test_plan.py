@@ -69,14 +69,14 @@ def _round_robin(lists):
 @given(st.integers(1, 300), st.integers(1, 5), st.one_of(st.none(), st.integers(1, 40)),
        st.one_of(st.none(), st.integers(1, 40)), st.integers(0, 2**32), st.integers(0, 9))
 def test_crops_fit_the_clip_and_match_the_planned_length(frames, stride, clip, cap, seed, epoch):
-    window = frame_window(frames, stride, clip, cap, seed, epoch, "s__000001")
+    window = frame_window(frames, stride, clip, cap, seed, epoch, ("v", "s__000001"))
     idx = frame_indices(window)
     assert len(idx) == kept_frames(frames, stride, clip, cap) == kept_frames(np.array([frames]), stride, clip, cap)[0] >= 1
     assert idx[0] >= 0 and idx[-1] < frames and np.all(np.diff(idx) == stride)
     assert np.array_equal(np.arange(frames)[window], idx)  # the slice cuts arrays to exactly these frames
-    assert window == frame_window(frames, stride, clip, cap, seed, epoch, "s__000001")
+    assert window == frame_window(frames, stride, clip, cap, seed, epoch, ("v", "s__000001"))
 
 
 def test_crops_vary_by_epoch_and_key_and_cover_the_clip():
-    starts = {crop_start(100, 2, 10, 3, e, f"k{k}") for e in range(20) for k in range(20)}
+    starts = {crop_start(100, 2, 10, 3, e, ("v", f"k{k}")) for e in range(20) for k in range(20)}
     assert min(starts) == 0 and max(starts) == 100 - 19 and len(starts) > 50

@@ -40,6 +40,25 @@ def _duration(j: Judge, d: VersionFacts) -> CheckResult:
         j["duration_tolerance_frames"], "above", "frames"))
 
 
+def _decode_sample(v: SampleView) -> list[str]:
+    """A clip that cannot even be read out of its sample was not decoded: a failure, with the reason."""
+    if v.sample is None:
+        return [f"not decoded: the sample cannot be read ({v.error})"]
+    return v.findings().get("decode", [])
+
+
+def _decode(j: Judge, d: VersionFacts) -> CheckResult:
+    """Every clip of the index that did not decode fails: those that failed in the per-sample pass, and
+    those it never reached (their shard is missing or unreadable, or not in the manifest)."""
+    found = dict(d.offenders("decode"))
+    reached = {s.key for s in d.samples}
+    lost = dict(d.lost)
+    for r in d.rows:
+        if r.key not in reached:
+            found.setdefault(r.key, f"not decoded: {lost.get(r.key, f'never read from its shard {r.shard}')}")
+    return j.count(sorted(found.items()))
+
+
 def _fraction(name: str, key: str, limit: str, field: str, what: str, label: str):
     """A fraction check over the decoded clips, plotting each clip's ``field`` against ``limit``."""
     def run(j: Judge, d: VersionFacts) -> CheckResult:
@@ -72,8 +91,9 @@ def _c(name: str, doc: str, key: str, counts: str, **kw) -> Check:
 
 
 CHECKS = (
-    _c("decode", "Every clip opens and decodes with PyAV to its last frame, strictly (a concealed bitstream "
-       "error is a failure).", "max_decode_failures", "clip(s) fail to decode", sample=video_finding("decode")),
+    _c("decode", "Every clip of the index opens and decodes with PyAV to its last frame, strictly (a concealed "
+       "bitstream error is a failure); a clip that cannot be read (its sample or shard is unreadable) fails too.",
+       "max_decode_failures", "clip(s) fail to decode", sample=_decode_sample, run=_decode),
     _c("frame_count", "Decoded frames = metadata frames = timestamps length.", "max_frame_count_mismatches",
        "clip(s) with a wrong frame count", sample=video_finding("frame_count")),
     _c("fps", "The decoded clip's frame rate (formats.video.frame_rate of its frame times) matches the rate of "

@@ -83,10 +83,17 @@ def _render(o: Out, r) -> None:
              ("bytes", o.size(r.bytes)), ("bytes written", o.size(r.written_bytes)), ("parent", o.id(r.parent)),
              ("sessions reused", r.reused_sessions), ("sessions healed", r.healed_sessions),
              ("sessions repaired", r.repaired_sessions), ("long clips (kept whole)", r.long_clips),
-             ("quarantined", len(r.quarantined)), ("seconds", r.seconds),
+             ("quarantined", len(r.quarantined)), ("repairs and drops", _repairs(r.repairs)), ("seconds", r.seconds),
              ("rate", f"{r.written_bytes / max(r.seconds, 1e-9) / 1e6:,.1f} MB/s written")])
     for q in r.quarantined:
         o.line(("quarantined ", "yellow"), q.session, ": ", q.path, ": ", q.reason)
+
+
+def _repairs(totals: dict[str, dict[str, int]]) -> str:
+    """The non-zero totals, by stream ("none" when a convert kept everything as it was)."""
+    parts = [f"{stream}: " + ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in counts.items() if n)
+             for stream, counts in totals.items() if any(counts.values())]
+    return "; ".join(parts) + " (per session in sessions.json)" if parts else "none"
 
 
 def _render_plan(o: Out, plan) -> None:

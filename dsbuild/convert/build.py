@@ -86,6 +86,33 @@ class ConvertResult(Record):
     reused_shards: int
     written_bytes: int  # shard bytes this build added to the catalog
     seconds: float
+    repairs: dict[str, dict[str, int]]  # the version's repairs and drops by stream, summed over its sessions
+
+
+# per-session counts of volume (not of anything repaired or dropped), and how a codec was carried
+_NOT_REPAIRS = frozenset({"lines", "events", "packets", "tracks", "clips_with_audio", "long_clips",
+                          "reencoded_from", "examples"})
+
+
+def repair_totals(sessions: list[dict]) -> dict[str, dict[str, int]]:
+    """Every repair and drop of the sessions' records (``SessionRecord.repairs``) summed by stream and
+    reason, under the names of ``sessions.json``: counts add, a reason (``truncated``, ``unreadable``,
+    ``missing``) counts the sessions that have one. Nothing a convert skipped is left out of its report."""
+    totals: dict[str, Counter] = defaultdict(Counter)
+
+    def add(stream: str, report: dict) -> None:
+        for name, value in report.items():
+            if isinstance(value, dict):
+                add(name, value)
+            elif name not in _NOT_REPAIRS:
+                totals[stream][name] += value if type(value) is int else int(bool(value))
+
+    for repairs in sessions:
+        add("sessions", {k: v for k, v in repairs.items() if not isinstance(v, dict)})  # audio_not_carried
+        for stream, report in repairs.items():
+            if isinstance(report, dict):
+                add(stream, report)
+    return {stream: dict(sorted(c.items())) for stream, c in sorted(totals.items())}
 
 
 def reusable_parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -> tuple[str | None, Manifest | None]:
@@ -252,7 +279,7 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
                 on_progress(progress)
 
         run_tasks(assemble_shard, tasks, executor, on_shard, describe=lambda t: f"shard {t.number}")
-        manifest, pinned, moves = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
+        manifest, pinned, moves, sessions = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
         new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
                         or (base and rec.path in base.broken_shards))
         commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, origin,
@@ -268,7 +295,7 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
         parent=parent, reused_sessions=sum(r.reused for r in good),
         healed_sessions=len({r.session_id for r in good if not r.reused} & (base.broken if base else set())),
         written_shards=len(tasks), reused_shards=st.shards - len(tasks), written_bytes=new_bytes,
-        seconds=round(time.monotonic() - started, 3))
+        seconds=round(time.monotonic() - started, 3), repairs=repair_totals([r.repairs for r in sessions]))
 
 
 def _refs(results: list[SessionResult], base: _Base | None) -> list[SampleRef]:
@@ -287,7 +314,8 @@ def _refs(results: list[SessionResult], base: _Base | None) -> list[SampleRef]:
 
 def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], base: _Base | None, shard_plan,
               written: dict, quarantined: list[Quarantined]):
-    """Manifest, index bytes and shard moves from the session results and the shard plan (bookkeeping)."""
+    """Manifest, index bytes, shard moves and session records from the session results and the shard
+    plan (bookkeeping)."""
     rows_by_key = {s.row.key: s.row for r in results if not r.reused for s in r.samples}
     # A reused shard holds the same keys and sample hashes in the same order, hence the same bytes, as
     # the parent's shard: the parent's rows (with their locations) describe it, also for samples that
@@ -315,7 +343,7 @@ def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], bas
                         SessionRecord(r.session_id, r.rel, len(r.samples), r.controls, r.channels, r.repairs))
     manifest, pinned = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions,
                                         quarantined)
-    return manifest, pinned, moves
+    return manifest, pinned, moves, sessions
 
 
 def version_manifest(config: dict, shard_format: str, shards: list[ShardRecord], rows: list[IndexRow],

@@ -202,3 +202,23 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one(catalog, 
     p = run("validate", cat, "--save", report, "--junit", junit, check=3, preexec_fn=small_files)
     assert "r.json: cannot write" in p.stderr
     assert report.read_bytes() == good and junit.read_bytes() == good_xml
+
+
+def test_convert_reports_every_repair_and_drop_summed_over_sessions(caps, tmp_path):
+    """The report said how many sessions were repaired, not what was dropped: the counts were only in
+    each session's record."""
+    mine = tmp_path / "caps"
+    shutil.copytree(caps, mine)
+    sessions = sorted(p.parent for p in mine.rglob("session.json"))
+    for n, session in enumerate(sessions[:2], start=1):  # 1 + 2 malformed lines
+        with open(session / "actions.jsonl", "a") as f:
+            f.write("not json\n" * n)
+    done = run_json("convert", mine, tmp_path / "cat", "--clip-seconds", 2)
+    assert done["repairs"]["actions"]["malformed"] == 3
+    records = json.loads(next((tmp_path / "cat" / "versions").glob("*/sessions.json")).read_text())["sessions"]
+    count = lambda v: v if type(v) is int else int(v not in (None, False))  # a reason counts its sessions
+    for stream in ("actions", "telemetry", "text", "video"):
+        for name, total in done["repairs"][stream].items():
+            assert total == sum(count(s["repairs"][stream][name]) for s in records), (stream, name)
+    text = run("convert", mine, tmp_path / "cat2", "--clip-seconds", 2).stdout
+    assert "actions: 3 malformed" in text

@@ -11,8 +11,9 @@
 | mds       | ``StreamingDataset(local=DEST, split="train")``         | MDS shards written                    |
 | litdata   | ``litdata.StreamingDataset("DEST/train")``              | LitData chunks written                |
 
-Exports are deterministic (the same version, split and tool give the same bytes) and resumable: an
-interrupted export finishes when run again. Writers need none of the tools installed.
+Exports are deterministic (the same version, split and tool give the same bytes), atomic (built beside the
+folder and renamed into place complete: an interrupted one leaves nothing a tool loads as a smaller dataset)
+and resumable: an interrupted export finishes when run again. Writers need none of the tools installed.
 """
 
 from __future__ import annotations

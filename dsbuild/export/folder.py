@@ -1,10 +1,13 @@
-"""The export folder: refused unless empty or an earlier export of the same thing, written atomically,
-finished by a marker written last, so an interrupted export finishes when run again.
+"""The export folder: refused unless absent, empty or the same export; built beside it and renamed into
+place whole, so an interrupted export leaves nothing a tool could load as a smaller dataset (``datasets``
+and duckdb glob whatever Parquet files are there), and finishes when run again.
 
-The marker ``.dsbuild-export.json`` is written first with ``complete: false`` (it claims the folder) and
-rewritten with ``complete: true`` after every other file. Every file lands by rename from a private temp
-folder, so a file that exists is whole: a re-run skips files it would write with the same name (exports
-are deterministic, so the bytes would be the same). The marker holds no time and no host path.
+An export is written into ``.<DEST>.dsbuild-partial``, DEST's sibling: the same filesystem, so the last
+step is one rename, and the same depth, so relative links to the catalog stay valid. Its marker
+``.dsbuild-export.json`` is written first with ``complete: false`` (it claims that folder) and rewritten
+with ``complete: true`` after every other file, just before the rename. Every file lands by rename from a
+private temp folder, so a file that exists is whole: a re-run skips files it would write with the same
+name (exports are deterministic, so the bytes would be the same). The marker holds no time and no host path.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dsbuild.core.records import SHA256, Record, spec
 
 MARKER = ".dsbuild-export.json"
 TMP = ".dsbuild-export.tmp"
+PARTIAL = ".{}.dsbuild-partial"  # beside DEST, until the export is complete
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +56,11 @@ def read_marker(dest: Path) -> ExportMarker | None:
 
 
 class ExportFolder:
-    """Claims ``dest`` for ``marker`` (refusing anything else there) and writes files into it."""
+    """Claims ``dest`` for ``marker`` (refusing anything else there) and writes files beside it, in ``work``."""
 
     def __init__(self, dest: Path, marker: ExportMarker):
-        self.dest = Path(dest)
+        self.dest = Path(os.path.abspath(dest))  # a name to derive the sibling's from, even for "."
+        self.work = self.dest.with_name(PARTIAL.format(self.dest.name))
         self.marker = replace(marker, complete=False)
         self.written = 0  # files written by this run
         self.bytes = 0
@@ -64,41 +69,44 @@ class ExportFolder:
 
     def claim(self) -> bool:
         """Take the folder; True when it already holds this export complete (nothing to do)."""
-        d = self.dest
+        d, w = self.dest, self.work
         if d.exists() and not d.is_dir():
             raise UsageError(f"{d}: is a file; export into a folder")
         found = read_marker(d) if d.is_dir() else None
-        if found is not None:
-            if replace(found, complete=False) != self.marker:
-                raise UsageError(f"{d}: holds {found.describe()}, not {self.marker.describe()}; "
-                                 "choose an empty folder")
-            if found.complete:
-                return True
-        elif d.is_dir() and any(d.iterdir()):
+        if found is None and d.is_dir() and any(d.iterdir()):
             raise UsageError(f"{d}: folder is not empty and is not an earlier export; choose an empty folder")
+        staged = read_marker(w)
+        for where, marker in ((d, found), (w, staged)):
+            if marker is not None and replace(marker, complete=False) != self.marker:
+                raise UsageError(f"{where}: holds {marker.describe()}, not {self.marker.describe()}; "
+                                 "choose an empty folder")
+        if found is not None and found.complete:
+            return True
         try:
-            d.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(d / TMP, ignore_errors=True)  # an interrupted run's half-written files
-            (d / TMP).mkdir()
+            if found is not None and staged is None:  # interrupted in place by an earlier dsbuild: finish it beside
+                os.rename(d, w)
+            w.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(w / TMP, ignore_errors=True)  # an interrupted run's half-written files
+            (w / TMP).mkdir()
         except OSError as e:
-            raise StorageError(f"{d}: cannot create the export folder ({e.strerror or e})") from None
-        if found is None:
-            replace_atomically(d / MARKER, pretty_json(self.marker.to_json()))
+            raise StorageError(f"{w}: cannot create the export folder ({e.strerror or e})") from None
+        if staged is None and found is None:
+            replace_atomically(w / MARKER, pretty_json(self.marker.to_json()))
         return False
 
     def path(self, rel: str) -> Path:
-        return self.dest / rel
+        return self.work / rel
 
     def has(self, rel: str) -> bool:
         """The file (or link) is in place from an earlier run: it is whole (files land by rename)."""
-        if os.path.lexists(self.dest / rel):
+        if os.path.lexists(self.work / rel):
             self.kept += 1
             return True
         return False
 
     def temp(self, name: str) -> Path:
         """A private scratch path (removed when the export finishes)."""
-        return self.dest / TMP / name
+        return self.work / TMP / name
 
     def put(self, rel: str, data: bytes) -> None:
         tmp = self.temp(rel.replace("/", "__"))
@@ -113,14 +121,14 @@ class ExportFolder:
 
     def link(self, rel: str, target: Path) -> None:
         """A relative symlink ``rel`` -> ``target`` (the catalog's shard: bytes shared, not copied)."""
-        where = self.dest / rel
+        where = self.work / rel
         tmp = self.temp(rel.replace("/", "__"))
         self._land(rel, lambda: os.symlink(os.path.relpath(Path(target).resolve(), where.parent.resolve()), tmp),
                    tmp)
         self.linked += 1
 
     def _land(self, rel: str, make, tmp: Path) -> None:
-        where = self.dest / rel
+        where = self.work / rel
         try:
             where.parent.mkdir(parents=True, exist_ok=True)
             make()
@@ -131,9 +139,17 @@ class ExportFolder:
         self.written += 1
 
     def finish(self) -> None:
-        """Write the marker last (``complete: true``) and drop the scratch folder."""
-        shutil.rmtree(self.dest / TMP, ignore_errors=True)
-        for folder in sorted({p.parent for p in self.dest.rglob("*")} | {self.dest}):
+        """Write the marker last (``complete: true``), drop the scratch folder and move the export into place
+        with one rename: DEST holds all of it or nothing."""
+        w = self.work
+        shutil.rmtree(w / TMP, ignore_errors=True)
+        for folder in sorted({p.parent for p in w.rglob("*")} | {w}):
             fsync_dir(folder)
         self.marker = replace(self.marker, complete=True)
-        replace_atomically(self.dest / MARKER, pretty_json(self.marker.to_json()))
+        replace_atomically(w / MARKER, pretty_json(self.marker.to_json()))
+        try:
+            os.rename(w, self.dest)  # replaces DEST only if it is an empty folder
+        except OSError as e:
+            raise StorageError(f"{self.dest}: cannot move the finished export there from {w} ({e.strerror or e})",
+                               hint="empty or remove the folder, then run the export again") from None
+        fsync_dir(self.dest.parent)

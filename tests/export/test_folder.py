@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dsbuild.core.errors import MissingDependency, UsageError
-from dsbuild.export import export
+from dsbuild.export import TOOLS, export
 from dsbuild.export.mds import streaming_dataset
 
 from .conftest import TARGET
@@ -21,27 +21,55 @@ def _tree(root: Path) -> dict[str, bytes]:
             for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()}
 
 
-@pytest.mark.parametrize("tool", ["mds", "energon"])
-def test_an_interrupted_export_finishes_on_rerun_with_the_bytes_of_a_clean_one(tool, export_catalog, exported, tmp_path):
-    cat, _ = export_catalog
+def _same_as_clean(got: Path, clean: Path) -> None:
+    """The bytes of a clean export; links (relative to each folder) reach the same catalog shards."""
+    mine, theirs = _tree(got), _tree(clean)
+    assert mine.keys() == theirs.keys()
+    for name, data in mine.items():
+        if (got / name).is_symlink():
+            assert (got / name).resolve() == (clean / name).resolve(), name
+        else:
+            assert data == theirs[name], name
 
+
+def _interrupt(cat: Path, dest: Path, tool: str) -> None:
     def stop(done: int, total: int) -> None:
         if done >= 3:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        export(f"{cat}@v1", tmp_path / "x", to=tool, split="main", target_bytes=TARGET, progress=stop)
-    marker = json.loads((tmp_path / "x" / ".dsbuild-export.json").read_text())
+        export(f"{cat}@v1", dest, to=tool, split="main", target_bytes=TARGET, progress=stop)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_an_interrupted_export_leaves_its_folder_empty_and_finishes_on_rerun_with_the_bytes_of_a_clean_one(
+        tool, export_catalog, exported, tmp_path):
+    """Every tool's export is built beside DEST and renamed into place whole: a reader globbing DEST after
+    an interruption finds nothing, not a smaller dataset."""
+    cat, _ = export_catalog
+    (tmp_path / "x").mkdir()  # an empty folder made for the export is replaced by it
+    _interrupt(cat, tmp_path / "x", tool)
+    assert not any((tmp_path / "x").iterdir())
+    marker = json.loads((tmp_path / ".x.dsbuild-partial" / ".dsbuild-export.json").read_text())
     assert marker["complete"] is False
     r = export(f"{cat}@v1", tmp_path / "x", to=tool, split="main", target_bytes=TARGET)
-    assert not r.existed and r.files_kept > 0
-    assert _tree(tmp_path / "x").keys() == _tree(exported(tool)).keys()
-    clean = _tree(exported(tool))
-    for name, data in _tree(tmp_path / "x").items():
-        if not (tool == "energon" and name.endswith(".tar")):  # links: relative to each folder
-            assert data == clean[name], name
+    # wids names the tars it writes by their hash: it writes them again rather than keeping them
+    assert not r.existed and (r.files_kept > 0 or tool == "wids")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]
+    _same_as_clean(tmp_path / "x", exported(tool))
     again = export(f"{cat}@v1", tmp_path / "x", to=tool, split="main", target_bytes=TARGET)
     assert again.existed and again.files_written == 0
+
+
+def test_an_export_interrupted_inside_its_folder_by_an_earlier_dsbuild_finishes(export_catalog, exported, tmp_path):
+    """Before exports were built beside the folder, an interrupted one stayed in it (marker ``complete:
+    false``): the rerun takes it over instead of refusing the folder or failing on the final rename."""
+    cat, _ = export_catalog
+    _interrupt(cat, tmp_path / "x", "mds")
+    (tmp_path / ".x.dsbuild-partial").rename(tmp_path / "x")  # the old layout
+    r = export(f"{cat}@v1", tmp_path / "x", to="mds", split="main", target_bytes=TARGET)
+    assert r.files_kept > 0 and sorted(p.name for p in tmp_path.iterdir()) == ["x"]
+    _same_as_clean(tmp_path / "x", exported("mds"))
 
 
 def test_export_refuses_a_folder_that_holds_something_else(export_catalog, exported, tmp_path):
@@ -55,6 +83,9 @@ def test_export_refuses_a_folder_that_holds_something_else(export_catalog, expor
         export(f"{cat}@v1", exported("mds"), to="hf", split="main")
     with pytest.raises(UsageError, match="not a wids export .* split main/val"):
         export(f"{cat}@v1", exported("wids"), to="wids", split="main/val")
+    _interrupt(cat, tmp_path / "half", "mds")
+    with pytest.raises(UsageError, match=r"\.half\.dsbuild-partial: holds a mds export .* not a hf export"):
+        export(f"{cat}@v1", tmp_path / "half", to="hf", split="main")
     with pytest.raises(UsageError, match="--to must be one of"):
         export(f"{cat}@v1", tmp_path / "new", to="tfds")
     with pytest.raises(UsageError, match="has no split 'holdout'"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from .conftest import SPLITS
 from .peers import check_samples, peer
 
@@ -47,3 +49,26 @@ def test_an_empty_split_is_left_out_of_the_card_so_the_others_load(export_catalo
     assert "left out" in (out / "README.md").read_text()
     loaded = {s: len(datasets.load_dataset(str(out), split=s)) for s in ("train", "test")}
     assert loaded["train"] > 0 and loaded["test"] > 0
+
+
+def test_an_interrupted_export_leaves_nothing_datasets_loads(export_catalog, expected, hf_offline, tmp_path):
+    """Interrupted after some of train's Parquet files were in place, an export used to leave a folder that
+    `datasets` loaded as a smaller train split without an error (no card yet: it globs the files there)."""
+    from dsbuild.export import export
+
+    datasets = peer("datasets")
+    cat, _ = export_catalog
+    out, small = tmp_path / "out", 1 << 16  # the smallest target: train takes several files
+
+    def stop(done: int, total: int) -> None:
+        if done > len(expected["test"]):  # test (splits go in name order) and train's first file are written
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        export(f"{cat}@v1", out, to="hf", split="main", target_bytes=small, progress=stop)
+    with pytest.raises(FileNotFoundError):
+        datasets.load_dataset(str(out), split="train")
+    assert not out.exists()
+    r = export(f"{cat}@v1", out, to="hf", split="main", target_bytes=small)
+    assert r.files_kept > 0 and len(list((out / "data").glob("train-*.parquet"))) > 1  # it stopped inside train
+    assert len(datasets.load_dataset(str(out), split="train")) == len(expected["train"])

@@ -35,12 +35,7 @@ def query(
     if as_json:
         o.json([dict(zip(columns, r)) for r in rows])
     elif as_csv:
-        import csv
-        import sys
-
-        w = csv.writer(sys.stdout, lineterminator="\n")
-        w.writerow(columns)
-        w.writerows(rows)
+        o.csv(columns, rows)
     elif quiet:
         for r in rows:
             o.value("\t".join("" if v is None else str(v) for v in r))

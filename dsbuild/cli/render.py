@@ -139,6 +139,16 @@ class Out:
         sys.stdout.write(json_text(obj) + "\n")
         sys.stdout.flush()
 
+    def csv(self, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> None:
+        """Rows as CSV with a header: exact to a file or pipe; on a terminal, text cells have their
+        control characters escaped like every other report (capture text can hold ANSI escapes)."""
+        import csv
+
+        w = csv.writer(sys.stdout, lineterminator="\n")
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([clean(v) if self.tty and isinstance(v, str) else v for v in r])
+
     def value(self, text: object) -> None:
         """The essential value of a command (printed even with --quiet, never with --json)."""
         if not self.as_json:

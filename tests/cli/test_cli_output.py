@@ -145,6 +145,11 @@ def test_capture_text_is_printed_as_data_never_markup(hostile, tty, tmp_path):
     assert "[bold red]x" in out and "[/]" in out and "[bold red]broken" in out
     out = show("query", cat, "select title, player, platform, build from samples order by title")
     assert all(v in out for v in ("[bold red]x", "[/]", "[link=file:///etc]z", "[bold]p", "\\x1b[31mred"))
+    if tty:  # CSV on a terminal is escaped like every report; to a file it is the exact data
+        assert "\\x1b[31mred" in show("query", cat, "select build from samples where build like '%red'", "--csv")
+    else:
+        csv = run("query", cat, "select build from samples where build like '%red' limit 1", "--csv").stdout
+        assert csv == "build\n\x1b[31mred\n"
     out = show("lineage", cat, key)
     assert "[bold red]x" in out and "[/]" in out and "[link=file:///etc]z" in out
     out = show("split", cat, "--name", "t", "--by", "title", "--ratios", "train=0.5,test=0.5")

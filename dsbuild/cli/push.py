@@ -24,9 +24,11 @@ def copy_version(ref: str, dest: str, tags: bool, splits: bool, as_json: bool, q
     o = Out(as_json, quiet)
     path, version = parse_ref(ref)
     source = open_catalog(path)
+    vid = source.resolve(version)
+    source.manifest(vid)  # a ref or version that does not resolve leaves no empty catalog behind
     target = open_catalog(dest, create=True)
     with Progress(verb, o) as bar:
-        r = transfer(source, version, target, tags=tags, splits=splits,
+        r = transfer(source, vid, target, tags=tags, splits=splits,
                      progress=lambda p: bar.update(p.done, p.total, stage="shards"))
     if as_json:
         return o.json(r.to_json())

@@ -222,3 +222,11 @@ def test_convert_reports_every_repair_and_drop_summed_over_sessions(caps, tmp_pa
             assert total == sum(count(s["repairs"][stream][name]) for s in records), (stream, name)
     text = run("convert", mine, tmp_path / "cat2", "--clip-seconds", 2).stdout
     assert "actions: 3 malformed" in text
+
+
+@pytest.mark.parametrize("verb", ["pull", "push"])
+def test_a_ref_that_does_not_resolve_leaves_no_destination_behind(catalog, tmp_path, verb):
+    cat, _ = catalog
+    p = run(verb, f"{cat}@no-such-tag", tmp_path / "dest", check=None)
+    assert p.returncode == 2 and "no-such-tag" in p.stderr, p.stderr
+    assert not (tmp_path / "dest").exists()  # an empty catalog there made the next typo look like a success

@@ -253,9 +253,23 @@ def run(args: list[str], command=None) -> int:
             return _quiet_broken_pipe()
 
 
+def _whole_writes_to_stdout() -> None:
+    """Under ``PYTHONUNBUFFERED=1`` (``-u``) stdout's text layer writes straight to the raw file, which
+    may write only part of a large string and say nothing: a reader that went away (``| head``) got exit
+    0 and a truncated ``--json`` document. A buffered writer finishes every write or raises; line
+    buffering keeps the output as prompt as the user asked."""
+    import io
+
+    out = sys.stdout
+    if isinstance(getattr(out, "buffer", None), io.RawIOBase):
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(out.buffer), encoding=out.encoding, errors=out.errors,
+                                      line_buffering=True)
+
+
 def main() -> None:
     global _MAIN_PID
     _MAIN_PID = os.getpid()
+    _whole_writes_to_stdout()
     signal.signal(signal.SIGTERM, _on_sigterm)
     command = build_command()
     command._main_shell_completion({}, "dsbuild", None)  # answers completion requests from the shell

@@ -139,11 +139,14 @@ def test_an_unexpected_exception_is_internal_error_70_never_1():
     assert p.returncode == 70 and "Traceback" in p.stderr and p.stderr.count("ValueError: bad [bold]x") == 2
 
 
-def test_a_closed_pipe_exits_quietly(catalog):
+@pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_closed_pipe_exits_quietly(catalog, unbuffered, as_json):
+    """Unbuffered stdout wrote part of a large --json document, said nothing and exited 0."""
     cat, _ = catalog
-    p = subprocess.Popen(argv("query", cat, "select * from range(300000)"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    p = subprocess.Popen(argv("query", cat, "select * from range(300000)", *(["--json"] if as_json else [])),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(PYTHONUNBUFFERED=unbuffered))
     first = p.stdout.readline()
     p.stdout.close()
     err = p.stderr.read()
-    assert first.strip() == b"range" and p.wait() == 141 and err == b"", err
+    assert first.strip() == (b"[" if as_json else b"range") and p.wait() == 141 and err == b"", err

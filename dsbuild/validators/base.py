@@ -14,6 +14,7 @@ validation, the reports and the skip rules follow from it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -26,15 +27,23 @@ if TYPE_CHECKING:
 
 STAGES = ("structural", "content", "dataset")
 LEVELS = ("structural", "full")
-KINDS = ("count", "fraction", "number", "strings")
+# The [low, high] each numeric kind allows; a threshold whose unit has narrower limits gives its own ``bounds``.
+RANGES = {"count": (0, math.inf), "fraction": (0, 1), "number": (0, math.inf)}
+KINDS = (*RANGES, "strings")
 
 
 @dataclass(frozen=True)
 class Threshold:
     key: str
     default: object
-    kind: str  # count (int >= 0) | fraction (0..1) | number (>= 0) | strings (list of str)
+    kind: str  # count (whole number) | fraction | number (finite) | strings (list of str)
     reason: str  # why the default is what it is
+    bounds: tuple[float, float] | None = None  # [low, high] when the unit allows less than the kind's range
+
+    @property
+    def allowed(self) -> tuple[float, float]:
+        """The [low, high] a value of this numeric threshold must lie in (``spec`` refuses the rest)."""
+        return self.bounds or RANGES[self.kind]
 
 
 def count_offenders(j: "Judge", facts: "VersionFacts") -> CheckResult:

@@ -3,8 +3,11 @@ defaults round-trip, the committed example documents every key, and mistakes nam
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -16,6 +19,8 @@ from dsbuild.formats import format_names
 from dsbuild.validators.base import Check, Threshold
 from dsbuild.validators.registry import BY_NAME, CHECKS, THRESHOLDS
 from dsbuild.validators.spec import default_spec, load_spec, parse_spec
+from tests.cli.clitools import run
+from tests.validators.support import build, write_moving_session
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "sample_data" / "acceptance.toml"
 PACKAGE = Path(dsbuild.validators.__file__).parent
@@ -78,9 +83,9 @@ def test_keys_left_out_keep_their_defaults():
     ("\n[severity]\nframes = \"warn\"\n", r"s\.toml:3: unknown check 'frames'"),
     ("[severity]\ndecode = \"loud\"\n", r"s\.toml:2: severity of 'decode' must be one of fail, warn, off"),
     ("[report]\nmax_offender = 3\n", r"s\.toml:2: unknown key 'max_offender' in \[report\]"),
-    ("[thresholds]\nmax_decode_failures = -1\n", r"s\.toml:2: max_decode_failures must be a number >= 0"),
+    ("[thresholds]\nmax_decode_failures = -1\n", r"s\.toml:2: max_decode_failures must be a whole number >= 0"),
     ("[thresholds]\nmax_decode_failures = 0.5\n", r"whole number"),
-    ("[thresholds]\nmax_frozen_fraction = 2\n", r"fraction between 0 and 1"),
+    ("[thresholds]\nmax_frozen_fraction = 2\n", r"max_frozen_fraction must be a fraction in \[0, 1\], not 2"),
     ("[thresholds]\nrequired_titles = \"Kart Storm\"\n", r"list of strings"),
     ("[thresholds]\nallowed_resolutions = [\"720p\"]\n", r"'720p' is not WxH"),
     ("[thresholds]\nrequired_conditions = [\"rain\"]\n", r"'rain' is not key=value"),
@@ -89,6 +94,83 @@ def test_keys_left_out_keep_their_defaults():
 def test_mistakes_are_usage_errors_naming_the_file_line_and_key(text, message):
     with pytest.raises(UsageError, match=message):
         parse_spec(text, "s.toml")
+
+
+NUMERIC = {k: t for k, (_, t) in THRESHOLDS.items() if t.kind != "strings"}
+FRACTIONS = sorted(k for k, t in NUMERIC.items() if t.kind == "fraction")
+
+
+def allowed(t: Threshold) -> str:
+    """The words the refusal of a value of ``t`` must hold: its kind and its range."""
+    lo, hi = t.allowed
+    what = {"count": "a whole number", "fraction": "a fraction", "number": "a finite number"}[t.kind]
+    return f"{what} in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f"{what} >= {lo:g}"
+
+
+def outside(t: Threshold) -> list[str]:
+    """TOML literals a threshold of this kind and range must refuse."""
+    lo, hi = t.allowed
+    out = ["nan", "inf", "-inf", "true", '"1"', repr(lo - 0.5)] + ([repr(hi + 0.5)] if math.isfinite(hi) else [])
+    return out + (["2.0", "1e30"] if t.kind == "count" else ["1" + "0" * 400])  # 1e400 as an integer
+
+
+@pytest.mark.parametrize("key", sorted(NUMERIC))
+def test_a_threshold_outside_its_range_is_refused_naming_it_and_the_range(key):
+    for literal in outside(NUMERIC[key]):
+        with pytest.raises(UsageError) as e:
+            parse_spec(f"[thresholds]\n{key} = {literal}\n", "s.toml")
+        assert str(e.value).startswith(f"s.toml:2: {key} must be {allowed(NUMERIC[key])}, not "), literal
+
+
+@pytest.mark.parametrize("key", sorted(NUMERIC))
+def test_a_threshold_at_either_end_of_its_range_is_kept(key):
+    lo, hi = NUMERIC[key].allowed
+    for edge in (lo, hi) if math.isfinite(hi) else (lo,):
+        value = parse_spec(f"[thresholds]\n{key} = {edge!r}\n", "s.toml")[key]
+        assert value == edge and type(value) is (int if NUMERIC[key].kind == "count" else float)
+
+
+def test_every_fraction_is_a_fraction_of_one():
+    assert FRACTIONS and all(NUMERIC[k].allowed == (0, 1) for k in FRACTIONS)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A real one-session catalog for the CLI to validate."""
+    root = tmp_path_factory.mktemp("tiny")
+    write_moving_session(root / "caps", "mv-a", "Kart Storm", "p-1")
+    return build(root / "caps", root / "cat")[0]
+
+
+def validate_with(tiny: Path, tmp_path: Path, line: str, *args, check: int) -> subprocess.CompletedProcess:
+    """`dsbuild validate` of the tiny catalog under a spec holding one threshold ``line``."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f"[thresholds]\n{line}\n")
+    return run("validate", tiny, "--acceptance", spec, *args, check=check)
+
+
+@pytest.mark.parametrize("key", FRACTIONS)
+def test_cli_refuses_a_fraction_above_one_or_below_zero_with_exit_2(tiny, tmp_path, key):
+    for value in (1.5, -0.01):
+        p = validate_with(tiny, tmp_path, f"{key} = {value}", check=2)
+        assert p.stderr.startswith(f"error: {tmp_path / 'spec.toml'}:2: {key} must be a fraction in [0, 1], "
+                                   f"not {value}"), p.stderr
+    validate_with(tiny, tmp_path, f"{key} = 1", "--quiet", check=0)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("max_decode_failures = 2.0", "max_decode_failures must be a whole number >= 0, not 2.0"),
+    ("max_decode_failures = 1e30", "max_decode_failures must be a whole number >= 0, not 1e+30"),
+    ("near_duplicate_bits = 65", "near_duplicate_bits must be a whole number in [0, 64], not 65"),
+    ("black_luma = 300", "black_luma must be a finite number in [0, 255], not 300"),
+    ("duration_tolerance_frames = inf", "duration_tolerance_frames must be a finite number >= 0, not inf"),
+    ("max_action_imbalance = 0.5", "max_action_imbalance must be a finite number >= 1, not 0.5"),
+    ("min_hours_per_title = 1" + "0" * 400, "min_hours_per_title must be a finite number >= 0, not 1000"),
+    ("max_decode_failures = 1" + "0" * 5000, "not valid TOML"),
+])
+def test_cli_refuses_a_count_or_number_outside_its_range_with_exit_2(tiny, tmp_path, line, message):
+    error = json.loads(validate_with(tiny, tmp_path, line, "--json", check=2).stderr)
+    assert error["exit_code"] == 2 and message in error["error"], error
 
 
 def test_malformed_toml_names_the_line():

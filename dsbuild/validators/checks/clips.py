@@ -20,6 +20,8 @@ from dsbuild.validators.facts import VersionFacts
 from dsbuild.validators.model import CheckResult, Distribution, per_sample
 from dsbuild.validators.view import SampleView, video_finding
 
+GRAY = (0, 255)  # the gray levels black_luma and frozen_motion are measured in (8-bit luma)
+
 
 def _distribution(label: str, values: list[float], key: str, limit: float, bad: str, unit: str = "") -> Distribution:
     return per_sample(label, values, unit, threshold=float(limit), threshold_key=key, bad=bad)
@@ -113,7 +115,7 @@ CHECKS = (
           "sampled frames at 64 px wide).",
           (Threshold("max_black_fraction", 0.01, "fraction", "a few loading screens are normal; more is a broken "
                                                              "capture"),
-           Threshold("black_luma", 16.0, "number", "mean gray level of a black frame")), level="full",
+           Threshold("black_luma", 16.0, "number", "mean gray level of a black frame", GRAY)), level="full",
           sample=video_finding("black_clips"),
           run=_fraction("black_clips", "max_black_fraction", "black_luma", "luma_max", "decoded clips are black",
                         "mean gray of the brightest sampled frame per clip")),
@@ -122,7 +124,7 @@ CHECKS = (
           "capture. A black clip is also frozen.",
           (Threshold("max_frozen_fraction", 0.01, "fraction", "pauses happen; a stuck encoder is rare"),
            Threshold("frozen_motion", 8.0, "number", "gray levels; a still image re-encoded changes by a few "
-                                                     "levels, one small moving sprite by tens")), level="full",
+                                                     "levels, one small moving sprite by tens", GRAY)), level="full",
           sample=video_finding("frozen_clips"),
           run=_fraction("frozen_clips", "max_frozen_fraction", "frozen_motion", "motion", "decoded clips are frozen",
                         "largest gray change between sampled frames per clip")),

@@ -6,6 +6,7 @@ the content pass computed; action balance uses the per-control usage the sample 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Callable, Iterable
 
@@ -197,8 +198,8 @@ def _action_balance(j: Judge, d: VersionFacts) -> CheckResult:
                         threshold_key="min_action_usage", bad="below"))
 
 
-def _t(key, default, kind, reason) -> Threshold:
-    return Threshold(key, default, kind, reason)
+def _t(key, default, kind, reason, bounds: tuple[float, float] | None = None) -> Threshold:
+    return Threshold(key, default, kind, reason, bounds)
 
 
 CHECKS = (
@@ -222,11 +223,13 @@ CHECKS = (
     Check("near_duplicates", "dataset", "Clips whose perceptual hash (dHash of 4 sampled frames, 256 bits) is "
           "within near_duplicate_bits of another clip's.",
           (_t("max_near_duplicate_fraction", 0.05, "fraction", "menus and replays look alike; report, don't block"),
-           _t("near_duplicate_bits", 12, "count", "of 256; re-encodes differ by <8, different clips by ~100")),
+           _t("near_duplicate_bits", 12, "count", "of 256; re-encodes differ by <8, different clips by ~100",
+              (0, 64))),  # past a quarter of the bits, unrelated clips match
           severity="warn", level="full", sample=_hash_clip, run=_near_duplicates),
     Check("action_balance", "dataset", "Share of frames on which each control is active (|value| >= 0.5); a "
           "control no one uses, or one dwarfing another, is reported.",
           (_t("min_action_usage", 0.001, "fraction", "a control active on under 0.1% of frames is barely learnable"),
-           _t("max_action_imbalance", 1000.0, "number", "most-used / least-used control share")),
+           _t("max_action_imbalance", 1000.0, "number", "most-used / least-used control share",
+              (1, math.inf))),  # a ratio of the most used to the least: never below 1
           severity="warn", run=_action_balance),
 )

@@ -34,7 +34,9 @@ Without ``--stratify`` the assignment is exactly steps 1-2: perfectly stable.
 **Expected deviation.** With ``n`` hashed groups a split of ratio ``p`` receives a binomial share of them:
 its realised group share has standard deviation ``sqrt(p (1 - p) / n)`` (``expected_std``) -- for
 ``p = 0.1`` that is 0.095 with 10 groups, 0.03 with 100 and 0.0095 with 1,000. The share of *samples*
-deviates more when groups differ in size. Small datasets should expect, and are warned about, empty splits.
+deviates more when groups differ in size: one player holding half the data puts half of it wherever the
+hash puts that player (``sample_share_gaps`` finds such splits). Small datasets should expect, and are
+warned about, empty splits.
 """
 
 from __future__ import annotations
@@ -223,3 +225,14 @@ def shares(assignment: Mapping[str, str], samples_per_group: Mapping[str, int], 
             expected_std_groups=None if std is None else round(std, 6),
             deviation_std=None if dev is None else round(dev, 3))
     return out
+
+
+def sample_share_gaps(samples: Mapping[str, int], ratios: Ratios, tolerance: float) -> dict[str, tuple[float, float]]:
+    """split -> (requested ratio, realised sample share) of each split whose share of the samples is more
+    than ``tolerance`` from its ratio: the hash balances groups, not samples, so unequal groups can leave a
+    split asked for 0.8 with 0.5 of the samples while every group share looks right."""
+    total = sum(samples.values())
+    if not total:
+        return {}
+    got = {name: samples.get(name, 0) / total for name, _ in ratios}
+    return {name: (r, got[name]) for name, r in ratios if abs(got[name] - r) > tolerance}

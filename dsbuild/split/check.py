@@ -20,8 +20,9 @@ from dsbuild.split.groups import read_version
 from dsbuild.split.make import compute, open_version, resolve_params
 from dsbuild.split.params import SplitOptions, SplitParams
 
-# Manifest fields that legitimately differ between equal split sets (writer bytes, who wrote it).
-NOT_COMPARED = ("hash", "tool_version", "splits")
+# Manifest fields that legitimately differ between equal split sets (writer bytes, who wrote it, and the
+# warnings that version of dsbuild knew to give: they comment on the data, the rule does not change).
+NOT_COMPARED = ("hash", "tool_version", "splits", "warnings")
 SPLIT_FIELDS_NOT_COMPARED = ("sha256", "bytes")
 
 

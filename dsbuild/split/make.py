@@ -11,7 +11,7 @@ from dsbuild import __version__
 from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.core.hashing import sha256_bytes, sha256_json
-from dsbuild.split.assign import assign_groups, intervals, shares, split_for, unit
+from dsbuild.split.assign import assign_groups, intervals, sample_share_gaps, shares, split_for, unit
 from dsbuild.split.carry import Carry, carry_over, resolve_split_set
 from dsbuild.lineage.splitsets import (
     Carried,
@@ -40,6 +40,10 @@ from dsbuild.split.params import SplitOptions, SplitParams, check_name
 
 # A split whose group share is further than this many binomial std from its target is reported.
 DEVIATION_WARN_STD = 3.0
+# A split whose share of the assigned samples is further than this from its requested ratio is reported
+# (0.8 asked, under 0.75 or over 0.85 got): above the hash's own spread with thousands of equal groups, so
+# it points at groups of unequal size or too few of them.
+SAMPLE_SHARE_TOLERANCE = 0.05
 # How many group values an error or warning line names before it says "and N more".
 NAMED = 5
 
@@ -123,6 +127,7 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
     a = assign_groups(present, ratios=params.ratios, salt=params.salt, fixed=fixed,
                       exclusive=params.exclusive, strata=strata)
     share = shares(a.splits, spg, params.ratios, params.exclusive)
+    gaps = sample_share_gaps({n: s.samples for n, s in share.items()}, params.ratios, SAMPLE_SHARE_TOLERANCE)
 
     tables, files, split_docs, key_hashes = {}, {}, {}, {}
     for split in params.split_names:
@@ -138,9 +143,14 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
             expected_std_groups=s.expected_std_groups, deviation_std=s.deviation_std)
         if s.groups == 0:
             warnings.append(f"split {split!r} is empty (0 groups)")
-        elif s.deviation_std is not None and abs(s.deviation_std) > DEVIATION_WARN_STD:
+            continue  # its sample share, 0, says nothing more
+        if s.deviation_std is not None and abs(s.deviation_std) > DEVIATION_WARN_STD:
             warnings.append(f"split {split!r}: group share {s.ratio_groups:.3f} is {s.deviation_std:+.1f} std "
                             f"from its target {s.target:.3f}")
+        if split in gaps:
+            requested, got = gaps[split]
+            warnings.append(f"split {split!r}: sample share {got:.3f}, requested {requested:.3f} (more than "
+                            f"{SAMPLE_SHARE_TOLERANCE:g} off: the groups are few or differ in size)")
     unassigned_samples = sum(vs.samples_per_session[sid] for sid in unassigned)
     if unassigned:
         warnings.append(f"{len(unassigned)} session(s) without {params.by} are unassigned "

@@ -7,6 +7,7 @@ assignment (which would silently reshuffle every user's splits) is caught.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 from hypothesis import assume, given, settings
@@ -20,6 +21,7 @@ from dsbuild.split.assign import (
     expected_std,
     intervals,
     majority_stratum,
+    sample_share_gaps,
     shares,
     split_for,
     unit,
@@ -214,6 +216,45 @@ def test_shares_renormalise_around_a_pinned_split():
     assert share["train"].target == round(0.8 / 0.9, 6)
     assert abs(share["train"].deviation_std) < 5 and abs(share["val"].deviation_std) < 5
     assert sum(s.samples for s in share.values()) == 4000
+
+
+@given(ratio_sets(), st.lists(st.integers(0, 10_000), min_size=5, max_size=5), st.integers(1, 1000))
+def test_sample_share_gaps_are_the_splits_further_than_the_tolerance_at_any_scale(ratios, counts, k):
+    samples = dict(zip((n for n, _ in ratios), counts))
+    total = sum(samples.values())
+    gaps = sample_share_gaps(samples, ratios, 0.05)
+    assert gaps == sample_share_gaps({n: c * k for n, c in samples.items()}, ratios, 0.05)  # shares, not counts
+    for name, requested in ratios:
+        off = total > 0 and abs(samples[name] / total - requested) > 0.05
+        assert (name in gaps) == off
+        if off:
+            assert gaps[name] == (requested, samples[name] / total)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ratio_sets(min_splits=2), SALT, st.lists(st.integers(1, 20), min_size=1, max_size=30))
+def test_a_group_holding_most_samples_puts_its_split_off_its_ratio_whatever_the_hash(ratios, salt, sizes):
+    """The reported case: one player with most of the data, wherever the hash puts them, drags that
+    split's sample share away from every ratio while the group shares can look right."""
+    most = max(r for _, r in ratios) + 0.05
+    assume(most < 1)
+    groups = {f"g{i}": n for i, n in enumerate(sizes)}
+    groups["whale"] = math.floor(sum(sizes) * most / (1 - most)) + 1  # more than `most` of all samples
+    a = assign_groups(groups, ratios=ratios, salt=salt)
+    samples = Counter()
+    for g, split in a.splits.items():
+        samples[split] += groups[g]
+    assert a.splits["whale"] in sample_share_gaps(samples, ratios, 0.05)
+
+
+@settings(max_examples=15, deadline=None)
+@given(ratio_sets(), SALT)
+def test_many_groups_of_one_size_stay_within_the_tolerance(ratios, salt):
+    """0.05 is above the hash's own spread with many groups (5 binomial std <= 0.046 at 3,000 groups):
+    the warning points at group sizes or too few groups, not at chance."""
+    groups = [f"g{i}" for i in range(3000)]
+    a = assign_groups(groups, ratios=ratios, salt=salt)
+    assert sample_share_gaps(Counter(a.splits.values()), ratios, 0.05) == {}
 
 
 # -- parameters ------------------------------------------------------------------------------------

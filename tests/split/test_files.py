@@ -6,6 +6,7 @@ show up in other tests' catalogs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import unicodedata
 import shutil
@@ -35,8 +36,11 @@ from dsbuild.split import (
     open_split,
 )
 from dsbuild.lineage.index import LOCATOR_COLUMNS
-from dsbuild.lineage.splitsets import SPLIT_FORMAT, SplitManifest
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.splitsets import SPLIT_FORMAT, SplitManifest, publish_split_set
 from dsbuild.split.files import split_schema, table_bytes
+from dsbuild.split.make import SAMPLE_SHARE_TOLERANCE
+from tests.cli.clitools import run, run_json
 from tests.helpers import index_rows
 
 LOCATORS = list(LOCATOR_COLUMNS)
@@ -76,6 +80,19 @@ def partial(tmp_path_factory) -> tuple[Path, str]:
     generate(base / "captures", sessions=3, seconds=2.0, seed=5, specs=specs)
     r = convert(base / "captures", base / "catalog", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
     return base / "catalog", r.version_id
+
+
+@pytest.fixture(scope="module")
+def whale(tmp_path_factory) -> Path:
+    """A catalog where one player holds 9 of the 10 samples: whatever split the hash gives them is far
+    from its ratio in samples."""
+    base = tmp_path_factory.mktemp("whale")
+    video = VideoSpec(160, 120, 30, 30)
+    specs = [SessionSpec(f"w-{k}", "Kart Storm", "whale", video) for k in range(9)]
+    specs.append(SessionSpec("s-0", "Kart Storm", "p-0", video))
+    generate(base / "captures", sessions=len(specs), seconds=1.0, seed=5, specs=specs)
+    convert(base / "captures", base / "catalog", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
+    return base / "catalog"
 
 
 def _keys(table: pa.Table) -> list[str]:
@@ -260,6 +277,35 @@ def test_a_title_with_no_group_of_its_own_is_reported_when_it_misses_a_split(tmp
                                                                              ratios="train=0.5,val=0.5"))
     assert split.manifest.to_json()["stratification"]["uncovered"] == []  # no stratum is missing...
     assert any("'Kart Storm' reaches no sample of split(s)" in w for w in split.warnings)  # ...but said
+
+
+def test_a_split_whose_sample_share_is_far_from_its_ratio_is_warned_about(whale):
+    """Asked 0.8/0.1/0.1 of a catalog one player dominates, the split used to report its table and no
+    warning although a split held far more or fewer samples than asked."""
+    args = ("split", whale, "--name", "main", "--ratios", "train=0.8,val=0.1,test=0.1")
+    doc = run_json(*args)
+    off = {s: (x["requested"], x["ratio_samples"]) for s, x in doc["splits"].items()
+           if x["groups"] and abs(x["ratio_samples"] - x["requested"]) > SAMPLE_SHARE_TOLERANCE}
+    assert off  # the whale's split, at least
+    stderr = run(*args).stderr
+    for split, (requested, got) in off.items():
+        line = f"split {split!r}: sample share {got:.3f}, requested {requested:.3f}"
+        assert sum(w.startswith(line) for w in doc["warnings"]) == 1
+        assert f"warning {line}" in stderr
+    assert sum("sample share" in w for w in doc["warnings"]) == len(off)
+
+
+def test_check_passes_a_split_set_stored_before_a_warning_was_added(whale):
+    """Warnings comment on the data; they are not the rule: a split set that an older dsbuild stored
+    without the sample share warning still matches its rule."""
+    make_split(whale, None, "older", SplitOptions(ratios="train=0.8,val=0.1,test=0.1"))
+    stored = open_split(whale, None, "older")
+    older = dataclasses.replace(stored.manifest, warnings=tuple(
+        w for w in stored.manifest.warnings if "sample share" not in w)).sealed()
+    assert older.warnings != stored.manifest.warnings
+    files = {stored.manifest.splits[s].file: stored.file_bytes(s) for s in stored.splits}
+    publish_split_set(Catalog.open(whale), stored.version_id, "older", files, older, force=True)
+    run("split", whale, "--name", "older", "--check")
 
 
 def test_pinned_test_set_never_changes_whatever_the_ratios(catalog, tmp_path):

@@ -59,7 +59,9 @@ class ExportFolder:
     """Claims ``dest`` for ``marker`` (refusing anything else there) and writes files beside it, in ``work``."""
 
     def __init__(self, dest: Path, marker: ExportMarker):
-        self.dest = Path(os.path.abspath(dest))  # a name to derive the sibling's from, even for "."
+        # the folder itself (a link to an empty folder is followed: the rename must land on a folder), and
+        # a name to derive the sibling's from, even for "."
+        self.dest = Path(os.path.realpath(dest))
         self.work = self.dest.with_name(PARTIAL.format(self.dest.name))
         self.marker = replace(marker, complete=False)
         self.written = 0  # files written by this run

@@ -72,6 +72,14 @@ def test_an_export_interrupted_inside_its_folder_by_an_earlier_dsbuild_finishes(
     _same_as_clean(tmp_path / "x", exported("mds"))
 
 
+def test_a_link_to_an_empty_folder_gets_the_export_in_that_folder(export_catalog, tmp_path):
+    cat, _ = export_catalog
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "disk")
+    export(f"{cat}@v1", tmp_path / "link", to="wids", split="main/test")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "disk" / "test.json").is_file()
+
+
 def test_export_refuses_a_folder_that_holds_something_else(export_catalog, exported, tmp_path):
     cat, _ = export_catalog
     (tmp_path / "busy").mkdir()

@@ -74,16 +74,12 @@ class ExportFolder:
         d, w = self.dest, self.work
         if d.exists() and not d.is_dir():
             raise UsageError(f"{d}: is a file; export into a folder")
-        found = read_marker(d) if d.is_dir() else None
+        found = self._mine(d, read_marker(d) if d.is_dir() else None)
         if found is None and d.is_dir() and any(d.iterdir()):
             raise UsageError(f"{d}: folder is not empty and is not an earlier export; choose an empty folder")
-        staged = read_marker(w)
-        for where, marker in ((d, found), (w, staged)):
-            if marker is not None and replace(marker, complete=False) != self.marker:
-                raise UsageError(f"{where}: holds {marker.describe()}, not {self.marker.describe()}; "
-                                 "choose an empty folder")
         if found is not None and found.complete:
             return True
+        staged = self._mine(w, read_marker(w))
         try:
             if found is not None and staged is None:  # interrupted in place by an earlier dsbuild: finish it beside
                 os.rename(d, w)
@@ -95,6 +91,13 @@ class ExportFolder:
         if staged is None and found is None:
             replace_atomically(w / MARKER, pretty_json(self.marker.to_json()))
         return False
+
+    def _mine(self, where: Path, marker: ExportMarker | None) -> ExportMarker | None:
+        """``marker`` if any, refusing the folder when it is another export's."""
+        if marker is not None and replace(marker, complete=False) != self.marker:
+            raise UsageError(f"{where}: holds {marker.describe()}, not {self.marker.describe()}; "
+                             "choose an empty folder")
+        return marker
 
     def path(self, rel: str) -> Path:
         return self.work / rel

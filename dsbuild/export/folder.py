@@ -44,6 +44,14 @@ class ExportMarker(Record):
         return f"a {self.tool} export of version {self.version_id[:12]}{split}"
 
 
+def _holds_cwd(folder: Path) -> bool:
+    try:
+        cwd = Path(os.path.realpath(os.getcwd()))
+    except OSError:  # the current folder was removed
+        return False
+    return cwd == folder or folder in cwd.parents
+
+
 def read_marker(dest: Path) -> ExportMarker | None:
     path = dest / MARKER
     if not path.is_file():
@@ -79,6 +87,9 @@ class ExportFolder:
             raise UsageError(f"{d}: folder is not empty and is not an earlier export; choose an empty folder")
         if found is not None and found.complete:
             return True
+        if d.is_dir() and _holds_cwd(d):
+            raise UsageError(f"{d}: is the current folder; the finished export replaces it (a shell there would "
+                             "see it empty)", hint="export into a new folder, e.g. ./export")
         staged = self._mine(w, read_marker(w))
         try:
             if found is not None and staged is None:  # interrupted in place by an earlier dsbuild: finish it beside

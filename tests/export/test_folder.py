@@ -122,6 +122,19 @@ def test_the_export_command_prints_the_report(export_catalog, tmp_path):
     assert (tmp_path / "w" / "test.json").is_file()
 
 
+def test_an_export_into_the_current_folder_is_refused_and_leaves_nothing(export_catalog, tmp_path):
+    """The finished export replaces an empty DEST with one rename: with DEST the current folder, the
+    user's shell was left in a removed folder that looked empty."""
+    cat, _ = export_catalog
+    here = tmp_path / "here"
+    here.mkdir()
+    dsbuild = Path(sys.executable).with_name("dsbuild")
+    run = subprocess.run([str(dsbuild), "export", f"{cat}@v1", ".", "--to", "hf"], capture_output=True, text=True,
+                         cwd=here)
+    assert run.returncode == 2 and "is the current folder" in run.stderr, run.stderr
+    assert list(here.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["here"]
+
+
 def test_without_a_split_set_the_version_is_the_split_train_and_every_shard_is_linked(export_catalog, expected,
                                                                                    tmp_path):
     cat, _ = export_catalog

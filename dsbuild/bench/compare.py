@@ -70,7 +70,7 @@ def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list, dict[st
         elif name == "pyav":
             active.append(baselines.PyAV(data, threads, o.resize))
         elif name == "raw":
-            active.append(baselines.raw(data))
+            active.append(baselines.ShardReads("raw", data, threads, hashed=False))
         elif name == "sha256":
             active.append(baselines.sha256(data, threads))
         elif name == "webdataset":

@@ -72,6 +72,11 @@ class Meter:
     def stop(self) -> None:
         self.stopped = True
 
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` just spent out of the measurement (a baseline's per-epoch set-up)."""
+        with self._lock:
+            self._t0 += seconds
+
     def add(self, samples: float = 0, frames: float = 0, nbytes: float = 0) -> None:
         with self._lock:
             self.samples += samples

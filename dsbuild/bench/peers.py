@@ -3,7 +3,7 @@ each reading the same member bytes written in its own format by its own writer (
 
 Every member is stored as a plain bytes column (nothing for the peer to parse per sample, as our bytes
 mode parses nothing), and each peer is iterated the way its single-process API is used: one consumer
-thread, its own prefetching inside. The copy holds the split's samples in key order up to
+thread, its own prefetching inside, measured at its steady rate (``baselines.Epochs``). The copy holds the split's samples in key order up to
 ``COPY_BUDGET`` bytes; it is written once per run, before the rounds (start-up, outside the budget), into
 the run's scratch folder. A peer that is not installed is skipped, with the reason in the report.
 """
@@ -15,7 +15,7 @@ import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from dsbuild.bench.baselines import endless
+from dsbuild.bench.baselines import Epochs
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
 from dsbuild.core.errors import MissingDependency
@@ -55,12 +55,12 @@ class Peer(ABC):
         self.folder.mkdir(parents=True)
         self.write(_items(self.data))
         dataset = self.open()
-        self.items = endless(lambda: dataset)
+        self.items = Epochs(lambda: dataset)
 
     def run(self, meter: Meter) -> None:
         sizes = self.data.sizes
         while not meter.over:
-            item = next(self.items)
+            item = self.items.next(meter)
             meter.add(1, 0, sizes[item["key"]])
 
     def close(self) -> None:

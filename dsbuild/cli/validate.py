@@ -17,6 +17,28 @@ Reports (--save/--junit/--html) are written also when the version is rejected.""
 SHOWN = 3  # offenders per check in piped output; --save/--json/--html/--junit carry up to max_offenders
 
 
+def _check_targets(paths: dict[str, str | None]) -> None:
+    """Report paths are checked before any work: a folder that does not exist (a typo) or a path that
+    is a folder is exit 2 now, not after a long validation whose verdict it would lose."""
+    import os
+    import shlex
+    from pathlib import Path
+
+    from dsbuild.core.errors import StorageError, UsageError
+
+    for option, path in paths.items():
+        if path is None:
+            continue
+        target = Path(path)
+        folder = target.parent
+        if target.is_dir():
+            raise UsageError(f"{option} {path}: is a folder; give a file name")
+        if not folder.is_dir():
+            raise UsageError(f"{option} {path}: folder {folder} does not exist", hint=f"mkdir -p {shlex.quote(str(folder))}")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise StorageError(f"{option} {path}: cannot write in {folder} (permission denied)")
+
+
 def _write(path: str, write, what: str) -> None:
     """``write(path)``; an OSError is a StorageError naming the file (exit 3)."""
     from pathlib import Path
@@ -76,25 +98,26 @@ def validate(
     from dsbuild.validators import validate as run_validate
 
     o = Out(as_json, quiet)
-    spec = load_spec(acceptance)  # first: a bad spec is exit 2 before any work
+    spec = load_spec(acceptance)  # first: a bad spec or report path is exit 2 before any work
+    _check_targets({"--save": save, "--junit": junit, "--html": html})
     path, version = parse_ref(ref)
     catalog = open_catalog(path)
     with Progress("validate", o) as bar:
         report = run_validate(catalog, version, spec, ValidateOptions(level=level, split=split_set),
                               executor=ExecutorSpec(executor, workers, ray_address),
                               progress=lambda done, total, stage: bar.update(done, total, stage=stage))
+    if as_json:  # the verdict first: a report file that cannot be written then loses nothing
+        o.json(report.to_json())
+        if not quiet:  # a job that sends stdout to a file still logs the verdict (docs/ci-gate.md)
+            to_stderr(verdict_line(report))
+    elif not quiet:
+        _render(o, report)
     if save:  # atomically, like the HTML: a failed write never leaves a half report where a good one was
         _write(save, lambda p: replace_atomically(p, to_json(report).encode()), "JSON report")
     if junit:
         _write(junit, lambda p: replace_atomically(p, to_junit(report).encode()), "JUnit report")
     if html:
         _write(html, lambda p: write_html(report, p, catalog=catalog), "HTML report")
-    if as_json:
-        o.json(report.to_json())
-        if not quiet:  # a job that sends stdout to a file still logs the verdict (docs/ci-gate.md)
-            to_stderr(verdict_line(report))
-    elif not quiet:
-        _render(o, report)
     report.raise_if_rejected()
 
 

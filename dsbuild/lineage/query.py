@@ -14,6 +14,7 @@ CLI's ``--unsafe``) skips the sandbox for an analyst's own queries on their own 
 
 from __future__ import annotations
 
+import difflib
 import re
 import shutil
 import tempfile
@@ -93,6 +94,16 @@ def _views(con, catalog: Catalog, version_id: str, needed: set[str]) -> None:
                                                                "format", "samples", "bytes"]))
 
 
+def _unknown_table_hint(error: str) -> str | None:
+    """For a table that does not exist, the views there are (duckdb's own suggestion only knows the
+    views this query named: they are created on demand)."""
+    missing = re.match(r"Catalog Error: Table with name (\S+) does not exist", error)
+    if missing is None:
+        return None
+    close = difflib.get_close_matches(missing.group(1).lower(), VIEWS, n=1)
+    return (f"did you mean {close[0]!r}? " if close else "") + f"the views are {', '.join(VIEWS)}"
+
+
 def run_query(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False) -> tuple[list[str], list[tuple]]:
     import duckdb
 
@@ -110,7 +121,8 @@ def run_query(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = Fal
                              hint="queries run sandboxed (no file access); --unsafe lifts that for your own "
                                   "queries") from None
         except duckdb.Error as e:
-            raise UsageError(f"query failed: {str(e).splitlines()[0][:200]}") from None
+            first = (str(e).splitlines() or [""])[0]
+            raise UsageError(f"query failed: {first[:200]}", hint=_unknown_table_hint(first)) from None
         if cur.description is None:
             return [], []
         return [d[0] for d in cur.description], cur.fetchall()

@@ -43,6 +43,7 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["shards", "cat", "--split", "main"], ["NAME/SPLIT"]),
     (["validate", "cat", "--split-set", ""], ["split set name is empty"]),  # an unset $SPLIT: no silent pass
     (["query", "cat", " ; "], ["the query is empty"]),
+    (["query", "cat", "select * from sampels"], ["sampels does not exist", "did you mean 'samples'"]),
     (["validate", "cat", "--save", "nodir/v.json"], ["--save", "folder nodir does not exist"]),  # before any work
     (["validate", "cat", "--html", "."], ["--html", "is a folder"]),
     (["log", "foo://bar/cat"], ["no file system is known for 'foo'://"]),

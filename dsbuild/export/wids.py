@@ -6,7 +6,8 @@
 wids maps a sample index to a shard by each entry's ``nsamples`` and reads every sample of a listed
 tar, so a listed tar must hold exactly the split's samples: catalog shards shared by several splits are
 written anew for each (a version without a split set links every shard). URLs are relative to the
-JSON's folder, so the export folder can move as a whole.
+JSON's folder and links relative to the catalog: the folder moves with its catalog, or alone once copied
+with its links resolved.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ Content addressing makes it cheap and safe:
   resumes where it stopped (shards already there are skipped);
 - a destination that already holds the version must hold the same bytes (ids are hashes); if its
   manifest is damaged that is one storage error naming it, never a silent overwrite.
-Tags pointing at the version and its split sets come along when asked.
+Tags pointing at the version and its split sets come along when asked; what would be refused there (a
+tag or split set of the same name that names something else) is found before anything is sent, so a
+refused copy changes nothing in the destination.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dsbuild.core.jsonio import pretty_json
 from dsbuild.core.records import Record
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.manifest import ShardRecord
-from dsbuild.lineage.splitsets import list_split_sets, publish_split_set
+from dsbuild.lineage.splitsets import SplitSet, list_split_sets, publish_split_set
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,8 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
     vid = source.resolve(ref)
     m = source.manifest(vid)  # proven: its sha256 is the id
     existed = _present(dest, vid)
+    names = _tags_to_copy(source, dest, vid) if tags else ()
+    sets = _split_sets_to_copy(source, dest, vid) if splits else []
     state = _Progress(total=len(m.shards))
     sent = skipped = nbytes = 0
     with dest.build_area() as area:
@@ -112,10 +116,12 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
                 progress(state)
         if not existed:
             _publish(source, dest, vid, area.path)
-    moved_tags = _copy_tags(source, dest, vid) if tags else ()
-    moved_splits = _copy_splits(source, dest, vid) if splits else ()
-    return TransferReport(vid, source.url, dest.url, sent, skipped, nbytes, existed, moved_tags, moved_splits,
-                          round(time.monotonic() - started, 3))
+    for t in names:
+        dest.set_tag(t, vid)
+    for sp, files in sets:
+        publish_split_set(dest, vid, sp.name, files, sp.manifest)
+    return TransferReport(vid, source.url, dest.url, sent, skipped, nbytes, existed, names,
+                          tuple(sp.name for sp, _ in sets), round(time.monotonic() - started, 3))
 
 
 def _present(dest: Catalog, vid: str) -> bool:
@@ -143,22 +149,28 @@ def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path) -> None:
         dest.publish(vid, {**files, "manifest.json": manifest}, scratch)
 
 
-def _copy_tags(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:
+def _tags_to_copy(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:
+    """The source's tags naming ``vid``; refused, before anything is sent, if one names another version
+    in ``dest`` (found after the copy, it left a published version behind an error)."""
     names = sorted(t for t, v in source.tags().items() if v == vid)
     theirs = dest.tags()
     clash = [t for t in names if t in theirs and theirs[t] != vid]
     if clash:
-        raise UsageError(f"{dest.url}: tag {clash[0]!r} already points at {theirs[clash[0]][:12]}",
+        raise UsageError(f"{dest.url}: tag {clash[0]!r} already points at {theirs[clash[0]][:12]}; "
+                         "nothing was copied",
                          hint="move it there with `dsbuild tag --force`, or copy without --tags")
-    for t in names:
-        dest.set_tag(t, vid)
     return tuple(names)
 
 
-def _copy_splits(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:
+def _split_sets_to_copy(source: Catalog, dest: Catalog, vid: str) -> list[tuple[SplitSet, dict[str, bytes]]]:
+    """The version's split sets with their files (each proven against its manifest); refused, before
+    anything is sent, if ``dest`` holds a different split set of the same name for the version."""
+    theirs = {sp.name: sp.hash for sp in list_split_sets(dest, vid)}
     out = []
     for sp in list_split_sets(source, vid):
-        files = {f"{split}.parquet": sp.file_bytes(split) for split in sp.splits}
-        publish_split_set(dest, vid, sp.name, files, sp.manifest)
-        out.append(sp.name)
-    return tuple(out)
+        if theirs.get(sp.name, sp.hash) != sp.hash:
+            raise UsageError(f"{dest.url}: split set {sp.name!r} of version {vid[:12]} is a different one there (hash "
+                             f"{theirs[sp.name][:12]}, this one {sp.hash[:12]}); nothing was copied",
+                             hint="copy without --splits")
+        out.append((sp, {f"{split}.parquet": sp.file_bytes(split) for split in sp.splits}))
+    return out

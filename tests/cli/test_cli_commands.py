@@ -230,3 +230,32 @@ def test_a_ref_that_does_not_resolve_leaves_no_destination_behind(catalog, tmp_p
     p = run(verb, f"{cat}@no-such-tag", tmp_path / "dest", check=None)
     assert p.returncode == 2 and "no-such-tag" in p.stderr, p.stderr
     assert not (tmp_path / "dest").exists()  # an empty catalog there made the next typo look like a success
+
+
+def _files(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` (a catalog, .tmp included) and its bytes: what a refused copy must not change."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_push_whose_tag_clashes_is_refused_before_anything_is_sent(catalog, caps, tmp_path):
+    """The clash was found after the shards and the version were published (and the split sets were not
+    copied), and the error did not say so."""
+    cat, vid = catalog
+    dest = tmp_path / "copy1"
+    run("convert", caps, dest, "--clip-seconds", 3, "--workers", 1, "--quiet")
+    run("tag", dest, "gold", "--quiet")  # gold names another version there
+    before = _files(dest)
+    p = run("push", f"{cat}@gold", dest, "--tags", "--splits", check=2)
+    assert "tag 'gold' already points at" in p.stderr and "nothing was copied" in p.stderr, p.stderr
+    assert _files(dest) == before and not (dest / "versions" / vid).exists()
+
+
+def test_a_pull_whose_split_set_clashes_is_refused_before_any_tag_moves(catalog, tmp_path):
+    cat, vid = catalog
+    dest = tmp_path / "dest"
+    run("pull", f"{cat}@gold", dest, "--quiet")
+    run("split", f"{dest}@{vid}", "--name", "main", "--by", "session_id", "--salt", "other", "--quiet")
+    before = _files(dest)
+    p = run("pull", f"{cat}@gold", dest, "--tags", "--splits", check=2)
+    assert "split set 'main'" in p.stderr and "nothing was copied" in p.stderr, p.stderr
+    assert _files(dest) == before and not (dest / "tags.json").exists()

@@ -18,7 +18,7 @@ Examples:
 Run the same command again to resume an interrupted push."""
 
 def copy_version(ref: str, dest: str, tags: bool, splits: bool, as_json: bool, quiet: bool, verb: str) -> None:
-    from dsbuild.lineage.catalog import open_catalog, parse_ref
+    from dsbuild.lineage.catalog import catalog_to_fill, open_catalog, parse_ref
     from dsbuild.lineage.transfer import transfer
 
     o = Out(as_json, quiet)
@@ -26,8 +26,7 @@ def copy_version(ref: str, dest: str, tags: bool, splits: bool, as_json: bool, q
     source = open_catalog(path)
     vid = source.resolve(version)
     source.manifest(vid)  # a ref or version that does not resolve leaves no empty catalog behind
-    target = open_catalog(dest, create=True)
-    with Progress(verb, o) as bar:
+    with catalog_to_fill(dest) as target, Progress(verb, o) as bar:
         r = transfer(source, vid, target, tags=tags, splits=splits,
                      progress=lambda p: bar.update(p.done, p.total, stage="shards"))
     if as_json:

@@ -27,7 +27,7 @@ import re
 import shutil
 import stat
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -567,6 +567,56 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
 def open_catalog(location: str | Path, *, create: bool = False) -> Catalog:
     """A catalog at a local path, ``file://`` URL or any fsspec URL (``s3://bucket/cat``)."""
     return Catalog.open(location, create=create)
+
+
+@contextmanager
+def catalog_to_fill(location: str | Path) -> Iterator[Catalog]:
+    """The catalog at ``location``, created if needed, for a command that copies into it (push, pull). If
+    the command fails, a location that held nothing is left holding nothing: a folder it made is removed
+    (with the parents it made), an empty one emptied, an object store prefix cleared; a failed copy is not
+    a new catalog. Ctrl-C keeps what was sent: running the command again resumes."""
+    store = open_store(location)
+    made = _outermost_missing(store.local_root) if store.local_root is not None else None
+    fresh = made is not None or _holds_nothing(store)
+    try:
+        yield Catalog.open(location, create=True)
+    except Exception:
+        if fresh:
+            with suppress(StorageError, OSError):  # the failure is what must be reported, not the cleanup's
+                _clear(store, made)
+        raise
+
+
+def _outermost_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist (what creating ``path`` makes)."""
+    if path.exists() or path.is_symlink():
+        return None
+    while not path.parent.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _holds_nothing(store: Store) -> bool:
+    """An existing folder with no entries, or an object store prefix with no keys (a catalog's marker
+    answers first: its keys are not listed)."""
+    if store.local_root is not None:
+        return store.local_root.is_dir() and not any(store.local_root.iterdir())
+    return not store.exists(MARKER) and not store.list("")
+
+
+def _clear(store: Store, made: Path | None) -> None:
+    """Remove what a failed command put into a location that held nothing (``made``: the folder it made)."""
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+    elif store.local_root is not None:
+        for p in store.local_root.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+    else:
+        for key in store.list(""):
+            store.delete(key)
 
 
 def open_ref(ref: str) -> tuple[Catalog, str]:

@@ -259,3 +259,19 @@ def test_a_pull_whose_split_set_clashes_is_refused_before_any_tag_moves(catalog,
     p = run("pull", f"{cat}@gold", dest, "--tags", "--splits", check=2)
     assert "split set 'main'" in p.stderr and "nothing was copied" in p.stderr, p.stderr
     assert _files(dest) == before and not (dest / "tags.json").exists()
+
+
+@pytest.mark.parametrize("verb", ["push", "pull"])
+def test_a_copy_that_fails_leaves_no_catalog_it_created(private_catalog, tmp_path, verb):
+    """A damaged source shard (exit 3) left catalog.json and .tmp/*.lock in a destination that did not exist."""
+    cat, vid = private_catalog
+    shard = cat / json.loads((cat / "versions" / vid / "manifest.json").read_text())["shards"][-1]["path"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    p = run(verb, cat, tmp_path / "new", check=3)
+    assert "not what the shard's name and record say" in p.stderr, p.stderr
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "empty").mkdir()
+    run(verb, cat, tmp_path / "empty", check=3)
+    assert list((tmp_path / "empty").iterdir()) == []  # emptied again, the folder kept

@@ -102,3 +102,15 @@ def test_push_and_pull_copy_a_version_with_its_tags_and_split_sets(s3, remote, t
     assert run("verify", f"s3://data/copy@{vid}", extra_env=s3).returncode == 0
     missing = run("pull", "s3://data/cat@nosuchtag", local, check=2, extra_env=s3)
     assert "no version or tag" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_push_that_fails_leaves_no_new_catalog_in_the_bucket(s3, private_catalog):
+    """A damaged source shard (exit 3) left catalog.json in a prefix that held nothing."""
+    cat, vid = private_catalog
+    shard = cat / json.loads((cat / "versions" / vid / "manifest.json").read_text())["shards"][-1]["path"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    p = run("push", cat, "s3://data/failed", check=3, extra_env=s3)
+    assert "not what the shard's name and record say" in p.stderr, p.stderr
+    assert s3_keys(s3, "data/failed/") == []

@@ -304,7 +304,7 @@ def test_pull_refuses_bytes_that_are_not_what_their_shard_name_says(wds_catalog,
     refused = cli("pull", f"{forged}@{fid}", dest, "--json")
     assert refused.returncode != 0
     assert rec["path"] in refused.stderr and "sha256" in refused.stderr and "forged" in refused.stderr
-    assert not (dest / rec["path"]).exists() and fid not in Catalog.open(dest).versions()
+    assert not dest.exists()  # the catalog the refused pull created is gone with what it sent
     honest = cli("pull", f"{src}@{vid}", dest, "--json")
     assert honest.returncode == 0, honest.stderr
     assert json.loads(honest.stdout)["shards_sent"] == len(doc["shards"])

@@ -181,21 +181,32 @@ def _fsspec(url: str):
     return fs, path.rstrip("/")
 
 
+def _network_cause(e: FileNotFoundError) -> OSError | None:
+    """The network failure behind a "missing file", if any: fsspec's HTTP file system reports a request
+    that failed (connection refused, unknown host, timeout: an OSError) as FileNotFoundError, with that
+    failure as its cause. A 404 (or s3fs's NoSuchKey) is not an OSError: it stays a missing file."""
+    cause = e.__cause__
+    return cause if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError) else None
+
+
 def retry(what: str, fn: Callable):
     """Run ``fn`` and retry transient I/O failures (dropped connections, timeouts) with backoff; give up
     with a StorageError naming ``what``. A missing object is not transient: FileNotFoundError passes."""
     for attempt in range(RETRIES):
         try:
             return fn()
-        except FileNotFoundError:
-            raise
+        except FileNotFoundError as e:
+            failure = _network_cause(e)
+            if failure is None:
+                raise
         except Exception as e:  # botocore/aiohttp raise their own types for a reset connection
             if "NoSuchKey" in type(e).__name__:
                 raise FileNotFoundError(what) from None
-            if attempt == RETRIES - 1 or isinstance(e, (FormatError, PermissionError)):
-                raise StorageError(f"{what}: {type(e).__name__}: {str(e)[:200]}",
-                                   hint="check the URL, credentials and network, then run again") from None
-            time.sleep(0.05 * 2 ** attempt)
+            failure = e
+        if attempt == RETRIES - 1 or isinstance(failure, (FormatError, PermissionError)):
+            raise StorageError(f"{what}: {type(failure).__name__}: {str(failure)[:200]}",
+                               hint="check the URL, credentials and network, then run again") from None
+        time.sleep(0.05 * 2 ** attempt)
 
 
 class FsspecStore:
@@ -239,7 +250,14 @@ class FsspecStore:
         return data
 
     def exists(self, key: str) -> bool:
-        return bool(retry(f"{self.url}/{key}", lambda: self.fs.exists(self._remote(key))))
+        """Whether the store holds ``key``. Asked through ``info``, not ``fs.exists``: fsspec's HTTP
+        file system answers False to a refused connection, which made an unreachable server "not a
+        catalog"; here only a missing object is False, a network failure a StorageError."""
+        try:
+            retry(f"{self.url}/{key}", lambda: self.fs.info(self._remote(key)))
+        except FileNotFoundError:
+            return False
+        return True
 
     def size(self, key: str) -> int | None:
         try:

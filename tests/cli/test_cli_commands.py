@@ -275,3 +275,32 @@ def test_a_copy_that_fails_leaves_no_catalog_it_created(private_catalog, tmp_pat
     (tmp_path / "empty").mkdir()
     run(verb, cat, tmp_path / "empty", check=3)
     assert list((tmp_path / "empty").iterdir()) == []  # emptied again, the folder kept
+
+
+def test_an_unreachable_http_catalog_is_a_network_error_and_a_missing_one_is_not_a_catalog(tmp_path):
+    """A refused connection said "not a dsbuild catalog" (exit 2): fsspec's HTTP file system answers any
+    failed request with "no such file"."""
+    pytest.importorskip("aiohttp")
+    import socket
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}/cat"
+        p = run("info", url, check=3)
+    assert url in p.stderr and "connect" in p.stderr.lower() and "not a dsbuild catalog" not in p.stderr, p.stderr
+    (tmp_path / "cat").mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        p = run("info", f"http://127.0.0.1:{server.server_port}/cat", check=2)  # a 404: reachable, no catalog
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "not a dsbuild catalog" in p.stderr, p.stderr

@@ -137,3 +137,20 @@ def test_shard_cache_verifies_bytes_and_evicts_least_recently_used(tmp_path, mon
     with pytest.raises(StorageError, match="do not match the manifest"):
         cache.path("shards/00/x.tar", "0" * 64, 1000)
     assert not [p for p in (tmp_path / "shards").iterdir() if p.name.startswith(".")]
+
+
+def test_a_missing_file_that_stands_for_a_network_failure_is_a_storage_error():
+    """fsspec's HTTP file system turns a refused connection into FileNotFoundError (the real error as its
+    cause), which made an unreachable catalog "not a dsbuild catalog"; a 404 is a missing file."""
+    from dsbuild.core.store import retry
+
+    def raise_(error: Exception, cause: BaseException | None):
+        def fn():
+            raise error from cause
+        return fn
+
+    with pytest.raises(StorageError, match=r"http://h/cat/catalog.json: ConnectionRefusedError: .*refused"):
+        retry("http://h/cat/catalog.json", raise_(FileNotFoundError("x"), ConnectionRefusedError("refused")))
+    for cause in (None, ValueError("404, message='Not Found'"), FileNotFoundError("x")):
+        with pytest.raises(FileNotFoundError):
+            retry("http://h/cat/catalog.json", raise_(FileNotFoundError("x"), cause))

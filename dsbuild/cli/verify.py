@@ -16,7 +16,7 @@ Exit: 0 intact, 1 damage found (the report names the command that heals it), 2 b
 
 def verify(
     ref: str = REF,
-    sample: int = typer.Option(None, "--sample", min=0, metavar="N", help="Check only N shards, chosen by --seed."),
+    sample: int = typer.Option(None, "--sample", min=1, metavar="N", help="Check only N shards, chosen by --seed."),
     seed: int = typer.Option(0, "--seed", metavar="N", help="Seed for --sample."),
     threads: int = typer.Option(4, "--threads", min=1, metavar="N", help="Shards hashed at once (threads)."),
     as_json: bool = JSON,

@@ -26,6 +26,7 @@ from typing import Callable
 from dsbuild.core.errors import DsbuildError, FormatError, LineageError, StorageError
 from dsbuild.core.hashing import CHUNK
 from dsbuild.core.files import open_regular
+from dsbuild.core.records import JsonValue
 from dsbuild.formats import Entry, get_format
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
@@ -88,6 +89,11 @@ def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None
     return None
 
 
+def _hashed(problem: dict | None) -> bool:
+    """Whether ``_hash_shard`` read the whole shard: only those bytes count as checked."""
+    return problem is None or problem["problem"] == "altered"
+
+
 def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: list[Entry]) -> list[dict]:
     fmt = get_format(m.shard_format)
     try:
@@ -130,12 +136,36 @@ def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: Verif
     return by_shard
 
 
+# How `dsbuild convert` sets each field of a build's config (convert.ConvertConfig): the heal command
+# repeats every setting, so it rebuilds the version it was printed for whatever the defaults. A switch is
+# "--on/--off". No flag sets transcode_encoder (derived from transcode) or zstd_level (the CLI builds with
+# the default). A test holds this to the config's fields and to the command's options.
+CONVERT_FLAGS = {"format": "--format", "clip_seconds": "--clip-seconds", "shard_size": "--shard-size",
+                 "audio": "--audio/--no-audio", "transcode": "--transcode"}
+
+
+def _flag(flag: str, value: JsonValue) -> list[str]:
+    """One setting as convert's arguments (an unset ``None`` needs none)."""
+    if "/" in flag:
+        return [flag.split("/")[0 if value else 1]]
+    return [] if value is None else [flag, str(value)]
+
+
+def convert_flags(config: JsonValue) -> list[str]:
+    """The arguments that give a build ``config`` (a manifest's, so anything: unknown values pass as text)."""
+    known = config if isinstance(config, dict) else {}
+    return [arg for name, flag in CONVERT_FLAGS.items() if name in known for arg in _flag(flag, known[name])]
+
+
 def heal_command(catalog: Catalog, version_id: str) -> str:
-    """The command that heals the version, safe to paste: its captures folder comes from the commit
-    record, which a forged catalog (or a pull of one) controls, so both arguments are shell-quoted."""
+    """The command that heals the version, safe to paste. It rebuilds this very version: its settings, onto
+    it (its shards are re-hashed and the bad ones rewritten, also when it is not the newest). The captures
+    folder comes from the commit record and the settings from the manifest, which a forged catalog (or a
+    pull of one) controls, so every argument is shell-quoted."""
     commit = catalog.commit_record(version_id)
     captures = shlex.quote(commit.captures) if commit and commit.captures else "CAPTURES"
-    return f"dsbuild convert {captures} {shlex.quote(catalog.url)} --rehash"
+    args = [catalog.url, *convert_flags(catalog.manifest(version_id).config), "--onto", version_id, "--rehash"]
+    return f"dsbuild convert {captures} " + " ".join(map(shlex.quote, args))
 
 
 def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed: int = 0, threads: int = 4,
@@ -180,7 +210,7 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
         for c in checks:
             report.problems += c.result()
     report.shards_checked = len(shards)
-    report.bytes_checked = sum(s.bytes for s in shards)
+    report.bytes_checked = sum(rec.bytes for rec, h in zip(shards, hashes) if _hashed(h.result()))
     report.samples_checked = sum(len(by_shard.get(s.path, ())) for s in shards)
     if any(p.get("problem") in ("missing", "size changed", "altered") for p in report.problems):
         report.heal = heal_command(catalog, version_id)

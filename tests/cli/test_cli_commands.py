@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
-from tests.cli.clitools import run, run_json
+from tests.cli.clitools import env, run, run_json
 
 
 def test_info_shows_one_version_without_sql(catalog):
@@ -96,6 +98,22 @@ def test_the_command_verify_names_heals_the_shard(private_catalog, caps, damage)
     run("verify", cat, "--quiet")
 
 
+def test_the_heal_hint_rebuilds_the_very_version_it_was_printed_for(caps, tmp_path):
+    """The hint once omitted the version's settings: pasted, it built a version of 8 s clips and left the
+    damaged one damaged. Here the settings differ from their defaults and the version is not the newest."""
+    cat = tmp_path / "cat"
+    vid = run("convert", caps, cat, "--clip-seconds", 2, "--shard-size", "64KiB", "--no-audio",
+              "--transcode", "h264:64x48:gop8", "--quiet").stdout.strip()
+    run("convert", caps, cat, "--quiet")  # the newest version: default settings
+    shard = Path(run_json("shards", f"{cat}@{vid}")["shards"][0]["path"])
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    hint = run("verify", f"{cat}@{vid}", check=1).stderr.splitlines()[-1].removeprefix("hint: heal with: ")
+    subprocess.run(["bash", "-c", hint], env=env(), check=True, capture_output=True)
+    run("verify", f"{cat}@{vid}", "--quiet")
+
+
 def test_no_audio_is_part_of_the_config(caps, tmp_path):
     d = json.loads(run("convert", caps, tmp_path / "cat", "--clip-seconds", 2, "--no-audio", "--json").stdout)
     assert run_json("info", tmp_path / "cat")["config"]["audio"] is False and d["samples"] > 0
@@ -166,7 +184,9 @@ def test_the_heal_hint_is_safe_to_paste_whatever_the_commit_record_says(private_
     record.write_text(json.dumps(doc))
     next((cat / "shards").rglob("*.tar")).unlink()
     hint = run("verify", cat, check=1).stderr.splitlines()[-1].removeprefix("hint: heal with: ")
-    assert shlex.split(hint) == ["dsbuild", "convert", "/data/caps; touch /tmp/pwned #", str(cat), "--rehash"]
+    assert shlex.split(hint) == ["dsbuild", "convert", "/data/caps; touch /tmp/pwned #", str(cat), "--format",
+                                 "webdataset", "--clip-seconds", "2.0", "--shard-size", "256000000", "--audio",
+                                 "--onto", vid, "--rehash"]
 
 
 def test_a_video_that_is_a_fifo_quarantines_its_session_instead_of_hanging(caps, tmp_path):

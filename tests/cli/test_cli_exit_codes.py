@@ -35,6 +35,7 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["convert", "caps", "cat", "--executor", "rey"], ["--executor", "did you mean 'ray'"]),
     (["validate", "cat", "--level", "ful"], ["--level", "did you mean 'full'"]),
     (["verify", "cat", "--threads", "0"], ["--threads"]),
+    (["verify", "cat", "--sample", "0"], ["--sample", "x>=1"]),  # was "0 shards checked: OK"
     (["samples", "out", "--damage", "9=bad_json"], ["--damage", "out of range", "0..2"]),
     (["samples", "out", "--damage", "truncated_vidoe"], ["did you mean 'truncated_video'"]),
     (["samples", "out", "--source", "atrai"], ["--source", "did you mean 'atari'"]),

@@ -225,6 +225,22 @@ def test_verify_names_the_damaged_shard_and_the_command_that_heals(wds_catalog, 
     assert not report.ok and report.problems[0]["shard"] == rec["path"]
     assert report.problems[0]["problem"] == {"flip": "altered", "truncate": "size changed", "delete": "missing"}[damage]
     assert report.heal.startswith("dsbuild convert ") and "--rehash" in report.heal
+    hashed = sum(s["bytes"] for s in manifest(cat, vid)["shards"]) - (rec["bytes"] if damage != "flip" else 0)
+    assert report.bytes_checked == hashed  # a shard missing or of another size is not read
+
+
+def test_the_heal_command_gives_every_setting_of_the_build_by_its_convert_flag():
+    """The heal command once left the settings out and rebuilt another version: each field of a build's
+    config has its `dsbuild convert` flag in it, or none (derived from another, or fixed by the CLI)."""
+    import typer
+
+    from dsbuild.cli.app import app
+    from dsbuild.lineage.verify import CONVERT_FLAGS
+
+    assert set(CONVERT_FLAGS) == {f.name for f in dataclasses.fields(ConvertConfig)} - {"transcode_encoder", "zstd_level"}
+    params = typer.main.get_command(app).commands["convert"].params
+    options = {opt for p in params for opt in (*p.opts, *p.secondary_opts)}
+    assert {opt for flag in CONVERT_FLAGS.values() for opt in flag.split("/")} <= options
 
 
 @pytest.mark.parametrize("older", [False, True])

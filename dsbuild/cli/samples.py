@@ -20,8 +20,23 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _fresh_folder(out: str) -> None:
+    """Refuse a FOLDER that is a file or already holds something: sessions written into it would replace
+    folders of the same name and mix with the others into one capture set."""
+    from pathlib import Path
+
+    from dsbuild.core.errors import UsageError
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{out}: is a file" if path.is_file() else f"{out}: is not a folder",
+                         hint="name a new folder")
+    if path.is_dir() and any(path.iterdir()):
+        raise UsageError(f"{out}: the folder is not empty", hint="choose a new folder or remove it")
+
+
 def samples(
-    out: str = typer.Argument(..., metavar="FOLDER", help="Local folder to write sessions into."),
+    out: str = typer.Argument(..., metavar="FOLDER", help="A new (or empty) local folder to write sessions into."),
     source: str = typer.Option("synthetic", "--source", metavar="synthetic|atari",
                                callback=choice("--source", ("synthetic", "atari")),
                                help="synthetic (generated) or atari (real gameplay recorded with ale-py)."),
@@ -56,6 +71,7 @@ def samples(
         raise UsageError("the output folder is empty", hint="name a folder, e.g. `dsbuild samples caps`")
     if is_url(out):
         raise UsageError(f"{out}: samples writes a local folder", hint="upload the folder afterwards")
+    _fresh_folder(out)
     if source == "atari":
         if damage or noise:
             raise UsageError("--damage and --noise work with --source synthetic only")

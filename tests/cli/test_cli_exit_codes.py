@@ -39,6 +39,7 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["samples", "out", "--damage", "9=bad_json"], ["--damage", "out of range", "0..2"]),
     (["samples", "out", "--damage", "truncated_vidoe"], ["did you mean 'truncated_video'"]),
     (["samples", "out", "--source", "atrai"], ["--source", "did you mean 'atari'"]),
+    (["samples", "pins.txt"], ["pins.txt: is a file"]),  # was exit 3, 'Not a directory'
     (["split", "cat", "--name", "x", "--pin", "tset=pins.txt"], ["--pin", "did you mean 'test'"]),
     (["split", "cat", "--name", "x", "--pin", "holdout=pins.txt", "--ratios", "train=0.9,val=0.1"], ["holdout"]),
     (["shards", "cat", "--split", "main"], ["NAME/SPLIT"]),
@@ -129,6 +130,16 @@ def test_an_os_error_is_exit_3_with_the_path(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     one_line_error(run("samples", blocker / "caps", "--sessions", 1, "--seconds", 1, check=None), 3, str(blocker))
+
+
+def test_samples_refuses_a_folder_that_holds_captures_and_leaves_them_as_they_were(tmp_path):
+    """samples once wrote into it, replacing the session folders of the same name, and exited 0."""
+    caps = tmp_path / "caps"
+    run("samples", caps, "--sessions", 1, "--seconds", 1, "--seed", 1, "--quiet")
+    before = {p: p.read_bytes() for p in caps.rglob("*") if p.is_file()}
+    p = run("samples", caps, "--sessions", 2, "--seconds", 1, "--seed", 2, check=None)
+    one_line_error(p, 2, f"{caps}: the folder is not empty", "hint: choose a new folder or remove it")
+    assert {p: p.read_bytes() for p in caps.rglob("*") if p.is_file()} == before
 
 
 def test_an_unexpected_exception_is_internal_error_70_never_1():

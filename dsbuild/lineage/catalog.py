@@ -581,8 +581,9 @@ def catalog_to_fill(location: str | Path) -> Iterator[Catalog]:
     try:
         yield Catalog.open(location, create=True)
     except Exception:
-        if fresh:
-            with suppress(StorageError, OSError):  # the failure is what must be reported, not the cleanup's
+        with suppress(StorageError, OSError):  # the failure is what must be reported, not the cleanup's
+            # a version there now is another command's, committed meanwhile: then nothing is removed
+            if fresh and not any(k.endswith("/manifest.json") for k in store.list("versions")):
                 _clear(store, made)
         raise
 

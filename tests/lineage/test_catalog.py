@@ -615,3 +615,22 @@ def test_cleaning_dead_builds_never_takes_a_live_one_of_an_object_store_catalog(
         stop.set()
         cleaner.join(60)
     assert cleaner.exitcode == 0
+
+
+def test_a_failed_copy_never_removes_a_version_another_command_committed_meanwhile(grown, tmp_path):
+    """A failed push into a location that held nothing clears it: not when another command has committed
+    a version there since (its data is not the failed command's to remove)."""
+    from dsbuild.lineage.catalog import catalog_to_fill
+    from dsbuild.lineage.transfer import transfer
+
+    _, cat, v1, _ = grown
+    dest = tmp_path / "dest"
+    with pytest.raises(RuntimeError, match="the push failed"):
+        with catalog_to_fill(dest):
+            transfer(Catalog.open(cat), v1.version_id, Catalog.open(dest))  # another command's pull
+            raise RuntimeError("the push failed")
+    assert Catalog.open(dest).resolve(v1.version_id) == v1.version_id and verify(Catalog.open(dest), v1.version_id).ok
+    with pytest.raises(RuntimeError):
+        with catalog_to_fill(tmp_path / "alone"):
+            raise RuntimeError("the push failed")
+    assert not (tmp_path / "alone").exists()

@@ -180,10 +180,14 @@ class _Base:
     broken_shards: frozenset[str]
 
 
-def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int) -> _Base:
+def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int) -> _Base | None:
+    """What the parent offers, or None when its rows cannot be reused: a Parquet version from before
+    rows recorded their member sizes (shard planning weighs every sample by them) is built afresh."""
     rows: dict[str, list[IndexRow]] = defaultdict(list)
     by_shard: dict[str, list[IndexRow]] = defaultdict(list)
     for r in rows_from_table(catalog.index(parent)):
+        if r.member_bytes is None:
+            return None
         rows[r.session_id].append(r)
         by_shard[r.shard].append(r)
     with ThreadPoolExecutor(max(1, threads)) as pool:

@@ -220,7 +220,7 @@ class ParquetFormat(ShardFormat):
                                ("events", bytes(events))):
                 rows[col].append(value)
             entries.append(Entry(seg.key, seg.sha256, row_group=n // self.row_group_samples,
-                                 row=n % self.row_group_samples))
+                                 row=n % self.row_group_samples, member_bytes=seg.member_bytes))
         schema = _schema()
         table = pa.table({c: array(rows[c], schema.field(c).type) for c in COLUMNS}, schema=schema)
         sink = pa.BufferOutputStream()

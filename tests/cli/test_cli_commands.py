@@ -324,3 +324,36 @@ def test_an_unreachable_http_catalog_is_a_network_error_and_a_missing_one_is_not
         server.shutdown()
         server.server_close()
     assert "not a dsbuild catalog" in p.stderr, p.stderr
+
+
+def test_a_parquet_catalog_is_built_onto_like_a_webdataset_one(caps, tmp_path):
+    """Parquet rows did not record their member sizes: any second convert into a Parquet catalog (the
+    same captures again, or one more session) was internal error 70."""
+    mine = tmp_path / "caps"
+    shutil.copytree(caps, mine)
+    first = sorted(p.parent for p in mine.rglob("session.json"))[0]
+    held = tmp_path / "held"
+    shutil.move(first, held)
+    args = ("--format", "parquet", "--clip-seconds", 2)
+    v1 = run_json("convert", mine, tmp_path / "cat", *args)
+    again = run_json("convert", mine, tmp_path / "cat", *args)
+    assert again["existed"] and again["version_id"] == v1["version_id"] and again["reused_sessions"] == 2
+    shutil.move(held, first)
+    v2 = run_json("convert", mine, tmp_path / "cat", *args)
+    fresh = run_json("convert", mine, tmp_path / "fresh", *args)
+    assert v2["parent"] == v1["version_id"] and v2["reused_sessions"] == 2
+    assert v2["version_id"] == fresh["version_id"] != v1["version_id"]  # incremental = from scratch
+    assert run("verify", f"{tmp_path / 'cat'}@{v2['version_id']}", check=None).returncode == 0
+    # a Parquet version from before rows recorded member sizes is built afresh, to the same version
+    import pyarrow as pa
+
+    from tests.helpers import with_index
+
+    def no_sizes(table):
+        i = table.schema.get_field_index("member_bytes")
+        return table.set_column(i, "member_bytes", pa.nulls(table.num_rows, table.schema.field(i).type))
+
+    older = with_index(tmp_path / "fresh", fresh["version_id"], no_sizes, remove=True)
+    rebuilt = run_json("convert", mine, tmp_path / "fresh", *args, "--onto", older)
+    assert rebuilt["version_id"] == fresh["version_id"] and rebuilt["reused_sessions"] == 0
+

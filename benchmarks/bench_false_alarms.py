@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,7 @@ def dsbuild(*args) -> subprocess.CompletedProcess:
 def make_catalog(work: Path) -> str:
     caps, cat = work / "captures", work / "catalog"
     if not cat.exists():
+        shutil.rmtree(caps, ignore_errors=True)  # `samples` refuses a folder that holds something
         for args in (("samples", caps, "--sessions", 8, "--seconds", 20, "--seed", 7, "--quiet"),
                      ("convert", caps, cat, "--clip-seconds", 4, "--quiet")):
             p = dsbuild(*args)

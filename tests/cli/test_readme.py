@@ -95,3 +95,13 @@ def test_every_document_block_runs_as_written(tmp_path):
         if server is not None:
             server.stop()
     assert os.listdir(work)
+
+
+def test_documents_never_point_outside_the_repository():
+    """A user has the repository, nothing beside it: a link or path to ``../`` above the root is dead."""
+    files = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "README.md" in files.stdout.split()
+    for name in files.stdout.split():
+        path = ROOT / name
+        for target in re.findall(r"(?:\]\(|`)((?:\.\./)+[^)`\s]*)", path.read_text()):
+            assert (path.parent / target).resolve().is_relative_to(ROOT), f"{name} points outside: {target}"

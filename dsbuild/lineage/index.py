@@ -154,7 +154,9 @@ def table_from_bytes(data: bytes, what: str, columns: list[str] | None = None):
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
         absent = [c for c in wanted if c in LATER_COLUMNS and c not in pf.schema_arrow.names]
-        table = pf.read(columns=[c for c in wanted if c not in absent] if absent else columns)
+        # in this thread: a reader over Python bytes released by an Arrow worker as the interpreter
+        # exits needs the GIL it can no longer take, and the process aborts (exit 134)
+        table = pf.read(columns=[c for c in wanted if c not in absent] if absent else columns, use_threads=False)
     except (pa.ArrowException, OSError, KeyError) as e:
         raise FormatError(f"{what}: unreadable index ({str(e).splitlines()[0][:200]})") from None
     if absent:  # an index from before these columns: NULL, in their place

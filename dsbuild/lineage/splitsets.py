@@ -222,7 +222,8 @@ class SplitSet:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(pa.BufferReader(self.file_bytes(split))).read(columns=columns)
+        # in this thread, like the index (lineage.index.table_from_bytes says why)
+        return pq.ParquetFile(pa.BufferReader(self.file_bytes(split))).read(columns=columns, use_threads=False)
 
     def group_assignment(self) -> dict[str, str]:
         """group value -> split, read from the files."""

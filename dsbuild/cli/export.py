@@ -38,11 +38,16 @@ def export(
     o = Out(as_json, quiet)
     if split and split_set:
         raise UsageError("give --split NAME/SPLIT or --split-set NAME, not both")
-    if split is not None and "/" not in split:
-        raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train", hint=f"--split-set {split} exports every split")
+    if split is not None and not all(split.partition("/")[::2]):
+        raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train",
+                         hint=f"--split-set {split.partition('/')[0] or 'NAME'} exports every split")
+    if split_set is not None and "/" in split_set:
+        raise UsageError(f"--split-set {split_set!r}: use NAME, e.g. main", hint=f"--split {split_set} exports one split")
     with Progress("export", o) as bar:
         r = run_export(ref, dest, to=to, split=split or split_set,
                        progress=lambda done, total: bar.update(done, total, stage="samples"))
+    for name in (name for name, n in r.splits.items() if not n):  # the tools refuse to open an empty split
+        o.note(("warning ", "yellow"), f"split {name!r} is empty: {r.tool} cannot open it")
     if as_json:
         return o.json(r.to_json())
     if quiet:

@@ -206,8 +206,8 @@ class SplitSet:
             import difflib
 
             close = difflib.get_close_matches(split, self.splits, n=1)
-            raise UsageError(f"{self.path}: no split {split[:40]!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-                             + f" (it has {', '.join(self.splits)})")
+            raise UsageError(f"split set {self.name!r} has no split {split[:40]!r}"
+                             + (f"; did you mean {close[0]!r}?" if close else "") + f" (it has {', '.join(self.splits)})")
         rec = self.manifest.splits[split]
         key = f"{self.folder}/{rec.file}"
         try:

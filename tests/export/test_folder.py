@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,33 @@ def test_without_a_split_set_the_version_is_the_split_train_and_every_shard_is_l
     tars = sorted((tmp_path / "w" / "shards" / "train").glob("*.tar"))
     assert tars and all(t.is_symlink() for t in tars) and r.linked_shards == len(tars)
     assert r.bytes_written < 4096  # only the shard list: no shard byte copied
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--split", "main/tarin"], "did you mean 'train'"),  # as every other split name typo
+    (["--split", "main/"], "use NAME/SPLIT"),
+    (["--split-set", "main/train"], "--split-set 'main/train': use NAME"),  # was taken as one split
+])
+def test_the_export_command_refuses_a_split_it_cannot_mean(export_catalog, tmp_path, args, says):
+    cat, _ = export_catalog
+    dsbuild = Path(sys.executable).with_name("dsbuild")
+    run = subprocess.run([str(dsbuild), "export", f"{cat}@v1", str(tmp_path / "x"), "--to", "wids", *args],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and says in run.stderr, run.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_empty_split_is_exported_with_a_warning(export_catalog, tmp_path):
+    """Every tool refuses to open an empty split (LitData: no chunks, Mosaic: no samples, datasets:
+    unknown split): the export said nothing."""
+    cat, vid = export_catalog
+    mine = tmp_path / "cat"
+    shutil.copytree(cat, mine)
+    (tmp_path / "pins.txt").write_text("p-0\np-1\np-2\n")  # every player pinned to train: val is empty
+    dsbuild = Path(sys.executable).with_name("dsbuild")
+    subprocess.run([str(dsbuild), "split", str(mine), "--name", "lop", "--by", "player", "--ratios",
+                    "train=0.5,val=0.5", "--pin", f"train={tmp_path / 'pins.txt'}", "--quiet"], check=True)
+    run = subprocess.run([str(dsbuild), "export", f"{mine}@v1", str(tmp_path / "x"), "--to", "mds",
+                          "--split-set", "lop"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "warning split 'val' is empty: mds cannot open it" in run.stderr

@@ -19,9 +19,9 @@ PyAV loop with the same threads and resize (pyav_*), and, for reference, the sam
 into a batch-sized ring of memory (pyav_copy_*: what delivering frames in batches costs a bare loop; ours
 decodes into the batch's rows instead of copying). Decoding only what is used: crops (clip_frames) decoded from
 the keyframe before them vs from frame 0, and stride 2 with NONREF skipping vs without, on B-frame clips.
-Every contender is measured the same way within a round: ours runs epochs back to back and its loader is
-closed on the clock at the end of its slice (read-ahead left running would do the next slice's work during
-another contender's); iterator baselines are measured at their steady rate (``dsbuild.bench.baselines.Epochs``
+Every contender is measured the same way within a round: ours runs warm, epoch after epoch, and its
+iteration ends with its slice, before the next contender's (read-ahead left running would do the next
+slice's work during another contender's); iterator baselines are measured at their steady rate (``dsbuild.bench.baselines.Epochs``
 leaves each epoch's set-up out: LitData's and Mosaic's are 4-30 ms, several times a small epoch).
 Prints a markdown table and the command line.
 """
@@ -47,41 +47,52 @@ from dsbuild.loader import Loader  # noqa: E402
 from dsbuild.loader.decode import decode_pyav  # noqa: E402
 
 
-def timed(fn, seconds: float, end=None) -> tuple[float, float]:
-    """(samples/s, MB/s) of repeated ``fn()`` -> (samples, bytes) for at least ``seconds``; ``end()`` (ours:
-    close the loader) runs on the clock, so no read-ahead is left to finish during the next slice."""
+def timed(fn, seconds: float) -> tuple[float, float]:
+    """(samples/s, MB/s) of repeated ``fn()`` -> (samples, bytes) for at least ``seconds``."""
     n = b = 0
     t0 = time.perf_counter()
     while True:
         s, by = fn()
         n, b = n + s, b + by
-        if time.perf_counter() - t0 >= seconds:
-            if end is not None:
-                end()
-            dt = time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        if dt >= seconds:
             return n / dt, b / dt / 1e6
 
 
-class Slice:
-    """A contender run for one slice: ``epoch()`` repeated, then ``end()`` on the clock."""
-
-    def __init__(self, epoch, end=None):
-        self.epoch, self.end = epoch, end
-
-    def __call__(self, seconds: float) -> tuple[float, float]:
-        return timed(self.epoch, seconds, self.end)
+def warm(loader, count):
+    """Our loader as a slice: its batches for ``seconds``, epoch after epoch, then its iteration ends
+    (which cancels or waits for the builds in flight) before the next contender's slice, and the next
+    slice continues where this one stopped, warm, as a training run would. (The builds in flight at the
+    end were made on the clock and are not counted: this errs against ours.)"""
+    def run(seconds: float) -> tuple[float, float]:
+        n = nbytes = 0
+        t0 = time.perf_counter()
+        while True:
+            it = iter(loader)  # the rest of the current epoch, or the next one
+            for batch in it:
+                got = count(batch)
+                n, nbytes = n + got[0], nbytes + got[1]
+                dt = time.perf_counter() - t0
+                if dt >= seconds:
+                    it.close()
+                    return n / dt, nbytes / dt / 1e6
+    return run
 
 
 def baseline(b, frames: bool = False):
-    """A ``dsbuild.bench`` baseline as a ``timed`` function: each call runs it for a short slice."""
+    """A ``dsbuild.bench`` baseline as a slice: 0.25 s meters until ``seconds`` of measured time, the rate
+    over the time its meters counted (an iterator's per-epoch set-up is not: ``baselines.Epochs``)."""
     b.prepare()
 
-    def run():
-        m = Meter(b.name, 0, 0.0, 0.25, decodes=frames)
-        b.run(m)
-        r = m.result()
-        return (r.frames if frames else r.samples), r.bytes
-    return Slice(run)
+    def run(seconds: float) -> tuple[float, float]:
+        n = nbytes = spent = 0.0
+        while spent < seconds:
+            m = Meter(b.name, 0, 0.0, 0.25, decodes=frames)
+            b.run(m)
+            r = m.result()
+            n, nbytes, spent = n + (r.frames if frames else r.samples), nbytes + r.bytes, spent + r.seconds
+        return n / spent, nbytes / spent / 1e6
+    return run
 
 
 class Data:
@@ -98,11 +109,7 @@ def ours(data: Data, verify: str, threads: int, shuffle: str = "none"):
     loader = Loader(data.ref, decode="bytes", batch_size=data.batch_size, shuffle=shuffle, num_workers=threads,
                     verify=verify, prefetch=2 * threads + 2)
     loader.open()
-
-    def epoch():
-        n = sum(len(b["keys"]) for b in loader)
-        return n, data.bytes * n // data.n
-    return Slice(epoch, loader.close)  # between slices nothing reads ahead: the next slice reopens
+    return warm(loader, lambda b: (len(b["keys"]), data.bytes * len(b["keys"]) // data.n))
 
 
 def torch_procs(data: Data, workers: int):
@@ -115,7 +122,7 @@ def torch_procs(data: Data, workers: int):
     def epoch():
         n = sum(len(b["keys"]) for b in dl)
         return n, data.bytes * n // data.n
-    return Slice(epoch)  # persistent workers wait idle between epochs
+    return lambda seconds: timed(epoch, seconds)  # persistent workers wait idle between epochs
 
 
 class PyAVCopy(PyAV):
@@ -142,14 +149,7 @@ def frames_ours(ref: str, threads: int, resize, bucket):
     loader = Loader(ref, batch_size=8, shuffle="none", num_workers=threads, resize=resize,
                     bucket_by=bucket, verify="shard", prefetch=2 * threads + 2)
     loader.open()
-
-    def epoch():
-        f = n = 0
-        for b in loader:
-            f += int(b["lengths"].sum())
-            n += len(b["keys"])
-        return f, n
-    return Slice(epoch, loader.close)
+    return warm(loader, lambda b: (int(b["lengths"].sum()), len(b["keys"])))
 
 
 def decode_gains(seconds: float) -> list[tuple[str, float]]:

@@ -213,6 +213,7 @@ class Catalog:
         except (OSError, FormatError) as e:
             raise StorageError(f"{store.url}: cannot read the catalog ({e})") from None
         if not present:
+            _refuse_a_ref(str(location))
             if not create:
                 raise UsageError(f"{store.url}: not a dsbuild catalog (no {MARKER})",
                                  hint="create one with `dsbuild convert CAPTURES CATALOG`")
@@ -562,6 +563,19 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
     if not version:
         raise UsageError(f"{ref!r}: nothing after '@'", hint="use PATH@VERSION (an id, a prefix or a tag)")
     return path, version
+
+
+def _refuse_a_ref(location: str) -> None:
+    """``catalog@gold`` where a command takes a whole catalog (log, gc, convert's output): refused, not
+    read as (or made into) a folder of that name, when the part before ``@`` is a catalog."""
+    head, at, _ = location.rpartition("@")
+    catalog = False
+    if at and head:
+        with suppress(OSError, FormatError, StorageError, UsageError):  # not a catalog: what it is stays to say
+            catalog = open_store(head).exists(MARKER)
+    if catalog:
+        raise UsageError(f"{location}: this command takes a catalog, not a version of one",
+                         hint=f"give the catalog: {head}")
 
 
 def open_catalog(location: str | Path, *, create: bool = False) -> Catalog:

@@ -4,6 +4,7 @@ no traceback, the right code; under --json one JSON object on stderr."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -55,6 +56,15 @@ def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):
     args = [str(cat) if a == "cat" else a for a in args]
     (tmp_path / "pins.txt").write_text("p-0000\n")
     one_line_error(run(*args, cwd=tmp_path, check=None), 2, *needles)
+
+
+def test_a_version_where_a_whole_catalog_is_expected_is_refused(catalog, caps):
+    """`convert caps catalog@gold` made a new catalog in a folder named so; log and gc said "not a
+    catalog"."""
+    cat, _ = catalog
+    for args in (["log", f"{cat}@gold"], ["gc", f"{cat}@gold"], ["convert", caps, f"{cat}@gold", "--clip-seconds", 2]):
+        one_line_error(run(*args, check=None), 2, "takes a catalog, not a version of one", f"give the catalog: {cat}")
+    assert not os.path.exists(f"{cat}@gold")
 
 
 def test_library_suggestions_reach_the_user(catalog):

@@ -80,18 +80,19 @@ def warm(loader, count):
 
 
 def baseline(b, frames: bool = False):
-    """A ``dsbuild.bench`` baseline as a slice: 0.25 s meters until ``seconds`` of measured time, the rate
-    over the time its meters counted (an iterator's per-epoch set-up is not: ``baselines.Epochs``)."""
+    """A ``dsbuild.bench`` baseline as a slice: 0.25 s meters for ``seconds``, the rate over the time its
+    meters counted (an iterator's per-epoch set-up is not: ``baselines.Epochs``)."""
     b.prepare()
 
     def run(seconds: float) -> tuple[float, float]:
-        n = nbytes = spent = 0.0
-        while spent < seconds:
+        n = nbytes = counted = 0.0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
             m = Meter(b.name, 0, 0.0, 0.25, decodes=frames)
             b.run(m)
             r = m.result()
-            n, nbytes, spent = n + (r.frames if frames else r.samples), nbytes + r.bytes, spent + r.seconds
-        return n / spent, nbytes / spent / 1e6
+            n, nbytes, counted = n + (r.frames if frames else r.samples), nbytes + r.bytes, counted + r.seconds
+        return n / counted, nbytes / counted / 1e6
     return run
 
 

@@ -58,16 +58,20 @@ class Meter:
         self.stopped = False
         self._lock = threading.Lock()
         self._t0 = clock()
+        self._excluded = 0.0
         self._mark = 1.0
         self._told = 0.0
 
     def elapsed(self) -> float:
-        return self.clock() - self._t0
+        """The time measured so far: the slice's, less what ``exclude`` left out."""
+        return self.clock() - self._t0 - self._excluded
 
     @property
     def over(self) -> bool:
-        return self.stopped or (self.elapsed() >= self.seconds and (self.samples > 0 or self.bytes > 0
-                                                                   or self.frames > 0))
+        """The slice is spent by the clock (what was left out of the measurement still took the run's
+        time: a budget is wall time)."""
+        return self.stopped or (self.clock() - self._t0 >= self.seconds and (self.samples > 0 or self.bytes > 0
+                                                                            or self.frames > 0))
 
     def stop(self) -> None:
         self.stopped = True
@@ -75,7 +79,7 @@ class Meter:
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` just spent out of the measurement (a baseline's per-epoch set-up)."""
         with self._lock:
-            self._t0 += seconds
+            self._excluded += seconds
 
     def add(self, samples: float = 0, frames: float = 0, nbytes: float = 0) -> None:
         with self._lock:

@@ -68,4 +68,5 @@ def headline(rep) -> list[str]:
             f"{'x'.join(map(str, opt.resize)) if opt.resize else 'none'}, verify {opt.verify}, device "
             f"{rep.resolved.device}{decoder}",
             f"{t.rounds_done} of {t.rounds_planned} rounds in {t.measured_s:.1f} s of a {t.duration_s:g} s budget "
-            f"(+{t.startup_s:.1f} s start-up)" + (", interrupted" if t.interrupted else "")]
+            f"(+{t.startup_s:.1f} s start-up)" + (", interrupted" if t.interrupted else "")
+            + ("; one round: its ranges are one value, no spread" if t.rounds_done == 1 else "")]

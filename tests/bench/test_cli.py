@@ -135,6 +135,7 @@ def test_quiet_prints_nothing_and_a_terminal_gets_a_live_bar(bench_catalog):
     rc, text = run_tty("bench", cat, "--decode", "bytes", "--duration", "0.5", "--rounds", "1", "--compare", "raw",
                        "--step-ms", "0")
     assert rc == 0 and "1 of 1 rounds" in text and "ours / run" in text, text
+    assert "one round: its ranges are one value, no spread" in " ".join(text.split())  # not a spread of one
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (make test installs it)")

@@ -151,3 +151,20 @@ def test_the_wait_share_of_ranks_run_together_is_over_all_their_time():
     assert both.ranks == 2
     assert training([both], StepInfo("sleep", 50.0)).wait_fraction.median == pytest.approx(0.25)
     assert training([_round(4.0, (500.0, 500.0))], StepInfo("sleep", 50.0)).wait_fraction.median == pytest.approx(0.25)
+
+
+def test_a_meter_rates_over_the_time_it_counted_and_ends_by_the_clock():
+    """A baseline's per-epoch set-up is left out of its rate (``Meter.exclude``), not out of the run's
+    budget: the slice still ends when its wall time is spent (a tiny epoch made slices overrun 20x)."""
+    from dsbuild.bench.measure import Meter
+
+    now = [0.0]
+    m = Meter("peer", 0, 0.0, 1.0, decodes=False, clock=lambda: now[0])
+    now[0] = 0.6
+    m.exclude(0.5)  # an epoch's set-up
+    m.add(samples=100)
+    assert not m.over
+    now[0] = 1.0
+    assert m.over
+    r = m.result()
+    assert r.seconds == pytest.approx(0.5) and r.samples == 100 and r.points[-1][0] == pytest.approx(0.5)

@@ -198,38 +198,36 @@ def _action_balance(j: Judge, d: VersionFacts) -> CheckResult:
                         threshold_key="min_action_usage", bad="below"))
 
 
-def _t(key, default, kind, reason, bounds: tuple[float, float] | None = None) -> Threshold:
-    return Threshold(key, default, kind, reason, bounds)
-
-
 CHECKS = (
     Check("titles", "dataset", "Samples and hours per title; every required title is present and every title "
           "has enough data.",
-          (_t("min_hours_per_title", 0.0, "number", "no minimum unless the project sets one"),
-           _t("min_samples_per_title", 1, "count", "a title that is listed must have data"),
-           _t("required_titles", [], "strings", "titles the model must see; none by default")), run=_titles),
+          (Threshold("min_hours_per_title", 0.0, "number", "no minimum unless the project sets one"),
+           Threshold("min_samples_per_title", 1, "count", "a title that is listed must have data"),
+           Threshold("required_titles", [], "strings", "titles the model must see; none by default")), run=_titles),
     Check("conditions", "dataset", "Hours per condition value (key=value); required values are present and every "
           "value has enough data.",
-          (_t("min_hours_per_condition", 0.0, "number", "no minimum unless the project sets one"),
-           _t("required_conditions", [], "strings", "key=value pairs, e.g. weather=rain")), run=_conditions),
+          (Threshold("min_hours_per_condition", 0.0, "number", "no minimum unless the project sets one"),
+           Threshold("required_conditions", [], "strings", "key=value pairs, e.g. weather=rain")), run=_conditions),
     Check("resolutions", "dataset", "Samples and hours per resolution; only allowed ones (empty = any).",
-          (_t("allowed_resolutions", [], "strings", "WxH, e.g. 1280x720; any by default"),), run=_resolutions),
+          (Threshold("allowed_resolutions", [], "strings", "WxH, e.g. 1280x720; any by default"),), run=_resolutions),
     Check("frame_rates", "dataset", "Samples and hours per frame rate; only allowed ones (empty = any).",
-          (_t("allowed_fps", [], "strings", "e.g. \"30\", \"59.94\"; any by default"),), run=_frame_rates),
+          (Threshold("allowed_fps", [], "strings", "e.g. \"30\", \"59.94\"; any by default"),), run=_frame_rates),
     Check("duplicates", "dataset", "Samples with the same sample hash, or the same window of the same source "
           "video (a capture converted twice under two session ids).",
-          (_t("max_duplicate_fraction", 0.001, "fraction", "one in a thousand is noise; more skews training"),),
+          (Threshold("max_duplicate_fraction", 0.001, "fraction", "one in a thousand is noise; more skews training"),),
           run=_duplicates),
     Check("near_duplicates", "dataset", "Clips whose perceptual hash (dHash of 4 sampled frames, 256 bits) is "
           "within near_duplicate_bits of another clip's.",
-          (_t("max_near_duplicate_fraction", 0.05, "fraction", "menus and replays look alike; report, don't block"),
-           _t("near_duplicate_bits", 12, "count", "of 256; re-encodes differ by <8, different clips by ~100",
-              (0, 64))),  # past a quarter of the bits, unrelated clips match
+          (Threshold("max_near_duplicate_fraction", 0.05, "fraction",
+                     "menus and replays look alike; report, don't block"),
+           Threshold("near_duplicate_bits", 12, "count", "of 256; re-encodes differ by <8, different clips by ~100",
+                     (0, 64))),  # past a quarter of the bits, unrelated clips match
           severity="warn", level="full", sample=_hash_clip, run=_near_duplicates),
     Check("action_balance", "dataset", "Share of frames on which each control is active (|value| >= 0.5); a "
           "control no one uses, or one dwarfing another, is reported.",
-          (_t("min_action_usage", 0.001, "fraction", "a control active on under 0.1% of frames is barely learnable"),
-           _t("max_action_imbalance", 1000.0, "number", "most-used / least-used control share",
-              (1, math.inf))),  # a ratio of the most used to the least: never below 1
+          (Threshold("min_action_usage", 0.001, "fraction",
+                     "a control active on under 0.1% of frames is barely learnable"),
+           Threshold("max_action_imbalance", 1000.0, "number", "most-used / least-used control share",
+                     (1, math.inf))),  # a ratio of the most used to the least: never below 1
           severity="warn", run=_action_balance),
 )

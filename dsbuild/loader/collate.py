@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from dsbuild.core.errors import UsageError
-from dsbuild.loader.read import ARRAY_SLOTS, RawSample, Rows, array_bytes
+from dsbuild.loader.read import ARRAY_SLOTS, PAGE, VIDEO_SLOT, RawSample, Rows, Spans, array_bytes
 from dsbuild.loader.source import ARRAY_DTYPES
 
 ColumnMap = tuple[np.ndarray | None, np.ndarray | None]  # (controls, channels) columns; None = identity
@@ -117,6 +117,38 @@ def collate_clips(clips: list[RawSample], maps: list[ColumnMap], widths: tuple[i
     out["lengths"] = lengths
     real = int(lengths.sum())
     return out, {"frames": real, "padding": len(clips) * length - real, "truncated": 0}
+
+
+def collate_spans(spans: Spans, frames: np.ndarray, widths: tuple[int, int], alloc: Alloc = np.zeros
+                  ) -> tuple[dict, dict, list[memoryview]]:
+    """(batch, counters, videos) of whole clips from their shards' mappings, for sessions whose columns
+    are the vocabulary's: each array member's last ``frames * row`` bytes (the index was checked at open
+    to hold that much) copied into its batch row with one memcpy, each video a view of the mapping. The
+    positions are computed for the whole batch at once; per sample there are four slices."""
+    length, n = int(frames.max()), len(frames)
+    out = {"actions": alloc((n, length, widths[0]), np.float32),
+           "telemetry": alloc((n, length, widths[1]), np.float32),
+           "timestamps": alloc((n, length), np.float64)}
+    lengths = alloc((n,), np.int32)
+    lengths[:] = frames
+    (a, ra), (t, rt), (s, rs) = (_raw(out[name]) for name in ("actions", "telemetry", "timestamps"))
+    rows = np.array([ra, rt, rs], np.int64)
+    sizes = frames.astype(np.int64)[:, None] * rows
+    ends = spans.ends[:, ARRAY_SLOTS]
+    at = np.arange(n, dtype=np.int64)[:, None] * (length * rows)
+    places = np.concatenate([spans.starts[:, VIDEO_SLOT:VIDEO_SLOT + 1], spans.ends[:, VIDEO_SLOT:VIDEO_SLOT + 1],
+                             ends - sizes, ends, at, at + sizes], axis=1).tolist()
+    videos = []
+    for v, (vs, ve, xa, xt, xs, ya, yt, ys, da, dt, ds, ea, et, es) in zip(spans.views, places):
+        if ve > vs:  # the clip's pages, now: the arrays' are faulted in by their copies below
+            bytes(v[vs:ve:PAGE]), v[ve - 1]
+        videos.append(v[vs:ve])
+        a[da:ea] = v[xa:ya]
+        t[dt:et] = v[xt:yt]
+        s[ds:es] = v[xs:ys]
+    out["lengths"] = lengths
+    real = int(frames.sum())
+    return out, {"frames": real, "padding": n * length - real, "truncated": 0}, videos
 
 
 def _in_place(a: np.ndarray, dst: np.ndarray) -> bool:

@@ -22,6 +22,7 @@ class EpochPlan:
         self.bucket_keys, self.lengths = bucket_keys, lengths
         self._chunk = lru_cache(maxsize=4)(self._plan_chunk)
         self._counts = lru_cache(maxsize=4)(self._chunk_counts)
+        self._total = lru_cache(maxsize=4)(lambda epoch: int(self._counts(epoch).sum()))  # asked every batch
 
     def key(self, epoch: int) -> int:
         return derive_key(self.seed, epoch, self.identity)
@@ -58,7 +59,7 @@ class EpochPlan:
         return np.asarray(out, dtype=np.int64)
 
     def batches_in_epoch(self, epoch: int) -> int:
-        return int(self._counts(epoch).sum())
+        return self._total(epoch)
 
     def batches_before(self, epoch: int, sample: int) -> int:
         """Batches of the epoch's chunks that end at or before epoch-order position ``sample`` (a chunk

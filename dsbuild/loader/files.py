@@ -7,15 +7,21 @@ number of threads). Every OS error opening or reading a shard (EMFILE, ENOMEM, E
 file) is a ``StorageError`` naming the shard and what to do: the environment failed, the data did not,
 and counting it as a corrupt sample would silently replace healthy samples.
 
-``verify="shard"`` hashes each shard once per process before any of its bytes are trusted, and
-remembers the file's identity (device, inode, size, mtime); a shard whose hash does not match is not
-trusted at all: its samples are then checked one by one against their own hashes.
+A shard is either mapped (``mapped``: one read-only mapping per open handle, which holds the mapping's
+descriptor only and outlives the handle while any delivered view of it lives) or read (``read_ranges``,
+through the handle's descriptor).
+
+``verify="shard"`` hashes each shard once per process before any of its bytes are trusted — a mapped
+one through its mapping — and remembers the file's identity (device, inode, size, mtime); a shard whose
+hash does not match is not trusted at all: its samples are then read and checked one by one against
+their own hashes.
 """
 
 from __future__ import annotations
 
 import errno
 import math
+import mmap
 import os
 import sys
 import threading
@@ -48,6 +54,9 @@ class _Handle:
     def __init__(self, path: str):
         self.path = path
         self.fd: int | None = None
+        self.view: memoryview | None = None  # the whole file, mapped read-only (``ShardFiles.mapped``)
+        self.ident: tuple = ()  # the identity of the file mapped
+        self.unmappable = False  # its size is not its record's: read, never mapped
         self.reader: ShardReader | None = None
         self.users = 0
         self.lock = threading.Lock()  # ShardReaders are not thread-safe; byte-range reads need no lock
@@ -56,6 +65,7 @@ class _Handle:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        self.view = None  # unmapped once no delivered sample views it any more
         if self.reader is not None:
             self.reader.close()
             self.reader = None
@@ -90,9 +100,9 @@ class ShardFiles:
             h = self._open.get(shard)
             if h is None:
                 h = self._open[shard] = _Handle(path)
-                self._evict()
             self._open.move_to_end(shard)
             h.users += 1
+            self._evict()  # (after counting this user: with a limit of 1 it evicted the handle it had just made)
         try:
             yield h
         finally:
@@ -135,6 +145,49 @@ class ShardFiles:
                 self.opened += 1
             yield h.reader
 
+    def mapped(self, shard: int) -> memoryview | None:
+        """The whole shard as a read-only view of its memory mapping, made once per open handle (with a
+        descriptor of its own, closed at once: the mapping needs none, so the LRU's bound holds), or None
+        where the shard must be read instead (``read_ranges``): its file is not the size its record says
+        (a short read is damage; a mapped page past the end would be a SIGBUS), or with ``verify_shards``
+        its mapped bytes did not hash to their record (the caller then checks each sample's own hash)."""
+        if shard in self._damaged:
+            return None
+        with self.handle(shard) as h:
+            if h.view is None and not h.unmappable:
+                with h.lock:
+                    if h.view is None and not h.unmappable:
+                        self._map(h, self.shards[shard].bytes)
+            view = h.view
+            if view is None or not self.verify_shards:
+                return view
+            with self._hash_lock(shard):
+                try:
+                    st = os.stat(h.path)
+                except OSError as e:
+                    raise storage_error(f"{h.path}: cannot stat shard", e) from None
+                # the file at the path now, or (replaced since) the one the mapping shows
+                ident = _identity(st) if _identity(st)[:2] == h.ident[:2] else h.ident
+                return view if self._judge(shard, ident, lambda: _proven([view], self.shards[shard])) else None
+
+    def _map(self, h: _Handle, size: int) -> None:
+        """Map ``h``'s file through a descriptor of its own (``h.fd`` may be in use by a read)."""
+        try:
+            fd = os.open(h.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as e:
+            raise storage_error(f"{h.path}: cannot open shard", e) from None
+        self.opened += 1
+        try:
+            st = os.fstat(fd)
+            if st.st_size == 0 or st.st_size != size:
+                h.unmappable = True
+            else:
+                h.view, h.ident = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ)), _identity(st)
+        except OSError as e:
+            raise storage_error(f"{h.path}: cannot map shard", e) from None
+        finally:
+            os.close(fd)
+
     def read_ranges(self, shard: int, ranges: list[tuple[memoryview, int]]) -> list[int]:
         """Each ``(buffer, offset)``: the shard's bytes at ``offset`` read into ``buffer`` (``os.preadv``,
         which releases the GIL); the bytes read, per range. One handle for all of them."""
@@ -146,24 +199,31 @@ class ShardFiles:
                 raise storage_error(f"{h.path}: cannot read shard", e) from None
 
     def trusted(self, shard: int) -> bool:
-        """verify="shard": True once the shard's bytes hashed to their record (once per process and
-        file identity); False if they did not (the caller then checks each sample's own hash)."""
+        """verify="shard": True once the shard's bytes, read from its file, hashed to their record (once
+        per process and file identity); False if they did not (the caller then checks each sample's own
+        hash)."""
         if shard in self._damaged:
             return False
-        with self._lock:
-            lock = self._hash_locks.setdefault(shard, threading.Lock())
-        with lock, self.handle(shard) as h:
+        with self._hash_lock(shard), self.handle(shard) as h:
             fd = self.fd(h)
             st = os.fstat(fd)
-            ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            if self._trusted.get(shard) == ident:
-                return True
-            ok = st.st_size == self.shards[shard].bytes and _proven(fd, self.shards[shard])
-            if ok:
-                self._trusted[shard] = ident
-            else:
-                self._damaged.add(shard)
-            return ok
+            rec = self.shards[shard]
+            return self._judge(shard, _identity(st), lambda: st.st_size == rec.bytes and _proven(_file_chunks(fd), rec))
+
+    def _hash_lock(self, shard: int) -> threading.Lock:
+        with self._lock:
+            return self._hash_locks.setdefault(shard, threading.Lock())
+
+    def _judge(self, shard: int, ident: tuple, prove) -> bool:
+        """Whether the shard, as the file of identity ``ident`` holds it, is trusted: known, or ``prove()``
+        now (under the shard's hash lock)."""
+        if self._trusted.get(shard) == ident:
+            return True
+        if prove():
+            self._trusted[shard] = ident
+            return True
+        self._damaged.add(shard)
+        return False
 
     def close(self) -> None:
         with self._lock:
@@ -173,21 +233,32 @@ class ShardFiles:
             self._open.clear()
 
 
-def _proven(fd: int, rec) -> bool:
-    """The shard's bytes, read through ``fd``, hash to its record (BLAKE3, or sha256 for older versions)."""
-    h = rec.proof()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _file_chunks(fd: int) -> Iterator[memoryview]:
+    """The file's bytes through ``fd``, a chunk at a time (in one reused buffer)."""
+    view = memoryview(bytearray(CHUNK))
     pos = 0
-    while pos < rec.bytes:
+    while True:
         try:
             n = os.preadv(fd, [view], pos)
         except OSError as e:
             raise storage_error("cannot hash shard", e) from None
         if n <= 0:
-            break
-        h.update(view[:n])  # releases the GIL for large updates
+            return
+        yield view[:n]
         pos += n
+
+
+def _proven(chunks, rec) -> bool:
+    """The shard's bytes (``chunks`` of them, in order) hash to its record (BLAKE3, or sha256 for older
+    versions)."""
+    h = rec.proof()
+    for chunk in chunks:
+        for at in range(0, len(chunk), CHUNK):
+            h.update(chunk[at:at + CHUNK])  # releases the GIL for large updates
     return h.ok()
 
 
@@ -249,3 +320,16 @@ class BufferPool:
         with self._lock:
             if len(self._buffers) < self.keep:
                 self._buffers.append(buf)
+                return
+            # full: keep the larger of ``buf`` and the smallest idle buffer. A large buffer serves any
+            # smaller request, and one made afresh is written through once by ``bytearray`` (a page fault
+            # per 4 KiB): dropping large ones for small ones made batches of mixed resolutions allocate
+            # their frames afresh again and again.
+            smallest = None
+            for k in range(len(self._buffers)):
+                held = self._buffers[k]
+                if sys.getrefcount(held) <= self.IDLE_REFS and (smallest is None or
+                                                                 len(held) < len(self._buffers[smallest])):
+                    smallest = k
+            if smallest is not None and len(self._buffers[smallest]) < len(buf):
+                self._buffers[smallest] = buf

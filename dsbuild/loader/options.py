@@ -21,6 +21,7 @@ DECODES = ("frames", "bytes")
 POLICIES = ("reepoch", "stop")
 MIXES = ("batch", "sample")
 VERIFY = ("sample", "shard", "none")
+READS = ("map", "pread")
 BACKENDS = ("pyav", "torchcodec", "nvdec", "auto")
 
 
@@ -64,6 +65,11 @@ class LoaderOptions:
     verify: str | bool = option("sample", "sample: every sample read is hashed (BLAKE3; sha256 in versions made "
                                           "before it was recorded); shard: each shard hashed once per process; "
                                           "none (False): trust the bytes")
+    read: str = option("map", "map: shards are memory-mapped and samples delivered as read-only views of the "
+                              "page cache, no copy (the worker faults their pages in); pread: copied into "
+                              "pooled buffers with preadv, which releases the GIL while a disk reads (data "
+                              "far larger than RAM on slow disks; shard files another program may truncate "
+                              "in place). verify='sample' always copies")
     max_open_shards: int = option(64, "open shard files kept (LRU): far below common `ulimit -n` values")
     max_replacements: int = option(16, "corrupt-sample substitutes tried before failing loudly")
     audio: bool = option(False, "deliver the clip's audio as float32 PCM with lengths")
@@ -83,6 +89,7 @@ class LoaderOptions:
         _choice("policy", self.policy, POLICIES)
         _choice("mix", self.mix, MIXES)
         _choice("verify", self.verify, VERIFY)
+        _choice("read", self.read, READS)
         _choice("decode_backend", self.decode_backend, BACKENDS)
         for name in ("batch_size", "block_size", "block_window", "frame_stride", "world_size", "prefetch",
                      "max_open_shards", "audio_rate", "audio_channels"):

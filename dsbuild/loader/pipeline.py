@@ -29,21 +29,37 @@ import numpy as np
 from dsbuild.core.errors import CorruptDataError, FormatError, UsageError
 from dsbuild.formats.sample import VIDEO_EXT
 from dsbuild.loader.backends import choose_backend, probe
-from dsbuild.loader.collate import collate, collate_clips
+from dsbuild.loader.collate import collate, collate_clips, collate_spans
 from dsbuild.loader.crop import kept_frames
 from dsbuild.loader.device import Transfer, resolve_device
 from dsbuild.loader.epoch import EpochPlan
 from dsbuild.loader.files import ShardFiles
 from dsbuild.loader.mixture import normalise
 from dsbuild.loader.options import LoaderOptions, order_options, with_overrides
+from dsbuild.loader.pace import Pace
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
-from dsbuild.loader.prepare import VIDEO_SLOT, Preparer
-from dsbuild.loader.read import SampleReader
+from dsbuild.loader.prepare import Preparer
+from dsbuild.loader.read import VIDEO_SLOT, SampleReader
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
 from dsbuild.loader.stats import Stats
 from dsbuild.loader.walk import Position, SampleRef, Step, rank_steps, step_items, walk_batches, walk_samples
+
+
+class _Process:
+    """Which process this is: ``generation`` is bumped in every forked child, where readers and threads
+    must be made anew (``os.getpid`` is a system call each time, and the loader asks several times a
+    batch)."""
+
+    generation = 0
+
+    @staticmethod
+    def forked() -> None:
+        _Process.generation += 1
+
+
+os.register_at_fork(after_in_child=_Process.forked)
 
 
 def _bucket_keys(src: Source, bucket_by: str | None) -> np.ndarray | None:
@@ -66,29 +82,29 @@ def _union(names: list[tuple[str, ...]]) -> list[str]:
 
 @dataclass
 class Ahead:
-    """Batches under way for an iteration that starts at ``start``: ``(future, position after)`` in order,
-    and the steps after them."""
+    """Batches under way for an iteration that starts at ``start``: ``(future, step, position after)`` in
+    order, and the steps after them."""
 
     start: Position
     pending: deque
     work: Iterator[tuple[Step | None, Position]]
 
-    def fill(self, pool: ThreadPoolExecutor, build: Callable, room: int) -> None:
+    def fill(self, submit: Callable, room: int) -> None:
         while len(self.pending) < room:
             step, after = next(self.work, (None, None))
             if step is None:  # the stream ends within the read-ahead: keep its end for the iteration
                 self.work = iter([(None, after)])
                 return
-            self.pending.append((pool.submit(build, step), after))
+            self.pending.append((submit(step), step, after))
 
     def cancel(self) -> None:
         cancel(self.pending)
 
 
 def cancel(pending: deque) -> None:
-    """Cancel the ``(future, position)`` builds that have not started; wait for those that have (no
-    build outlives its iteration)."""
-    wait([fut for fut, _ in pending if not fut.cancel()])
+    """Cancel the ``(future, step, position)`` builds that have not started; wait for those that have (no
+    build outlives its iteration). A future of None: a batch left for the consumer to build."""
+    wait([fut for fut, _, _ in pending if fut is not None and not fut.cancel()])
     pending.clear()
 
 
@@ -111,9 +127,9 @@ class Mixture:
         self.weights = normalise([w for _, _, w in sources])
         self._opened = False
         self._stats = Stats()
-        self._io_pid: int | None = None
+        self._io_process: int | None = None
         self._io_lock = threading.Lock()
-        self._pool_pid: int | None = None
+        self._pool_process: int | None = None
         self._ahead: Ahead | None = None
         self._held = _Held()
         self._generation = 0  # bumped by load_state_dict and by every new loop
@@ -148,6 +164,7 @@ class Mixture:
         self._device, note = resolve_device(o.device)
         self._stats.note(note)
         self._transfer = Transfer(self._device) if self._device else None
+        self._pace = Pace(gil_bound=o.plain and o.read == "map" and o.verify != "sample")
         cuda, installed = probe() if o.decode_backend != "pyav" else (False, frozenset())
         self.backend = choose_backend(o.decode_backend, cuda=cuda, installed=installed)
         if o.decode_backend != "pyav":
@@ -159,17 +176,17 @@ class Mixture:
         """Per-process readers (open files, buffer pools): a forked worker makes its own. Made once, under a
         lock: worker threads that each made their own would each parse sessions' JSON into a preparer the
         next call no longer returns (a batch's codec tags came out None)."""
-        if self._io_pid != os.getpid():
+        if self._io_process != _Process.generation:
             with self._io_lock:
-                if self._io_pid != os.getpid():
+                if self._io_process != _Process.generation:
                     o = self.options
                     files = [ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
                              for s in self.sources]
                     self._held.files = files
-                    self._readers = [SampleReader(s, f, o.verify) for s, f in zip(self.sources, files)]
+                    self._readers = [SampleReader(s, f, o.verify, o.read) for s, f in zip(self.sources, files)]
                     self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend,
                                               self._stats)
-                    self._io_pid = os.getpid()
+                    self._io_process = _Process.generation
         return self._readers, self._preparer
 
     # -- checkpoints ---------------------------------------------------------------------------------
@@ -291,9 +308,19 @@ class Mixture:
     def build(self, step: Step) -> dict:
         """The batch of ``step`` (its arrays in reused memory; see ``collate``), with its samples' metadata."""
         self.open()
+        t0 = time.perf_counter()
+        batch = self._build(step)
+        self._pace.built(time.perf_counter() - t0)
+        return batch
+
+    def _build(self, step: Step) -> dict:
         o = self.options
         arrays = self._io()[1].arrays
         alloc, empty = arrays.zeros, arrays.empty
+        if o.plain and step.items is None:
+            batch = self._mapped_batch(step, alloc)
+            if batch is not None:
+                return batch
         items = step_items(step, self.plans)
         refs = [r for item in items for r in item]
         t0 = time.perf_counter()
@@ -315,17 +342,43 @@ class Mixture:
                                   (len(self.controls), len(self.channels)), o.pack_frames, alloc, empty,
                                   frames)
         samples = [s for _, s, _ in flat]
-        self._metadata(batch, [r for r, _, _ in flat], [s["key"] for s in samples],
+        self._metadata(batch, [r.source for r, _, _ in flat], np.array([r.index for r, _, _ in flat]),
+                       [s["key"] for s in samples],
                        [s["video"] for s in samples] if o.decode == "bytes" else None,
                        [s["text"] for s in samples] if o.text else None,
                        [len(item) for item in items] if o.pack_frames else None)
         self._count(len(flat), counters, t0)
         return batch
 
-    def _count(self, samples: int, counters: dict, t0: float) -> None:
+    def _count(self, samples: int, counters: dict, t0: float, counts: dict | None = None,
+               seconds: dict | None = None) -> None:
+        """A batch's counters and its collation's seconds (since ``t0``), with ``counts`` and ``seconds``
+        of the stages before it: one update of the stats a batch."""
         self._stats.add(counts={"batches": 1, "samples": samples, "frames": counters["frames"],
-                                "padding_frames": counters["padding"], "truncated": counters["truncated"]},
-                        seconds={"collate": time.perf_counter() - t0})
+                                "padding_frames": counters["padding"], "truncated": counters["truncated"],
+                                **(counts or {})},
+                        seconds={"collate": time.perf_counter() - t0, **(seconds or {})})
+
+    def _mapped_batch(self, step: Step, alloc) -> dict | None:
+        """A batch of one source with nothing to run per sample, straight from its shards' mappings
+        (``SampleReader.spans``, ``collate_spans``): no per-sample object at all. None when the general
+        route must run (the reader copies, a shard is not trusted, or a session's columns need remapping
+        or its codec facts are not known yet: the general route learns them)."""
+        readers, prepare = self._io()
+        source = self.sources[step.source]
+        t0 = time.perf_counter()
+        idx = np.array([i for item in self.plans[step.source].batch(step.epoch, step.batch) for i in item], np.int64)
+        if not prepare.direct(step.source, source.session_code[idx]):
+            return None
+        spans = readers[step.source].spans(idx)
+        if spans is None:
+            return None
+        t1 = time.perf_counter()
+        batch, counters, videos = collate_spans(spans, source.frames[idx], (len(self.controls), len(self.channels)),
+                                                alloc)
+        self._metadata(batch, [step.source] * len(idx), idx, [source.keys[i] for i in idx.tolist()], videos)
+        self._count(len(idx), counters, t1, {"bytes": int(source.byte_length[idx].sum())}, {"read": t1 - t0})
+        return batch
 
     def _plain_batch(self, refs: list[SampleRef], raws: list, alloc) -> dict | None:
         """A batch with nothing to run per sample (``LoaderOptions.plain``), straight from the read buffers
@@ -343,7 +396,8 @@ class Mixture:
                                             (len(self.controls), len(self.channels)), alloc)
         except FormatError:
             return None
-        self._metadata(batch, refs, [raw.key for raw in raws], [raw.members[VIDEO_SLOT] for raw in raws])
+        self._metadata(batch, [r.source for r in refs], np.array([r.index for r in refs]), [raw.key for raw in raws],
+                       [raw.members[VIDEO_SLOT] for raw in raws])
         self._stats.add(seconds={"decode": t2 - t1}, counts={"bytes": self._bytes(refs)})
         self._count(len(refs), counters, t2)
         return batch
@@ -363,33 +417,33 @@ class Mixture:
         frames = alloc((len(refs), max(shape[0] for shape in shapes), *shapes[0][1:]), np.uint8)
         return frames, [frames[b, :shape[0]] for b, shape in enumerate(shapes)]
 
-    def _metadata(self, batch: dict, refs: list[SampleRef], keys: list[str], videos: list | None = None,
+    def _metadata(self, batch: dict, src: list[int], idx: np.ndarray, keys: list[str], videos: list | None = None,
                   texts: list | None = None, item_sizes: list[int] | None = None) -> None:
-        """Per-sample fields, aligned with ``keys`` (per item; per item a list of them when packing:
-        ``item_sizes`` samples each)."""
+        """Per-sample fields of samples ``idx`` of sources ``src``, aligned with ``keys`` (per item; per item
+        a list of them when packing: ``item_sizes`` samples each)."""
         o = self.options
-        src = [r.source for r in refs]
-        idx = np.array([r.index for r in refs])
+        n = len(keys)
         flat: dict[str, list] = {"keys": keys, "source": src}
         _, prepare = self._io()
         kinds = sorted(set(src))
         for k in kinds:
-            at = np.arange(len(refs)) if len(kinds) == 1 else np.flatnonzero(np.array(src) == k)
-            values = self.sources[k].fields(idx[at])
+            at = None if len(kinds) == 1 else np.flatnonzero(np.array(src) == k)  # None: one source (mix="batch")
+            mine = idx if at is None else idx[at]
+            values = self.sources[k].fields(mine)
             if o.decode == "bytes":
-                values["codec_tag"] = prepare.codec_tags(k, idx[at])
+                values["codec_tag"] = prepare.codec_tags(k, mine)
             for name, column in values.items():
-                if len(at) == len(refs):  # one source (always so with mix="batch")
+                if at is None:
                     flat[name] = column
                     continue
-                merged = flat.setdefault(name, [None] * len(refs))
+                merged = flat.setdefault(name, [None] * n)
                 for p, v in zip(at.tolist(), column):
                     merged[p] = v
         if texts is not None:
             flat["text"] = texts
         if videos is not None:
             flat["video"] = videos
-            flat["container"] = [VIDEO_EXT] * len(refs)
+            flat["container"] = [VIDEO_EXT] * n
         else:
             for name in ("fps", "has_audio"):
                 flat.pop(name)
@@ -409,6 +463,10 @@ class Mixture:
         self.open()
         o = self.options
         pool = self._workers()
+
+        def submit(step: Step):
+            return pool.submit(self.build, step) if self._pace.ahead() else None
+
         self._generation += 1
         generation = self._generation
         ahead, self._ahead = self._ahead, None
@@ -427,22 +485,26 @@ class Mixture:
                     if step is None:
                         end = after
                         break
-                    pending.append((pool.submit(self.build, step), after))
+                    pending.append((submit(step), step, after))
                 if end is not None:
                     nxt = nxt or Ahead(end, deque(), self.steps(start=end))
-                    nxt.fill(pool, self.build, o.prefetch - len(pending))
+                    nxt.fill(submit, o.prefetch - len(pending))
                 if not pending:
                     break
-                fut, after = pending.popleft()
+                fut, step, after = pending.popleft()
                 t0 = time.perf_counter()
-                batch = fut.result()
+                # a batch no worker has started is built here: waiting for one would only add two thread
+                # hand-offs (each a wake-up through the kernel) to the same work
+                batch = self.build(step) if fut is None or fut.cancel() else fut.result()
                 self._stats.add(seconds={"wait": time.perf_counter() - t0})
                 if self._transfer is not None:
                     t1 = time.perf_counter()
                     batch = self._transfer(batch)
                     self._stats.add(seconds={"h2d": time.perf_counter() - t1})
                 self.position = after
+                t_yield = time.perf_counter()
                 yield batch
+                self._pace.returned(time.perf_counter() - t_yield)
                 if self._generation != generation:
                     # load_state_dict (or another loop) moved the position while this loop waited: go on
                     # from there, not from where this loop was (which would undo the restore)
@@ -465,10 +527,10 @@ class Mixture:
         """The worker threads, kept from epoch to epoch (a new thread waits for the GIL from its busy
         siblings before ``start`` returns: about 1 ms each, every epoch, otherwise); made anew in a forked
         process, which inherits no threads."""
-        if self._pool_pid != os.getpid():
+        if self._pool_process != _Process.generation:
             self._pool = self._held.pool = ThreadPoolExecutor(max_workers=max(1, self.options.num_workers),
                                                               thread_name_prefix="dsbuild-load")
-            self._pool_pid = os.getpid()
+            self._pool_process = _Process.generation
         return self._pool
 
     def close(self) -> None:
@@ -478,7 +540,7 @@ class Mixture:
             self._ahead.cancel()
             self._ahead = None
         self._held.release()
-        self._io_pid = self._pool_pid = None
+        self._io_process = self._pool_process = None
 
     def __enter__(self) -> "Mixture":
         return self

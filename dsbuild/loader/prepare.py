@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from dsbuild.core.errors import FormatError
-from dsbuild.formats.sample import MEMBERS, VIDEO_EXT, SampleMeta
+from dsbuild.formats.sample import MEMBERS, SampleMeta
 from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import Backend
 from dsbuild.loader.collate import ColumnMap
@@ -25,11 +25,10 @@ from dsbuild.loader.decode import decode_pyav, decode_torchcodec
 from dsbuild.loader.files import BufferPool
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.permutation import derive_key
-from dsbuild.loader.read import RawSample, sample_arrays
+from dsbuild.loader.read import VIDEO_SLOT, RawSample, sample_arrays
 from dsbuild.loader.source import Source
 from dsbuild.loader.stats import Stats
 
-VIDEO_SLOT = MEMBERS.index(VIDEO_EXT)
 JSON_SLOT = MEMBERS.index("json")
 
 
@@ -69,6 +68,9 @@ class Preparer:
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
             for src in sources]
         self._video: dict[tuple[int, int], object] = {}  # (source, session) -> ClipVideo, parsed once
+        # per source and session: its arrays are stored on the vocabulary as they stand (a whole-clip batch
+        # copies each with one memcpy: ``collate_spans``), and its codec facts are known
+        self._direct = [np.zeros(len(src.sessions), bool) for src in sources]
         # decoded clips and batch arrays in reused memory: enough buffers for every batch in flight
         self.arrays = BufferPool(keep=options.prefetch + options.num_workers * (options.batch_size + 2) + 2)
 
@@ -143,7 +145,15 @@ class Preparer:
         facts = self._video.get(key)
         if facts is None:
             facts = self._video[key] = sample_meta(self.sources[src], raw).video
+            session = self.sources[src].sessions[raw.session]
+            self._direct[src][raw.session] = all(m is None for m in self.maps[src][raw.session]) and \
+                (len(session.controls), len(session.channels)) == self.widths
         return facts
+
+    def direct(self, src: int, sessions: np.ndarray) -> bool:
+        """Whether samples of these sessions (codes) can be collated straight from their shards'
+        mappings (``collate_spans``): their arrays on the vocabulary as stored, their codec facts known."""
+        return bool(self._direct[src][sessions].all())
 
     def codec_tags(self, src: int, idx: np.ndarray) -> list[str | None]:
         """The codec tags of samples ``idx``'s sessions (known once a sample of each was prepared in bytes

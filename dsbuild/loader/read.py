@@ -1,17 +1,22 @@
 """Reading samples' canonical members, with the framing the build recorded and the verification asked.
 
 Formats whose samples are contiguous byte ranges holding members verbatim expose
-``payload_offsets`` (WebDataset does): then a batch's samples are read with one ``os.preadv`` per run
-of neighbours in a shard (coalesced; the GIL is released) into pooled buffers, and members are
-memoryview slices at offsets computed once at open — no tar header is parsed on the hot path. Any
-other format goes through its ``ShardReader.members`` (framing checked by the format).
+``payload_offsets`` (WebDataset does): then members are memoryview slices at offsets computed once at
+open — no tar header is parsed on the hot path — of the shard's read-only memory mapping (``read="map"``:
+no copy; the reader touches each page of a sample, so its consumer never waits on the disk), or, with
+``read="pread"`` or ``verify="sample"`` (the bytes hashed must be the bytes delivered), of pooled buffers
+filled with one ``os.preadv`` per run of neighbours in a shard (coalesced; the GIL is released). A shard
+file that is not the size its record says is never mapped (a page past its end would be a SIGBUS): it is
+read, and a short read is damage. Any other format goes through its ``ShardReader.members`` (framing
+checked by the format).
 
 Verification (``LoaderOptions.verify``):
 - ``"sample"``: each sample's members are hashed on every read and compared with the index: BLAKE3
   (recorded beside the sha256 since it was added; 2.3x faster here), sha256 for older versions. Catches
   any damage to the bytes read, at any time, at one hash pass per read, every epoch.
 - ``"shard"``: each shard is hashed once per process (and again if its file changes identity) before
-  its bytes are trusted; a shard that does not match is checked sample by sample. Catches damage
+  its bytes are trusted — a mapped shard through its mapping, the bytes delivered; a shard that does not
+  match is read and checked sample by sample. Catches damage
   present when the process first reads the shard, for one pass over each shard per process; it does
   not catch a change made in place afterwards that keeps the file's size, inode and mtime.
 - ``"none"``: bytes are trusted. Framing stays bounded (the index was checked at open), so damage
@@ -24,18 +29,21 @@ collation copies them into the batch.
 from __future__ import annotations
 
 import itertools
+import mmap
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from dsbuild.core.errors import FormatError
-from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS, members_blake3, members_sha256
+from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS, VIDEO_EXT, members_blake3, members_sha256
 from dsbuild.loader.files import BufferPool, ShardFiles, storage_error
 from dsbuild.loader.source import ARRAY_DTYPES, Source
 
 COALESCE_GAP = 64 << 10  # read across a gap this small rather than issue a second read
+PAGE = mmap.PAGESIZE
 ARRAY_SLOTS = tuple(MEMBERS.index(m) for m in ARRAY_MEMBERS)
+VIDEO_SLOT = MEMBERS.index(VIDEO_EXT)
 
 
 @dataclass(slots=True)
@@ -55,10 +63,12 @@ class RawSample:
 class SampleReader:
     """Reads samples of one source (thread-safe; one per source per process)."""
 
-    def __init__(self, source: Source, files: ShardFiles, verify: str):
+    def __init__(self, source: Source, files: ShardFiles, verify: str, read: str = "map"):
         self.source, self.files, self.verify = source, files, verify
         self.pool = BufferPool()
         self.fast = source.payload_offsets is not None
+        # verify="sample" copies: the bytes it hashed are then the bytes delivered, whatever the file does
+        self.map = self.fast and read == "map" and verify != "sample"
 
     def read(self, indices: list[int]) -> list[RawSample | FormatError]:
         """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place)."""
@@ -66,6 +76,13 @@ class SampleReader:
         idx = np.asarray(indices, dtype=np.int64)
         facts = list(zip(indices, [src.keys[i] for i in indices], src.frames[idx].tolist(),
                          src.n_controls[idx].tolist(), src.n_channels[idx].tolist(), src.session_code[idx].tolist()))
+        spans = self.spans(idx)
+        if spans is not None:  # trusted as it stands (verify="none", or every shard hashed to its record)
+            out = []
+            for f, v, st, en in zip(facts, spans.views, spans.starts.tolist(), spans.ends.tolist()):
+                touch(v, st[0], en[-1])
+                out.append(RawSample(f[0], f[1], [v[a:b] for a, b in zip(st, en)], *f[2:]))
+            return out
         got = self._ranges(idx, facts) if self.fast else [self._generic(f) for f in facts]
         if self.verify == "none":
             return got
@@ -74,6 +91,21 @@ class SampleReader:
         # verify="shard": each shard's trust is asked once per read, not per sample
         trusted = {s for s in read if self.files.trusted(s)} if self.verify == "shard" else set()
         return [r if not isinstance(r, RawSample) or s in trusted else self._hashed(r) for s, r in zip(shards, got)]
+
+    def spans(self, idx: np.ndarray) -> Spans | None:
+        """Samples ``idx`` as places in their shards' mappings; None where the general ``read`` must run
+        instead: the reader copies (``verify="sample"``, ``read="pread"``), a shard cannot be mapped, or
+        (``verify="shard"``) a shard's mapped bytes did not hash to its record. Whoever takes members
+        out of them faults their pages in (``touch``)."""
+        if not self.map:
+            return None
+        src = self.source
+        shards = src.shard_id[idx].tolist()
+        views = {s: self.files.mapped(s) for s in set(shards)}
+        if None in views.values():
+            return None
+        starts = src.byte_offset[idx][:, None] + src.payload_offsets[idx]
+        return Spans([views[s] for s in shards], starts, starts + src.member_bytes[idx])
 
     def _ranges(self, idx: np.ndarray, facts: list[tuple]) -> list[RawSample | FormatError]:
         src = self.source
@@ -131,6 +163,24 @@ class SampleReader:
         if not ok:
             return FormatError(f"{raw.key}: sample bytes do not match their hash (damaged shard?)")
         return raw
+
+
+def touch(view: memoryview, start: int, end: int) -> None:
+    """Fault in the pages of ``view[start:end]`` (one byte of each) now, in the thread building the batch,
+    so that whoever reads the bytes later does not wait on the disk."""
+    if end > start:
+        bytes(view[start:end:PAGE]), view[end - 1]
+
+
+@dataclass(slots=True)
+class Spans:
+    """A read's samples as places in their shards' mappings (``SampleReader.spans``): each sample's whole
+    shard, and where each of its members' payloads starts and ends there ([samples, members], in
+    ``MEMBERS`` order). A batch with nothing to run per sample is collated from these directly."""
+
+    views: list[memoryview]
+    starts: np.ndarray
+    ends: np.ndarray
 
 
 class Run(NamedTuple):

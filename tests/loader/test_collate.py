@@ -121,3 +121,45 @@ def test_whole_clips_collate_straight_from_read_samples_like_their_arrays(shapes
     assert got_counts == want_counts
     for name in ("actions", "telemetry", "timestamps", "lengths"):
         assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 9), st.integers(0, 40)), min_size=1, max_size=6),
+       st.integers(1, 3), st.sampled_from([0, 2]), st.integers(0, 2**32 - 1))
+def test_whole_clips_collate_straight_from_mapped_shards_like_their_arrays(clips, controls, channels, seed):
+    """``collate_spans`` (each array member's last bytes memcpy'd from the shard, each video a view of it)
+    gives the batch ``collate`` gives for the same clips as arrays, whatever precedes the arrays in their
+    members (a .npy header of any length) and wherever the samples lie in their shards."""
+    from dsbuild.formats.sample import MEMBERS
+    from dsbuild.loader.collate import collate_spans
+    from dsbuild.loader.read import Spans
+
+    rng = np.random.default_rng(seed)
+    shards = [bytearray(rng.integers(0, 256, 7, dtype=np.uint8).tobytes()) for _ in range(2)]
+    places, items = [], []
+    for k, (frames, header) in enumerate(clips):
+        arrays = {"actions": rng.random((frames, controls), dtype=np.float32),
+                  "telemetry": rng.random((frames, channels), dtype=np.float32),
+                  "timestamps": np.arange(frames) / 30.0 + k}
+        payloads = {"json": b"{}", "mp4": f"clip {k}".encode(), "txt": b""}
+        payloads.update({m: b"\x93" * header + a.tobytes() for m, a in zip(("actions.npy", "telemetry.npy",
+                                                                            "timestamps.npy"), arrays.values())})
+        shard = shards[k % 2]
+        starts, ends = [], []
+        for m in MEMBERS:
+            shard += b"\0" * int(rng.integers(0, 600))  # framing between members
+            starts.append(len(shard))
+            shard += payloads.get(m, b"")
+            ends.append(len(shard))
+        places.append((k % 2, starts, ends))
+        items.append([arrays])
+    views = [memoryview(bytes(s)) for s in shards]
+    spans = Spans([views[s] for s, _, _ in places], np.array([p[1] for p in places], np.int64),
+                  np.array([p[2] for p in places], np.int64))
+    frames = np.array([f for f, _ in clips], np.int32)
+    want, want_counts = collate(items, [[(None, None)]] * len(items), (controls, channels), None)
+    got, got_counts, videos = collate_spans(spans, frames, (controls, channels))
+    assert got_counts == want_counts
+    for name in ("actions", "telemetry", "timestamps", "lengths"):
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+    assert [bytes(v) for v in videos] == [f"clip {k}".encode() for k in range(len(clips))]

@@ -129,6 +129,21 @@ def test_pooled_arrays_are_reused_only_once_no_view_of_them_lives():
     assert pool.zeros((3, 3), np.float64).shape == (3, 3) and pool.allocated == 2  # small: plain numpy
 
 
+def test_a_full_pool_keeps_its_larger_buffers():
+    """Batches of mixed resolutions: a full pool used to drop the large buffer a big batch needed, keep
+    the small ones, and make the large one afresh for every big batch."""
+    pool = BufferPool(keep=2)
+    small = [pool.zeros((1, 1 << 20), np.uint8) for _ in range(2)]  # 2 x 1 MiB: the pool is full
+    del small
+    big = pool.zeros((3, 1 << 20), np.uint8)  # nothing idle fits: made afresh, kept in a small one's place
+    assert pool.allocated == 3
+    del big
+    again = pool.zeros((3, 1 << 20), np.uint8)
+    assert pool.allocated == 3 and not again.any()
+    small = pool.zeros((1, 1 << 20), np.uint8)  # the small one left still serves small arrays
+    assert pool.allocated == 3 and not np.shares_memory(small, again)
+
+
 def test_batches_in_reused_memory_equal_batches_kept_alive(cat):
     """Frames big enough to be pooled: an epoch whose batches are all kept (nothing can be reused) and
     one whose batches are dropped at once (everything is) deliver the same bytes, padding included."""

@@ -1,0 +1,136 @@
+"""Shards read through memory mappings (``read="map"``, the default unless ``verify="sample"``) deliver
+exactly what copied reads (``read="pread"``) deliver, as read-only views that outlive the shard's place in
+the LRU; a shard file that is not its record's size is read, never mapped (a mapped page past the end of
+a file is a SIGBUS that kills the process; a short read is damage the loader replaces); a shard whose
+mapped bytes do not hash to their record is not trusted; and who builds a batch follows the consumer."""
+
+from __future__ import annotations
+
+import mmap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dsbuild.core.errors import UsageError
+from dsbuild.lineage.catalog import Catalog
+from dsbuild.loader import Loader
+from dsbuild.loader.files import ShardFiles
+from dsbuild.loader.source import Source
+
+from .test_loader import assert_same_batches
+
+
+def epoch(ref: str, **kw) -> tuple[list[dict], dict]:
+    """Every batch of one epoch, kept (so every view they hold must stay valid), and the loader's stats."""
+    with Loader(ref, **{"batch_size": 3, "seed": 4, "decode": "bytes", **kw}) as loader:
+        return list(loader), loader.stats()
+
+
+def assert_equal_epochs(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) > 2
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for name, value in x.items():
+            if isinstance(value, np.ndarray):
+                assert value.dtype == y[name].dtype and np.array_equal(value, y[name]), name
+            elif name == "video":
+                assert [bytes(v) for v in value] == [bytes(v) for v in y[name]]
+            else:
+                assert value == y[name], name
+
+
+@pytest.mark.parametrize("kw", [dict(verify="none"), dict(verify="shard"), dict(verify="none", shuffle="blocks"),
+                                dict(decode="frames", resize=(24, 32), verify="none")])
+def test_mapped_and_copied_reads_deliver_the_same_batches(cat, kw):
+    ref, _ = cat
+    mapped, _ = epoch(ref, **kw)
+    if kw.get("decode") != "frames":
+        assert all(isinstance(v.obj, mmap.mmap) for b in mapped for v in b["video"])
+    copied, _ = epoch(ref, read="pread", **kw)
+    assert all(not isinstance(v.obj, mmap.mmap) for b in copied for v in b.get("video", []))
+    assert_equal_epochs(mapped, copied)
+
+
+def test_plain_batches_from_mapped_shards_are_the_general_routes_batches(cat):
+    """With nothing to run per sample, batches are collated straight from the mappings (``collate_spans``);
+    a map that changes nothing sends the same samples through the general route."""
+    ref, _ = cat
+    assert_same_batches(Loader(ref, decode="bytes", batch_size=3, seed=5, verify="none"),
+                        Loader(ref, decode="bytes", batch_size=3, seed=5, verify="none", map=lambda s, rng: s))
+
+
+def test_delivered_clips_are_read_only_and_outlive_the_lru(cat):
+    ref, vid = cat
+    assert len(Catalog.open(ref).manifest(vid).shards) > 3
+    kept, _ = epoch(ref, verify="none", max_open_shards=1, num_workers=2)  # every shard evicted and remapped
+    copied, _ = epoch(ref, verify="none", read="pread")
+    assert_equal_epochs(kept, copied)
+    with pytest.raises(TypeError):
+        kept[0]["video"][0][:1] = b"x"
+
+
+def test_a_shard_file_of_another_size_is_read_not_mapped(cat_copy):
+    ref, vid = cat_copy
+    before, _ = epoch(ref, verify="none", read="pread")
+    src = Source(ref).open()
+    longer, shorter = (Path(ref) / src.shards[k].path for k in (0, 1))
+    with open(longer, "ab") as f:  # the samples are where the index says; the mapping would be too long
+        f.write(b"\0" * 5000)
+    files = ShardFiles(src.catalog, src.shards, src.format, 4, verify_shards=False)
+    assert files.mapped(0) is None and files.mapped(2) is not None
+    files.close()
+    after, stats = epoch(ref, verify="none")
+    assert_equal_epochs(after, before) and stats["corrupt"] == 0
+    shorter.write_bytes(shorter.read_bytes()[: shorter.stat().st_size // 2])  # mapped, reading it would SIGBUS
+    damaged, stats = epoch(ref, verify="none")
+    assert stats["corrupt"] > 0 and all("shard ends inside the sample" in k for k in stats["corrupt_keys"])
+    assert sum(len(b["keys"]) for b in damaged) == sum(len(b["keys"]) for b in before)
+
+
+def test_a_mapped_shard_whose_bytes_do_not_hash_to_its_record_is_not_trusted(cat_copy):
+    ref, _ = cat_copy
+    src = Source(ref).open()
+    victim = int(np.flatnonzero(src.shard_id == 0)[0])
+    path = Path(ref) / src.shards[0].path
+    data = bytearray(path.read_bytes())
+    at = int(src.byte_offset[victim] + src.payload_offsets[victim][1]) + 10  # inside its clip
+    data[at] ^= 0xFF
+    path.write_bytes(data)  # same size: mappable, but not the bytes the record hashes
+    files = ShardFiles(src.catalog, src.shards, src.format, 4, verify_shards=True)
+    assert files.mapped(0) is None and files.mapped(1) is not None
+    files.close()
+    batches, stats = epoch(ref, verify="shard")
+    assert stats["corrupt"] == 1 and src.keys[victim] in stats["corrupt_keys"][0]
+    assert src.keys[victim] not in {k for b in batches for k in b["keys"]}
+
+
+def test_read_must_be_map_or_pread(cat):
+    with pytest.raises(UsageError, match="read must be one of"):
+        Loader(cat[0], read="mmap")
+
+
+def test_a_consumer_faster_than_a_hand_off_builds_plain_batches_itself_and_a_slow_one_gets_them_ahead(cat):
+    """Timing only decides who builds; the batches are the same either way."""
+    ref, _ = cat
+
+    def run(pause: float) -> tuple[list, dict]:
+        with Loader(ref, decode="bytes", batch_size=2, seed=3, verify="none", num_workers=2) as loader:
+            keys = []
+            for _ in range(3):
+                for b in loader:
+                    keys.append(b["keys"])
+                    time.sleep(pause)
+            return keys, loader.stats()["threads"]
+
+    fast_keys, fast = run(0.0)
+    slow_keys, slow = run(0.02)
+    assert fast_keys == slow_keys
+
+    def share(threads: dict, mine) -> float:
+        total = sum(t.get("batches", 0) for t in threads.values())
+        return sum(t.get("batches", 0) for name, t in threads.items() if mine(name)) / total
+
+    assert share(fast, lambda name: name == "MainThread") > 0.5
+    assert share(slow, lambda name: name.startswith("dsbuild-load")) > 0.5

@@ -1,0 +1,33 @@
+"""Who builds a GIL-bound batch: a worker ahead of time while the consumer stays away at least as long as
+a build takes, the consumer itself otherwise; anything that decodes or hashes always goes ahead."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dsbuild.loader.pace import Pace, ema
+
+seconds = st.floats(0, 10, allow_nan=False)
+
+
+@given(st.lists(seconds, min_size=1, max_size=30))
+def test_the_running_average_stays_within_what_it_saw(values):
+    average = None
+    for v in values:
+        average = ema(average, v)
+    assert min(values) - 1e-9 <= average <= max(values) + 1e-9
+    assert ema(None, values[0]) == values[0]
+
+
+@given(st.booleans(), st.lists(seconds, max_size=5), st.lists(seconds, max_size=5))
+def test_batches_go_ahead_unless_gil_bound_and_the_consumer_returns_before_a_build_is_done(gil, builds, aways):
+    pace = Pace(gil_bound=gil)
+    for b in builds:
+        pace.built(b)
+    for a in aways:
+        pace.returned(a)
+    if not gil or not builds or not aways:
+        assert pace.ahead()
+    else:
+        assert pace.ahead() == (pace.away >= pace.build)

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from dsbuild.core.errors import UsageError
-from dsbuild.loader.read import ARRAY_SLOTS, PAGE, VIDEO_SLOT, RawSample, Rows, Spans, array_bytes
+from dsbuild.loader.read import ARRAY_SLOTS, VIDEO_SLOT, RawSample, Rows, Spans, array_bytes, touch
 from dsbuild.loader.source import ARRAY_DTYPES
 
 ColumnMap = tuple[np.ndarray | None, np.ndarray | None]  # (controls, channels) columns; None = identity
@@ -140,8 +140,7 @@ def collate_spans(spans: Spans, frames: np.ndarray, widths: tuple[int, int], all
                              ends - sizes, ends, at, at + sizes], axis=1).tolist()
     videos = []
     for v, (vs, ve, xa, xt, xs, ya, yt, ys, da, dt, ds, ea, et, es) in zip(spans.views, places):
-        if ve > vs:  # the clip's pages, now: the arrays' are faulted in by their copies below
-            bytes(v[vs:ve:PAGE]), v[ve - 1]
+        touch(v, vs, ve)  # the clip's pages, now: the arrays' are faulted in by their copies below
         videos.append(v[vs:ve])
         a[da:ea] = v[xa:ya]
         t[dt:et] = v[xt:yt]

@@ -398,8 +398,7 @@ class Mixture:
             return None
         self._metadata(batch, [r.source for r in refs], np.array([r.index for r in refs]), [raw.key for raw in raws],
                        [raw.members[VIDEO_SLOT] for raw in raws])
-        self._stats.add(seconds={"decode": t2 - t1}, counts={"bytes": self._bytes(refs)})
-        self._count(len(refs), counters, t2)
+        self._count(len(refs), counters, t2, {"bytes": self._bytes(refs)}, {"decode": t2 - t1})
         return batch
 
     def _frame_rows(self, refs: list[SampleRef], alloc) -> tuple[np.ndarray | None, list | None]:

@@ -19,7 +19,7 @@ from dsbuild.loader import Loader
 from dsbuild.loader.files import ShardFiles
 from dsbuild.loader.source import Source
 
-from .test_loader import assert_same_batches
+from .test_loader import assert_equal_batch, assert_same_batches
 
 
 def epoch(ref: str, **kw) -> tuple[list[dict], dict]:
@@ -31,14 +31,7 @@ def epoch(ref: str, **kw) -> tuple[list[dict], dict]:
 def assert_equal_epochs(a: list[dict], b: list[dict]) -> None:
     assert len(a) == len(b) > 2
     for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for name, value in x.items():
-            if isinstance(value, np.ndarray):
-                assert value.dtype == y[name].dtype and np.array_equal(value, y[name]), name
-            elif name == "video":
-                assert [bytes(v) for v in value] == [bytes(v) for v in y[name]]
-            else:
-                assert value == y[name], name
+        assert_equal_batch(x, y)
 
 
 @pytest.mark.parametrize("kw", [dict(verify="none"), dict(verify="shard"), dict(verify="none", shuffle="blocks"),

@@ -7,9 +7,9 @@ number of threads). Every OS error opening or reading a shard (EMFILE, ENOMEM, E
 file) is a ``StorageError`` naming the shard and what to do: the environment failed, the data did not,
 and counting it as a corrupt sample would silently replace healthy samples.
 
-A shard is either mapped (``mapped``: one read-only mapping per open handle, which holds the mapping's
-descriptor only and outlives the handle while any delivered view of it lives) or read (``read_ranges``,
-through the handle's descriptor).
+A shard is either mapped (``mapped``: one read-only mapping per open handle, holding no descriptor, which
+outlives the handle while any delivered view of it lives) or read (``read_ranges``, through the handle's
+descriptor).
 
 ``verify="shard"`` hashes each shard once per process before any of its bytes are trusted — a mapped
 one through its mapping — and remembers the file's identity (device, inode, size, mtime); a shard whose
@@ -19,12 +19,14 @@ their own hashes.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import math
 import mmap
 import os
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator
@@ -146,32 +148,43 @@ class ShardFiles:
             yield h.reader
 
     def mapped(self, shard: int) -> memoryview | None:
-        """The whole shard as a read-only view of its memory mapping, made once per open handle (with a
-        descriptor of its own, closed at once: the mapping needs none, so the LRU's bound holds), or None
-        where the shard must be read instead (``read_ranges``): its file is not the size its record says
-        (a short read is damage; a mapped page past the end would be a SIGBUS), or with ``verify_shards``
-        its mapped bytes did not hash to their record (the caller then checks each sample's own hash)."""
+        """The whole shard as a read-only view of its memory mapping (made once per open handle; it holds
+        no descriptor: ``map_readonly``), or None where the shard must be read instead (``read_ranges``):
+        the file cannot be mapped, or is not the size its record says (a short read is damage; a mapped
+        page past a file's end would be a SIGBUS), or with ``verify_shards`` its mapped bytes did not hash
+        to their record (the caller then checks each sample's own hash). Each call looks at the file
+        again: one cut short in place since it was mapped is read from then on, never touched through
+        the mapping (what is left is the race of a truncation between this look and the reads)."""
         if shard in self._damaged:
             return None
+        rec = self.shards[shard]
         with self.handle(shard) as h:
             if h.view is None and not h.unmappable:
                 with h.lock:
                     if h.view is None and not h.unmappable:
-                        self._map(h, self.shards[shard].bytes)
+                        self._map(h, rec.bytes)
             view = h.view
-            if view is None or not self.verify_shards:
+            if view is None:
+                return None
+            try:
+                now = _identity(os.stat(h.path))
+            except FileNotFoundError:  # removed (a shard cache evicting its copy): the mapping still shows it
+                now = h.ident
+            except OSError as e:
+                raise storage_error(f"{h.path}: cannot stat shard", e) from None
+            if now[:2] != h.ident[:2]:  # replaced since: the mapping shows the file it mapped
+                now = h.ident
+            elif now[2] != rec.bytes:  # the mapped file itself was cut short or grown in place
+                self._damaged.add(shard)
+                return None
+            if not self.verify_shards:
                 return view
             with self._hash_lock(shard):
-                try:
-                    st = os.stat(h.path)
-                except OSError as e:
-                    raise storage_error(f"{h.path}: cannot stat shard", e) from None
-                # the file at the path now, or (replaced since) the one the mapping shows
-                ident = _identity(st) if _identity(st)[:2] == h.ident[:2] else h.ident
-                return view if self._judge(shard, ident, lambda: _proven([view], self.shards[shard])) else None
+                return view if self._judge(shard, now, lambda: _proven([view], rec)) else None
 
     def _map(self, h: _Handle, size: int) -> None:
-        """Map ``h``'s file through a descriptor of its own (``h.fd`` may be in use by a read)."""
+        """Map ``h``'s file through a descriptor of its own (``h.fd`` may be in use by a read), closed at
+        once; a file of another size, or one the file system will not map, is marked to be read."""
         try:
             fd = os.open(h.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
@@ -182,9 +195,9 @@ class ShardFiles:
             if st.st_size == 0 or st.st_size != size:
                 h.unmappable = True
             else:
-                h.view, h.ident = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ)), _identity(st)
-        except OSError as e:
-            raise storage_error(f"{h.path}: cannot map shard", e) from None
+                h.view, h.ident = map_readonly(fd, size), _identity(st)
+        except OSError:  # a file system that cannot map (some FUSE mounts): read it
+            h.unmappable = True
         finally:
             os.close(fd)
 
@@ -231,6 +244,27 @@ class ShardFiles:
                 if h.users == 0:
                     h.close()
             self._open.clear()
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def map_readonly(fd: int, size: int) -> memoryview:
+    """The first ``size`` bytes of ``fd``'s file mapped read-only, as a read-only memoryview that holds no
+    descriptor, unmapped once no view of it is left. (Python's ``mmap`` keeps a duplicate of ``fd`` for
+    the mapping's life: a loader whose delivered clips keep mappings alive piled those up past
+    ``max_open_shards`` and ``ulimit -n``.)"""
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    block = type("MappedShard", (ctypes.c_ubyte * size,), {}).from_address(addr)  # a subclass: weakref-able
+    weakref.finalize(block, _libc.munmap, addr, size)
+    return memoryview(block).cast("B").toreadonly()
 
 
 def _identity(st: os.stat_result) -> tuple:

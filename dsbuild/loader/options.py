@@ -69,7 +69,7 @@ class LoaderOptions:
                               "page cache, no copy (the worker faults their pages in); pread: copied into "
                               "pooled buffers with preadv, which releases the GIL while a disk reads (data "
                               "far larger than RAM on slow disks; shard files another program may truncate "
-                              "in place). verify='sample' always copies")
+                              "in place while you train). verify='sample' always copies")
     max_open_shards: int = option(64, "open shard files kept (LRU): far below common `ulimit -n` values")
     max_replacements: int = option(16, "corrupt-sample substitutes tried before failing loudly")
     audio: bool = option(False, "deliver the clip's audio as float32 PCM with lengths")

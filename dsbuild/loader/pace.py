@@ -8,7 +8,9 @@ through the kernel — on a virtual machine more than the build of a small batch
 built ahead only while the consumer stays away (between receiving a batch and asking for the next)
 at least as long as a build takes; a consumer that comes back sooner builds its batches itself, with no
 hand-off. Batches that decode or hash (the GIL released) are always built ahead: workers then run in
-parallel with everything else. Only timing depends on this; the batches and their order never do.
+parallel with everything else. (With ``verify="shard"``, a shard's one proof — a hash of the whole
+shard, the GIL released — runs in whichever thread first reads it, the consumer's too.) Only timing
+depends on this; the batches and their order never do.
 """
 
 from __future__ import annotations

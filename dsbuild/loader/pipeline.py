@@ -275,7 +275,7 @@ class Mixture:
         return out
 
     def _bytes(self, refs: list[SampleRef]) -> int:
-        return int(sum(self.sources[r.source].byte_length[r.index] for r in refs))
+        return int(sum(self.sources[r.source].sample_bytes[r.index] for r in refs))
 
     def _substitute(self, ref: SampleRef, damage: FormatError, into=None) -> tuple[SampleRef, dict, tuple]:
         """The deterministic substitute of the damaged sample at ``ref``, prepared."""
@@ -378,7 +378,7 @@ class Mixture:
         batch, counters, videos = collate_spans(spans, source.frames[idx], (len(self.controls), len(self.channels)),
                                                 alloc)
         self._metadata(batch, [step.source] * len(idx), idx, [source.keys[i] for i in idx.tolist()], videos)
-        self._count(len(idx), counters, t1, {"bytes": int(source.byte_length[idx].sum())}, {"read": t1 - t0})
+        self._count(len(idx), counters, t1, {"bytes": int(source.sample_bytes[idx].sum())}, {"read": t1 - t0})
         return batch
 
     def _plain_batch(self, refs: list[SampleRef], raws: list, alloc) -> dict | None:

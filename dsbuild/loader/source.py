@@ -115,6 +115,9 @@ class Source:
                 bad = int(np.flatnonzero(widths != len(MEMBERS))[0])
                 raise FormatError(f"{self.keys[bad]}: index lists {widths[bad]} member sizes, not {len(MEMBERS)}")
             self.member_bytes = to_numpy(pc.list_flatten(mb)).astype(np.int64).reshape(-1, len(MEMBERS))
+        # the bytes a sample's read costs, for the stats: its range, or (rows of Parquet) its members
+        self.sample_bytes = self.byte_length if self.byte_range else \
+            self.member_bytes.sum(axis=1) if self.member_bytes is not None else np.zeros(len(self.keys), np.int64)
         for c in ("frames", "width", "height", "n_controls", "n_channels"):
             setattr(self, c, to_numpy(table[c]).astype(np.int64))
         self.fps = to_numpy(table["fps"], null=0.0)

@@ -58,7 +58,7 @@ class _Handle:
         self.fd: int | None = None
         self.view: memoryview | None = None  # the whole file, mapped read-only (``ShardFiles.mapped``)
         self.ident: tuple = ()  # the identity of the file mapped
-        self.unmappable = False  # its size is not its record's: read, never mapped
+        self.unmappable = False  # not its record's size, or the file system cannot map it: read, never mapped
         self.reader: ShardReader | None = None
         self.users = 0
         self.lock = threading.Lock()  # ShardReaders are not thread-safe; byte-range reads need no lock

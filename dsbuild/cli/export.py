@@ -55,6 +55,8 @@ def export(
     splits = ", ".join(f"{name} {n}" for name, n in r.splits.items())
     state = "already complete" if r.existed else (f"{r.files_written} files written ({r.bytes_written:,} bytes), "
                                                   f"{r.linked_shards} shards linked, {r.files_kept} kept")
+    if r.repaired:
+        state += f"; repaired: {r.repaired} file{'s' * (r.repaired != 1)} missing or of another size, written again"
     o.line(f"{r.tool} export of {o.id(r.version_id)} in ", r.dest, f": {r.samples} samples ({splits}); {state}")
 
 

@@ -57,4 +57,5 @@ def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, tar
         folder.finish()
     return ExportReport(tool=to, version_id=source.version_id, dest=str(dest), split=split, splits=splits,
                         samples=source.samples, files_written=folder.written, bytes_written=folder.bytes,
-                        files_kept=folder.kept, linked_shards=folder.linked, existed=existed)
+                        files_kept=folder.kept, linked_shards=folder.linked, existed=existed,
+                        repaired=folder.repaired)

@@ -5,7 +5,9 @@ and duckdb glob whatever Parquet files are there), and finishes when run again.
 An export is written into ``.<DEST>.dsbuild-partial``, DEST's sibling: the same filesystem, so the last
 step is one rename, and the same depth, so relative links to the catalog stay valid. Its marker
 ``.dsbuild-export.json`` is written first with ``complete: false`` (it claims that folder) and rewritten
-with ``complete: true`` after every other file, just before the rename. Every file lands by rename from a
+with ``complete: true`` and every file's size after every other file, just before the rename. A
+complete export whose files are no longer all there at those sizes is reopened: the damaged files are
+removed and written again. Every file lands by rename from a
 private temp folder, so a file that exists is whole: a re-run skips files it would write with the same
 name (exports are deterministic, so the bytes would be the same). The marker holds no time and no host path.
 """
@@ -38,10 +40,34 @@ class ExportMarker(Record):
     split_hash: str | None = field(metadata=spec(pattern=SHA256))
     splits: dict[str, int]  # tool split -> samples
     complete: bool
+    files: dict[str, int] | None = None  # complete: each file's size (a link's: its target's); None before 2026-12
 
     def describe(self) -> str:
         split = f" split {self.split}" if self.split else ""
         return f"a {self.tool} export of version {self.version_id[:12]}{split}"
+
+
+def _sizes(root: Path) -> dict[str, int]:
+    """Every file of a finished export (but its marker) and its size; a link's is its target's."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel != MARKER and (path.is_symlink() or path.is_file()):
+            out[rel] = path.stat().st_size if path.exists() else -1  # a dangling link: damaged from the start
+    return out
+
+
+def _damaged(root: Path, files: dict[str, int]) -> list[str]:
+    """The recorded files of ``root`` that are gone, or not the size they were written with (a link whose
+    target is gone or changed counts)."""
+    out = []
+    for rel, size in files.items():
+        try:
+            if (root / rel).stat().st_size != size:
+                out.append(rel)
+        except OSError:
+            out.append(rel)
+    return out
 
 
 def _holds_cwd(folder: Path) -> bool:
@@ -76,6 +102,7 @@ class ExportFolder:
         self.bytes = 0
         self.kept = 0  # files an earlier run had already written
         self.linked = 0  # catalog shards shared by a symlink
+        self.repaired = 0  # files of a complete export found missing or changed, written again
 
     def claim(self) -> bool:
         """Take the folder; True when it already holds this export complete (nothing to do)."""
@@ -85,11 +112,14 @@ class ExportFolder:
         found = self._mine(d, read_marker(d) if d.is_dir() else None)
         if found is None and d.is_dir() and any(d.iterdir()):
             raise UsageError(f"{d}: folder is not empty and is not an earlier export; choose an empty folder")
-        if found is not None and found.complete:
+        damaged = _damaged(d, found.files or {}) if found is not None and found.complete else []
+        if found is not None and found.complete and not damaged:
             return True
         if d.is_dir() and _holds_cwd(d):
             raise UsageError(f"{d}: is the current folder; the finished export replaces it (a shell there would "
                              "see it empty)", hint="export into a new folder, e.g. ./export")
+        if damaged:
+            self._reopen(d, damaged)
         staged = self._mine(w, read_marker(w))
         try:
             if found is not None and staged is None:  # interrupted in place by an earlier dsbuild: finish it beside
@@ -103,9 +133,21 @@ class ExportFolder:
             replace_atomically(w / MARKER, pretty_json(self.marker.to_json()))
         return False
 
+    def _reopen(self, d: Path, damaged: list[str]) -> None:
+        """A complete export some of whose files are missing or changed: back to unfinished, without them
+        (the run writes them again; exports are deterministic, so the rest stays as it is)."""
+        try:
+            for rel in damaged:
+                if os.path.lexists(d / rel):
+                    os.remove(d / rel)
+            replace_atomically(d / MARKER, pretty_json(self.marker.to_json()))  # complete: false
+        except OSError as e:
+            raise StorageError(f"{d}: cannot repair the export ({e.strerror or e})") from None
+        self.repaired = len(damaged)
+
     def _mine(self, where: Path, marker: ExportMarker | None) -> ExportMarker | None:
         """``marker`` if any, refusing the folder when it is another export's."""
-        if marker is not None and replace(marker, complete=False) != self.marker:
+        if marker is not None and replace(marker, complete=False, files=None) != self.marker:
             raise UsageError(f"{where}: holds {marker.describe()}, not {self.marker.describe()}; "
                              "choose an empty folder")
         return marker
@@ -161,7 +203,7 @@ class ExportFolder:
         shutil.rmtree(w / TMP, ignore_errors=True)
         for folder in sorted({p.parent for p in w.rglob("*")} | {w}):
             fsync_dir(folder)
-        self.marker = replace(self.marker, complete=True)
+        self.marker = replace(self.marker, complete=True, files=_sizes(w))
         replace_atomically(w / MARKER, pretty_json(self.marker.to_json()))
         try:
             os.rename(w, self.dest)  # replaces DEST only if it is an empty folder

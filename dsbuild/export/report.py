@@ -21,6 +21,7 @@ class ExportReport(Record):
     files_kept: int  # already in place from an earlier, interrupted run
     linked_shards: int  # catalog shards shared by a symlink (no byte copied)
     existed: bool  # the folder already held this export, complete: nothing was done
+    repaired: int = 0  # files of a complete export found missing or changed, written again
 
 
 class Ticker:

@@ -174,3 +174,35 @@ def test_an_empty_split_is_exported_with_a_warning(export_catalog, tmp_path):
                           "--split-set", "lop"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "warning split 'val' is empty: mds cannot open it" in run.stderr
+
+
+@pytest.mark.parametrize("tool", ["mds", "energon"])
+def test_a_complete_export_whose_files_were_damaged_is_repaired_on_rerun(tool, export_catalog, exported, tmp_path):
+    """A finished export records each file's size; a rerun over one with a file missing or of another size
+    writes those again (it used to say "already complete" and leave the damage)."""
+    cat, _ = export_catalog
+    dest = tmp_path / "x"
+    export(f"{cat}@v1", dest, to=tool, split="main", target_bytes=TARGET)
+    files = [p for p in sorted(dest.rglob("*")) if (p.is_file() or p.is_symlink()) and p.name != ".dsbuild-export.json"]
+    gone = next((p for p in files if p.is_symlink()), files[0])  # energon links the catalog's shards
+    cut = next(p for p in reversed(files) if not p.is_symlink() and p != gone)
+    gone.unlink()
+    cut.write_bytes(cut.read_bytes()[:-1])
+    r = export(f"{cat}@v1", dest, to=tool, split="main", target_bytes=TARGET)
+    assert not r.existed and r.repaired == 2 and r.files_kept > 0
+    _same_as_clean(dest, exported(tool))
+    again = export(f"{cat}@v1", dest, to=tool, split="main", target_bytes=TARGET)
+    assert again.existed and again.repaired == 0
+
+
+def test_the_export_command_says_what_it_repaired(export_catalog, tmp_path):
+    cat, _ = export_catalog
+    dsbuild = Path(sys.executable).with_name("dsbuild")
+    cmd = [str(dsbuild), "export", f"{cat}@v1", str(tmp_path / "h"), "--to", "hf", "--split-set", "main"]
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    next(p for p in sorted((tmp_path / "h").rglob("*.parquet"))).unlink()
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "repaired: 1 file missing or of another size, written again" in run.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0 and "already complete" in again.stdout

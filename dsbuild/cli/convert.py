@@ -26,6 +26,9 @@ def convert(
     transcode: str = typer.Option(None, "--transcode", metavar="SPEC",
                                   help="Re-encode clips: codec[:WxH][:<rate>fps][:gop<N>][:crf<N>][:bf<N>][:<pix_fmt>], "
                                        "e.g. h264:256x256:30fps:gop8."),
+    zstd_level: int = typer.Option(3, "--zstd-level", metavar="N", min=1, max=22,
+                                   help="zstd level of each clip's action events (1-22; level 10 costs 4-8x the CPU "
+                                        "for <20% smaller events)."),
     workers: int = WORKERS,
     executor: str = EXECUTOR,
     ray_address: str = RAY_ADDRESS,
@@ -47,7 +50,7 @@ def convert(
 
     o = Out(as_json, quiet)
     config = ConvertConfig(format=format, clip_seconds=clip_seconds, shard_size=parse_size(shard_size, "--shard-size"),
-                           audio=audio, transcode=transcode)
+                           audio=audio, transcode=transcode, zstd_level=zstd_level)
     spec = ExecutorSpec(executor, workers, ray_address)
     if dry_run:
         from dsbuild.convert import plan_convert

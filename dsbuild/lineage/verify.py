@@ -138,10 +138,10 @@ def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: Verif
 
 # How `dsbuild convert` sets each field of a build's config (convert.ConvertConfig): the heal command
 # repeats every setting, so it rebuilds the version it was printed for whatever the defaults. A switch is
-# "--on/--off". No flag sets transcode_encoder (derived from transcode) or zstd_level (the CLI builds with
-# the default). A test holds this to the config's fields and to the command's options.
+# "--on/--off". No flag sets transcode_encoder (derived from transcode). A test holds this to the config's
+# fields and to the command's options.
 CONVERT_FLAGS = {"format": "--format", "clip_seconds": "--clip-seconds", "shard_size": "--shard-size",
-                 "audio": "--audio/--no-audio", "transcode": "--transcode"}
+                 "audio": "--audio/--no-audio", "transcode": "--transcode", "zstd_level": "--zstd-level"}
 
 
 def _flag(flag: str, value: JsonValue) -> list[str]:

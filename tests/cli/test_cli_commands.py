@@ -103,7 +103,7 @@ def test_the_heal_hint_rebuilds_the_very_version_it_was_printed_for(caps, tmp_pa
     damaged one damaged. Here the settings differ from their defaults and the version is not the newest."""
     cat = tmp_path / "cat"
     vid = run("convert", caps, cat, "--clip-seconds", 2, "--shard-size", "64KiB", "--no-audio",
-              "--transcode", "h264:64x48:gop8", "--quiet").stdout.strip()
+              "--transcode", "h264:64x48:gop8", "--zstd-level", 9, "--quiet").stdout.strip()
     run("convert", caps, cat, "--quiet")  # the newest version: default settings
     shard = Path(run_json("shards", f"{cat}@{vid}")["shards"][0]["path"])
     data = bytearray(shard.read_bytes())
@@ -112,6 +112,13 @@ def test_the_heal_hint_rebuilds_the_very_version_it_was_printed_for(caps, tmp_pa
     hint = run("verify", f"{cat}@{vid}", check=1).stderr.splitlines()[-1].removeprefix("hint: heal with: ")
     subprocess.run(["bash", "-c", hint], env=env(), check=True, capture_output=True)
     run("verify", f"{cat}@{vid}", "--quiet")
+
+
+def test_the_zstd_level_is_part_of_the_config_and_checked(caps, tmp_path):
+    d = json.loads(run("convert", caps, tmp_path / "cat", "--clip-seconds", 2, "--zstd-level", 12, "--json").stdout)
+    assert run_json("info", tmp_path / "cat")["config"]["zstd_level"] == 12 and d["samples"] > 0
+    bad = run("convert", caps, tmp_path / "other", "--zstd-level", 0, check=2)
+    assert "--zstd-level" in bad.stderr and not (tmp_path / "other").exists()
 
 
 def test_no_audio_is_part_of_the_config(caps, tmp_path):
@@ -186,7 +193,7 @@ def test_the_heal_hint_is_safe_to_paste_whatever_the_commit_record_says(private_
     hint = run("verify", cat, check=1).stderr.splitlines()[-1].removeprefix("hint: heal with: ")
     assert shlex.split(hint) == ["dsbuild", "convert", "/data/caps; touch /tmp/pwned #", str(cat), "--format",
                                  "webdataset", "--clip-seconds", "2.0", "--shard-size", "256000000", "--audio",
-                                 "--onto", vid, "--rehash"]
+                                 "--zstd-level", "3", "--onto", vid, "--rehash"]
 
 
 def test_a_video_that_is_a_fifo_quarantines_its_session_instead_of_hanging(caps, tmp_path):

@@ -237,7 +237,7 @@ def test_the_heal_command_gives_every_setting_of_the_build_by_its_convert_flag()
     from dsbuild.cli.app import app
     from dsbuild.lineage.verify import CONVERT_FLAGS
 
-    assert set(CONVERT_FLAGS) == {f.name for f in dataclasses.fields(ConvertConfig)} - {"transcode_encoder", "zstd_level"}
+    assert set(CONVERT_FLAGS) == {f.name for f in dataclasses.fields(ConvertConfig)} - {"transcode_encoder"}
     params = typer.main.get_command(app).commands["convert"].params
     options = {opt for p in params for opt in (*p.opts, *p.secondary_opts)}
     assert {opt for flag in CONVERT_FLAGS.values() for opt in flag.split("/")} <= options

@@ -42,7 +42,8 @@ def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, tar
 
     ``split``: a split set NAME (each of its splits becomes one of the tool's splits) or NAME/SPLIT (that
     split alone); None exports every sample as the split ``train``. ``progress(done, total)`` counts
-    samples. Refuses a non-empty ``dest`` that is not an earlier export of the same thing."""
+    samples. Refuses a non-empty ``dest`` that is not an earlier export of the same thing (the same
+    ``target_bytes`` too: files of two sizes would mix two layouts in one folder)."""
     if to not in WRITERS:
         raise UsageError(f"--to must be one of {', '.join(TOOLS)}, not {str(to)[:40]!r}")
     if target_bytes < 1 << 16:
@@ -50,7 +51,7 @@ def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, tar
     source = open_source(ref, split)
     splits = {s.name: s.samples for s in source.splits}
     folder = ExportFolder(Path(dest), ExportMarker(to, source.version_id, split, source.split_hash,
-                                                  dict(sorted(splits.items())), False))
+                                                  dict(sorted(splits.items())), False, target_bytes=target_bytes))
     existed = folder.claim()
     if not existed:
         WRITERS[to](source, folder, Ticker(source.samples, progress), target_bytes)

@@ -41,10 +41,12 @@ class ExportMarker(Record):
     splits: dict[str, int]  # tool split -> samples
     complete: bool
     files: dict[str, int] | None = None  # complete: each file's size (a link's: its target's); None before 2026-12
+    target_bytes: int | None = None  # the size of the files written; None before 2026-12 (any is accepted)
 
     def describe(self) -> str:
         split = f" split {self.split}" if self.split else ""
-        return f"a {self.tool} export of version {self.version_id[:12]}{split}"
+        size = f" in files of {self.target_bytes:,} bytes" if self.target_bytes else ""
+        return f"a {self.tool} export of version {self.version_id[:12]}{split}{size}"
 
 
 def _sizes(root: Path) -> dict[str, int]:
@@ -147,7 +149,10 @@ class ExportFolder:
 
     def _mine(self, where: Path, marker: ExportMarker | None) -> ExportMarker | None:
         """``marker`` if any, refusing the folder when it is another export's."""
-        if marker is not None and replace(marker, complete=False, files=None) != self.marker:
+        # (a marker written before it recorded file sizes and target accepts any)
+        if marker is not None and replace(marker, complete=False, files=None,
+                                          target_bytes=marker.target_bytes or self.marker.target_bytes
+                                          ) != self.marker:
             raise UsageError(f"{where}: holds {marker.describe()}, not {self.marker.describe()}; "
                              "choose an empty folder")
         return marker

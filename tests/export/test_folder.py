@@ -88,7 +88,7 @@ def test_export_refuses_a_folder_that_holds_something_else(export_catalog, expor
     with pytest.raises(UsageError, match="not empty and is not an earlier export") as e:
         export(f"{cat}@v1", tmp_path / "busy", to="wids")
     assert "\n" not in str(e.value)
-    with pytest.raises(UsageError, match="holds a mds export of version .* split main, not a hf export"):
+    with pytest.raises(UsageError, match="holds a mds export of version .* split main in files of .*, not a hf export"):
         export(f"{cat}@v1", exported("mds"), to="hf", split="main")
     with pytest.raises(UsageError, match="not a wids export .* split main/val"):
         export(f"{cat}@v1", exported("wids"), to="wids", split="main/val")
@@ -206,3 +206,14 @@ def test_the_export_command_says_what_it_repaired(export_catalog, tmp_path):
     assert "repaired: 1 file missing or of another size, written again" in run.stdout
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode == 0 and "already complete" in again.stdout
+
+
+def test_an_export_with_another_file_size_is_refused_not_mixed_into_the_folder(export_catalog, tmp_path):
+    """The size of the files written was not in the marker: resuming (or repairing) an export with another
+    target wrote files of two layouts into one folder."""
+    cat, _ = export_catalog
+    _interrupt(cat, tmp_path / "x", "mds")
+    with pytest.raises(UsageError, match=f"in files of {TARGET:,} bytes"):
+        export(f"{cat}@v1", tmp_path / "x", to="mds", split="main", target_bytes=2 * TARGET)
+    r = export(f"{cat}@v1", tmp_path / "x", to="mds", split="main", target_bytes=TARGET)
+    assert r.files_kept > 0

@@ -115,6 +115,12 @@ class LoaderOptions:
         return self.frame_stride == 1 and self.clip_frames is None and self.max_frames is None
 
     @property
+    def mapped(self) -> bool:
+        """Shards are read through their mappings: ``read="map"``, unless ``verify="sample"`` (which copies,
+        so that the bytes it hashed are the bytes delivered)."""
+        return self.read == "map" and self.verify != "sample"
+
+    @property
     def plain(self) -> bool:
         """Nothing runs per sample: bytes mode, whole clips, no map, audio, text or packing (pack_frames
         needs frames). Batches are then collated straight from the read buffers."""

@@ -165,7 +165,7 @@ class Mixture:
         self._device, note = resolve_device(o.device)
         self._stats.note(note)
         self._transfer = Transfer(self._device) if self._device else None
-        self._pace = Pace(gil_bound=o.plain and o.read == "map" and o.verify != "sample")
+        self._pace = Pace(gil_bound=o.plain and o.mapped)
         cuda, installed = probe() if o.decode_backend != "pyav" else (False, frozenset())
         self.backend = choose_backend(o.decode_backend, cuda=cuda, installed=installed)
         if o.decode_backend != "pyav":
@@ -184,7 +184,7 @@ class Mixture:
                     files = [ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
                              for s in self.sources]
                     self._held.files = files
-                    self._readers = [SampleReader(s, f, o.verify, o.read) for s, f in zip(self.sources, files)]
+                    self._readers = [SampleReader(s, f, o.verify, o.mapped) for s, f in zip(self.sources, files)]
                     self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend,
                                               self._stats)
                     self._io_process = _Process.generation

@@ -63,12 +63,11 @@ class RawSample:
 class SampleReader:
     """Reads samples of one source (thread-safe; one per source per process)."""
 
-    def __init__(self, source: Source, files: ShardFiles, verify: str, read: str = "map"):
+    def __init__(self, source: Source, files: ShardFiles, verify: str, mapped: bool = True):
         self.source, self.files, self.verify = source, files, verify
         self.pool = BufferPool()
         self.fast = source.payload_offsets is not None
-        # verify="sample" copies: the bytes it hashed are then the bytes delivered, whatever the file does
-        self.map = self.fast and read == "map" and verify != "sample"
+        self.map = self.fast and mapped  # (``LoaderOptions.mapped``)
 
     def read(self, indices: list[int]) -> list[RawSample | FormatError]:
         """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place)."""

@@ -9,7 +9,14 @@ Open GOPs (x265's default, x264 ``open-gop``, MPEG-2, MPEG-4 Part 2): frames tha
 in decode order but are shown before it reference the previous GOP, so they cannot decode in the new
 clip. They are dropped and counted (``dropped_leading``), and the previous clip's window ends where they
 would have started: a window always ends where its last frame ends, so every modality cut to the window
-matches the video, and the duration check keeps its one-frame tolerance.
+matches the video, and the duration check keeps its one-frame tolerance. Where the video stops for more
+than ``GAP_SECONDS`` before the next frame (a capture card that lost its signal, a paused recording: the
+timestamps jump forward), the window ends where its last frame ends too, counted (``gaps``), rather than
+stretch over time that holds no video.
+
+A file trimmed without re-encoding (an MP4 edit list) keeps packets it hides from players, flagged
+discard: they are dropped and counted (``dropped_edit_list``), and the session's clock starts at the first
+frame a player shows, as every other stream of the capture was logged against.
 
 Every clip is MP4 (member extension ``mp4``): see ``formats.mp4`` for what the remux repairs and
 ``formats.audio`` for how audio is cut. A codec MP4 cannot hold (ProRes, VP8, ...) is a FormatError at
@@ -37,6 +44,7 @@ MAX_PIXELS = 8192 * 8192  # a declared resolution beyond this is hostile or brok
 CUT_EPS = 1e-3  # seconds; keyframe times are rationals, compare with a tolerance below one frame
 CONTAINER = "mp4"
 TRIM_TRIES = 3  # decode-and-trim rounds for the final clip of a truncated file
+GAP_SECONDS = 1.0  # no frame for longer than this is a gap in the recording, not a stutter
 
 
 def seconds(ticks: int, time_base: Fraction) -> float:
@@ -94,6 +102,8 @@ class DemuxReport:
     dropped_duplicate_pts: int = 0
     dropped_undecodable: int = 0
     dropped_after_restart: int = 0  # packets after a keyframe went back in time (a recorder that restarted)
+    dropped_edit_list: int = 0  # packets an edit list hides (a file trimmed without re-encoding)
+    gaps: int = 0  # windows ended at their last frame: the next came more than GAP_SECONDS later
     truncated: str | None = None  # set when the file ended early: the final clip is then decode-checked
     long_clips: int = 0
     audio: AudioReport = field(default_factory=AudioReport)
@@ -112,6 +122,8 @@ class DemuxReport:
             "dropped_duplicate_pts": self.dropped_duplicate_pts,
             "dropped_undecodable": self.dropped_undecodable,
             "dropped_after_restart": self.dropped_after_restart,
+            "dropped_edit_list": self.dropped_edit_list,
+            "gaps": self.gaps,
             "truncated": self.truncated,
             "long_clips": self.long_clips,
             "audio": self.audio.to_json(),
@@ -219,18 +231,31 @@ class VideoSource:
         for seg in self._segments(clip_seconds, report):
             if prev is not None:
                 lead = seg.first_leading_pts
-                yield self._clip(index, prev, seg.key_pts if lead is None else min(lead, seg.key_pts),
-                                 clip_seconds, report)
+                yield self._clip(index, prev, self._window_end(prev, seg.key_pts if lead is None else
+                                                               min(lead, seg.key_pts), report), clip_seconds, report)
                 index += 1
             prev = seg
         if prev is not None:
             packets = self._decodable(prev.packets, report) if report.truncated else prev.packets
             if packets:
-                last = max(packets, key=lambda p: p.pts)
-                dur = last.duration or (round(1 / self.info.fps / float(self._stream.time_base))
-                                        if self.info.fps else 1)
-                yield self._clip(index, _Segment(packets, prev.key_pts), last.pts + max(dur, 1), clip_seconds,
+                yield self._clip(index, _Segment(packets, prev.key_pts), self._frames_end(packets), clip_seconds,
                                  report)
+
+    def _frames_end(self, packets: list[PacketRecord]) -> int:
+        """Where the last frame of ``packets`` ends (pts): its start plus its duration, or one frame at the
+        nominal rate where the container gives none."""
+        last = max(packets, key=lambda p: p.pts)
+        dur = last.duration or (round(1 / self.info.fps / float(self._stream.time_base)) if self.info.fps else 1)
+        return last.pts + max(dur, 1)
+
+    def _window_end(self, seg: _Segment, next_start: int, report: DemuxReport) -> int:
+        """Where ``seg``'s window ends: where the next begins (``next_start``), unless the video stops for
+        longer than GAP_SECONDS before that; then where its last frame ends, counted as a gap."""
+        end = self._frames_end(seg.packets)
+        if seconds(next_start - end, self._stream.time_base) <= GAP_SECONDS:
+            return next_start
+        report.gaps += 1
+        return end
 
     def _segments(self, clip_seconds: float, report: DemuxReport) -> Iterator[_Segment]:
         seg: _Segment | None = None
@@ -290,6 +315,9 @@ class VideoSource:
                 report.packets += 1
                 if p.pts is None:
                     report.dropped_no_pts += 1
+                    continue
+                if p.is_discard:  # an edit list hides it: players never show it (nor decode past it)
+                    report.dropped_edit_list += 1
                     continue
                 yield PacketRecord(bytes(p), p.pts, p.dts, p.duration or 0, p.is_keyframe)
         except (av.error.FFmpegError, OSError, IndexError) as e:  # IndexError: PyAV, on a stream added mid-file

@@ -22,6 +22,7 @@ from dsbuild.formats.probe import probe_clip
 from dsbuild.formats.transcode import TranscodeSpecError, parse_transcode
 from dsbuild.formats.video import DemuxReport, VideoSource
 from dsbuild.formats.sample import npy_load
+from dsbuild.loader import Loader
 from dsbuild.validators import ValidateOptions, validate
 from tests.helpers import manifest, session_records, shard_files
 from tests.recorders import RECORDERS, SECONDS, ffmpeg, ffprobe_frames, record, write_streams
@@ -243,6 +244,66 @@ def test_a_recording_whose_clock_goes_back_ends_there_counted_never_an_inverted_
     assert video["dropped_leading"] == 0
     windows = sorted((s["json"]["clip"]["t_start"], s["json"]["clip"]["t_end"]) for s in _samples(tmp_path / "cat", r.version_id)["restarted"])
     assert all(a < b for a, b in windows) and windows[-1][1] <= SECONDS + 0.05
+    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    assert report.accepted, [c.name for c in report.checks if c.failed]
+
+
+def _x264_aac(seconds: float, out: Path, *extra: str) -> None:
+    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={seconds}", "-f", "lavfi", "-i",
+           f"sine=frequency=440:sample_rate=48000:duration={seconds}", "-c:v", "libx264", "-g", "15", "-bf", "3",
+           "-pix_fmt", "yuv420p", "-c:a", "aac", *extra, str(out))
+
+
+def test_an_mp4_trimmed_without_reencoding_keeps_the_clock_players_show(tmp_path):
+    """``ffmpeg -ss 1.3 -c copy`` (LosslessCut and the like) writes an edit list: packets before the cut
+    stay in the file, flagged discard, and players start at the cut. They were kept as frames, and the
+    session's clock started on the first hidden one: every frame, and the actions held against it, sat
+    0.3 s late. Now they are dropped and counted, and each delivered frame is the one a player shows at
+    its timestamp."""
+    long = tmp_path / "long.mp4"
+    _x264_aac(4.0, long)
+    d = tmp_path / "caps" / "trimmed"
+    d.mkdir(parents=True)
+    ffmpeg("-ss", "1.3", "-i", str(long), "-c", "copy", str(d / "video.mp4"))
+    write_streams(d, "video.mp4", "trimmed")
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    assert session["repairs"]["video"]["dropped_edit_list"] > 0
+    with av.open(str(d / "video.mp4")) as c:
+        shown = {round(float(f.pts * f.time_base), 4): f.to_ndarray(format="rgb24") for f in c.decode(video=0)}
+    assert min(shown) == 0.0  # the player's clock
+    delivered = 0
+    with Loader(tmp_path / "cat", decode="frames", batch_size=1, shuffle="none", num_workers=1) as loader:
+        for b in loader:
+            n = int(b["lengths"][0])
+            for frame, t in zip(b["frames"][0][:n], b["timestamps"][0][:n]):
+                assert np.array_equal(frame, shown[round(float(t), 4)]), t
+                delivered += 1
+    assert delivered >= len(shown) - 30  # at most the hidden keyframe's GOP is lost (counted)
+
+
+def test_a_gap_in_the_recording_ends_the_window_at_its_last_frame_counted(tmp_path):
+    """A capture card that lost its signal: the TS timestamps jump 30 s forward. The clip before the jump
+    had a window over the whole gap (0.5 s of video, a 28.5 s window holding every action logged
+    meanwhile) and validate accepted it. Now it ends where its last frame ends, and the gap is counted."""
+    a, b = tmp_path / "a.ts", tmp_path / "b.ts"
+    _x264_aac(SECONDS, a)
+    _x264_aac(SECONDS, b, "-output_ts_offset", "30")
+    d = tmp_path / "caps" / "signal-lost"
+    d.mkdir(parents=True)
+    (d / "video.ts").write_bytes(a.read_bytes() + b.read_bytes())
+    write_streams(d, "video.ts", "signal-lost")
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    assert session["repairs"]["video"]["gaps"] == 1
+    frame = 1 / 30
+    for s in _samples(tmp_path / "cat", r.version_id)["signal-lost"]:
+        clip, ts = s["json"]["clip"], s["timestamps"]
+        assert clip["t_end"] - clip["t_start"] <= CLIP + 2 * frame  # no window stretched over the gap
+        assert abs(clip["t_end"] - (ts[-1] - ts[0] + clip["t_start"]) - frame) < frame / 2 + SLACK
+    windows = sorted((s["json"]["clip"]["t_start"], s["json"]["clip"]["t_end"])
+                     for s in _samples(tmp_path / "cat", r.version_id)["signal-lost"])
+    assert any(later - end > 25 for (_, end), (later, _) in zip(windows, windows[1:]))  # the gap stays on the clock
     report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
     assert report.accepted, [c.name for c in report.checks if c.failed]
 

@@ -19,9 +19,13 @@ training loop that keeps ``batch["lengths"]`` for its metrics must not keep the 
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+
+from dsbuild.loader.passes import PassFile
 
 ALIGN = 64  # bytes: every array's view starts on a cache line (and on its dtype's alignment)
 BIG = 1 << 20  # bytes: an array at least this large crosses in a shared block of its own
@@ -106,17 +110,40 @@ def local_batch(batch: dict) -> dict:
 
 
 class TorchDataset(IterableDataset):
+    """Each pass over a DataLoader is the loader's next epoch. Without worker processes the loader itself
+    moves with every batch handed out (as ``for b in loader``); with them, the workers of each pass agree
+    where it starts (``passes``): where the previous pass ended, or where it started if it was broken off.
+    The loader in the main process does not move then: save ``loader.state_after(batch)``."""
+
     def __init__(self, loader):
         super().__init__()
         self.loader = loader  # a dsbuild.loader.Mixture (or Loader)
+        self._passes = PassFile()
+        self._begun = 0  # passes this copy began (a persistent worker keeps its copy from pass to pass)
+        weakref.finalize(self, self._passes.remove)
 
     def __iter__(self):
         info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        convert = local_batch if info is None else shared_batch
-        for step, after in self.loader.steps(worker, workers):
+        if info is None:
+            for step, after in self.loader.steps():
+                if step is not None:
+                    batch = self._batch(step, after, local_batch)
+                self.loader.position = after
+                if step is None:
+                    return
+                yield batch
+            return
+        self.loader.open()
+        self._begun += 1
+        name = [info.seed - info.id, self._begun]  # torch draws one base seed a pass, worker i gets seed + i
+        start = self._passes.start(name, info.num_workers, self.loader.position)
+        for step, after in self.loader.steps(info.id, info.num_workers, start):
             if step is None:
+                self._passes.done(name, after)
                 return
-            batch = convert(self.loader.build(step))
-            batch["state"] = self.loader.state_at(after)
-            yield batch
+            yield self._batch(step, after, shared_batch)
+
+    def _batch(self, step, after, convert) -> dict:
+        batch = convert(self.loader.build(step))
+        batch["state"] = self.loader.state_at(after)
+        return batch

@@ -31,6 +31,63 @@ def test_dataloader_gives_the_same_stream_and_checkpoints(cat, workers):
     assert expected[:3] + rest == expected
 
 
+def _passes(dl, count: int, stop_after: int | None = None) -> list[list]:
+    """The keys of ``count`` passes over ``dl``; the first one broken off after ``stop_after`` batches."""
+    out = []
+    for n in range(count):
+        keys = []
+        for i, b in enumerate(dl):
+            keys.append(b["keys"])
+            if n == 0 and stop_after is not None and i + 1 == stop_after:
+                break
+        out.append(keys)
+    return out
+
+
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
+def test_each_pass_over_a_dataloader_is_the_next_epoch(cat, workers, persistent):
+    """Every pass used to start where the loader stood when the DataLoader was made: each epoch the first
+    one again, and no checkpoint ever past epoch 0."""
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    epochs = [[b["keys"] for b in loader] for _ in range(3)]
+    assert epochs[0] != epochs[1]
+    again = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    dl = torch.utils.data.DataLoader(again.as_torch_dataset(), batch_size=None, num_workers=workers,
+                                     persistent_workers=persistent)
+    assert _passes(dl, 3) == epochs
+    last = None
+    for last in dl:
+        pass
+    assert again.state_after(last)["cursors"][0]["epoch"] == 3
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pass_broken_off_is_resumed_in_process_and_taken_again_with_workers(cat, workers):
+    """Without workers the loader moves with every batch handed out (as ``for b in loader``); with them,
+    the main process never learns which prefetched batches were used, so the pass is delivered again."""
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    epochs = [[b["keys"] for b in loader] for _ in range(2)]
+    dl = torch.utils.data.DataLoader(Loader(ref, decode="bytes", batch_size=3, seed=5).as_torch_dataset(),
+                                     batch_size=None, num_workers=workers)
+    first, second, third = _passes(dl, 3, stop_after=2)
+    assert first == epochs[0][:2]
+    assert second == (epochs[0][2:] if workers == 0 else epochs[0])
+    assert third == epochs[1]
+
+
+def test_a_restore_in_the_main_process_is_where_the_next_pass_starts(cat):
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    stream = [b["keys"] for b in loader] + [b["keys"] for b in loader]
+    there = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    dl = torch.utils.data.DataLoader(there.as_torch_dataset(), batch_size=None, num_workers=2)
+    states = [there.state_after(b) for b in dl]
+    there.load_state_dict(states[1])  # roll back to after the second batch of epoch 0
+    assert [b["keys"] for b in dl] == stream[2:len(states)]
+
+
 def test_process_workers_hand_payloads_over_in_shared_memory(cat):
     ref, _ = cat
     direct = list(Loader(ref, decode="bytes", batch_size=3, seed=5))

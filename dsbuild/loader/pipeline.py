@@ -45,7 +45,8 @@ from dsbuild.loader.read import VIDEO_SLOT, SampleReader
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
 from dsbuild.loader.stats import Stats
-from dsbuild.loader.walk import Position, SampleRef, Step, rank_steps, step_items, walk_batches, walk_samples
+from dsbuild.loader.walk import (Position, SampleRef, Step, rank_steps, sample_chunk_batches, step_items, walk_batches,
+                                 walk_samples)
 
 
 class _Process:
@@ -217,14 +218,22 @@ class Mixture:
             if c.at > limit:
                 raise FormatError(f"loader checkpoint: cursors[{k}].at = {c.at} is past the end of epoch {c.epoch} "
                                   f"({limit})")
-        if theirs.inner > self.spec.chunk:
-            raise FormatError(f"loader checkpoint: inner = {theirs.inner} exceeds a planning chunk "
-                              f"({self.spec.chunk} batches)")
+        if theirs.inner:  # batches of the planning chunk at the cursors consumed (mix="sample" only)
+            cursors = tuple((c.epoch, c.at) for c in theirs.cursors)
+            chunk = [] if self.options.mix == "batch" else sample_chunk_batches(
+                cursors, self.plans, self.weights, self.options.seed, self._stops(), self.spec)[3]
+            if theirs.inner >= len(chunk):
+                raise FormatError(f"loader checkpoint: inner = {theirs.inner}, but the planning chunk there has "
+                                  f"{len(chunk)} batch(es) (mix={self.options.mix})")
         self.position = Position(theirs.position, tuple((c.epoch, c.at) for c in theirs.cursors), theirs.inner)
         self._generation += 1  # a loop running now goes on from here (see ``__iter__``)
 
     def state_after(self, batch: dict) -> dict:
         """The checkpoint to save after consuming ``batch`` from ``as_torch_dataset()`` or ``as_jax_iterator``."""
+        if "state" not in batch:
+            raise UsageError("this batch carries no checkpoint: batches of `for batch in loader` are checkpointed "
+                             "by loader.state_dict() after each",
+                             hint="state_after is for batches of as_torch_dataset() and as_jax_iterator()")
         return batch["state"]
 
     # -- the global stream ---------------------------------------------------------------------------
@@ -462,10 +471,9 @@ class Mixture:
         restored position."""
         self.open()
         o = self.options
-        pool = self._workers()
 
-        def submit(step: Step):
-            return pool.submit(self.build, step) if self._pace.ahead() else None
+        def submit(step: Step):  # (the pool of now: a ``close()`` during the loop stops the one it began with)
+            return self._workers().submit(self.build, step) if self._pace.ahead() else None
 
         self._generation += 1
         generation = self._generation

@@ -134,7 +134,7 @@ class SampleReader:
                     out[p] = FormatError(f"{key}: shard ends inside the sample ({max(0, n_read - a)} of "
                                          f"{length[p]} bytes)")
                     continue
-                sv = part[a:a + length[p]]
+                sv = part[a:a + length[p]].toreadonly()  # delivered clips are read-only, however read
                 out[p] = RawSample(i, key, [sv[o:o + n] for o, n in zip(offsets[p], sizes[p])], frames, controls,
                                    channels, session)
         return out

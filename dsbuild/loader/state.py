@@ -34,7 +34,8 @@ class SourceId(Record):
     weight: float = field(metadata=spec(minimum=0, maximum=1))
 
     def describe(self) -> str:
-        split = f" split {self.split} ({self.split_hash[:12]})" if self.split else ""
+        split = f" split {self.split} ({self.split_hash[:12] if self.split_hash else 'no split hash'})" \
+            if self.split else ""
         return f"version {self.version_id[:12]}{split} weight {self.weight:g}"
 
 

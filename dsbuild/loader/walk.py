@@ -146,10 +146,7 @@ def walk_samples(start: Position, plans: Sequence[Plan], weights: np.ndarray, se
     """mix="sample": batches planned over chunks of the interleaved sample stream."""
     cursors, j, inner = start.cursors, start.step, start.inner
     while True:
-        refs, after, stopper = sample_chunk(cursors, plans, weights, seed, stop, spec.chunk)
-        keys = _column(refs, plans, "bucket_keys")
-        lengths = _column(refs, plans, "lengths")
-        batches = plan_chunk(np.arange(len(refs)), spec, keys, lengths) if refs else []
+        refs, after, stopper, batches = sample_chunk_batches(cursors, plans, weights, seed, stop, spec)
         for k in range(inner, len(batches)):
             last = k == len(batches) - 1
             pos = Position(j + 1, after) if last else Position(j + 1, cursors, k + 1)
@@ -161,6 +158,16 @@ def walk_samples(start: Position, plans: Sequence[Plan], weights: np.ndarray, se
             yield End(Position(j, tuple(rolled)))
             return
         cursors, inner = after, 0
+
+
+def sample_chunk_batches(cursors: tuple[tuple[int, int], ...], plans: Sequence[Plan], weights: np.ndarray,
+                         seed: int, stop: bool, spec: PlanSpec) -> tuple[list[SampleRef], tuple, int | None, list]:
+    """mix="sample": the planning chunk at ``cursors`` (``sample_chunk``: its samples, the cursors after
+    it, the source that ended in it) and its batches."""
+    refs, after, stopper = sample_chunk(cursors, plans, weights, seed, stop, spec.chunk)
+    keys = _column(refs, plans, "bucket_keys")
+    lengths = _column(refs, plans, "lengths")
+    return refs, after, stopper, plan_chunk(np.arange(len(refs)), spec, keys, lengths) if refs else []
 
 
 def _column(refs: list[SampleRef], plans: Sequence[Plan], name: str) -> np.ndarray | None:

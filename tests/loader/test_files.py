@@ -71,6 +71,21 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.parametrize("kw", [{"decode": "bytes", "verify": "shard"}, {"decode": "frames", "resize": (16, 16)}])
+def test_close_during_a_loop_releases_and_the_loop_goes_on_where_it_was(many_shards, kw):
+    """``close()`` stopped the worker pool the running loop had taken at its start: the next batch it
+    handed to a worker raised "cannot schedule new futures after shutdown"."""
+    ref, _ = many_shards
+    stream = [b["keys"] for b in Loader(ref, batch_size=2, seed=9, **kw)]
+    loader = Loader(ref, batch_size=2, seed=9, num_workers=2, **kw)
+    got = []
+    for i, b in enumerate(loader):
+        got.append(b["keys"])
+        if i == 1:
+            loader.close()
+    assert got == stream
+
+
 def test_a_closed_or_dropped_loader_releases_its_shard_files(many_shards):
     """One loader per evaluation or restart used to keep up to max_open_shards files open each, until
     the process ran out of descriptors. ``close()`` (or ``with``) releases them at once; a loader that is

@@ -65,6 +65,16 @@ def test_delivered_clips_are_read_only_and_outlive_the_lru(cat):
     assert_equal_epochs(kept, copied)
     with pytest.raises(TypeError):
         kept[0]["video"][0][:1] = b"x"
+    for kw in ({"read": "pread"}, {"verify": "sample"}):  # copies, read-only all the same (they were writable)
+        batches, _ = epoch(ref, **kw)
+        assert all(v.readonly for b in batches for v in b["video"])
+
+
+def test_state_after_names_what_to_use_for_the_loaders_own_batches(cat):
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=3)
+    with pytest.raises(UsageError, match="state_dict"):  # was a bare KeyError('state')
+        loader.state_after(next(iter(loader)))
 
 
 def test_a_shard_file_of_another_size_is_read_not_mapped(cat_copy):

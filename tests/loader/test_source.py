@@ -101,6 +101,9 @@ def test_a_split_loads_only_its_samples_and_is_named_by_its_hash(cat_copy):
     assert 0 < len(src) < len(keys) and set(src.keys.tolist()) <= keys
     state = Loader(ref, "main/train", decode="bytes").state_dict()
     assert state["sources"][0]["split"] == "main/train" and len(state["sources"][0]["split_hash"]) == 64
+    unhashed = {**state, "sources": [{**state["sources"][0], "split_hash": None}]}
+    with pytest.raises(UsageError, match="no split hash"):  # was a TypeError from the message itself
+        Loader(ref, "main/train", decode="bytes").load_state_dict(unhashed)
     with pytest.raises(UsageError, match="NAME/SPLIT"):
         Source(ref, "train").open()
 
@@ -114,6 +117,23 @@ def test_checkpoint_fields_are_range_checked_naming_the_field(cat, field, value)
     bad = {**state, field: value}
     with pytest.raises(FormatError, match=f"loader checkpoint.*{field.rstrip('s') if field != 'format' else 'format'}"):
         Loader(ref, decode="bytes", batch_size=3, seed=5).load_state_dict(bad)
+
+
+@pytest.mark.parametrize("mix, past", [("sample", 3), ("sample", 0), ("batch", -4)])
+def test_an_inner_position_past_its_planning_chunk_is_refused(cat, mix, past):
+    """mix="sample": ``inner`` counts batches of the chunk at the cursors; it was checked against the chunk's
+    sample count, so an edited one was taken and gave an empty epoch. mix="batch" has no inner position."""
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=3, seed=5, mix=mix)
+    n = len(loader)  # the whole epoch is one planning chunk
+    inner = n + past
+    state = {**loader.state_dict(), "inner": inner}
+    with pytest.raises(FormatError, match=f"inner = {inner}, but the planning chunk there has"):
+        Loader(ref, decode="bytes", batch_size=3, seed=5, mix=mix).load_state_dict(state)
+    state["inner"] = n - 1 if mix == "sample" else 0
+    resumed = Loader(ref, decode="bytes", batch_size=3, seed=5, mix=mix)
+    resumed.load_state_dict(state)
+    assert len(list(resumed)) == (1 if mix == "sample" else n)
 
 
 def test_state_is_small_json_and_lists_exactly_the_order_options(cat):

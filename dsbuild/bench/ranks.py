@@ -114,6 +114,9 @@ class RankGroup:
             if "error" in doc:
                 cls = ERRORS.get(doc.get("kind"))
                 message = f"rank {r}: {doc['error']}"
+                if doc.get("kind") == "MemoryError":  # (its message is empty) exit 3, as in this process
+                    raise errors.StorageError(f"rank {r}: out of memory",
+                                              hint="a smaller --resize or --batch-size, or fewer --ranks")
                 if cls is None:
                     raise RuntimeError(message)
                 raise cls(message, hint=doc.get("hint"))

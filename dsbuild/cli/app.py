@@ -220,6 +220,24 @@ def _quiet_broken_pipe() -> int:
     return BROKEN_PIPE
 
 
+def _unwritable_stdout(e: OSError) -> int:
+    """stdout could not take the output (ENOSPC, EIO): one line on stderr, exit 3, and what is left unwritten
+    dropped (the interpreter would try again at exit, with a traceback)."""
+    _quiet_broken_pipe()
+    from dsbuild.cli.render import to_stderr
+
+    to_stderr(f"error: cannot write the output: {e.strerror or e}")
+    return 3  # storage or environment (see `exit_code`)
+
+
+def _streams_present() -> None:
+    """A stream closed by the caller (``dsbuild log cat >&-``) is None in Python: give it /dev/null, so the
+    command runs and what would go there is dropped, as the caller asked."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
+
+
 def run(args: list[str], command=None) -> int:
     """Run ``dsbuild ARGS`` (with ``command``, the built click command, if the caller has it); return the
     exit code (never raises, never exits)."""
@@ -269,6 +287,7 @@ def _whole_writes_to_stdout() -> None:
 def main() -> None:
     global _MAIN_PID
     _MAIN_PID = os.getpid()
+    _streams_present()
     _whole_writes_to_stdout()
     signal.signal(signal.SIGTERM, _on_sigterm)
     command = build_command()
@@ -278,7 +297,15 @@ def main() -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         code = _quiet_broken_pipe()
-    sys.stderr.flush()
+    except OSError as e:  # a full disk behind `> file`: the output is not all there, said once
+        if code == 0:
+            code = _unwritable_stdout(e)
+        else:  # the command already failed and said why: drop what is left
+            _quiet_broken_pipe()
+    try:
+        sys.stderr.flush()
+    except OSError:
+        pass
     # The work is done and every stream is flushed: leave without interpreter teardown. pyarrow's
     # AWS SDK shutdown (pyarrow.fs is loaded with pyarrow.parquet) aborts the process in ~5% of exits
     # ("terminate called without an active exception", exit 134), which would turn a success into a

@@ -26,6 +26,7 @@ def query(
     """Run SQL (duckdb, sandboxed) over a version.
 
     Views: samples (the index), shards, sources, lineage, versions; read in place."""
+    from dsbuild.core.errors import UsageError
     from dsbuild.lineage.catalog import open_ref
     from dsbuild.lineage.query import run_query
 
@@ -33,6 +34,11 @@ def query(
     catalog, version = open_ref(ref)
     columns, rows = run_query(catalog, version, sql, unsafe=unsafe)
     if as_json:
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:  # a JSON row is an object: one value a name
+            raise UsageError(f"the result names {len(twice)} column(s) more than once ({', '.join(twice)}): a JSON "
+                             "row would keep one value of each", hint="name them apart with AS, e.g. "
+                             "select s.bytes as sample_bytes, sh.bytes as shard_bytes ...")
         o.json([dict(zip(columns, r)) for r in rows])
     elif as_csv:
         o.csv(columns, rows)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 import threading
@@ -62,11 +63,25 @@ def plain(*parts: str | tuple[object, str]) -> str:
 
 def to_stderr(*parts: str | tuple[object, str]) -> None:
     """One line on stderr: styled on a terminal, plain otherwise."""
-    if sys.stderr.isatty():
-        err().print(styled(*parts))
-    else:
-        sys.stderr.write(plain(*parts) + "\n")
-        sys.stderr.flush()
+    try:
+        if sys.stderr.isatty():
+            err().print(styled(*parts))
+        else:
+            sys.stderr.write(plain(*parts) + "\n")
+            sys.stderr.flush()
+    except OSError:
+        mute_stderr()
+
+
+def mute_stderr() -> None:
+    """stderr's reader went away (``2> >(head -c1)``) or it cannot be written: what goes there (progress,
+    remarks) is the user's to drop, never a reason to stop the work. Later writes go nowhere."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _cell(c: object) -> object:
@@ -259,7 +274,10 @@ class Progress:
                 if stage not in self._tasks:
                     self._tasks[stage] = self._bar.add_task(description, total=total, detail="")
                 self._bar.update(self._tasks[stage], completed=done, total=total, detail=clean(detail))
-                self._bar.refresh()
+                try:
+                    self._bar.refresh()
+                except OSError:
+                    mute_stderr()
                 return
             text = f"{description}: {done}/{total if total is not None else '?'}" + (f", {clean(detail)}" if detail else "")
             now = time.monotonic()

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from dataclasses import dataclass
 
 from dsbuild.core.errors import UsageError
 from dsbuild.core.records import JsonValue, Record
 from dsbuild.formats import format_names
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d{1,20}(?:\.\d{1,20})?)\s*((?:[KMGT]i?)?B?)\s*$", re.IGNORECASE)
+MAX_SIZE = 1 << 60  # bytes: an exbibyte; anything larger is a typo
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 
@@ -21,7 +23,10 @@ def parse_size(text: str, flag: str = "--shard-size") -> int:
     if not m:
         raise UsageError(f"{flag} {str(text)[:40]!r}: not a size", hint="use bytes or a unit, e.g. 256MB or 1GiB")
     unit = (m.group(2) or "").upper().removesuffix("B")
-    return int(float(m.group(1)) * _UNITS[unit])
+    size = int(Fraction(m.group(1)) * _UNITS[unit])
+    if size > MAX_SIZE:
+        raise UsageError(f"{flag} {str(text)[:40]!r}: more than {MAX_SIZE:,} bytes")
+    return size
 
 
 @dataclass(frozen=True, slots=True)

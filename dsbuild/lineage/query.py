@@ -123,6 +123,8 @@ def run_query(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = Fal
         except duckdb.Error as e:
             first = (str(e).splitlines() or [""])[0]
             raise UsageError(f"query failed: {first[:200]}", hint=_unknown_table_hint(first)) from None
+        if cur is None:  # nothing but comments: duckdb ran no statement
+            raise UsageError("the query has no statement", hint='e.g. "select title, count(*) from samples group by title"')
         if cur.description is None:
             return [], []
         return [d[0] for d in cur.description], cur.fetchall()

@@ -50,6 +50,11 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["validate", "cat", "--save", "nodir/v.json"], ["--save", "folder nodir does not exist"]),  # before any work
     (["validate", "cat", "--html", "."], ["--html", "is a folder"]),
     (["log", "foo://bar/cat"], ["no file system is known for 'foo'://"]),
+    # each of these was exit 70, "internal error"
+    (["convert", "caps", "cat", "--shard-size", "100000i"], ["--shard-size", "not a size"]),
+    (["convert", "caps", "cat", "--shard-size", "9" * 400 + "MB"], ["--shard-size"]),
+    (["samples", "out", "--seed", "-1"], ["--seed", "x>=0"]),
+    (["query", "cat", "/* only a comment */"], ["the query has no statement"]),
 ])
 def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):
     cat, _ = catalog
@@ -162,6 +167,42 @@ def test_an_unexpected_exception_is_internal_error_70_never_1():
     assert p.stderr.strip() == "error: internal error: ValueError: bad [bold]x (run with --debug for the traceback)"
     p = subprocess.run([sys.executable, "-c", script, "boom", "--debug"], capture_output=True, text=True, env=env())
     assert p.returncode == 70 and "Traceback" in p.stderr and p.stderr.count("ValueError: bad [bold]x") == 2
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_output_to_a_full_disk_is_one_error_exit_3(catalog, as_json):
+    """`> /dev/full` ended in a Python traceback from the final flush and exit 120."""
+    cat, _ = catalog
+    with open("/dev/full", "w") as full:
+        p = subprocess.run(argv("log", cat, *(["--json"] if as_json else [])), stdout=full,
+                           stderr=subprocess.PIPE, text=True, env=env())
+    assert p.returncode == 3 and "Traceback" not in p.stderr and "No space left on device" in p.stderr
+    assert len(p.stderr.strip().splitlines()) <= 2, p.stderr
+
+
+def test_a_closed_stdout_drops_the_output_and_a_closed_stderr_never_stops_the_work(catalog, caps, tmp_path):
+    """`>&-` was exit 70 ('NoneType' object has no attribute 'isatty'); a progress line written to a reader
+    that had gone away (`2> >(head -c 1)`) aborted a convert with 141 and committed nothing."""
+    cat, _ = catalog
+    p = subprocess.run(argv("log", cat), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(),
+                       pass_fds=(), preexec_fn=lambda: os.close(1))
+    assert p.returncode == 0 and p.stderr == ""
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    p = subprocess.run(argv("convert", caps, tmp_path / "c"), stdout=subprocess.PIPE, stderr=reader.stdin,
+                       env=env(), text=True)
+    reader.stdin.close()
+    reader.wait()
+    assert p.returncode == 0
+    assert run("log", tmp_path / "c", "--quiet").stdout.strip() in p.stdout.split()  # committed
+
+
+def test_a_json_row_never_drops_one_of_two_columns_of_one_name(catalog):
+    cat, _ = catalog
+    sql = "select s.key, s.bytes, sh.bytes from samples s join shards sh on s.shard = sh.path"
+    p = run("query", cat, sql, "--json", check=None)
+    error = json.loads(p.stderr)
+    assert p.returncode == 2 and "(bytes)" in error["error"] and "AS" in error["hint"]
+    assert run("query", cat, sql + " limit 1").stdout.splitlines()[0].split("\t") == ["key", "bytes", "bytes"]
 
 
 @pytest.mark.parametrize("unbuffered", ["", "1"], ids=["buffered", "PYTHONUNBUFFERED"])

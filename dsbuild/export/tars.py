@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
+from dsbuild.core.errors import StorageError
 from dsbuild.export.folder import ExportFolder
 from dsbuild.export.report import Ticker
 from dsbuild.export.source import ExportSource, Split
@@ -63,7 +64,16 @@ def _share(source: ExportSource, shard, folder: ExportFolder, rel: str) -> None:
     """Link a local catalog's shard; copy one from an object store (through the verified cache)."""
     root = source.catalog.root
     if root is not None:
-        folder.link(rel, root / shard.path)
+        target = root / shard.path
+        try:
+            size = target.stat().st_size
+        except FileNotFoundError:
+            size = None
+        if size != shard.bytes:  # a link to it would export damage, or point at nothing
+            what = "is missing" if size is None else f"holds {size} bytes, its record says {shard.bytes}"
+            raise StorageError(f"{target}: the shard {what}",
+                               hint=f"`dsbuild verify {source.catalog.url}` names the command that heals it")
+        folder.link(rel, target)
         return
     tmp = folder.temp(shard.sha256)
     shutil.copyfile(source.catalog.shard_file(shard), tmp)

@@ -123,6 +123,26 @@ def test_the_export_command_prints_the_report(export_catalog, tmp_path):
     assert (tmp_path / "w" / "test.json").is_file()
 
 
+@pytest.mark.parametrize("tool", ["wids", "energon"])
+@pytest.mark.parametrize("damage", ["removed", "cut short"])
+def test_a_shard_that_would_be_linked_must_be_whole(export_catalog, tmp_path, tool, damage):
+    """wids and energon link a WebDataset catalog's shards: a missing one gave exit 0, "1 shards linked"
+    and a complete marker over a link to nothing (hf, mds and litdata read the bytes and failed)."""
+    cat, _ = export_catalog
+    copy = tmp_path / "cat"
+    shutil.copytree(cat, copy)
+    shard = sorted((copy / "shards").rglob("*.tar"))[0]
+    if damage == "removed":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:-1])
+    dsbuild = Path(sys.executable).with_name("dsbuild")
+    run = subprocess.run([str(dsbuild), "export", f"{copy}@v1", str(tmp_path / "out"), "--to", tool],
+                         capture_output=True, text=True)
+    assert run.returncode == 3 and shard.name in run.stderr and "dsbuild verify" in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
 def test_an_export_into_the_current_folder_is_refused_and_leaves_nothing(export_catalog, tmp_path):
     """The finished export replaces an empty DEST with one rename: with DEST the current folder, the
     user's shell was left in a removed folder that looked empty."""

@@ -142,6 +142,10 @@ def describe(e: BaseException, command: str | None) -> tuple[str, str | None]:
     """(one-line message, hint or None) for a failure."""
     if isinstance(e, KeyboardInterrupt):
         what = "terminated" if isinstance(e, Terminated) else "interrupted"
+        from dsbuild.lineage.catalog import PUBLISHED
+
+        if PUBLISHED:  # the interrupt came after the commit: the version is there, whole
+            return f"{what} after version {', '.join(v[:12] for v in PUBLISHED)} was committed (whole)", None
         return f"{what}; {KEPT.get(command or '', 'nothing was changed')}", None
     if isinstance(e, NoSuchOption):
         msg = f"no such option {e.option_name}"

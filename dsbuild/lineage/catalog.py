@@ -48,6 +48,7 @@ TAGS = "tags.json"
 VERSION_RE = re.compile(SHA256)
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 MAX_SMALL_FILE = 16 << 20  # tags, commit records, markers
+PUBLISHED: list[str] = []  # versions this process published, in order: what an interrupted command kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,6 +534,7 @@ class Catalog:
         if self.root is None:
             for name, data in files.items():
                 self.store.write(f"{vkey}/{name}", data)
+            PUBLISHED.append(vid)
             return
         staging = scratch / "version"
         staging.mkdir()
@@ -541,6 +543,7 @@ class Catalog:
         fsync_dir(staging)
         (self.root / "versions").mkdir(exist_ok=True)
         os.rename(staging, self.root / vkey)
+        PUBLISHED.append(vid)
         fsync_dir(self.root / "versions")
 
 

@@ -169,6 +169,25 @@ def test_an_unexpected_exception_is_internal_error_70_never_1():
     assert p.returncode == 70 and "Traceback" in p.stderr and p.stderr.count("ValueError: bad [bold]x") == 2
 
 
+def test_an_interrupt_after_the_commit_says_the_version_was_committed(caps, tmp_path):
+    """Ctrl-C landing just after convert's publishing rename said "nothing was committed" while `log`
+    listed the new version."""
+    script = ("import os, signal\n"
+              "import dsbuild.lineage.catalog as c\n"
+              "real = c.fsync_dir\n"
+              "def fsync_dir(p):\n"
+              "    real(p)\n"
+              "    if str(p).endswith('/versions'):\n"
+              "        os.kill(os.getpid(), signal.SIGINT)\n"
+              "c.fsync_dir = fsync_dir\n"
+              "import dsbuild.cli.app as a\n"
+              "a.main()\n")
+    p = subprocess.run([sys.executable, "-c", script, "convert", str(caps), str(tmp_path / "c")],
+                       capture_output=True, text=True, env=env())
+    [vid] = run("log", tmp_path / "c", "--quiet").stdout.split()
+    assert p.returncode == 130 and f"interrupted after version {vid[:12]} was committed" in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_output_to_a_full_disk_is_one_error_exit_3(catalog, as_json):
     """`> /dev/full` ended in a Python traceback from the final flush and exit 120."""

@@ -11,6 +11,8 @@ same bytes run to run on one machine.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -165,12 +167,21 @@ class SessionSpec:
 
 def write_session(directory: Path, spec: SessionSpec, frames: Iterable[np.ndarray], actions: list[dict],
                   telemetry: list[dict], text: list[dict], seed: int = 0, audio: AudioSource | None = None) -> Path:
-    """Write one complete session folder; returns it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    video_name = f"video.{CODECS[spec.video.codec][2]}"
-    encode_video(directory / video_name, frames, spec.video, seed=seed, audio=audio)
-    write_jsonl(directory / "actions.jsonl", actions)
-    write_jsonl(directory / "telemetry.jsonl", telemetry)
-    write_jsonl(directory / "text.jsonl", text)
-    (directory / "session.json").write_text(json.dumps(spec.document(video_name), indent=2, sort_keys=True) + "\n")
+    """Write one complete session folder (which must not exist yet); returns it. It is written beside its
+    place under a dotted name and renamed into place whole: an interrupted run leaves no half-written
+    session (a folder with a video and no ``session.json``, which no converter counts)."""
+    partial = directory.with_name(f".{directory.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        video_name = f"video.{CODECS[spec.video.codec][2]}"
+        encode_video(partial / video_name, frames, spec.video, seed=seed, audio=audio)
+        write_jsonl(partial / "actions.jsonl", actions)
+        write_jsonl(partial / "telemetry.jsonl", telemetry)
+        write_jsonl(partial / "text.jsonl", text)
+        (partial / "session.json").write_text(json.dumps(spec.document(video_name), indent=2, sort_keys=True) + "\n")
+        os.rename(partial, directory)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     return directory

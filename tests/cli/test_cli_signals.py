@@ -94,3 +94,22 @@ def test_an_interrupted_query_is_an_interruption_not_an_internal_error(catalog, 
     p.send_signal(sig)
     _, err = p.communicate(timeout=120)
     assert p.returncode in (130, 143) and "internal error" not in err, (p.returncode, err)
+
+
+def test_an_interrupted_samples_leaves_only_whole_sessions(tmp_path):
+    """A session was written straight into its folder: Ctrl-C left one holding a video and no
+    session.json, which convert never counted. Each is now renamed into place whole."""
+    out = tmp_path / "caps"
+    p = subprocess.Popen(argv("samples", out, "--sessions", 30, "--seconds", 4), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:  # interrupt while the second session is written
+        if out.is_dir() and len(list(out.iterdir())) >= 2:
+            break
+        time.sleep(0.005)
+    os.kill(p.pid, signal.SIGINT)
+    _, err = p.communicate()
+    assert p.returncode == 130, err
+    folders = sorted(out.iterdir())
+    assert folders and all((f / "session.json").is_file() and not f.name.startswith(".") for f in folders), \
+        [sorted(x.name for x in f.iterdir()) for f in folders]

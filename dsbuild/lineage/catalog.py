@@ -380,6 +380,10 @@ class Catalog:
                 target = None
             else:
                 target = self.resolve(ref)
+                if re.fullmatch(r"[0-9a-fA-F]+", name) and (len(name) >= 7 or any(
+                        v.version_id.startswith(name.lower()) for v in self.versions())):
+                    raise UsageError(f"tag {name!r} reads as a version id (hex digits only): it would hide the "
+                                     "version it names", hint=f"add a letter outside a-f, e.g. v-{name}")
                 if name in tags and tags[name] != target and not force:
                     raise UsageError(f"tag {name!r} already points at {tags[name][:12]}",
                                      hint="use --force to move it")

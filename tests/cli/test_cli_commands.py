@@ -145,6 +145,12 @@ def test_tags_are_created_moved_and_deleted(private_catalog):
     assert "deleted tag release" in p.stdout
     run("tag", f"{cat}@gold", "x.1")
     assert run("tag", f"{cat}@gold", "1bad", check=2).stderr.startswith("error: tag '1bad'")
+    # hex digits only: a short id as dsbuild prints them, or a version's prefix, would be hidden by the tag
+    assert "reads as a version id" in run("tag", f"{cat}@gold", "abcdef12", check=2).stderr
+    if vid[0] in "abcdef":  # (a tag starts with a letter)
+        assert "reads as a version id" in run("tag", f"{cat}@gold", vid[:3], check=2).stderr
+    if not vid.startswith("cafe"):
+        run("tag", f"{cat}@gold", "cafe")  # a short word of hex letters that names no version: a tag
 
 
 def test_gc_never_follows_a_symlinked_build_folder_out_of_the_catalog(private_catalog, tmp_path):

@@ -142,7 +142,7 @@ def read_session(directory: Path, root: Path) -> Session:
     sj = directory / SESSION_FILE
     where = f"{rel}/{SESSION_FILE}" if rel != "." else SESSION_FILE
     if any(ord(c) < 32 or c == "\x7f" for c in rel):
-        raise CaptureError(repr(rel), "folder name contains a control character (newline?); rename it")
+        raise CaptureError(rel, "folder name contains a control character (newline?); rename it")
     try:
         data = read_capped(sj, MAX_SESSION_JSON_BYTES, root=directory, what=where)
         doc = loads_bounded(data, max_bytes=MAX_SESSION_JSON_BYTES, what=where)

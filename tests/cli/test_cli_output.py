@@ -101,7 +101,8 @@ def test_convert_shows_a_live_bar_on_a_terminal(caps, tmp_path):
     assert rc == 0 and "convert sessions" in text and "committed" in text, text
 
 
-HOSTILE = {"title": "[bold red]x", "player": "[/]", "platform": "[link=file:///etc]z", "build": "\x1b[31mred"}
+# (U+202E, a bidi override, reorders what a terminal shows after it)
+HOSTILE = {"title": "[bold red]x", "player": "[/]", "platform": "[link=file:///etc]z\u202er", "build": "\x1b[31mred"}
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,7 @@ def test_capture_text_is_printed_as_data_never_markup(hostile, tty, tmp_path):
             rc, text = p.returncode, p.stdout + p.stderr
         assert rc == 0 and "Traceback" not in text and "MarkupError" not in text, text
         assert "\x1b[31mred" not in text  # a raw escape from a capture never reaches the terminal
+        assert "\u202e" not in text
         return text
 
     out = show("convert", caps, tmp_path / "again", "--clip-seconds", 2)
@@ -145,6 +147,7 @@ def test_capture_text_is_printed_as_data_never_markup(hostile, tty, tmp_path):
     assert "[bold red]x" in out and "[/]" in out and "[bold red]broken" in out
     out = show("query", cat, "select title, player, platform, build from samples order by title")
     assert all(v in out for v in ("[bold red]x", "[/]", "[link=file:///etc]z", "[bold]p", "\\x1b[31mred"))
+    assert "z\\u202er" in out  # escaped like the other controls
     if tty:  # CSV on a terminal is escaped like every report; to a file it is the exact data
         assert "\\x1b[31mred" in show("query", cat, "select build from samples where build like '%red'", "--csv")
     else:

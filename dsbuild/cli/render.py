@@ -182,9 +182,10 @@ class Out:
 
     def table(self, columns: Sequence[str], rows: Iterable[Sequence[object]], *, title: str | None = None,
               wide: Sequence[str] = (), styles: dict[str, str] | None = None) -> None:
-        """A table: rich on a terminal (``wide`` columns never wrap), tab-separated lines otherwise."""
+        """A table: rich on a terminal (``wide`` columns never wrap), tab-separated lines under a header line
+        otherwise (the header alone when there are no rows: a script reads "none", not "no output")."""
         rows = [[_cell(c) for c in row] for row in rows]
-        if not self.human or not rows:
+        if not self.human or (not rows and self.console is not None):
             return
         if self.console is None:
             if title:

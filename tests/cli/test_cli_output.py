@@ -21,6 +21,12 @@ def test_piped_log_has_whole_ids_and_tab_separated_rows(catalog):
     assert run("log", cat, "--quiet").stdout.split() == [vid]
 
 
+def test_a_piped_table_without_rows_is_its_header_line(catalog):
+    """An empty result printed nothing at all, not even the header a script checks for."""
+    cat, _ = catalog
+    assert run("query", cat, "select key, title from samples where false").stdout == "key\ttitle\n"
+
+
 def test_terminal_log_shortens_ids_unless_no_trunc(catalog):
     cat, vid = catalog
     rc, text = run_tty("log", cat)

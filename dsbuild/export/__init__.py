@@ -52,10 +52,13 @@ def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, tar
     splits = {s.name: s.samples for s in source.splits}
     folder = ExportFolder(Path(dest), ExportMarker(to, source.version_id, split, source.split_hash,
                                                   dict(sorted(splits.items())), False, target_bytes=target_bytes))
-    existed = folder.claim()
-    if not existed:
-        WRITERS[to](source, folder, Ticker(source.samples, progress), target_bytes)
-        folder.finish()
+    try:
+        existed = folder.claim()
+        if not existed:
+            WRITERS[to](source, folder, Ticker(source.samples, progress), target_bytes)
+            folder.finish()
+    finally:
+        folder.release()
     return ExportReport(tool=to, version_id=source.version_id, dest=str(dest), split=split, splits=splits,
                         samples=source.samples, files_written=folder.written, bytes_written=folder.bytes,
                         files_kept=folder.kept, linked_shards=folder.linked, existed=existed,

@@ -10,10 +10,13 @@ complete export whose files are no longer all there at those sizes is reopened: 
 removed and written again. Every file lands by rename from a
 private temp folder, so a file that exists is whole: a re-run skips files it would write with the same
 name (exports are deterministic, so the bytes would be the same). The marker holds no time and no host path.
+One export at a time writes into a folder: a second, run meanwhile, finds the partial folder's lock held
+and is refused (run again later, it finds the export complete).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from dataclasses import dataclass, field, replace
@@ -26,6 +29,7 @@ from dsbuild.core.records import SHA256, Record, spec
 
 MARKER = ".dsbuild-export.json"
 TMP = ".dsbuild-export.tmp"
+LOCK = ".dsbuild-export.lock"  # in the partial folder, held (flock) while an export writes there
 PARTIAL = ".{}.dsbuild-partial"  # beside DEST, until the export is complete
 
 
@@ -54,7 +58,7 @@ def _sizes(root: Path) -> dict[str, int]:
     out = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
-        if rel != MARKER and (path.is_symlink() or path.is_file()):
+        if rel not in (MARKER, LOCK) and (path.is_symlink() or path.is_file()):
             out[rel] = path.stat().st_size if path.exists() else -1  # a dangling link: damaged from the start
     return out
 
@@ -105,6 +109,7 @@ class ExportFolder:
         self.kept = 0  # files an earlier run had already written
         self.linked = 0  # catalog shards shared by a symlink
         self.repaired = 0  # files of a complete export found missing or changed, written again
+        self._lock: int | None = None  # the partial folder's lock, while this run writes there
 
     def claim(self) -> bool:
         """Take the folder; True when it already holds this export complete (nothing to do)."""
@@ -127,6 +132,7 @@ class ExportFolder:
             if found is not None and staged is None:  # interrupted in place by an earlier dsbuild: finish it beside
                 os.rename(d, w)
             w.mkdir(parents=True, exist_ok=True)
+            self._take(w / LOCK)
             shutil.rmtree(w / TMP, ignore_errors=True)  # an interrupted run's half-written files
             (w / TMP).mkdir()
         except OSError as e:
@@ -134,6 +140,17 @@ class ExportFolder:
         if staged is None and found is None:
             replace_atomically(w / MARKER, pretty_json(self.marker.to_json()))
         return False
+
+    def _take(self, lock: Path) -> None:
+        """Hold ``lock`` for this run (released when the process ends, however it ends)."""
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StorageError(f"{self.dest}: another export into it is running",
+                               hint="wait for it to finish; the same command then finds the export complete") from None
+        self._lock = fd
 
     def _reopen(self, d: Path, damaged: list[str]) -> None:
         """A complete export some of whose files are missing or changed: back to unfinished, without them
@@ -216,3 +233,10 @@ class ExportFolder:
             raise StorageError(f"{self.dest}: cannot move the finished export there from {w} ({e.strerror or e})",
                                hint="empty or remove the folder, then run the export again") from None
         fsync_dir(self.dest.parent)
+        os.unlink(self.dest / LOCK)  # (still held: a run that opened it meanwhile finds the export complete)
+
+    def release(self) -> None:
+        """Let go of the partial folder's lock (the export finished, or failed and may be run again)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None

@@ -143,6 +143,31 @@ def test_a_shard_that_would_be_linked_must_be_whole(export_catalog, tmp_path, to
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
+def test_a_second_export_into_a_folder_being_written_is_refused(export_catalog, tmp_path):
+    """Two exports into one DEST at once shared the partial folder: one failed on the other's files, or
+    finished with a marker that listed the other's temp file."""
+    import fcntl
+    import os
+
+    cat, _ = export_catalog
+    dest = tmp_path / "out"
+    partial = tmp_path / ".out.dsbuild-partial"
+    partial.mkdir()
+    dsbuild = Path(sys.executable).with_name("dsbuild")
+    fd = os.open(partial / ".dsbuild-export.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as a running export holds it
+    try:
+        run = subprocess.run([str(dsbuild), "export", f"{cat}@v1", str(dest), "--to", "hf"], capture_output=True,
+                             text=True)
+        assert run.returncode == 3 and "another export into it is running" in run.stderr, run.stderr
+    finally:
+        os.close(fd)
+    run = subprocess.run([str(dsbuild), "export", f"{cat}@v1", str(dest), "--to", "hf"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    marker = json.loads((dest / ".dsbuild-export.json").read_text())
+    assert not (dest / ".dsbuild-export.lock").exists() and ".dsbuild-export.lock" not in marker["files"]
+
+
 def test_an_export_into_the_current_folder_is_refused_and_leaves_nothing(export_catalog, tmp_path):
     """The finished export replaces an empty DEST with one rename: with DEST the current folder, the
     user's shell was left in a removed folder that looked empty."""

@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 # C0/C1 controls, and the bidirectional formatting characters that reorder what a terminal shows (a title
 # with U+202E prints reversed text after it: "Trojan Source")
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 SHORT_ID = 12
 PLAIN_EVERY = 2.0  # seconds between progress lines when stderr is not a terminal
 

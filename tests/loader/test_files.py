@@ -77,12 +77,12 @@ def test_close_during_a_loop_releases_and_the_loop_goes_on_where_it_was(many_sha
     handed to a worker raised "cannot schedule new futures after shutdown"."""
     ref, _ = many_shards
     stream = [b["keys"] for b in Loader(ref, batch_size=2, seed=9, **kw)]
-    loader = Loader(ref, batch_size=2, seed=9, num_workers=2, **kw)
     got = []
-    for i, b in enumerate(loader):
-        got.append(b["keys"])
-        if i == 1:
-            loader.close()
+    with Loader(ref, batch_size=2, seed=9, num_workers=2, **kw) as loader:  # (its read-ahead ends with it)
+        for i, b in enumerate(loader):
+            got.append(b["keys"])
+            if i == 1:
+                loader.close()
     assert got == stream
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.params import JSON, QUIET, REF, choice
+from dsbuild.cli.params import JSON, QUIET, REF, choice, report_files
 from dsbuild.cli.render import Out, Progress
 
 EXAMPLES = """\b
@@ -118,6 +118,8 @@ def bench(
                            decode=decode, decode_backend=decode_backend, resize=parse_resize(resize), verify=verify,
                            device=device, duration=duration, rounds=rounds, compare=parse_compare(compare), seed=seed)
     against = Against(load_report(baseline), baseline, fail_below, allow_different) if baseline else None
+    files = report_files({"--save": save, "--html": html})
+    save, html = files["--save"], files["--html"]
     interrupted = None
     with Progress("bench", o) as bar:
         def progress(e) -> None:

@@ -43,3 +43,37 @@ RAY_ADDRESS = typer.Option(None, "--ray-address", metavar="ADDRESS",
 REF = typer.Argument(..., metavar="REF", help="PATH[@VERSION]: a catalog folder or fsspec URL (s3://...), and a "
                                               "version id, unique id prefix or tag (default: the newest).")
 CATALOG = typer.Argument(..., metavar="CATALOG", help="Catalog folder or fsspec URL (s3://bucket/catalog).")
+
+
+def report_files(paths: dict[str, str | None]) -> dict[str, str | None]:
+    """Each report option's file, checked before any work: a folder that does not exist (a typo), a path
+    that is a folder, a device, a FIFO or a link to one, and one file given to two options are exit 2 now,
+    not after a long run whose verdict they would lose. A link to a file is written through (the file it
+    names is replaced, not the link). Returns the paths to write, links resolved."""
+    import os
+    import shlex
+    from pathlib import Path
+
+    from dsbuild.core.errors import StorageError, UsageError
+
+    out: dict[str, str | None] = {}
+    for option, path in paths.items():
+        if path is None:
+            out[option] = None
+            continue
+        target = Path(os.path.realpath(path))
+        if target.is_dir():
+            raise UsageError(f"{option} {path}: is a folder; give a file name")
+        if target.exists() and not target.is_file():
+            raise UsageError(f"{option} {path}: is not a regular file (a device, a FIFO or a link to one); "
+                             "give a file name")
+        if not target.parent.is_dir():
+            folder = Path(path).parent
+            raise UsageError(f"{option} {path}: folder {folder} does not exist", hint=f"mkdir -p {shlex.quote(str(folder))}")
+        if not os.access(target.parent, os.W_OK | os.X_OK):
+            raise StorageError(f"{option} {path}: cannot write in {target.parent} (permission denied)")
+        twice = [o for o, p in out.items() if p == str(target)]
+        if twice:
+            raise UsageError(f"{option} {path}: is also the file of {twice[0]}; give each report its own file")
+        out[option] = str(target)
+    return out

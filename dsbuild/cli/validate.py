@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.params import EXECUTOR, JSON, QUIET, RAY_ADDRESS, REF, WORKERS, choice
+from dsbuild.cli.params import EXECUTOR, JSON, QUIET, RAY_ADDRESS, REF, WORKERS, choice, report_files
 from dsbuild.cli.render import Out, Progress, to_stderr
 
 EXAMPLES = """\b
@@ -15,28 +15,6 @@ Examples:
 Exit: 0 accepted, 1 rejected (a fail-severity check missed its threshold), 2 bad input or spec, 3 storage.
 Reports (--save/--junit/--html) are written also when the version is rejected."""
 SHOWN = 3  # offenders per check in piped output; --save/--json/--html/--junit carry up to max_offenders
-
-
-def _check_targets(paths: dict[str, str | None]) -> None:
-    """Report paths are checked before any work: a folder that does not exist (a typo) or a path that
-    is a folder is exit 2 now, not after a long validation whose verdict it would lose."""
-    import os
-    import shlex
-    from pathlib import Path
-
-    from dsbuild.core.errors import StorageError, UsageError
-
-    for option, path in paths.items():
-        if path is None:
-            continue
-        target = Path(path)
-        folder = target.parent
-        if target.is_dir():
-            raise UsageError(f"{option} {path}: is a folder; give a file name")
-        if not folder.is_dir():
-            raise UsageError(f"{option} {path}: folder {folder} does not exist", hint=f"mkdir -p {shlex.quote(str(folder))}")
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise StorageError(f"{option} {path}: cannot write in {folder} (permission denied)")
 
 
 def _write(path: str, write, what: str) -> None:
@@ -99,7 +77,8 @@ def validate(
 
     o = Out(as_json, quiet)
     spec = load_spec(acceptance)  # first: a bad spec or report path is exit 2 before any work
-    _check_targets({"--save": save, "--junit": junit, "--html": html})
+    files = report_files({"--save": save, "--junit": junit, "--html": html})
+    save, junit, html = files["--save"], files["--junit"], files["--html"]
     path, version = parse_ref(ref)
     catalog = open_catalog(path)
     with Progress("validate", o) as bar:

@@ -49,6 +49,11 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["query", "cat", "select * from sampels"], ["sampels does not exist", "did you mean 'samples'"]),
     (["validate", "cat", "--save", "nodir/v.json"], ["--save", "folder nodir does not exist"]),  # before any work
     (["validate", "cat", "--html", "."], ["--html", "is a folder"]),
+    # a FIFO or a device was replaced by a regular file (as root: /dev/full itself); two reports in one file
+    (["validate", "cat", "--save", "fifo"], ["--save fifo", "not a regular file"]),
+    (["validate", "cat", "--junit", "/dev/null"], ["--junit /dev/null", "not a regular file"]),
+    (["validate", "cat", "--junit", "r.xml", "--html", "./r.xml"], ["--html ./r.xml", "also the file of --junit"]),
+    (["bench", "cat", "--save", "nodir/b.json"], ["--save", "folder nodir does not exist"]),  # was after the run
     (["log", "foo://bar/cat"], ["no file system is known for 'foo'://"]),
     # each of these was exit 70, "internal error"
     (["convert", "caps", "cat", "--shard-size", "100000i"], ["--shard-size", "not a size"]),
@@ -60,6 +65,7 @@ def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):
     cat, _ = catalog
     args = [str(cat) if a == "cat" else a for a in args]
     (tmp_path / "pins.txt").write_text("p-0000\n")
+    os.mkfifo(tmp_path / "fifo")
     one_line_error(run(*args, cwd=tmp_path, check=None), 2, *needles)
 
 
@@ -213,6 +219,14 @@ def test_a_closed_stdout_drops_the_output_and_a_closed_stderr_never_stops_the_wo
     reader.wait()
     assert p.returncode == 0
     assert run("log", tmp_path / "c", "--quiet").stdout.strip() in p.stdout.split()  # committed
+
+
+def test_a_report_path_that_links_to_a_file_is_written_through(catalog, tmp_path):
+    cat, _ = catalog
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "latest.json").symlink_to(tmp_path / "reports" / "v.json")
+    run("validate", cat, "--save", tmp_path / "latest.json", "--quiet", check=None)
+    assert (tmp_path / "latest.json").is_symlink() and json.loads((tmp_path / "reports" / "v.json").read_text())
 
 
 def test_a_json_row_never_drops_one_of_two_columns_of_one_name(catalog):

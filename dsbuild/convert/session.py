@@ -110,16 +110,35 @@ def hash_sources(session: Session, root: Path) -> tuple[list[SourceRecord], dict
     return out, seen
 
 
-def _check_unchanged(session: Session, seen: dict[Path, tuple]) -> None:
-    for path, before in seen.items():
+def _identities(session: Session) -> dict[Path, tuple | None]:
+    """Each source file's (size, mtime, inode) before the session's work reads or hashes any of it; for
+    ``session.json``, as the main process parsed it."""
+    out: dict[Path, tuple | None] = {}
+    for _, name in source_roles(session):
+        path = session.path_of(name)
+        try:
+            out[path] = _identity(path)
+        except OSError:
+            out[path] = None
+    if session.read_as is not None:
+        out[session.path_of(SESSION_FILE)] = session.read_as
+    return out
+
+
+def _check_unchanged(session: Session, seen: dict[Path, tuple], before: dict[Path, tuple | None]) -> None:
+    """Every file hashed is the file that was read: as it was before the work began (``before``), when it
+    was hashed (``seen``) and now. A change between the read and the hash (an editor saving while the
+    video is still being hashed) would otherwise commit the old contents under the new file's hash, and
+    every later build would reuse them."""
+    for path, hashed_as in seen.items():
         try:
             now = _identity(path)
         except OSError:
             now = None
-        if now != before:
+        if not now == hashed_as == before.get(path, hashed_as):
             raise CaptureError(session.rel_of(path.relative_to(session.directory).as_posix()),
                                "changed while reading (size or modification time differ from when it was "
-                               "hashed); convert again once the capture is complete")
+                               "read or hashed); convert again once the capture is complete")
 
 
 def source_set(sources: list[SourceRecord]) -> frozenset[tuple]:
@@ -138,6 +157,7 @@ def process_session(job: SessionJob) -> SessionResult:
     result = SessionResult(rel=session.rel, session_id=session.session_id)
     seg_path = job.seg_dir / f"{session.session_id}.seg"
     try:
+        before = _identities(session)
         # Source hashing runs in a thread beside demux/remux (hashlib and most of PyAV release the GIL).
         with ThreadPoolExecutor(1, "dsbuild-hash") as hasher:
             sources = hasher.submit(hash_sources, session, job.root)
@@ -146,7 +166,7 @@ def process_session(job: SessionJob) -> SessionResult:
                 return result
             try:
                 with open(seg_path, "wb") as seg:
-                    _process(job, seg, result, sources)
+                    _process(job, seg, result, sources, before)
             except OSError as e:
                 if isinstance(e, PermissionError) or e.filename not in (None, str(seg_path)):
                     raise
@@ -194,7 +214,7 @@ def _stream(session: Session, kind: str, root: Path):
         raise CaptureError(session.rel_of(name), f"cannot read: {e.strerror or e}") from None
 
 
-def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> None:
+def _process(job: SessionJob, seg, result: SessionResult, sources: Future, before: dict[Path, tuple | None]) -> None:
     session, config, root = job.session, job.config, job.root
     fmt = get_format(config.format)
     scans = {k: _stream(session, k, root) for k in ("actions", "telemetry", "text")}
@@ -254,7 +274,7 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future) -> No
         why = demux.truncated or "no decodable frames"
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
     result.sources = source_list
-    _check_unchanged(session, seen)
+    _check_unchanged(session, seen, before)
     for kind, track in (("actions", actions), ("telemetry", telemetry), ("text", text)):
         scans[kind].report.outside_video = track.outside()
     result.repairs = {k: s.report.to_json() for k, s in scans.items()}

@@ -77,11 +77,19 @@ def open_regular(path: Path, root: Path | None = None):
 def read_capped(path: Path, cap: int, *, root: Path | None = None, what: str | None = None) -> bytes:
     """The bytes of a regular file of at most ``cap`` bytes; FormatError beyond it (the file is never
     read past ``cap + 1`` bytes, so a growing or endless file costs the cap, not the file)."""
+    return read_capped_stat(path, cap, root=root, what=what)[0]
+
+
+def read_capped_stat(path: Path, cap: int, *, root: Path | None = None,
+                     what: str | None = None) -> tuple[bytes, os.stat_result]:
+    """``read_capped``, and the file's status as it was opened (for a reader that must later tell whether
+    the file it read is still the one on disk)."""
     with open_regular(path, root) as f:
+        st = os.fstat(f.fileno())
         data = f.read(cap + 1)
     if len(data) > cap:
         raise FormatError(f"{what or path}: larger than the limit of {cap} bytes")
-    return data
+    return data, st
 
 
 def fsync_dir(path: Path) -> None:

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dsbuild.core.errors import CaptureError, FormatError
-from dsbuild.core.files import inside, read_capped
+from dsbuild.core.files import inside, read_capped_stat
 from dsbuild.core.jsonio import clip_text, loads_bounded, repeated_key
 
 CAPTURE_FORMAT = "capture/1"
@@ -43,6 +43,7 @@ class Session:
     started_at: str | None = None
     conditions: dict[str, str] = field(default_factory=dict)
     streams: dict[str, str] = field(default_factory=dict)
+    read_as: tuple[int, int, int] | None = None  # session.json's (size, mtime ns, inode) when it was parsed
 
     def fields(self) -> dict:
         """The session fields carried into every sample's metadata (no host paths)."""
@@ -144,7 +145,7 @@ def read_session(directory: Path, root: Path) -> Session:
     if any(ord(c) < 32 or c == "\x7f" for c in rel):
         raise CaptureError(rel, "folder name contains a control character (newline?); rename it")
     try:
-        data = read_capped(sj, MAX_SESSION_JSON_BYTES, root=directory, what=where)
+        data, st = read_capped_stat(sj, MAX_SESSION_JSON_BYTES, root=directory, what=where)
         doc = loads_bounded(data, max_bytes=MAX_SESSION_JSON_BYTES, what=where)
     except OSError as e:
         raise CaptureError(where, f"cannot read: {e.strerror or e}") from None
@@ -191,4 +192,5 @@ def read_session(directory: Path, root: Path) -> Session:
         started_at=started_at,
         conditions=dict(sorted(conditions.items())),
         streams=checked_streams,
+        read_as=(st.st_size, st.st_mtime_ns, st.st_ino),
     )

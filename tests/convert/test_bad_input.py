@@ -144,3 +144,53 @@ def test_all_sessions_quarantined_is_exit_1_and_commits_nothing(tmp_path):
     from dsbuild.lineage.catalog import Catalog
 
     assert Catalog.open(tmp_path / "out").versions() == []
+
+
+def _edit_during(monkeypatch, name: str, edit) -> None:
+    """Run ``edit(session)`` inside the build at the moment ``dsbuild.convert.session.<name>`` is called."""
+    import dsbuild.convert.session as work
+
+    real = getattr(work, name)
+
+    def hooked(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if name == "scan" and args[1] == "actions":
+            edit(args[0].parent)
+        return out
+
+    def hooked_hash(session, root):
+        edit(session.directory)
+        return real(session, root)
+
+    monkeypatch.setattr(work, name, hooked_hash if name == "hash_sources" else hooked)
+
+
+@pytest.mark.parametrize("when", ["hash_sources", "scan"])
+def test_a_capture_edited_between_its_read_and_its_hash_is_quarantined(tmp_path, monkeypatch, when):
+    """session.json is parsed when the build starts and hashed later, in the worker; a stream is read
+    while the video is still being hashed. A file saved in between was committed with its old contents
+    under its new hash: no quarantine, and every later build reused the stale samples (the hash
+    matched). Now the file must be the same when read, when hashed and at the end."""
+    import json
+
+    _, d = generate(tmp_path / "cap", sessions=2, seconds=2, seed=3)
+
+    def edit(folder):
+        if folder != d:
+            return
+        if when == "hash_sources":  # the session was parsed already: its player changes on disk
+            doc = json.loads((folder / "session.json").read_text())
+            (folder / "session.json").write_text(json.dumps({**doc, "player": "p-edited"}))
+        else:  # actions were read: one more line is saved
+            with open(folder / "actions.jsonl", "a") as f:
+                f.write('{"t": 0.5, "control": "late", "value": 1.0}\n')
+
+    _edit_during(monkeypatch, when, edit)
+    r = convert(tmp_path / "cap", tmp_path / "cat", CONFIG, executor=ExecutorSpec(workers=1))
+    [q] = r.quarantined
+    assert "changed while reading" in q.reason and q.path.endswith("session.json" if when == "hash_sources"
+                                                                    else "actions.jsonl"), q
+    monkeypatch.undo()
+    again = convert(tmp_path / "cap", tmp_path / "cat", CONFIG, executor=ExecutorSpec(workers=1))
+    fresh = convert(tmp_path / "cap", tmp_path / "fresh", CONFIG, executor=ExecutorSpec(workers=1))
+    assert again.quarantined == () and again.version_id == fresh.version_id

@@ -12,6 +12,7 @@ bytes no longer match its name) is healed: its sessions are processed again from
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -121,19 +122,30 @@ def reusable_parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -
     and the build would differ from a fresh one)."""
     if not onto and not catalog.versions():
         return None, None
+    if not onto:  # the newest version built with these settings, else the newest (its samples not reused)
+        for v in catalog.versions():
+            if _reusable(catalog.manifest(v.version_id), config)[0]:
+                return v.version_id, catalog.manifest(v.version_id)
+        return catalog.versions()[0].version_id, None
     parent = catalog.resolve(onto)
     m = catalog.manifest(parent)
-    current = (isinstance(m.schema, dict) and m.schema.get("index_columns") == list(INDEX_COLUMNS)
-               and all(s.blake3 for s in m.shards))
-    same = m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__ and current
-    if onto and not same:
+    same, current = _reusable(m, config)
+    if not same:
         theirs = m.config if isinstance(m.config, dict) else {}
-        changed = (sorted(k for k, v in config.to_json().items() if theirs.get(k) != v)
+        changed = (sorted(k for k, v in config.to_json().items() if json.dumps(theirs.get(k)) != json.dumps(v))
                    + (["tool version"] if m.tool_version != __version__ else [])
                    + ([] if current else ["index columns or shard hashes"]))
         raise UsageError(f"--onto {onto}: version {parent[:12]} was built with other settings "
                          f"({', '.join(changed)})", hint="convert without --onto for a fresh build")
-    return parent, m if same else None
+    return parent, m
+
+
+def _reusable(m: Manifest, config: ConvertConfig) -> tuple[bool, bool]:
+    """(whether a version's samples can be reused by a build with ``config``, whether its index columns and
+    shard hashes are the current ones)."""
+    current = (isinstance(m.schema, dict) and m.schema.get("index_columns") == list(INDEX_COLUMNS)
+               and all(s.blake3 for s in m.shards))
+    return m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__ and current, current
 
 
 def _unchanged(session, parent_set: frozenset) -> list | None:

@@ -56,6 +56,8 @@ class ConvertConfig(Record):
         if not (isinstance(self.clip_seconds, (int, float)) and math.isfinite(self.clip_seconds)
                 and 0.5 <= self.clip_seconds <= 3600):
             raise UsageError(f"--clip-seconds must be between 0.5 and 3600, not {self.clip_seconds}")
+        # 1 and 1.0 are one setting: hashed as given, they named two versions of the same build
+        object.__setattr__(self, "clip_seconds", float(self.clip_seconds))
         if self.shard_size < 1 << 16:
             raise UsageError(f"--shard-size must be at least 64KiB, not {self.shard_size}")
         if not 1 <= self.zstd_level <= 22:

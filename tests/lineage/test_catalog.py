@@ -80,6 +80,27 @@ def test_incremental_version_equals_a_from_scratch_build(grown, tmp_path):
     assert (fresh.content_id, fresh.version_id) == (v2.content_id, v2.version_id)
 
 
+def test_a_build_reuses_the_newest_version_with_its_settings_not_only_the_newest(grown, tmp_path):
+    """A version built with other settings in between (an experiment with 2-s clips) made the next
+    1-s build start from nothing: the newest version was the only candidate."""
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    other = convert(caps, cat, dataclasses.replace(CONFIG, clip_seconds=2.0), executor=ExecutorSpec(workers=1))
+    assert other.reused_sessions == 0
+    again = convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=1))
+    assert again.parent == v2.version_id and again.reused_sessions == 22 and again.written_shards == 0
+
+
+def test_a_setting_given_as_an_int_is_the_same_setting_as_a_float(grown, tmp_path):
+    """``clip_seconds=1`` hashed as 1, not 1.0: another version id for the same build, no reuse, and a
+    heal command (which passes --clip-seconds 1.0) refused as "other settings ()"."""
+    caps, src, _, v2 = grown
+    assert ConvertConfig(clip_seconds=1, shard_size=120_000).to_json() == CONFIG.to_json()
+    again = convert(caps, _copy(src, tmp_path), ConvertConfig(clip_seconds=1, shard_size=120_000),
+                    executor=ExecutorSpec(workers=1))
+    assert again.version_id == v2.version_id
+
+
 @pytest.mark.parametrize("older", [("index", "shards"), ("shards",)])
 def test_a_parent_from_before_blake3_was_recorded_is_built_again_not_reused(grown, tmp_path, older):
     """Reusing its rows or shard records would carry NULL blake3 values into the new version, which would

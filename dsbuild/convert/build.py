@@ -26,7 +26,7 @@ from dsbuild.convert.captures import read_sessions, staged
 from dsbuild.convert.config import ConvertConfig
 from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_roles, source_set
 from dsbuild.core.hashcache import lookup
-from dsbuild.core.errors import CheckFailed, UsageError
+from dsbuild.core.errors import CheckFailed, LineageError, UsageError
 from dsbuild.core.executor import ExecutorSpec, run_tasks
 from dsbuild.core.hashing import sha256_bytes, sha256_json
 from dsbuild.core.records import Record
@@ -194,10 +194,16 @@ class _Base:
 
 def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int) -> _Base | None:
     """What the parent offers, or None when its rows cannot be reused: a Parquet version from before
-    rows recorded their member sizes (shard planning weighs every sample by them) is built afresh."""
+    rows recorded their member sizes (shard planning weighs every sample by them) is built afresh, and so
+    is one whose index or session records are missing or damaged (the build then restores them, when it
+    is that very version again)."""
     rows: dict[str, list[IndexRow]] = defaultdict(list)
     by_shard: dict[str, list[IndexRow]] = defaultdict(list)
-    for r in rows_from_table(catalog.index(parent)):
+    try:
+        index, table = catalog.index(parent), catalog.sessions(parent)
+    except LineageError:
+        return None
+    for r in rows_from_table(index):
         if r.member_bytes is None:
             return None
         rows[r.session_id].append(r)
@@ -211,7 +217,6 @@ def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int
             compositions[tuple((r.key, r.sha256) for r in members)] = rec
         else:
             broken.update(r.session_id for r in members)
-    table = catalog.sessions(parent)
     sources = defaultdict(list)
     for s in table.sources:
         sources[s.session].append(s)
@@ -404,7 +409,10 @@ def change_counts(catalog: Catalog, parent: str | None, index: bytes) -> dict[st
         return dict(zip(table.column("key").to_pylist(), table.column("sha256").to_pylist()))
 
     new = pairs(table_from_bytes(index, "index", ["key", "sha256"]))
-    old = pairs(catalog.index(parent, ["key", "sha256"]))
+    try:
+        old = pairs(catalog.index(parent, ["key", "sha256"]))
+    except LineageError:  # the parent's index is missing or damaged: no counts, never a failed build
+        return {}
     return {"added": len(new.keys() - old.keys()), "removed": len(old.keys() - new.keys()),
             "changed": sum(1 for k in new.keys() & old.keys() if new[k] != old[k])}
 

@@ -523,12 +523,25 @@ class Catalog:
         manifest_bytes = manifest.to_bytes()
         vid = sha256_bytes(manifest_bytes)
         if self.store.exists(f"versions/{vid}/manifest.json"):
+            self._restore_pins(vid, manifest, pinned)
             return vid, True
         seq = 1 + max((v.commit.sequence for v in self.versions() if v.commit), default=0)
         record = replace(commit, sequence=seq)
         self.publish(vid, {**pinned, "commit.json": pretty_json(record.to_json()), "manifest.json": manifest_bytes},
                      area.path)
         return vid, False
+
+    def _restore_pins(self, vid: str, manifest: Manifest, pinned: dict[str, bytes]) -> None:
+        """The version exists: write back any file its manifest pins that is missing or damaged (a build
+        of that very version made them again, byte for byte; every other file of it is left alone)."""
+        for pin in (manifest.index, manifest.sessions):
+            key = f"versions/{vid}/{pin.path}"
+            try:
+                whole = sha256_bytes(self._read(key, pin.bytes + 1)) == pin.sha256
+            except (FileNotFoundError, FormatError):  # gone, or grown past its pinned size
+                whole = False
+            if not whole:
+                self._write(key, pinned[pin.path])
 
     def publish(self, vid: str, files: dict[str, bytes], scratch: Path) -> None:
         """Write version ``vid``'s files (name -> bytes, ``manifest.json`` last) with the lock held: on an

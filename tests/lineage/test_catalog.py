@@ -91,6 +91,28 @@ def test_a_build_reuses_the_newest_version_with_its_settings_not_only_the_newest
     assert again.parent == v2.version_id and again.reused_sessions == 22 and again.written_shards == 0
 
 
+@pytest.mark.parametrize("damage", ["index.parquet removed", "sessions.json cut short"])
+def test_the_same_build_restores_a_versions_index_or_session_records(grown, tmp_path, damage):
+    """A version whose index or session records were lost stopped every later convert into the catalog
+    (exit 3, even with other captures and settings), and the same convert could not bring them back:
+    the version existed, so nothing was written."""
+    caps, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    name = damage.split()[0]
+    path = cat / "versions" / v2.version_id / name
+    before = path.read_bytes()
+    if "removed" in damage:
+        path.unlink()
+    else:
+        path.write_bytes(before[:-10])
+    assert not verify(Catalog.open(cat), v2.version_id).ok
+    again = convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=1))
+    assert again.version_id == v2.version_id and again.existed
+    assert path.read_bytes() == before and verify(Catalog.open(cat), v2.version_id).ok
+    other = convert(caps, cat, dataclasses.replace(CONFIG, clip_seconds=2.0), executor=ExecutorSpec(workers=1))
+    assert other.version_id != v2.version_id
+
+
 def test_a_setting_given_as_an_int_is_the_same_setting_as_a_float(grown, tmp_path):
     """``clip_seconds=1`` hashed as 1, not 1.0: another version id for the same build, no reuse, and a
     heal command (which passes --clip-seconds 1.0) refused as "other settings ()"."""

@@ -152,6 +152,9 @@ def generate(out: Path, sessions: int = 3, seconds: float = 10.0, seed: int = 0,
     for kind in damage.values():
         if kind not in DAMAGE:
             raise UsageError(f"unknown damage {kind!r}; choose from {', '.join(DAMAGE)}")
+    if damage.get(0) == "duplicate_id":  # refused before anything is written (a rerun would find it there)
+        raise UsageError("--damage 0=duplicate_id: duplicate_id damage needs a session before it",
+                         hint="damage a later session, e.g. --damage 1=duplicate_id")
     if sessions < 1 or seconds <= 0:
         raise UsageError("--sessions must be >= 1 and --seconds > 0")
     paths = []

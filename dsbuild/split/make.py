@@ -227,6 +227,10 @@ def make_split(catalog: Path | Catalog, version: str | None, name: str, options:
     cat, version_id = open_version(catalog, version)
     check_name(name, "split set name")
     params, old = resolve_params(cat, version_id, options)
+    if old is not None and (old.version_id, old.name) == (version_id, name):
+        raise UsageError(f"--from-split {options.from_split}: is the split set being made; it cannot carry "
+                         "its own groups (its `--check` could never pass once it is replaced)",
+                         hint="carry from the split set of another version, or give the rule alone")
     vs = read_version(cat, version_id)
     computed = compute(vs, name, params, old, pins_given=options.pins is not None)
     state = publish_split_set(cat, version_id, name, computed.files, computed.manifest, force=force)

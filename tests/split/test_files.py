@@ -403,6 +403,11 @@ def test_from_split_carries_old_assignments_and_reports_new_groups(grown, tmp_pa
     assert again.manifest.to_json()["assignment_id"] == r.manifest.to_json()["assignment_id"]
     with pytest.raises(UsageError, match="groups by session_id, not player"):
         make_split(cat, v2, "carry3", SplitOptions(from_split=f"{v1[:12]}/carry", by="player"))
+    # carrying from the very set being replaced wrote a set whose --check could never pass
+    with pytest.raises(UsageError, match="is the split set being made"):
+        make_split(cat, v2, "carry", SplitOptions(from_split=f"{v2[:12]}/carry", ratios="train=0.5,val=0.3,test=0.2"),
+                   force=True)
+    assert check_split(cat, v2, "carry").ok
 
 
 def test_check_fails_when_the_rule_cannot_be_recomputed_or_differs(grown):

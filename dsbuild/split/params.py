@@ -16,11 +16,11 @@ from pathlib import Path
 
 from dsbuild.core.errors import UsageError
 from dsbuild.core.hashing import sha256_json
-from dsbuild.lineage.splitsets import Pin, SplitRule, SplitSource
+from dsbuild.lineage.splitsets import NAME_PATTERN, Pin, SplitRule, SplitSource
 from dsbuild.split.assign import RULE, Ratios, canonical_ratios
 
 SESSION_FIELDS = ("session_id", "title", "player", "platform", "build")
-NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # split set and split names become file names
+NAME_RE = re.compile(NAME_PATTERN)  # split set and split names become file names (the stored records' rule)
 RESERVED = ("unassigned",)  # the report's name for sessions without the --by field
 RATIO_TOLERANCE = 1e-6
 MAX_PIN_BYTES = 64 << 20  # a pin file lists group values; 64 MiB is millions of them
@@ -35,7 +35,7 @@ DEFAULT_SALT = "dsbuild"
 
 def check_name(name: str, what: str) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in RESERVED:
-        raise UsageError(f"{what} {name!r} is not allowed; use 1-64 letters, digits, '_' or '-'"
+        raise UsageError(f"{what} {name!r} is not allowed; use a letter, then up to 63 letters, digits, '_' or '-'"
                          + (f" (not {', '.join(RESERVED)})" if name in RESERVED else ""))
     return name
 

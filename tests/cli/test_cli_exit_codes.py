@@ -45,6 +45,7 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["split", "cat", "--name", "x", "--pin", "tset=pins.txt"], ["--pin", "did you mean 'test'"]),
     (["split", "cat", "--name", "x", "--pin", "holdout=pins.txt", "--ratios", "train=0.9,val=0.1"], ["holdout"]),
     (["shards", "cat", "--split", "main"], ["NAME/SPLIT"]),
+    (["split", "cat", "--name", "x", "--ratios", "1=0.5,_v=0.5"], ["'1' is not allowed", "a letter, then"]),
     (["validate", "cat", "--split-set", ""], ["split set name is empty"]),  # an unset $SPLIT: no silent pass
     (["query", "cat", " ; "], ["the query is empty"]),
     (["query", "cat", "select * from sampels"], ["sampels does not exist", "did you mean 'samples'"]),

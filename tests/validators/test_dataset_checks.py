@@ -191,6 +191,10 @@ def test_split_by_title_leaves_titles_uncovered_and_the_table_shows_split_by_tit
     assert cov.table.columns == ("title", "train samples", "val samples", "train hours", "val hours")
     assert sorted(r[0] for r in cov.table.rows) == sorted(TITLES)
     assert all((r[1] == 0) != (r[2] == 0) for r in cov.table.rows)  # each title in exactly one split
+    # over three splits each title is missing from two: the threshold counts titles (it counted the pairs)
+    make_split(cat, dup[1], "bytitle3", SplitOptions(by="title", ratios="train=0.4,val=0.3,test=0.3"))
+    cov3 = run(cat, dup[1], RELAXED, split="bytitle3").check("split_coverage")
+    assert cov3.measured == len(TITLES) and len(cov3.offenders) > len(TITLES)
 
 
 def test_a_missing_split_set_is_a_usage_error_and_a_damaged_one_a_lineage_error(dup, tmp_path):

@@ -91,15 +91,17 @@ def _coverage(j: Judge, d: VersionFacts) -> CheckResult:
                 unknown.append((key, f"in split {sp} but not in this version", "sample"))
     splits = sorted(split.keys)
     missing = [(t, f"missing from split {sp}") for sp in splits for t in titles if not cells[(sp, t)][0]]
+    titles_missing = len({t for t, _ in missing})  # the threshold counts titles, not (split, title) pairs
     limit = j["max_missing_titles"]
-    breaches = [f"{len(missing)} > max_missing_titles = {limit}"] if len(missing) > limit else []
+    breaches = [f"{titles_missing} > max_missing_titles = {limit}"] if titles_missing > limit else []
     if unknown:
         breaches.append(f"{len(unknown)} split key(s) are not samples of this version")
     table = Table(("title", *(f"{sp} samples" for sp in splits), *(f"{sp} hours" for sp in splits)),
                   [[t, *(cells[(sp, t)][0] for sp in splits), *(round(cells[(sp, t)][1], 6) for sp in splits)]
                    for t in titles])
-    return j.result(measured=len(missing), breaches=breaches,
-                    message=f"{len(titles)} titles x {len(splits)} splits, {len(missing)} pair(s) empty",
+    return j.result(measured=titles_missing, breaches=breaches,
+                    message=f"{len(titles)} titles x {len(splits)} splits: {titles_missing} title(s) missing from "
+                            f"a split ({len(missing)} pair(s) empty)",
                     offenders=missing + unknown, kind="title", table=table)
 
 
@@ -109,6 +111,7 @@ CHECKS = (
           (Threshold("max_leaked_groups", 0, "count", "one leaked player inflates every metric"),), needs_split=True,
           run=_leakage),
     Check("split_coverage", "dataset", "Every title of the version appears in every split of the split set.",
-          (Threshold("max_missing_titles", 0, "count", "a split without a title cannot measure it"),),
+          (Threshold("max_missing_titles", 0, "count", "a split without a title cannot measure it (counts titles "
+                     "missing from at least one split)"),),
           needs_split=True, run=_coverage),
 )

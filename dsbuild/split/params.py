@@ -91,7 +91,9 @@ def parse_pin(text: str) -> tuple[str, Path]:
 
 
 def read_pin_file(path: Path) -> tuple[str, ...]:
-    """Group values, one per line; blank lines and lines starting with '#' are skipped."""
+    """Group values, one per line, each exactly as the line holds it (NFC; spaces are part of a value, as
+    they are of group values: stripping them pinned another group); blank lines and lines starting with
+    '#' are skipped."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -106,8 +108,8 @@ def read_pin_file(path: Path) -> tuple[str, ...]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: pin file is not UTF-8 (byte {e.start})") from None
-    values = [unicodedata.normalize("NFC", line.strip()) for line in text.splitlines()]  # as group values are
-    return tuple(sorted({v for v in values if v and not v.startswith("#")}))
+    values = [unicodedata.normalize("NFC", line) for line in text.splitlines()]  # as group values are
+    return tuple(sorted({v for v in values if v.strip() and not v.startswith("#")}))
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,11 @@ def _line_of(text: str, section: str | None, key: str) -> int | None:
             continue
         if current == section and pat.match(line):
             return n
+    # a dotted key (thresholds.x = 1), an inline table or a quoted header: the first line naming the key
+    word = re.compile(r"(?<![\w-])" + re.escape(key) + r"(?![\w-])")
+    for n, line in enumerate(text.splitlines(), 1):
+        if word.search(line.split("#", 1)[0]):
+            return n
     return None
 
 

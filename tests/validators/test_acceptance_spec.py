@@ -90,6 +90,10 @@ def test_keys_left_out_keep_their_defaults():
     ("[thresholds]\nallowed_resolutions = [\"720p\"]\n", r"'720p' is not WxH"),
     ("[thresholds]\nrequired_conditions = [\"rain\"]\n", r"'rain' is not key=value"),
     ("format = \"dsbuild.acceptance/9\"\n", r"s\.toml:1: format"),
+    # written as a dotted key, an inline table or a quoted header: the line was not found
+    ("# gate\nthresholds.max_decod_failures = 1\n", r"s\.toml:2: unknown threshold"),
+    ("# gate\nthresholds = { max_decod_failures = 1 }\n", r"s\.toml:2: unknown threshold"),
+    ("# gate\n[\"thresholds\"]\nmax_decod_failures = 1\n", r"s\.toml:3: unknown threshold"),
 ])
 def test_mistakes_are_usage_errors_naming_the_file_line_and_key(text, message):
     with pytest.raises(UsageError, match=message):

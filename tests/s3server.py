@@ -12,11 +12,13 @@ from typing import Iterator
 
 
 class DroppingProxy:
-    """A TCP proxy to the S3 server that, when armed, cuts the next response after ``after`` bytes."""
+    """A TCP proxy to the S3 server that, when armed, cuts the next response after ``after`` bytes (every
+    such response while ``down``: a network that lists but cannot deliver)."""
 
     def __init__(self, target: int, after: int = 40_000):
         self.target, self.after = target, after
         self.armed = False
+        self.down = False
         self.drops = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -38,7 +40,7 @@ class DroppingProxy:
         sent = 0
         try:
             while data := src.recv(65536):
-                if response and self.armed and sent + len(data) > self.after:
+                if response and (self.armed or self.down) and sent + len(data) > self.after:
                     self.armed = False
                     self.drops += 1
                     dst.sendall(data[: self.after - sent])

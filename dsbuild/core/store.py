@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Protocol
 
-from dsbuild.core.errors import FormatError, MissingDependency, StorageError, UsageError
+from dsbuild.core.errors import FormatError, LineageError, MissingDependency, StorageError, UsageError
 from dsbuild.core.files import inside, open_regular, read_capped, replace_atomically
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9._-]{0,254})")
@@ -340,8 +340,8 @@ class ShardCache:
                 os.utime(local)  # recently used
                 return local
             remote = self.store.size(key)
-            if remote != size:
-                raise StorageError(f"{self.store.url}/{key}: " + ("missing" if remote is None else
+            if remote != size:  # the catalog's data is damaged (a LineageError), not the way to it
+                raise LineageError(f"{self.store.url}/{key}: " + ("missing" if remote is None else
                                    f"{remote} bytes, the manifest says {size}"),
                                    hint=f"run `dsbuild verify {self.store.url}` to see what is damaged")
             if size > self.limit:

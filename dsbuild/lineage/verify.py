@@ -61,12 +61,24 @@ def _go_on(stop: threading.Event | None, path: str) -> None:
         raise Stopped(path)
 
 
+def _unreadable(catalog: Catalog, rec: ShardRecord, e: Exception) -> dict:
+    """The problem to report for a shard that could not be read, or raise when the cause is not the data:
+    an object store's reads fail for the network, the credentials or a full local cache (exit 3, like
+    any command that cannot reach its data), never for damage, which the sizes and hashes find."""
+    if catalog.root is None and isinstance(e, (StorageError, OSError)) and \
+            not isinstance(e, (LineageError, FileNotFoundError)):
+        raise StorageError(f"{catalog.url}/{rec.path}: cannot read ({str(e)[:200]})",
+                           hint="check the network, the credentials and free space in the cache, then run again "
+                                "(the shard itself was not found damaged)") from None
+    return {"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}
+
+
 def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None = None) -> dict | None:
     _go_on(stop, rec.path)
     try:
         size = catalog.store.size(rec.path)
     except (OSError, DsbuildError) as e:
-        return {"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}
+        return _unreadable(catalog, rec, e)
     if size is None:
         return {"shard": rec.path, "problem": "missing"}
     if size != rec.bytes:
@@ -83,7 +95,7 @@ def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None
     except PermissionError as e:
         raise _not_allowed(catalog, rec, e) from None
     except (OSError, DsbuildError) as e:
-        return {"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}
+        return _unreadable(catalog, rec, e)
     if not h.ok():
         return {"shard": rec.path, "problem": "altered", "detail": h.mismatch()}
     return None
@@ -102,7 +114,7 @@ def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: lis
     except PermissionError as e:
         raise _not_allowed(catalog, rec, e) from None
     except (OSError, DsbuildError) as e:
-        return [{"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}]
+        return [_unreadable(catalog, rec, e)]
     return [{"sample": key, "shard": rec.path, "problem": "bad locator", "detail": why} for key, why in found]
 
 

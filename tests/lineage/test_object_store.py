@@ -108,6 +108,24 @@ def test_a_dropped_connection_mid_read_is_retried_and_data_is_identical(s3, remo
     assert s3.drops == drops + 1 and path.stat().st_size == big.bytes
 
 
+def test_a_network_that_cannot_deliver_shards_is_an_environment_error_not_damage(s3, remote):
+    """verify (and validate) reported every shard of a sound remote catalog "unreadable": exit 1 and
+    REJECTED, as if the data were damaged, when the network or the local cache was the cause."""
+    from dsbuild.core.errors import StorageError
+
+    url, _ = remote
+    catalog, vid = open_ref(url)
+    catalog.manifest(vid)
+    s3.down = True
+    try:
+        with pytest.raises(StorageError, match="cannot read") as e:
+            verify(catalog, vid)
+        assert "not found damaged" in e.value.hint
+    finally:
+        s3.down = False
+    assert verify(catalog, vid).ok
+
+
 def test_push_and_pull_copy_only_what_is_missing_with_tags_and_splits(s3, wds_catalog, tmp_path):
     src_path, vid = wds_catalog
     shutil.copytree(src_path, tmp_path / "src")

@@ -113,6 +113,21 @@ def test_the_same_build_restores_a_versions_index_or_session_records(grown, tmp_
     assert other.version_id != v2.version_id
 
 
+def test_a_pinned_file_is_never_read_past_its_pinned_size(grown, tmp_path):
+    """index.parquet and sessions.json were read up to a global cap (4 GiB and 1 GiB) before their hash
+    was checked: a forged large object filled memory first."""
+    import resource
+
+    _, src, _, v2 = grown
+    cat = _copy(src, tmp_path)
+    with open(cat / "versions" / v2.version_id / "index.parquet", "r+b") as f:
+        f.truncate(400 << 20)  # sparse: 400 MB of zeros past the real index
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(LineageError, match="does not match the sha256 pinned"):
+        Catalog.open(cat).index(v2.version_id)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KiB
+
+
 def test_a_setting_given_as_an_int_is_the_same_setting_as_a_float(grown, tmp_path):
     """``clip_seconds=1`` hashed as 1, not 1.0: another version id for the same build, no reuse, and a
     heal command (which passes --clip-seconds 1.0) refused as "other settings ()"."""

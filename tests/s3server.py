@@ -13,12 +13,16 @@ from typing import Iterator
 
 class DroppingProxy:
     """A TCP proxy to the S3 server that, when armed, cuts the next response after ``after`` bytes (every
-    such response while ``down``: a network that lists but cannot deliver)."""
+    such response while ``down``: a network that lists but cannot deliver); while ``silent`` it accepts
+    connections and never answers."""
 
     def __init__(self, target: int, after: int = 40_000):
         self.target, self.after = target, after
         self.armed = False
         self.down = False
+        self.silent = False  # accept connections, never answer (an endpoint that hangs)
+        self.accepted = 0
+        self._held: list = []
         self.drops = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -32,6 +36,10 @@ class DroppingProxy:
                 client, _ = self.sock.accept()
             except OSError:
                 return
+            self.accepted += 1
+            if self.silent:
+                self._held.append(client)  # read nothing, answer nothing
+                continue
             upstream = socket.create_connection(("127.0.0.1", self.target))
             threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()

@@ -30,6 +30,9 @@ from dsbuild.core.files import inside, open_regular, read_capped, replace_atomic
 _SEGMENT = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9._-]{0,254})")
 RANGE_BYTES = 8 << 20
 RETRIES = 5
+DEADLINE = 60.0  # seconds: one request's retries end here, however many are left
+CONNECT_TIMEOUT = 5  # seconds: an S3 endpoint that does not accept a connection by then is down
+READ_TIMEOUT = 20  # seconds without a byte from a connected S3 endpoint: it will not answer
 CACHE_LIMIT = 20 << 30  # shards kept locally for a remote catalog; DSBUILD_CACHE_BYTES overrides
 PART_GRACE = 3600.0  # seconds: a partial download older than this was killed (one write per 8 MiB range)
 
@@ -170,7 +173,7 @@ def _fsspec(url: str):
         raise UsageError(f"{url[:200]}: no file system is known for {scheme[:20]!r}://",
                          hint="a local folder, or an fsspec URL such as s3://bucket/catalog")
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **_options(scheme))
     except ImportError as e:  # a known protocol whose package is not installed (gcsfs for gs://, ...)
         if scheme in ("s3", "s3a"):
             raise MissingDependency(f"{url} ({e})", "s3") from None
@@ -178,7 +181,19 @@ def _fsspec(url: str):
                            hint="install the package it names (the s3 extra covers only s3://)") from None
     except ValueError as e:
         raise UsageError(f"{url[:200]}: {str(e)[:200]}") from None
+    if scheme in ("s3", "s3a"):
+        fs.retries = 1  # s3fs's own loop (a class attribute, not an option)
     return fs, path.rstrip("/")
+
+
+def _options(scheme: str) -> dict:
+    """s3fs and botocore try each request once, bounded by the timeouts: ``retry`` is the one retry loop.
+    Their own retries, each waiting out a read timeout, multiplied by ours kept a command on an endpoint
+    that accepts connections and never answers for many minutes."""
+    if scheme not in ("s3", "s3a"):
+        return {}
+    return {"config_kwargs": {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
+                              "retries": {"total_max_attempts": 1}}}
 
 
 def _network_cause(e: FileNotFoundError) -> OSError | None:
@@ -191,7 +206,9 @@ def _network_cause(e: FileNotFoundError) -> OSError | None:
 
 def retry(what: str, fn: Callable):
     """Run ``fn`` and retry transient I/O failures (dropped connections, timeouts) with backoff; give up
-    with a StorageError naming ``what``. A missing object is not transient: FileNotFoundError passes."""
+    with a StorageError naming ``what`` after ``RETRIES`` tries or ``DEADLINE`` seconds. A missing object is
+    not transient: FileNotFoundError passes."""
+    started = time.monotonic()
     for attempt in range(RETRIES):
         try:
             return fn()
@@ -203,7 +220,8 @@ def retry(what: str, fn: Callable):
             if "NoSuchKey" in type(e).__name__:
                 raise FileNotFoundError(what) from None
             failure = e
-        if attempt == RETRIES - 1 or isinstance(failure, (FormatError, PermissionError)):
+        if attempt == RETRIES - 1 or time.monotonic() - started > DEADLINE or \
+                isinstance(failure, (FormatError, PermissionError)):
             raise StorageError(f"{what}: {type(failure).__name__}: {str(failure)[:200]}",
                                hint="check the URL, credentials and network, then run again") from None
         time.sleep(0.05 * 2 ** attempt)

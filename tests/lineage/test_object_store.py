@@ -126,6 +126,25 @@ def test_a_network_that_cannot_deliver_shards_is_an_environment_error_not_damage
     assert verify(catalog, vid).ok
 
 
+def test_an_endpoint_that_never_answers_is_a_storage_error_after_our_retries_alone(s3, monkeypatch):
+    """s3fs's retries and botocore's, each waiting out a 60-s read timeout, multiplied by ours: a command
+    on an endpoint that accepts connections and never answers ran for many minutes. Now each request is
+    tried by our loop alone, bounded by the timeouts and a deadline (shortened here)."""
+    import dsbuild.core.store as store
+    from dsbuild.core.errors import StorageError
+
+    monkeypatch.setattr(store, "READ_TIMEOUT", 1)
+    monkeypatch.setattr(store, "DEADLINE", 3.0)
+    before = s3.accepted
+    s3.silent = True
+    try:
+        with pytest.raises(StorageError, match="s3://data/silent"):
+            Catalog.open("s3://data/silent")
+    finally:
+        s3.silent = False
+    assert s3.accepted - before <= store.RETRIES  # one connection a try, no retries under ours
+
+
 def test_push_and_pull_copy_only_what_is_missing_with_tags_and_splits(s3, wds_catalog, tmp_path):
     src_path, vid = wds_catalog
     shutil.copytree(src_path, tmp_path / "src")

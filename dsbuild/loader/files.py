@@ -87,21 +87,38 @@ class ShardFiles:
         self._hash_locks: dict[int, threading.Lock] = {}
         self.opened = 0  # files opened so far (a test and the stats read it)
 
-    def _path(self, shard: int) -> str:
-        try:
-            return str(self.catalog.shard_file(self.shards[shard]))  # remote: a verified cached copy
-        except OSError as e:
-            raise storage_error(f"{self.shards[shard].path}: cannot fetch shard", e) from None
+    def _path(self, shard: int) -> tuple[str, int | None]:
+        """The shard's file; for a remote catalog its verified cached copy, opened at once: processes
+        sharing the cache evict each other's copies, and the descriptor keeps this one readable (one
+        evicted before it could be opened is fetched again)."""
+        rec = self.shards[shard]
+        for attempt in (0, 1):
+            try:
+                path = str(self.catalog.shard_file(rec))
+                if self.catalog.root is not None:
+                    return path, None
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self.opened += 1
+                return path, fd
+            except FileNotFoundError as e:
+                if attempt:
+                    raise storage_error(f"{rec.path}: cannot fetch shard", e) from None
+            except OSError as e:
+                raise storage_error(f"{rec.path}: cannot fetch shard", e) from None
+        raise AssertionError("unreachable")
 
     @contextmanager
     def handle(self, shard: int) -> Iterator[_Handle]:
         with self._lock:
             h = self._open.get(shard)
-        path = self._path(shard) if h is None else None  # outside the lock: a remote shard may download
+        path, fd = self._path(shard) if h is None else (None, None)  # outside the lock: a remote one downloads
         with self._lock:
             h = self._open.get(shard)
             if h is None:
                 h = self._open[shard] = _Handle(path)
+                h.fd, fd = fd, None
+            if fd is not None:  # another thread opened it meanwhile
+                os.close(fd)
             self._open.move_to_end(shard)
             h.users += 1
             self._evict()  # (after counting this user: with a limit of 1 it evicted the handle it had just made)
@@ -142,8 +159,9 @@ class ShardFiles:
     def reader(self, shard: int) -> Iterator[ShardReader]:
         """The format's reader of ``shard``, held by one thread at a time."""
         with self.handle(shard) as h, h.lock:
-            if h.reader is None:
-                h.reader = self.format.reader(h.path)
+            if h.reader is None:  # (a remote shard's copy through its descriptor: it may be evicted by now)
+                local = self.catalog.root is not None
+                h.reader = self.format.reader(h.path if local else f"/proc/self/fd/{h.fd}")
                 self.opened += 1
             yield h.reader
 
@@ -186,7 +204,7 @@ class ShardFiles:
         """Map ``h``'s file through a descriptor of its own (``h.fd`` may be in use by a read), closed at
         once; a file of another size, or one the file system will not map, is marked to be read."""
         try:
-            fd = os.open(h.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.dup(h.fd) if h.fd is not None else os.open(h.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:
             raise storage_error(f"{h.path}: cannot open shard", e) from None
         self.opened += 1

@@ -145,6 +145,33 @@ def test_an_endpoint_that_never_answers_is_a_storage_error_after_our_retries_alo
     assert s3.accepted - before <= store.RETRIES  # one connection a try, no retries under ours
 
 
+def test_loader_processes_sharing_a_small_shard_cache_all_read_every_epoch(s3, remote, tmp_path):
+    """Ranks on one machine share DSBUILD_CACHE. With a budget of one shard, each process's
+    downloads evicted copies another had just been handed, which then failed to open: "cannot open
+    shard: No such file or directory". A copy is now opened as it is handed over (an eviction cannot
+    take it away) and one evicted before that is fetched again."""
+    import subprocess
+    import sys
+
+    url, r = remote
+    catalog, vid = open_ref(url)
+    shards = catalog.manifest(vid).shards
+    assert len(shards) >= 4
+    code = ("from dsbuild.loader import Loader\n"
+            "n = 0\n"
+            "for epoch in range(3):\n"
+            f"    with Loader({url!r}, decode='bytes', batch_size=2, seed=epoch, verify='shard') as loader:\n"
+            "        n += sum(len(b['keys']) for b in loader)\n"
+            "print(n)\n")
+    env = {**os.environ, "DSBUILD_CACHE": str(tmp_path / "shared"),
+           "DSBUILD_CACHE_BYTES": str(max(s.bytes for s in shards) + 1)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-600:] for _, err in outs]
+    assert {out.strip() for out, _ in outs} == {str(3 * r.samples)}
+
+
 def test_push_and_pull_copy_only_what_is_missing_with_tags_and_splits(s3, wds_catalog, tmp_path):
     src_path, vid = wds_catalog
     shutil.copytree(src_path, tmp_path / "src")

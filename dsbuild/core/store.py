@@ -263,8 +263,12 @@ class FsspecStore:
             raise FormatError(f"{self.url}/{key}: larger than the limit of {cap} bytes")
         if proven is not None and proven(data):
             p = self._cached(key)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            replace_atomically(p, data)
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                replace_atomically(p, data)
+            except OSError as e:  # the local cache, not the store: say so (it named the remote key)
+                raise StorageError(f"{self.cache}: cannot write the local cache ({e.strerror or e})",
+                                   hint="DSBUILD_CACHE must name a writable folder with free space") from None
         return data
 
     def exists(self, key: str) -> bool:

@@ -172,6 +172,17 @@ def test_loader_processes_sharing_a_small_shard_cache_all_read_every_epoch(s3, r
     assert {out.strip() for out, _ in outs} == {str(3 * r.samples)}
 
 
+def test_an_unwritable_local_cache_is_named_not_the_remote_key(s3, remote, tmp_path, monkeypatch):
+    from dsbuild.core.errors import StorageError
+
+    url, r = remote
+    (tmp_path / "afile").write_text("not a folder")
+    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "afile"))
+    with pytest.raises(StorageError, match="cannot write the local cache") as e:
+        Catalog.open(url).manifest(r.version_id)
+    assert "DSBUILD_CACHE" in e.value.hint  # it blamed s3://.../commit.json: "cannot read (Not a directory)"
+
+
 def test_push_and_pull_copy_only_what_is_missing_with_tags_and_splits(s3, wds_catalog, tmp_path):
     src_path, vid = wds_catalog
     shutil.copytree(src_path, tmp_path / "src")

@@ -52,6 +52,11 @@ def staged(url: str) -> Iterator[Path]:
     keys = store.list("")
     if not keys:
         raise UsageError(f"{url}: capture folder does not exist or is empty")
+    folders = {k[:i] for k in keys for i in range(len(k)) if k[i] == "/"}
+    both = sorted(folders.intersection(keys))
+    if both:  # an object store can hold `x` and `x/y`; a folder cannot
+        raise UsageError(f"{url}/{both[0]}: is both an object and a folder ({both[0]}/... exists); a capture "
+                         "folder cannot hold both", hint="rename or remove one of them in the bucket")
     base = cache_root()
     base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="dsbuild-captures-", dir=base))

@@ -53,6 +53,14 @@ def test_captures_on_s3_give_the_same_version(s3, captures, remote, tmp_path):
     _fs().put(str(captures), "data/captures", recursive=True)
     r = convert("s3://data/captures", tmp_path / "cat", CONFIG, executor=ExecutorSpec(workers=1))
     assert r.version_id == remote[1].version_id
+    # an object `notes` beside `notes/a.txt` cannot be staged as files: the key is named (was "File exists"
+    # on a temporary path)
+    _fs().pipe("data/both/notes", b"x")
+    _fs().pipe("data/both/notes/a.txt", b"y")
+    from dsbuild.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="s3://data/both/notes: is both an object and a folder"):
+        convert("s3://data/both", tmp_path / "cat2", CONFIG, executor=ExecutorSpec(workers=1))
 
 
 def test_a_version_without_its_manifest_is_invisible(remote):

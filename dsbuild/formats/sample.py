@@ -25,6 +25,7 @@ SAMPLE_FORMAT = "dsbuild.sample/2"
 KEY_PATTERN = r"[A-Za-z0-9_-]{1,80}"
 KEY_RE = re.compile(KEY_PATTERN)
 VIDEO_EXT = "mp4"  # every clip of every version is MP4: one member name for every reader
+GAP_SECONDS = 1.0  # no frame for longer than this is a gap in the recording, which no clip's window spans
 # Member extensions in canonical order (the order of tar members and of the hash).
 MEMBERS = ("json", VIDEO_EXT, "actions.npy", "telemetry.npy", "timestamps.npy", "events.jsonl.zst")
 ARRAY_MEMBERS = MEMBERS[2:5]

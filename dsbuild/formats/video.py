@@ -37,14 +37,13 @@ from dsbuild.core.errors import FormatError
 from dsbuild.core.files import UnsafeFile, open_regular
 from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, covers, open_audio
 from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, check_mp4_video, demux_only, monotonic_dts, mp4_tag, why
-from dsbuild.formats.sample import VIDEO_EXT
+from dsbuild.formats.sample import GAP_SECONDS, VIDEO_EXT
 from dsbuild.formats.transcode import ClipEncoder, TranscodeSpec, parse_transcode
 
 MAX_PIXELS = 8192 * 8192  # a declared resolution beyond this is hostile or broken, not a game capture
 CUT_EPS = 1e-3  # seconds; keyframe times are rationals, compare with a tolerance below one frame
 CONTAINER = "mp4"
 TRIM_TRIES = 3  # decode-and-trim rounds for the final clip of a truncated file
-GAP_SECONDS = 1.0  # no frame for longer than this is a gap in the recording, not a stutter
 
 
 def seconds(ticks: int, time_base: Fraction) -> float:

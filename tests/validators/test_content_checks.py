@@ -252,6 +252,10 @@ def test_video_problems_apply_the_spec_tolerances():
     assert [c for c, _ in bad] == ["frame_count", "fps", "resolution", "duration", "audio"]
     dark = video_problems({**VIDEO, "luma_max": 3.0, "motion": 0.5}, EXPECT, spec, False)
     assert [c for c, _ in dark] == ["black_clips", "frozen_clips"]
+    # a window over a gap in the recording (a capture card that lost its signal), as convert cut it before
+    assert video_problems(VIDEO, {**EXPECT, "window_end": 1.0}, spec, False) == []
+    [(check, why)] = video_problems(VIDEO, {**EXPECT, "window_end": 58.9}, spec, False)
+    assert check == "duration" and "past its last frame" in why
 
 
 def test_audio_must_start_and_end_with_the_video_and_where_the_metadata_says():

@@ -107,7 +107,8 @@ CHECKS = (
        "clip(s) with a wrong resolution", sample=video_finding("resolution")),
     _c("duration", "The decoded span (frames / frame rate) matches the span of the sample's timestamps, the "
        "frames convert carried after dropping (and counting) undecodable ones; timestamps must lie in the "
-       "window (timestamps).", "max_duration_mismatches", "clip(s) with a wrong duration",
+       "window (timestamps), and the window may not run more than 1 s past its last frame (a gap in the "
+       "recording).", "max_duration_mismatches", "clip(s) with a wrong duration",
        sample=video_finding("duration"), run=_duration,
        extra=(Threshold("duration_tolerance_frames", 1.5, "number",
                         "frames; the last frame's length is an estimate, plus jitter"),)),

@@ -91,21 +91,20 @@ class ShardFiles:
         """The shard's file; for a remote catalog its verified cached copy, opened at once: processes
         sharing the cache evict each other's copies, and the descriptor keeps this one readable (one
         evicted before it could be opened is fetched again)."""
-        rec = self.shards[shard]
-        for attempt in (0, 1):
+        rec, flags = self.shards[shard], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        try:
+            path = str(self.catalog.shard_file(rec))
+            if self.catalog.root is not None:
+                return path, None
             try:
+                fd = os.open(path, flags)
+            except FileNotFoundError:  # evicted before it could be opened
                 path = str(self.catalog.shard_file(rec))
-                if self.catalog.root is not None:
-                    return path, None
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                self.opened += 1
-                return path, fd
-            except FileNotFoundError as e:
-                if attempt:
-                    raise storage_error(f"{rec.path}: cannot fetch shard", e) from None
-            except OSError as e:
-                raise storage_error(f"{rec.path}: cannot fetch shard", e) from None
-        raise AssertionError("unreachable")
+                fd = os.open(path, flags)
+        except OSError as e:
+            raise storage_error(f"{rec.path}: cannot fetch shard", e) from None
+        self.opened += 1
+        return path, fd
 
     @contextmanager
     def handle(self, shard: int) -> Iterator[_Handle]:

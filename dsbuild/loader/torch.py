@@ -126,10 +126,9 @@ class TorchDataset(IterableDataset):
         info = get_worker_info()
         if info is None:
             for step, after in self.loader.steps():
-                if step is not None:
-                    batch = self._batch(step, after, local_batch)
+                batch = None if step is None else self._batch(step, after, local_batch)
                 self.loader.position = after
-                if step is None:
+                if batch is None:
                     return
                 yield batch
             return

@@ -254,6 +254,9 @@ def run(args: list[str], command=None) -> int:
         return 0
     command_name = next((a for a in head if a in COMMANDS), None)
     command = command or build_command()
+    catalog = sys.modules.get("dsbuild.lineage.catalog")
+    if catalog is not None:  # (a command run in a process that ran others: only its own commits count)
+        catalog.PUBLISHED.clear()
     try:
         with command.make_context("dsbuild", list(args)) as ctx:
             command.invoke(ctx)

@@ -1,3 +1,3 @@
 """dsbuild: raw game captures -> versioned, validated, deterministic training datasets."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -537,13 +537,10 @@ class Catalog:
         """The version exists: write back any file its manifest pins that is missing or damaged (a build
         of that very version made them again, byte for byte; every other file of it is left alone)."""
         for pin in (manifest.index, manifest.sessions):
-            key = f"versions/{vid}/{pin.path}"
             try:
-                whole = sha256_bytes(self._read(key, pin.bytes + 1)) == pin.sha256
-            except (FileNotFoundError, FormatError):  # gone, or grown past its pinned size
-                whole = False
-            if not whole:
-                self._write(key, pinned[pin.path])
+                self.pinned_file(vid, pin, pin.bytes)
+            except LineageError:  # missing, or not the bytes it pins
+                self._write(f"versions/{vid}/{pin.path}", pinned[pin.path])
 
     def publish(self, vid: str, files: dict[str, bytes], scratch: Path) -> None:
         """Write version ``vid``'s files (name -> bytes, ``manifest.json`` last) with the lock held: on an

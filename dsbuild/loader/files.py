@@ -200,8 +200,9 @@ class ShardFiles:
                 return view if self._judge(shard, now, lambda: _proven([view], rec)) else None
 
     def _map(self, h: _Handle, size: int) -> None:
-        """Map ``h``'s file through a descriptor of its own (``h.fd`` may be in use by a read), closed at
-        once; a file of another size, or one the file system will not map, is marked to be read."""
+        """Map ``h``'s file through a descriptor of its own (a duplicate of ``h.fd`` where the handle holds
+        one: a remote copy may have been evicted since), closed at once; a file of another size, or one the
+        file system will not map, is marked to be read."""
         try:
             fd = os.dup(h.fd) if h.fd is not None else os.open(h.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError as e:

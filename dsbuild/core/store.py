@@ -272,14 +272,14 @@ class FsspecStore:
         return data
 
     def exists(self, key: str) -> bool:
-        """Whether the store holds ``key``. Asked through ``info``, not ``fs.exists``: fsspec's HTTP
+        """Whether the store holds an object ``key``. Asked through ``info``, not ``fs.exists``: fsspec's HTTP
         file system answers False to a refused connection, which made an unreachable server "not a
         catalog"; here only a missing object is False, a network failure a StorageError."""
         try:
-            retry(f"{self.url}/{key}", lambda: self.fs.info(self._remote(key)))
+            info = retry(f"{self.url}/{key}", lambda: self.fs.info(self._remote(key)))
         except FileNotFoundError:
             return False
-        return True
+        return info.get("type") != "directory"  # a prefix (keys under ``key/``) is not the object
 
     def size(self, key: str) -> int | None:
         try:

@@ -214,6 +214,9 @@ class Catalog:
         except (OSError, FormatError) as e:
             raise StorageError(f"{store.url}: cannot read the catalog ({e})") from None
         if not present:
+            if (root / MARKER).is_dir() if root is not None else store.list(MARKER):
+                raise UsageError(f"{store.url}/{MARKER}: is a folder, not the catalog's marker file; "
+                                 "not a dsbuild catalog")
             _refuse_a_ref(str(location))
             if not create:
                 raise UsageError(f"{store.url}: not a dsbuild catalog (no {MARKER})",

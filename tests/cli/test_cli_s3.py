@@ -87,6 +87,20 @@ def test_a_missing_bucket_is_one_clear_line(s3):
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.startswith("error: "), p.stderr
 
 
+def test_a_catalog_marker_that_is_a_folder_is_named_on_s3_and_locally(s3, caps, tmp_path):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    client.put_object(Bucket="data", Key="odd/catalog.json/x", Body=b"not a marker")
+    local = tmp_path / "odd"
+    (local / "catalog.json").mkdir(parents=True)
+    for where in ("s3://data/odd", local):
+        for args in (("log", where), ("convert", caps, where)):
+            p = run(*args, extra_env=s3, check=2)
+            assert p.stderr.startswith(f"error: {where}/catalog.json: is a folder"), p.stderr
+
+
 def test_push_and_pull_copy_a_version_with_its_tags_and_split_sets(s3, remote, tmp_path):
     vid, _ = remote
     local = tmp_path / "pulled"

@@ -93,7 +93,7 @@ def parse_pin(text: str) -> tuple[str, Path]:
 def read_pin_file(path: Path) -> tuple[str, ...]:
     """Group values, one per line, each exactly as the line holds it (NFC; spaces are part of a value, as
     they are of group values: stripping them pinned another group); blank lines and lines starting with
-    '#' are skipped."""
+    '#' are skipped, and a leading backslash is dropped (``\\#7`` pins the value ``#7``)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -108,8 +108,9 @@ def read_pin_file(path: Path) -> tuple[str, ...]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: pin file is not UTF-8 (byte {e.start})") from None
-    values = [unicodedata.normalize("NFC", line) for line in text.splitlines()]  # as group values are
-    return tuple(sorted({v for v in values if v.strip() and not v.startswith("#")}))
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    values = [line[1:] if line.startswith("\\") else line for line in lines]
+    return tuple(sorted({unicodedata.normalize("NFC", v) for v in values}))  # as group values are
 
 
 @dataclass(frozen=True)

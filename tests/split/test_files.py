@@ -354,6 +354,20 @@ def test_a_pin_line_is_its_group_value_exactly_spaces_and_all(tmp_path):
     assert set(load_split(tmp_path / "catalog", r.version_id, "p/test")["group_value"].to_pylist()) == {" Alice"}
 
 
+def test_a_group_value_starting_with_a_hash_is_pinned_by_a_backslash(tmp_path):
+    """'#' starts a comment line, so a player called "#7" could not be pinned at all."""
+    video = VideoSpec(160, 120, 30, 30)
+    players = ["#7", "\\x", "Bob", "Cy"]
+    specs = [SessionSpec(f"s-{i}", "Kart Storm", p, video) for i, p in enumerate(players)]
+    generate(tmp_path / "captures", sessions=4, seconds=1.0, seed=5, specs=specs)
+    r = convert(tmp_path / "captures", tmp_path / "catalog", ConvertConfig(clip_seconds=1.0),
+                executor=ExecutorSpec(workers=1))
+    pin = tmp_path / "pin.txt"
+    pin.write_text("# held out\n\\#7\n\\\\x\n")
+    make_split(tmp_path / "catalog", r.version_id, "p", SplitOptions(ratios="train=0.5,test=0.5", pins=[("test", pin)]))
+    assert set(load_split(tmp_path / "catalog", r.version_id, "p/test")["group_value"].to_pylist()) == {"#7", "\\x"}
+
+
 def test_unknown_pinned_group_is_one_clear_line_and_exit_2(catalog, tmp_path):
     cat, vid = catalog
     pin = tmp_path / "pin.txt"

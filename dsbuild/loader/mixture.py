@@ -31,3 +31,11 @@ def schedule(weights: np.ndarray, seed: int, start: int, count: int) -> np.ndarr
     j = np.arange(start, start + count, dtype=np.float64)
     u = np.mod(phase + j * PHI, 1.0)
     return np.minimum(np.searchsorted(np.cumsum(weights), u, side="right"), len(weights) - 1)
+
+
+def schedule_counts(weights: np.ndarray, seed: int, count: int, block: int = 1 << 20) -> list[int]:
+    """How many of global batches (or slots) [0, count) go to each source, in blocks of bounded memory."""
+    out = np.zeros(len(weights), dtype=np.int64)
+    for start in range(0, count, block):
+        out += np.bincount(schedule(weights, seed, start, min(block, count - start)), minlength=len(weights))
+    return out.tolist()

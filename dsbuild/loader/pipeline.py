@@ -35,7 +35,7 @@ from dsbuild.loader.crop import kept_frames
 from dsbuild.loader.device import Transfer, resolve_device
 from dsbuild.loader.epoch import EpochPlan
 from dsbuild.loader.files import ShardFiles
-from dsbuild.loader.mixture import normalise
+from dsbuild.loader.mixture import normalise, schedule_counts
 from dsbuild.loader.options import LoaderOptions, order_options, with_overrides
 from dsbuild.loader.pace import Pace
 from dsbuild.loader.permutation import derive_key, permute
@@ -47,6 +47,8 @@ from dsbuild.loader.state import Cursor, LoaderState
 from dsbuild.loader.stats import Stats
 from dsbuild.loader.walk import (Position, SampleRef, Step, rank_steps, sample_chunk_batches, step_items, walk_batches,
                                  walk_samples)
+
+DRAWN_CHECK_MAX = 1 << 27  # global batches of a restored mixture's schedule recounted (see ``_check_drawn``)
 
 
 class _Process:
@@ -218,6 +220,7 @@ class Mixture:
             if c.at > limit:
                 raise FormatError(f"loader checkpoint: cursors[{k}].at = {c.at} is past the end of epoch {c.epoch} "
                                   f"({limit})")
+        self._check_drawn(theirs)
         if theirs.inner:  # batches of the planning chunk at the cursors consumed (mix="sample" only)
             cursors = tuple((c.epoch, c.at) for c in theirs.cursors)
             chunk = [] if self.options.mix == "batch" else sample_chunk_batches(
@@ -227,6 +230,25 @@ class Mixture:
                                   f"{len(chunk)} batch(es) (mix={self.options.mix})")
         self.position = Position(theirs.position, tuple((c.epoch, c.at) for c in theirs.cursors), theirs.inner)
         self._generation += 1  # a loop running now goes on from here (see ``__iter__``)
+
+    def _check_drawn(self, theirs: LoaderState) -> None:
+        """mix="batch": the ``position`` global batches consumed are the batches the cursors say the sources
+        gave, and the schedule's first ``position`` draw exactly that many from each (an edited position
+        would deal the next batches to other sources than the run did). Checked where an epoch's batch
+        count is closed form (plain batches; bucketed or packed epochs would be planned one by one), the
+        schedule up to ``DRAWN_CHECK_MAX`` batches (~5 s)."""
+        if self.options.mix != "batch" or not all(p.spec.simple for p in self.plans):
+            return
+        gave = [p.batches_in_epoch(0) * c.epoch + c.at for p, c in zip(self.plans, theirs.cursors)]
+        if sum(gave) != theirs.position:
+            raise FormatError(f"loader checkpoint: position = {theirs.position}, but the cursors say the sources "
+                              f"gave {sum(gave)} batches ({gave})")
+        if len(gave) < 2 or theirs.position > DRAWN_CHECK_MAX:
+            return
+        drawn = schedule_counts(self.weights, self.options.seed, theirs.position)
+        if drawn != gave:
+            raise FormatError(f"loader checkpoint: position = {theirs.position} draws {drawn} batches from the "
+                              f"sources, but the cursors say they gave {gave}")
 
     def state_after(self, batch: dict) -> dict:
         """The checkpoint to save after consuming ``batch`` from ``as_torch_dataset()`` or ``as_jax_iterator``."""

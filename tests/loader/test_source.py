@@ -136,6 +136,34 @@ def test_an_inner_position_past_its_planning_chunk_is_refused(cat, mix, past):
     assert len(list(resumed)) == (1 if mix == "sample" else n)
 
 
+def test_a_position_the_cursors_do_not_account_for_is_refused(cat, wds_catalog):
+    """The global position was taken as written: an edited one made a per-batch mixture deal the next
+    batches to other sources than the uninterrupted run (no error, another order)."""
+    from dsbuild.loader import Mixture
+
+    ref, _ = cat
+
+    def mixture():
+        return Mixture([(ref, None, 0.7), (str(wds_catalog[0]), None, 0.3)], decode="bytes", batch_size=1, seed=2)
+
+    m = mixture()
+    batches = iter(m)
+    sources = [next(batches)["source"][0] for _ in range(20)]
+    state = m.state_dict()
+    nxt = next(batches)["source"][0]
+    other = 1 - nxt  # one more batch, credited to the source the schedule does not give it to
+    cursors = [dict(c) for c in state["cursors"]]
+    cursors[other]["at"] += 1
+    for bad, message in [({**state, "position": 25}, "position = 25, but the cursors say the sources gave 20"),
+                         ({**state, "position": 21, "cursors": cursors}, "position = 21 draws .* but the cursors say")]:
+        with pytest.raises(FormatError, match=message):
+            mixture().load_state_dict(bad)
+    assert sources.count(0) == state["cursors"][0]["at"]  # the checks' premise, on the run itself
+    single = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    with pytest.raises(FormatError, match="position = 7, but the cursors say the sources gave 0"):
+        single.load_state_dict({**single.state_dict(), "position": 7})
+
+
 def test_state_is_small_json_and_lists_exactly_the_order_options(cat):
     ref, _ = cat
     _, state = run(ref, n=2)

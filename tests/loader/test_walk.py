@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dsbuild.loader.epoch import EpochPlan
-from dsbuild.loader.mixture import normalise, schedule
+from dsbuild.loader.mixture import normalise, schedule, schedule_counts
 from dsbuild.loader.plan import PlanSpec
 from dsbuild.loader.walk import End, Position, rank_steps, step_items, walk_batches, walk_samples
 
@@ -160,6 +160,24 @@ def test_mixture_schedule_matches_weights_within_one_percent_from_any_start():
         for start in (0, 12345):
             counts = np.bincount(schedule(w, seed=seed, start=start, count=10_000), minlength=len(w)) / 10_000
             assert np.all(np.abs(counts - w) < 0.01)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 4), st.integers(0, 2**31),
+       st.integers(0, 300), st.booleans(), st.integers(1, 64))
+def test_every_position_of_a_batch_walk_is_what_the_restore_check_recounts(sizes, batch, seed, steps, stop, block):
+    """The invariant ``load_state_dict`` checks (``_check_drawn``): after any number of global batches, ended
+    epochs included, each source gave (plain batches a whole epoch) x epoch + at batches, those sum to the
+    position, and the schedule's first ``position`` batches draw exactly that many from each source."""
+    plans, _ = make_plans(sizes, batch, seed)
+    w = normalise([1.0 + k for k in range(len(sizes))])
+    pos = Position(0, tuple((0, 0) for _ in sizes))
+    for step in itertools.islice(walk_batches(pos, plans, w, seed, stop), steps):
+        pos = step.at if isinstance(step, End) else step.after
+    gave = [p.batches_in_epoch(0) * e + a for p, (e, a) in zip(plans, pos.cursors)]
+    assert sum(gave) == pos.step
+    assert schedule_counts(w, seed, pos.step, block) == gave == np.bincount(
+        schedule(w, seed, 0, pos.step), minlength=len(sizes)).tolist()
 
 
 def test_golden_vectors_pin_the_mixture_schedule_and_the_walks():

@@ -327,9 +327,15 @@ class FsspecStore:
         return retry(f"{self.url}/{key}", lambda: self.fs.cat_file(self._remote(key), start=start, end=end))
 
     def shard_file(self, key: str, sha256: str, size: int) -> Path:
+        return self._cache().path(key, sha256, size)
+
+    def drop_shard_file(self, key: str, sha256: str, same: Callable[[os.stat_result], bool]) -> None:
+        self._cache().drop(key, sha256, same)
+
+    def _cache(self) -> ShardCache:
         if self._shards is None:
             self._shards = ShardCache(self)
-        return self._shards.path(key, sha256, size)
+        return self._shards
 
 
 def open_store(location: str | Path) -> Store:
@@ -387,6 +393,18 @@ class ShardCache:
                 tmp.unlink(missing_ok=True)
             self.downloads += 1
             return local
+
+    def drop(self, key: str, sha256: str, same: Callable[[os.stat_result], bool]) -> None:
+        """Remove the cached copy of shard ``key`` if it is still the file ``same`` recognises (one found
+        damaged on local disk: the next ``path`` fetches it again; a fresh copy another process put in its
+        place since is kept)."""
+        local = self.dir / f"{sha256}{Path(check_key(key)).suffix}"
+        with self._lock:
+            try:
+                if same(local.stat()):
+                    local.unlink()
+            except FileNotFoundError:
+                pass
 
     def _evict(self, incoming: int) -> None:
         """Oldest shards out until ``incoming`` bytes fit; temp files of downloads that were killed (older

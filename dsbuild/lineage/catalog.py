@@ -353,9 +353,27 @@ class Catalog:
             self._sessions[version_id] = table
         return self._sessions[version_id]
 
-    def shard_file(self, record: ShardRecord) -> Path:
-        """A local file holding the shard (an object store's shards come through a verified cache)."""
+    def shard_file(self, record: ShardRecord, *, proven: bool = False) -> Path:
+        """A local file holding the shard (an object store's shards come through a cache, verified on
+        arrival). ``proven``: an object store's cached copy is hashed against the record first, and one
+        damaged on local disk since it arrived is fetched again (the store's bytes are what is judged)."""
+        path = self.store.shard_file(record.path, record.sha256, record.bytes)
+        if not proven or self.root is not None:
+            return path
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if record.proof().feed(f).ok():
+                return path
+        self.drop_shard_copy(record, lambda now: (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
         return self.store.shard_file(record.path, record.sha256, record.bytes)
+
+    def drop_shard_copy(self, record: ShardRecord, same: Callable[[os.stat_result], bool]) -> bool:
+        """An object store's local copy of the shard, found damaged, removed (if ``same`` recognises it) so
+        that the next ``shard_file`` fetches it again; False for a local catalog, whose file is the data."""
+        if self.root is not None:
+            return False
+        self.store.drop_shard_file(record.path, record.sha256, same)
+        return True
 
     # -- names ----------------------------------------------------------------------------------
     def tags(self) -> dict[str, str]:

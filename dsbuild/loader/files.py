@@ -84,6 +84,7 @@ class ShardFiles:
         self._lock = threading.Lock()
         self._trusted: dict[int, tuple] = {}  # shard -> file identity when its hash matched
         self._damaged: set[int] = set()
+        self._fetched_again: set[int] = set()  # remote shards whose damaged local copy was dropped
         self._hash_locks: dict[int, threading.Lock] = {}
         self.opened = 0  # files opened so far (a test and the stats read it)
 
@@ -253,8 +254,35 @@ class ShardFiles:
         if prove():
             self._trusted[shard] = ident
             return True
-        self._damaged.add(shard)
+        if not self.drop_copy(shard, ident):
+            self._damaged.add(shard)
         return False
+
+    def suspect(self, shard: int) -> None:
+        """A sample read from ``shard`` did not hash to its record: a remote shard's copy is dropped
+        (``drop_copy``), a local one is what it is."""
+        if self.catalog.root is None:
+            with self.handle(shard) as h:
+                ident = _identity(os.fstat(self.fd(h)))
+            self.drop_copy(shard, ident)
+
+    def drop_copy(self, shard: int, ident: tuple) -> bool:
+        """A remote shard's local copy (file identity ``ident``) found damaged: removed from the shard cache
+        and from the open handles, once per process, so that its next read fetches it again (a copy damaged
+        on local disk was otherwise used, and its samples replaced, until the cache evicted it). False for a
+        local shard, or one fetched again already."""
+        with self._lock:
+            if shard in self._fetched_again:
+                return False
+            self._fetched_again.add(shard)
+        if not self.catalog.drop_shard_copy(self.shards[shard], lambda st: _identity(st)[:2] == ident[:2]):
+            return False
+        with self._lock:
+            self._trusted.pop(shard, None)
+            h = self._open.pop(shard, None)
+            if h is not None and h.users == 0:
+                h.close()  # (in use: closed by its last user, as an evicted handle is)
+        return True
 
     def close(self) -> None:
         with self._lock:

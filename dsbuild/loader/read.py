@@ -89,7 +89,10 @@ class SampleReader:
         read = {s for s, r in zip(shards, got) if isinstance(r, RawSample)}
         # verify="shard": each shard's trust is asked once per read, not per sample
         trusted = {s for s in read if self.files.trusted(s)} if self.verify == "shard" else set()
-        return [r if not isinstance(r, RawSample) or s in trusted else self._hashed(r) for s, r in zip(shards, got)]
+        out = [r if not isinstance(r, RawSample) or s in trusted else self._hashed(r) for s, r in zip(shards, got)]
+        for s in {s for s, r, o in zip(shards, got, out) if isinstance(r, RawSample) and not isinstance(o, RawSample)}:
+            self.files.suspect(s)  # a remote shard's local copy: fetched again for the next read
+        return out
 
     def spans(self, idx: np.ndarray) -> Spans | None:
         """Samples ``idx`` as places in their shards' mappings; None where the general ``read`` must run

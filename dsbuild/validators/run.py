@@ -115,7 +115,7 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
         if rec.path in skip:
             continue
         try:
-            path = str(catalog.shard_file(rec))
+            path = str(catalog.shard_file(rec, proven=True))  # (a cached copy damaged locally: fetched again)
         except (DsbuildError, OSError) as e:  # e.g. an object store's bytes fail the cache's sha256 check
             facts.lost += [(r.key, f"in shard {rec.path}, which cannot be read ({str(e)[:160]})")
                            for r in by_shard[rec.path]]

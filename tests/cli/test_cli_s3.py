@@ -101,6 +101,32 @@ def test_a_catalog_marker_that_is_a_folder_is_named_on_s3_and_locally(s3, caps, 
             assert p.stderr.startswith(f"error: {where}/catalog.json: is a folder"), p.stderr
 
 
+def test_validate_judges_the_bucket_not_a_cached_copy_damaged_on_local_disk(s3, remote, catalog):
+    """A shard copy in the local cache damaged after it arrived (right size, so trusted) made `validate
+    --level full` reject a sound catalog on S3, on every run until the cache evicted the copy."""
+    from pathlib import Path
+
+    from dsbuild.lineage.catalog import Catalog
+
+    vid, _ = remote
+    local, local_vid = catalog
+    assert local_vid == vid  # the same captures and settings: the same shards, named alike
+    run("validate", "s3://data/cat", "--level", "full", "--quiet", extra_env=s3)  # fills the cache
+    firsts = {}
+    for row in Catalog.open(local).index(vid).to_pylist():
+        if row["shard"] not in firsts or row["byte_offset"] < firsts[row["shard"]]["byte_offset"]:
+            firsts[row["shard"]] = row
+    for shard, row in firsts.items():
+        copy = Path(s3["DSBUILD_CACHE"]) / "shards" / Path(shard).name
+        at = row["byte_offset"] + 1024 + -(-row["member_bytes"][0] // 512) * 512 + 100  # in its first video
+        data = bytearray(copy.read_bytes())
+        data[at] ^= 0xFF
+        copy.write_bytes(bytes(data))
+    p = run("validate", "s3://data/cat", "--level", "full", "--json", extra_env=s3)
+    assert json.loads(p.stdout)["verdict"] == "accepted"
+    assert "Traceback" not in p.stderr
+
+
 def test_push_and_pull_copy_a_version_with_its_tags_and_split_sets(s3, remote, tmp_path):
     vid, _ = remote
     local = tmp_path / "pulled"

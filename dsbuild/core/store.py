@@ -96,6 +96,8 @@ class Store(Protocol):
     def modified(self, key: str) -> float | None: ...
     def list(self, prefix: str) -> list[str]: ...
     def write(self, key: str, data: bytes) -> None: ...
+    def read_for_update(self, key: str, cap: int) -> tuple[bytes | None, str | None]: ...
+    def write_if(self, key: str, data: bytes, token: str | None) -> bool: ...
     def put(self, local: Path, key: str) -> None: ...
     def delete(self, key: str) -> None: ...
     def read_range(self, key: str, start: int, end: int) -> bytes: ...
@@ -145,6 +147,15 @@ class LocalStore:
         p = self.path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
         replace_atomically(p, data)
+
+    def read_for_update(self, key: str, cap: int) -> tuple[bytes | None, str | None]:
+        """A small mutable file's bytes (None if absent) for ``write_if``: a local catalog changes them under
+        its lock, so there is no token."""
+        return _read_or_none(self, key, cap), None
+
+    def write_if(self, key: str, data: bytes, token: str | None) -> bool:
+        self.write(key, data)
+        return True
 
     def put(self, local: Path, key: str) -> None:
         target = self.path(key)
@@ -204,6 +215,20 @@ def _network_cause(e: FileNotFoundError) -> OSError | None:
     return cause if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError) else None
 
 
+def _read_or_none(store: Store, key: str, cap: int) -> bytes | None:
+    try:
+        return store.read(key, cap)
+    except FileNotFoundError:
+        return None
+
+
+def _precondition_failed(e: OSError) -> bool:
+    """s3fs's error for an S3 conditional write whose condition did not hold (HTTP 412)."""
+    response = getattr(e.__cause__, "response", None)
+    return isinstance(response, dict) and response.get("Error", {}).get("Code") in (
+        "PreconditionFailed", "ConditionalRequestConflict")
+
+
 def retry(what: str, fn: Callable):
     """Run ``fn`` and retry transient I/O failures (dropped connections, timeouts) with backoff; give up
     with a StorageError naming ``what`` after ``RETRIES`` tries or ``DEADLINE`` seconds. A missing object is
@@ -234,6 +259,7 @@ class FsspecStore:
         self.url = url.rstrip("/")
         self.local_root = None
         self.fs, self.root = _fsspec(self.url)
+        self._conditional = self.url.split("://", 1)[0] in ("s3", "s3a")  # writes that check an ETag
         self.cache = cache_root() / "stores" / hashlib.sha256(self.url.encode()).hexdigest()[:16]
         self._shards: ShardCache | None = None
 
@@ -313,6 +339,39 @@ class FsspecStore:
 
     def write(self, key: str, data: bytes) -> None:
         retry(f"{self.url}/{key}", lambda: self.fs.pipe_file(self._remote(key), data))
+
+    def read_for_update(self, key: str, cap: int) -> tuple[bytes | None, str | None]:
+        """A small mutable object's bytes (None if absent) and the token ``write_if`` checks: on S3 the ETag
+        seen before the read ("*": absent), so a change made after it fails the write; None elsewhere
+        (no conditional writes: one writer at a time)."""
+        if not self._conditional:
+            return _read_or_none(self, key, cap), None
+        self.fs.invalidate_cache(self._remote(key))
+        try:
+            etag = retry(f"{self.url}/{key}", lambda: self.fs.info(self._remote(key)))["ETag"]
+            return self.read(key, cap), etag
+        except FileNotFoundError:
+            return None, "*"
+
+    def write_if(self, key: str, data: bytes, token: str | None) -> bool:
+        """Write ``data`` unless the object changed since ``read_for_update`` gave ``token`` (False then: read
+        again and redo the change). S3 checks it (If-Match / If-None-Match); a store that ignores the
+        condition writes anyway."""
+        if token is None:
+            self.write(key, data)
+            return True
+        bucket, path, _ = self.fs.split_path(self._remote(key))
+        condition = {"IfNoneMatch": "*"} if token == "*" else {"IfMatch": token}
+
+        def put() -> bool:
+            try:
+                self.fs.call_s3("put_object", Bucket=bucket, Key=path, Body=data, **condition)
+            except OSError as e:
+                if _precondition_failed(e):
+                    return False
+                raise
+            return True
+        return retry(f"{self.url}/{key}", put)
 
     def put(self, local: Path, key: str) -> None:
         retry(f"{self.url}/{key}", lambda: self.fs.put_file(str(local), self._remote(key)))

@@ -45,6 +45,7 @@ from dsbuild.lineage.manifest import (MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, Fi
 CATALOG_FORMAT = "dsbuild.catalog/2"
 MARKER = "catalog.json"
 TAGS = "tags.json"
+TAG_TRIES = 8  # a tag change re-read and redone when others changed tags.json meanwhile (S3)
 VERSION_RE = re.compile(SHA256)
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 MAX_SMALL_FILE = 16 << 20  # tags, commit records, markers
@@ -378,8 +379,12 @@ class Catalog:
     # -- names ----------------------------------------------------------------------------------
     def tags(self) -> dict[str, str]:
         try:
-            data = self._read(TAGS, MAX_SMALL_FILE)
+            return self._tags(self._read(TAGS, MAX_SMALL_FILE))
         except FileNotFoundError:
+            return {}
+
+    def _tags(self, data: bytes | None) -> dict[str, str]:
+        if data is None:
             return {}
         try:
             doc = TagsFile.from_json(loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=TAGS), f"{self.url}/{TAGS}")
@@ -395,23 +400,36 @@ class Catalog:
         if not TAG_RE.fullmatch(name) or VERSION_RE.fullmatch(name):
             raise UsageError(f"tag {name[:64]!r}: use a letter then letters, digits, '.', '_' or '-' (max 64)")
         with self.lock():
-            tags = self.tags()
-            if delete:
-                if name not in tags:
-                    raise UsageError(f"{self.url}: no tag {name!r}" + _suggest(name, tags))
-                del tags[name]
-                target = None
-            else:
-                target = self.resolve(ref)
-                if re.fullmatch(r"[0-9a-fA-F]+", name) and (len(name) >= 7 or any(
-                        v.version_id.startswith(name.lower()) for v in self.versions())):
-                    raise UsageError(f"tag {name!r} reads as a version id (hex digits only): it would hide the "
-                                     "version it names", hint=f"add a letter outside a-f, e.g. v-{name}")
-                if name in tags and tags[name] != target and not force:
-                    raise UsageError(f"tag {name!r} already points at {tags[name][:12]}",
-                                     hint="use --force to move it")
-                tags[name] = target
-            self._write(TAGS, pretty_json(TagsFile(dict(sorted(tags.items()))).to_json()))
+            for _ in range(TAG_TRIES):
+                data, token = self._read_for_update(TAGS)
+                tags = self._tags(data)
+                target = self._change_tag(tags, name, ref, force, delete)
+                if self._write_if(TAGS, pretty_json(TagsFile(dict(sorted(tags.items()))).to_json()), token):
+                    return target
+        raise StorageError(f"{self.url}/{TAGS}: changed by others {TAG_TRIES} times while this tag change was "
+                           "made; nothing was changed", hint="run the command again")
+
+    def _read_for_update(self, key: str) -> tuple[bytes | None, str | None]:
+        try:
+            return self.store.read_for_update(key, MAX_SMALL_FILE)
+        except OSError as e:
+            raise StorageError(f"{self.url}/{key}: cannot read ({e.strerror or e})") from None
+
+    def _change_tag(self, tags: dict[str, str], name: str, ref: str | None, force: bool, delete: bool) -> str | None:
+        """``tags`` with the change made (in place); the version the tag points at now."""
+        if delete:
+            if name not in tags:
+                raise UsageError(f"{self.url}: no tag {name!r}" + _suggest(name, tags))
+            del tags[name]
+            return None
+        target = self.resolve(ref)
+        if re.fullmatch(r"[0-9a-fA-F]+", name) and (len(name) >= 7 or any(
+                v.version_id.startswith(name.lower()) for v in self.versions())):
+            raise UsageError(f"tag {name!r} reads as a version id (hex digits only): it would hide the "
+                             "version it names", hint=f"add a letter outside a-f, e.g. v-{name}")
+        if name in tags and tags[name] != target and not force:
+            raise UsageError(f"tag {name!r} already points at {tags[name][:12]}", hint="use --force to move it")
+        tags[name] = target
         return target
 
     def resolve(self, ref: str | None) -> str:
@@ -435,8 +453,12 @@ class Catalog:
 
     # -- writing --------------------------------------------------------------------------------
     def _write(self, key: str, data: bytes) -> None:
+        self._write_if(key, data, None)
+
+    def _write_if(self, key: str, data: bytes, token: str | None) -> bool:
+        """``store.write_if``, its failures a StorageError (``token`` None: an unconditional write)."""
         try:
-            self.store.write(key, data)
+            return self.store.write_if(key, data, token)
         except OSError as e:
             raise StorageError(f"{self.url}/{key}: cannot write ({e.strerror or e})",
                                hint="check free space and permissions, then run the command again") from None

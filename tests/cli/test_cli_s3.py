@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.cli.clitools import make_buckets, run, start_s3
+from tests.cli.clitools import make_buckets, run, run_json, start_s3
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -80,6 +80,22 @@ def test_log_info_tag_verify_query_split_and_shards_work_on_s3(s3, remote):
     assert split_urls and set(split_urls) <= set(urls)
     assert run("diff", f"{url}@gold", url, "--json", extra_env=s3).returncode == 0
     run("gc", url, "--dry-run", "--quiet", extra_env=s3)
+
+
+def test_concurrent_tag_changes_on_s3_all_land(s3, remote):
+    """tags.json is read, changed and written back: eight `dsbuild tag` at once kept one tag of eight. Each
+    write is now conditional on the ETag it read (S3 If-Match), and a change that lost the race is redone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    vid, _ = remote
+    names = [f"race-{i}" for i in range(8)]
+    with ThreadPoolExecutor(len(names)) as pool:
+        list(pool.map(lambda n: run("tag", f"s3://data/cat@{vid}", n, "--quiet", extra_env=s3), names))
+    tags = run_json("log", "s3://data/cat", extra_env=s3)["versions"][0]["tags"]
+    assert set(names) <= set(tags)
+    with ThreadPoolExecutor(len(names)) as pool:
+        list(pool.map(lambda n: run("tag", "s3://data/cat", n, "--delete", "--quiet", extra_env=s3), names))
+    assert not set(names) & set(run_json("log", "s3://data/cat", extra_env=s3)["versions"][0]["tags"])
 
 
 def test_a_missing_bucket_is_one_clear_line(s3):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -154,3 +155,17 @@ def test_a_missing_file_that_stands_for_a_network_failure_is_a_storage_error():
     for cause in (None, ValueError("404, message='Not Found'"), FileNotFoundError("x")):
         with pytest.raises(FileNotFoundError):
             retry("http://h/cat/catalog.json", raise_(FileNotFoundError("x"), cause))
+
+
+def test_a_conditional_write_on_s3_fails_once_the_object_changed(s3):
+    """``write_if`` is the compare-and-swap tag changes are made with: the token of a read (the S3 ETag, or
+    "*" for an absent object) no longer holds once another writer changed the object."""
+    store = FsspecStore(f"s3://data/cas-{uuid.uuid4().hex[:8]}")
+    data, absent = store.read_for_update("tags.json", 1 << 16)
+    assert data is None and absent == "*"
+    assert store.write_if("tags.json", b"1", absent) and not store.write_if("tags.json", b"2", absent)
+    data, token = store.read_for_update("tags.json", 1 << 16)
+    assert data == b"1" and store.write_if("tags.json", b"3", token)
+    assert not store.write_if("tags.json", b"4", token) and store.read("tags.json", 1 << 16) == b"3"
+    local = LocalStore(Path(os.environ["DSBUILD_CACHE"]) / f"cas-{uuid.uuid4().hex[:8]}")
+    assert local.read_for_update("tags.json", 1 << 16) == (None, None)  # under the catalog lock: no token

@@ -66,6 +66,8 @@ def connect(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False
             con.execute(f"CREATE VIEW samples AS SELECT * FROM read_parquet({_literal(str(path))})")
         _views(con, catalog, version_id, needed)
         if not unsafe:
+            # duckdb allows its spill folder (".tmp" in the working directory unless set): make it private
+            con.execute(f"SET temp_directory={_literal(str(scratch / 'spill'))}")
             con.execute(f"SET allowed_paths=[{', '.join(_literal(p) for p in allowed)}]")
             con.execute("SET enable_external_access=false")
             con.execute("SET lock_configuration=true")

@@ -136,6 +136,14 @@ def test_query_is_sandboxed_unless_unsafe(catalog, tmp_path):
     assert run_json("query", cat, sql, "--unsafe") == [{"n": 2}]
     csv = run("query", cat, "select 1 as a, 'x,y' as b", "--csv").stdout
     assert csv == 'a,b\n1,"x,y"\n'
+    # duckdb's spill folder (".tmp" under the working directory, a catalog's build folder when run there)
+    # was allowed: reads, COPY TO and ATTACH worked in it
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "in.csv").write_text("a\n1\n")
+    for sql in ["copy (select 1 as s) to '.tmp/out.csv'", "select * from read_csv('.tmp/in.csv')",
+                "attach '.tmp/x.db' as x"]:
+        assert "refused" in run("query", cat, sql, cwd=tmp_path, check=2).stderr
+    assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["in.csv"]
 
 
 def test_tags_are_created_moved_and_deleted(private_catalog):

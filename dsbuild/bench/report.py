@@ -155,9 +155,10 @@ def load(path: str | Path) -> BenchReport:
     """A report saved with ``--save`` (a ``UsageError`` if unreadable, a ``FormatError`` if it is not one)."""
     from dsbuild.core.jsonio import loads_bounded
 
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_REPORT + 1)
+    from dsbuild.core.files import read_capped
+
+    try:  # a regular file only (a FormatError naming it otherwise): a FIFO waited forever for a writer
+        data = read_capped(Path(path), MAX_REPORT, what=f"--baseline {path}")
     except OSError as e:
         raise UsageError(f"--baseline {path}: cannot read ({e.strerror})") from None
     return BenchReport.from_json(loads_bounded(data, max_bytes=MAX_REPORT, what=str(path)), f"--baseline {path}")

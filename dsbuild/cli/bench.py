@@ -109,6 +109,7 @@ def bench(
     from dsbuild.bench.tables import num
     from dsbuild.cli.render import json_text
     from dsbuild.core.errors import UsageError
+    from dsbuild.core.files import replace_atomically
 
     o = Out(as_json, quiet)
     if old_workers is not None:
@@ -131,16 +132,17 @@ def bench(
             rep = run_bench(options, progress=progress, against=against)
         except BenchInterrupted as e:
             rep, interrupted = e.report, e
-    if save:
-        Path(save).write_text(json_text(rep.to_json()) + "\n")
-    if html:
-        from dsbuild.bench.html import render
-
-        Path(html).write_text(render(rep))
-    if as_json:
+    if as_json:  # the results first: a report file that cannot be written then loses nothing
         o.json(rep.to_json())
     else:
         _render(o, rep)
+    # atomically: a failed write (a full disk) leaves the previous baseline or page whole, never half of one
+    if save:
+        replace_atomically(Path(save), (json_text(rep.to_json()) + "\n").encode())
+    if html:
+        from dsbuild.bench.html import render
+
+        replace_atomically(Path(html), render(rep).encode())
     if interrupted is not None:
         o.note(f"kept {rep.time.rounds_done} finished round(s) of {rep.time.rounds_planned}"
                + (f"; saved to {save}" if save else ""))

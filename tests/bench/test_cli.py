@@ -41,6 +41,40 @@ def test_json_save_and_html_are_the_same_report(saved):
         assert f'aria-label="{chart}"' in page, chart
 
 
+def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one_and_prints_the_results(saved, tmp_path):
+    """--save and --html were written in place before the results were printed: a full disk left a cut-off
+    baseline (every later --baseline failed on it) and printed nothing."""
+    import resource
+    import shutil
+
+    cat, out, _ = saved
+    base, page = tmp_path / "base.json", tmp_path / "page.html"
+    shutil.copy(out / "base.json", base)
+    shutil.copy(out / "page.html", page)
+    good, good_page = base.read_bytes(), page.read_bytes()
+    assert len(good) > 4096 and len(good_page) > 4096
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    p = run("bench", cat, *GATED, "--json", "--save", base, "--html", page, check=3, preexec_fn=small_files)
+    assert json.loads(p.stdout)["time"]["rounds_done"] == 3 and "base.json: cannot write" in p.stderr
+    assert base.read_bytes() == good and page.read_bytes() == good_page
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["base.json", "page.html"]  # no temp file left
+
+
+def test_a_baseline_that_is_not_a_regular_file_is_refused_not_waited_on(saved, tmp_path):
+    """A FIFO as --baseline blocked the command until killed (open() waits for a writer)."""
+    import os
+
+    cat, _, _ = saved
+    fifo = tmp_path / "base.json"
+    os.mkfifo(fifo)
+    p = run("bench", cat, *GATED, "--baseline", fifo, check=2, timeout=120)  # (a hang guard, not a timing)
+    assert "is a FIFO" in p.stderr
+
+
 def test_the_same_settings_pass_the_gate(saved):
     cat, out, _ = saved
     # two 3-second runs on a shared machine differ by up to ~20% (benchmarks/RESULTS.md): a 2x drop still fails

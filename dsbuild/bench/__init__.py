@@ -2,8 +2,9 @@
 
     from dsbuild.bench import Against, BenchOptions, enforce, load_report, run_bench
     report = run_bench(BenchOptions("catalog@v3", split="main/train", resize=(96, 96), duration=20))
-    gated = run_bench(options, against=Against(load_report("base.json"), "base.json", fail_below=0.9))
-    enforce(gated)  # CheckFailed on a regression
+    against = Against(load_report("base.json"), "base.json", fail_below=0.9)
+    gated = run_bench(options, against=against)
+    enforce(gated, against)  # CheckFailed on a regression; UsageError if too few rounds finished to judge
 
 Our loader is measured against baselines doing the same work in the same run (a bare PyAV decode loop in
 frames mode; a raw read, the sha256 floor, the webdataset library and the peer loaders in bytes mode), in

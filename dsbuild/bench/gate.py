@@ -129,9 +129,16 @@ class Against:
                     decide(verdicts))
 
 
-def enforce(report) -> None:
-    """Raise ``CheckFailed`` when the report's gate found ours regressed (the CLI exits 1)."""
+def enforce(report, against: Against | None = None) -> None:
+    """Raise ``CheckFailed`` when the report's gate found ours regressed (the CLI exits 1); a UsageError when
+    it was run ``against`` a baseline but too few rounds finished to judge (one round's ratios have no
+    spread: the gate judged them and passed)."""
     g = report.gate
+    if against is not None and g is None:
+        t = report.time
+        raise UsageError(f"--baseline: {t.rounds_done} of {t.rounds_planned} round(s) finished within --duration "
+                         f"{t.duration_s:g}; judging a regression needs at least {MIN_ROUNDS}: nothing was judged",
+                         hint="raise --duration, or lower --rounds (not below 3)")
     if g is not None and g.regressed:
         names = ", ".join(f"ours/{v.baseline} {v.now.median:.3g} (saved {v.saved.median:.3g})" for v in g.verdicts)
         raise CheckFailed(f"regression against {g.baseline_file}: ours dropped against every baseline: {names}",

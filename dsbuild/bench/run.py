@@ -18,7 +18,7 @@ from typing import Callable
 from dsbuild.bench.budget import Budget
 from dsbuild.bench.compare import choose
 from dsbuild.bench.dataset import Dataset, describe
-from dsbuild.bench.gate import Against
+from dsbuild.bench.gate import MIN_ROUNDS, Against
 from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import UNITS, Measured, Meter
 from dsbuild.bench.options import BenchOptions
@@ -153,7 +153,7 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
             h2d_bandwidth(device, batch_bytes(o, data))
         report = _report(o, data, resolved, machine(gpu), started, RunTime(o.duration, measured_s, startup_s, o.rounds,
                          len(ours), interrupted), ours, per_rank, measured, skipped, step_info, h2d, backend.note if backend else None)
-        if against is not None and ours and not interrupted:
+        if against is not None and len(ours) >= MIN_ROUNDS and not interrupted:  # (fewer: ``enforce`` refuses)
             report = replace(report, gate=against.judge(report, diffs))
     finally:
         for b in active:

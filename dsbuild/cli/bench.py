@@ -147,7 +147,7 @@ def bench(
         o.note(f"kept {rep.time.rounds_done} finished round(s) of {rep.time.rounds_planned}"
                + (f"; saved to {save}" if save else ""))
         raise interrupted
-    enforce(rep)
+    enforce(rep, against)
     if rep.gate is not None:
         held = [v.baseline for v in rep.gate.verdicts if not v.dropped]
         o.line(("no regression", "green"), f" against {baseline}: ours held against {', '.join(held)}")

@@ -75,6 +75,17 @@ def test_a_baseline_that_is_not_a_regular_file_is_refused_not_waited_on(saved, t
     assert "is a FIFO" in p.stderr
 
 
+def test_a_run_that_finished_too_few_rounds_to_judge_is_refused_not_passed(saved):
+    """The gate checked the rounds asked for, not the rounds done: a budget that fit one round was judged on
+    it (no spread) and passed with exit 0."""
+    cat, out, _ = saved
+    short = [a if a != "3" or GATED[i - 1] != "--duration" else "0.1" for i, a in enumerate(GATED)]
+    p = run("bench", cat, *short, "--json", "--baseline", out / "base.json", check=None)
+    done = json.loads(p.stdout)["time"]["rounds_done"]
+    assert done < 3 and p.returncode == 2, (done, p.returncode, p.stderr)
+    assert f"{done} of 3 round(s) finished within --duration 0.1" in p.stderr
+
+
 def test_the_same_settings_pass_the_gate(saved):
     cat, out, _ = saved
     # two 3-second runs on a shared machine differ by up to ~20% (benchmarks/RESULTS.md): a 2x drop still fails

@@ -22,7 +22,7 @@ from dsbuild.bench.ranks import Ranks
 from dsbuild.bench.stages import Stages
 from dsbuild.bench.stats import Spread
 from dsbuild.bench.step import H2D, StepInfo
-from dsbuild.core.errors import UsageError
+from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.records import Record
 
 FORMAT = "dsbuild.bench/2"
@@ -119,6 +119,25 @@ class BenchReport(Record):
     ranks: Ranks | None
     rounds: tuple[Measured, ...]  # every measurement of every finished round, in the order they ran
     gate: Gate | None = None
+
+    def check(self, what: str) -> None:
+        """A report read back (a ``--baseline``) is what a run wrote: its ratios are what its rounds give
+        (the gate compares them; an edited median or quartile would move its verdicts; every spread was
+        checked in order as it was read)."""
+        from dsbuild.bench.stats import paired_ratios, summarise
+
+        def by_round(name: str) -> list[float | None]:
+            got = {m.round: m.figure(self.options.decode) for m in self.rounds if m.name == name}
+            return [got.get(r) for r in range(self.time.rounds_done)]
+
+        mine = by_round("ours")
+        for b in self.baselines:
+            if b.ratio is None:
+                continue
+            again = summarise(paired_ratios(mine, by_round(b.name)))
+            if again is None or any(abs(x - y) > 1e-9 * max(1.0, abs(y)) for x, y in
+                                    zip(again.to_json().values(), b.ratio.to_json().values())):
+                raise FormatError(f"{what}: the ratio ours/{b.name} is not what its rounds give (an edited report?)")
 
 
 def machine(gpu: str | None) -> Machine:

@@ -12,6 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from dsbuild.core.errors import FormatError
 from dsbuild.core.records import Record, spec
 
 
@@ -30,6 +31,13 @@ class Spread(Record):
     def iqr(self) -> float:
         """The run-to-run spread the regression gate weighs a drop against."""
         return self.q3 - self.q1
+
+    def check(self, what: str) -> None:
+        """Quartiles of something measured: finite, not negative, in order (an edited report is refused)."""
+        xs = [self.min, self.q1, self.median, self.q3, self.max]
+        if not all(math.isfinite(x) and x >= 0 for x in xs) or xs != sorted(xs):
+            raise FormatError(f"{what}: min, q1, median, q3, max must be finite, not negative and in order, "
+                              f"not {xs}")
 
 
 def summarise(values: list[float | None]) -> Spread | None:

@@ -134,3 +134,34 @@ def test_the_gate_needs_enough_rounds_and_a_ratio(saved):
         check(bare, Against(bare, "base.json"))
     with pytest.raises(UsageError, match="--fail-below"):
         Against(saved, "base.json", fail_below=1.5)
+
+
+def test_an_edited_baseline_is_refused_naming_what_does_not_hold(saved, tmp_path):
+    """A saved report's medians and quartiles were trusted as written: quartiles out of order, negative
+    ratios, every ratio x1000 (in order) or the rounds removed were all judged against."""
+    import copy
+    import json
+
+    from dsbuild.bench import load_report
+    from dsbuild.core.errors import FormatError
+
+    doc = saved.to_json()
+    first = next(i for i, b in enumerate(doc["baselines"]) if b["ratio"])
+
+    def edited(change):
+        d = copy.deepcopy(doc)
+        change(d)
+        path = tmp_path / "base.json"
+        path.write_text(json.dumps(d))
+        return path
+
+    def scaled(d):
+        d["baselines"][first]["ratio"] = {k: v if k == "rounds" else v * 1000 for k, v in d["baselines"][first]["ratio"].items()}
+
+    for change, message in [(lambda d: d["ours"]["open_s"].update(q1=99.0), "open_s: min, q1, median, q3, max"),
+                            (lambda d: d["baselines"][first]["ratio"].update(min=-1.0), "ratio: min, q1"),
+                            (scaled, "is not what its rounds give"),
+                            (lambda d: d.update(rounds=[]), "is not what its rounds give")]:
+        with pytest.raises(FormatError, match=message):
+            load_report(edited(change))
+    assert load_report(edited(lambda d: None)).to_json() == doc

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.params import JSON, QUIET, REF, choice, report_files
+from dsbuild.cli.params import JSON, QUIET, REF, choice, report_files, seed_option
 from dsbuild.cli.render import Out, Progress
 
 EXAMPLES = """\b
@@ -86,7 +86,7 @@ def bench(
     rounds: int = typer.Option(5, "--rounds", min=1, metavar="N", help="Interleaved rounds (the gate needs >= 3)."),
     compare: str = typer.Option("auto", "--compare", metavar="auto|none|A,B",
                                 help="Baselines: pyav (frames); raw, sha256, webdataset, litdata, mosaic (bytes)."),
-    seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="The loader's seed."),
+    seed: int = seed_option("The loader's seed."),
     baseline: str = typer.Option(None, "--baseline", metavar="FILE", help="A report saved with --save to gate against."),
     fail_below: float = typer.Option(0.9, "--fail-below", metavar="R",
                                      help="With --baseline: exit 1 when a ratio's median falls below R x the saved "

@@ -17,6 +17,11 @@ JSON = typer.Option(False, "--json", help="Print one JSON document on stdout; an
 QUIET = typer.Option(False, "--quiet", "-q", help="No progress and no report: only the essential value, or nothing.")
 WORKERS = typer.Option(0, "--workers", min=0, metavar="N", help="Worker processes (0 = one per core).")
 EXECUTORS = ("local", "ray")
+SEED_MAX = (1 << 53) - 1  # seeds are recorded in reports and checkpoints: exact in every JSON reader
+
+
+def seed_option(help: str):
+    return typer.Option(0, "--seed", min=0, max=SEED_MAX, metavar="N", help=help)
 
 
 def choice(flag: str, values):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.params import JSON, QUIET, choice
+from dsbuild.cli.params import JSON, QUIET, choice, seed_option
 from dsbuild.cli.render import Out
 
 MAX_SECONDS = 6 * 3600  # a session's length: sample captures, not an archive (memory grows with it)
@@ -43,7 +43,7 @@ def samples(
     sessions: int = typer.Option(3, "--sessions", min=1, metavar="N", help="Sessions (per game with --source atari)."),
     seconds: float = typer.Option(10.0, "--seconds", min=0.5, max=MAX_SECONDS, metavar="S",
                                   help="Length of each session."),
-    seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="The same seed gives byte-identical captures."),
+    seed: int = seed_option("The same seed gives byte-identical captures."),
     damage: list[str] = typer.Option([], "--damage", metavar="[INDEX=]KIND",
                                      help="Damage session INDEX (default: its position in the list) in one way; "
                                           "repeatable. Kinds: see the README."),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from dsbuild.cli.params import JSON, QUIET, REF
+from dsbuild.cli.params import JSON, QUIET, REF, seed_option
 from dsbuild.cli.render import Out, Progress
 
 EXAMPLES = """\b
@@ -17,7 +17,7 @@ Exit: 0 intact, 1 damage found (the report names the command that heals it), 2 b
 def verify(
     ref: str = REF,
     sample: int = typer.Option(None, "--sample", min=1, metavar="N", help="Check only N shards, chosen by --seed."),
-    seed: int = typer.Option(0, "--seed", metavar="N", help="Seed for --sample."),
+    seed: int = seed_option("Seed for --sample."),
     threads: int = typer.Option(4, "--threads", min=1, metavar="N", help="Shards hashed at once (threads)."),
     as_json: bool = JSON,
     quiet: bool = QUIET,

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 STAGES = ("structural", "content", "dataset")
 LEVELS = ("structural", "full")
 # The [low, high] each numeric kind allows; a threshold whose unit has narrower limits gives its own ``bounds``.
-RANGES = {"count": (0, math.inf), "fraction": (0, 1), "number": (0, math.inf)}
+RANGES = {"count": (0, (1 << 53) - 1), "fraction": (0, 1), "number": (0, math.inf)}  # counts exact in JSON
 KINDS = (*RANGES, "strings")
 
 

@@ -128,7 +128,7 @@ def _allowed_text(t: Threshold) -> str:
     """What a numeric threshold accepts, in words: its kind and [low, high] (``Threshold.allowed``)."""
     lo, hi = t.allowed
     what = {"count": "a whole number", "fraction": "a fraction", "number": "a finite number"}[t.kind]
-    return f"{what} in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f"{what} >= {lo:g}"
+    return f"{what} in [{lo:g}, {hi:{'d' if isinstance(hi, int) else 'g'}}]" if math.isfinite(hi) else f"{what} >= {lo:g}"
 
 
 def _check_value(t: Threshold, v: object, where: str) -> object:

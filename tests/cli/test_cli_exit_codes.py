@@ -61,7 +61,9 @@ def one_line_error(p, code: int, *needles: str) -> str:
     # each of these was exit 70, "internal error"
     (["convert", "caps", "cat", "--shard-size", "100000i"], ["--shard-size", "not a size"]),
     (["convert", "caps", "cat", "--shard-size", "9" * 400 + "MB"], ["--shard-size"]),
-    (["samples", "out", "--seed", "-1"], ["--seed", "x>=0"]),
+    (["samples", "out", "--seed", "-1"], ["--seed", "0<=x<=9007199254740991"]),
+    (["verify", "cat", "--seed", "-1"], ["--seed", "0<=x"]),  # (was accepted)
+    (["bench", "cat", "--seed", "9" * 23], ["--seed"]),  # (was saved in a baseline that --baseline refused)
     (["query", "cat", "/* only a comment */"], ["the query has no statement"]),
 ])
 def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):

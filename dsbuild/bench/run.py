@@ -45,11 +45,12 @@ Progress = Callable[[Event], None]
 
 
 class BenchInterrupted(KeyboardInterrupt):
-    """Ctrl-C during the rounds; ``report`` holds the rounds finished before it."""
+    """Ctrl-C (or SIGTERM) during the rounds; ``report`` holds the rounds finished before it, ``signal`` the
+    interrupt itself (the CLI raises it again once the report is out: its type decides the exit code)."""
 
-    def __init__(self, report: BenchReport):
+    def __init__(self, report: BenchReport, signal: KeyboardInterrupt):
         super().__init__("interrupted")
-        self.report = report
+        self.report, self.signal = report, signal
 
 
 def batch_bytes(o: BenchOptions, data: Dataset) -> int:
@@ -117,7 +118,7 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
             t = max(elapsed, 1e-9)
             say(name, round_, budget.elapsed(), frames / t if o.decode == "frames" else nbytes / t * UNITS["bytes"][1])
 
-        interrupted = False
+        interrupted: KeyboardInterrupt | None = None
         try:
             for r in range(o.rounds):
                 if not budget.can_start_round(len(ours)):
@@ -146,14 +147,14 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
                     per_rank.append(parts)
                 for name, m in got.items():
                     measured[name].append(m)
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as e:
+            interrupted = e
         measured_s = budget.elapsed()
-        h2d = H2D(0, None, None, "not measured: interrupted") if interrupted else \
+        h2d = H2D(0, None, None, "not measured: interrupted") if interrupted is not None else \
             h2d_bandwidth(device, batch_bytes(o, data))
         report = _report(o, data, resolved, machine(gpu), started, RunTime(o.duration, measured_s, startup_s, o.rounds,
-                         len(ours), interrupted), ours, per_rank, measured, skipped, step_info, h2d, backend.note if backend else None)
-        if against is not None and len(ours) >= MIN_ROUNDS and not interrupted:  # (fewer: ``enforce`` refuses)
+                         len(ours), interrupted is not None), ours, per_rank, measured, skipped, step_info, h2d, backend.note if backend else None)
+        if against is not None and len(ours) >= MIN_ROUNDS and interrupted is None:  # (fewer: ``enforce`` refuses)
             report = replace(report, gate=against.judge(report, diffs))
     finally:
         for b in active:
@@ -161,8 +162,8 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
         for g in groups:
             g.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    if interrupted:
-        raise BenchInterrupted(report)
+    if interrupted is not None:
+        raise BenchInterrupted(report, interrupted)
     return report
 
 

@@ -146,7 +146,7 @@ def bench(
     if interrupted is not None:
         o.note(f"kept {rep.time.rounds_done} finished round(s) of {rep.time.rounds_planned}"
                + (f"; saved to {save}" if save else ""))
-        raise interrupted
+        raise interrupted.signal  # Ctrl-C: exit 130; SIGTERM: 143
     enforce(rep, against)
     if rep.gate is not None:
         held = [v.baseline for v in rep.gate.verdicts if not v.dropped]

@@ -150,8 +150,10 @@ def test_usage_errors_are_one_line_and_exit_2(bench_catalog, tmp_path):
         assert error[0].startswith("error:") and says in p.stderr and len(error) <= 2, (args, p.stderr)
 
 
-def test_ctrl_c_reports_and_saves_the_finished_rounds_and_exits_130(bench_catalog, tmp_path):
-    """SIGINT once the second round has begun: the first round is kept, printed and saved."""
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_or_sigterm_reports_and_saves_the_finished_rounds(bench_catalog, tmp_path, sig, code, word):
+    """SIGINT (SIGTERM: a CI timeout) once the second round has begun: the first round is kept, printed
+    and saved. SIGTERM in the rounds exited 130, "interrupted", like Ctrl-C."""
     cat, _ = bench_catalog
     save = tmp_path / "partial.json"
     p = subprocess.Popen(argv("bench", cat, "--decode", "bytes", "--batch-size", "2", "--step-ms", "0", "--device",
@@ -163,12 +165,12 @@ def test_ctrl_c_reports_and_saves_the_finished_rounds_and_exits_130(bench_catalo
             line = p.stderr.readline()
             assert line, seen
             seen += line
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         out, err = p.communicate(timeout=120)
     finally:
         p.kill()
-    assert p.returncode == 130, err
-    assert "interrupted; the rounds finished before it were reported" in err and "kept" in err
+    assert p.returncode == code, err
+    assert f"{word}; the rounds finished before it were reported" in err and "kept" in err
     rep = json.loads(save.read_text())
     assert rep["time"]["interrupted"] and 1 <= rep["time"]["rounds_done"] < 20
     assert {m["round"] for m in rep["rounds"]} == set(range(rep["time"]["rounds_done"]))

@@ -58,7 +58,7 @@ COMMANDS = ("samples", "convert", "info", "log", "shards", "tag", "diff", "linea
 KEPT = {"convert": "nothing was committed", "tag": "nothing was committed", "split": "nothing was committed",
         "samples": "sessions written so far remain in the output folder",
         "gc": "every version is whole; some unreferenced files may already be gone",
-        "validate": "no report was written",
+        "validate": "each report file is the previous run's or this run's, whole (none is half-written)",
         "bench": "the rounds finished before it were reported (and saved with --save); none during start-up",
         "export": "run the same command again to finish the export",
         "push": "nothing was published; run the same command again to resume",

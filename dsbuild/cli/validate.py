@@ -72,7 +72,7 @@ def validate(
     from dsbuild.core.executor import ExecutorSpec
     from dsbuild.core.files import replace_atomically
     from dsbuild.lineage.catalog import open_catalog, parse_ref
-    from dsbuild.validators import ValidateOptions, load_spec, to_json, to_junit, verdict_line, write_html
+    from dsbuild.validators import ValidateOptions, html_page, load_spec, to_json, to_junit, verdict_line
     from dsbuild.validators import validate as run_validate
 
     o = Out(as_json, quiet)
@@ -91,12 +91,14 @@ def validate(
             to_stderr(verdict_line(report))
     elif not quiet:
         _render(o, report)
-    if save:  # atomically, like the HTML: a failed write never leaves a half report where a good one was
-        _write(save, lambda p: replace_atomically(p, to_json(report).encode()), "JSON report")
-    if junit:
-        _write(junit, lambda p: replace_atomically(p, to_junit(report).encode()), "JUnit report")
-    if html:
-        _write(html, lambda p: write_html(report, p, catalog=catalog), "HTML report")
+    # Every report made first (the HTML decodes clips: the slow one), then each file replaced atomically in
+    # turn: a failed write never leaves half a report where a good one was, and an interrupt leaves the
+    # previous set unless it lands between two renames
+    made = [(path, what, make()) for path, what, make in (
+        (save, "JSON report", lambda: to_json(report).encode()), (junit, "JUnit report", lambda: to_junit(report).encode()),
+        (html, "HTML report", lambda: html_page(report, catalog=catalog))) if path]
+    for path, what, data in made:
+        _write(path, lambda p: replace_atomically(p, data), what)
     report.raise_if_rejected()
 
 

@@ -16,7 +16,7 @@ runs it. ``model`` holds the report records; ``run`` orders the work; ``report``
 XML, ``table`` the terminal table, ``html`` one self-contained page.
 """
 
-from dsbuild.validators.html import render_html, write_html
+from dsbuild.validators.html import html_page, render_html, write_html
 from dsbuild.validators.model import CheckResult, Distribution, Offender, Report, Summary, Table
 from dsbuild.validators.registry import CHECKS
 from dsbuild.validators.report import to_json, to_junit
@@ -26,4 +26,4 @@ from dsbuild.validators.table import report_table, verdict_line
 
 __all__ = ["CHECKS", "AcceptanceSpec", "CheckResult", "Distribution", "Offender", "Report", "Summary", "Table",
            "ValidateOptions", "default_spec", "load_spec", "parse_spec", "render_html", "report_table",
-           "to_json", "to_junit", "validate", "verdict_line", "write_html"]
+           "to_json", "to_junit", "validate", "verdict_line", "write_html", "html_page"]

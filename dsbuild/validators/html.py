@@ -193,9 +193,14 @@ spec <code>{escape(report.spec_source)}</code><br>
 """
 
 
+def html_page(report: Report, *, catalog=None, thumbs: bool = True) -> bytes:
+    """The page; ``thumbs`` decodes strips of the offending clips (from ``catalog``, or the catalog the
+    report names)."""
+    return render_html(report, clip_strips(report, catalog) if thumbs else None).encode("utf-8")
+
+
 def write_html(report: Report, path: Path | str, *, catalog=None, thumbs: bool = True) -> Path:
-    """Write the page atomically; ``thumbs`` decodes strips of the offending clips (from ``catalog``, or the
-    catalog the report names)."""
+    """Write the page (``html_page``) atomically."""
     path = Path(path)
-    replace_atomically(path, render_html(report, clip_strips(report, catalog) if thumbs else None).encode("utf-8"))
+    replace_atomically(path, html_page(report, catalog=catalog, thumbs=thumbs))
     return path

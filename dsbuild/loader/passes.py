@@ -11,6 +11,10 @@ where it started, where it ended and how many of its workers finished. ``pass_st
   finished, and where it started if it was broken off (its batches are delivered again, from the first);
 - a loader moved since (``load_state_dict`` in the main process) starts where it is.
 
+A worker's loader is at the main process's position as the worker was started; persistent workers keep
+their copy from pass to pass, so the main process also writes where ``load_state_dict`` moved its loader
+into the file (``moved``), and that is the position a worker goes by.
+
 A pass is named by the base seed torch draws for it (shared by its workers) and the number of passes the
 worker's copy of the dataset has begun (persistent workers keep their copy and their seed).
 """
@@ -63,12 +67,19 @@ def _count(v) -> bool:
     return type(v) is int and v >= 0
 
 
-def _parse(raw: bytes) -> dict | None:
-    """The record in ``raw``, or None (an empty file, or anything that is not a whole record)."""
+def _parse(raw: bytes) -> tuple[list | None, dict | None]:
+    """(the main process's position, the record) in ``raw``; None for what is absent or not whole."""
     try:
-        r = json.loads(raw)
+        doc = json.loads(raw)
     except ValueError:
-        return None
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    main = doc.get("main")
+    return main if _position(main) else None, _record(doc.get("record"))
+
+
+def _record(r) -> dict | None:
     ok = (isinstance(r, dict) and set(r) == {"pass", "workers", "base", "start", "end", "done"}
           and isinstance(r["pass"], list) and len(r["pass"]) == 2 and all(type(x) is int for x in r["pass"])
           and _count(r["workers"]) and _count(r["done"]) and _position(r["base"]) and _position(r["start"])
@@ -93,20 +104,33 @@ class PassFile:
                 pass
 
     def _change(self, change):
+        """``change(main, record)`` -> (result, main, record), under the file's lock."""
         with open(self.path, "r+b") as f:
             fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
-            record = _parse(f.read(MAX_RECORD))
-            result, new = change(record)
-            if new is not record:
+            main, record = _parse(f.read(MAX_RECORD))
+            result, new_main, new = change(main, record)
+            if new is not record or new_main is not main:
                 f.seek(0)
                 f.truncate()
-                f.write(json.dumps(new).encode())
+                f.write(json.dumps({"main": new_main, "record": new}).encode())
             return result
 
     def start(self, pass_id: list, workers: int, own: Position) -> Position:
-        """Where this worker's pass starts (``pass_start``), the record kept."""
-        return decode(self._change(lambda r: pass_start(r, pass_id, workers, encode(own))))
+        """Where this worker's pass starts (``pass_start``), the record kept. ``own`` is the worker's copy's
+        position; where the main process's loader was moved since (``moved``), that position counts."""
+        def change(main, record):
+            start, new = pass_start(record, pass_id, workers, main or encode(own))
+            return start, main, new
+        return decode(self._change(change))
 
     def done(self, pass_id: list, end: Position) -> None:
         """This worker delivered its share of pass ``pass_id``, which ends at ``end``."""
-        self._change(lambda r: (None, pass_done(r, pass_id, encode(end))))
+        self._change(lambda main, r: (None, main, pass_done(r, pass_id, encode(end))))
+
+    def moved(self, position: Position) -> None:
+        """The main process's loader was moved to ``position`` (``load_state_dict``): the next pass starts
+        there, also in persistent workers, whose copies do not move with it."""
+        try:
+            self._change(lambda main, r: (None, encode(position), r))
+        except FileNotFoundError:  # (the dataset is gone: no pass will ask)
+            pass

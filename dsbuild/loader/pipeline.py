@@ -137,6 +137,7 @@ class Mixture:
         self._ahead: Ahead | None = None
         self._held = _Held()
         self._generation = 0  # bumped by load_state_dict and by every new loop
+        self._moved: list[weakref.WeakMethod] = []  # told where load_state_dict moves it (``on_move``)
         weakref.finalize(self, self._held.release)  # a loader simply dropped releases its files too
 
     def _stops(self) -> bool:
@@ -230,6 +231,14 @@ class Mixture:
                                   f"{len(chunk)} batch(es) (mix={self.options.mix})")
         self.position = Position(theirs.position, tuple((c.epoch, c.at) for c in theirs.cursors), theirs.inner)
         self._generation += 1  # a loop running now goes on from here (see ``__iter__``)
+        for tell in [m() for m in self._moved]:
+            if tell is not None:
+                tell(self.position)
+
+    def on_move(self, tell) -> None:
+        """Call the bound method ``tell(position)`` whenever ``load_state_dict`` moves this loader (held
+        weakly: a torch dataset's pass file, which persistent workers read where their copies stand still)."""
+        self._moved.append(weakref.WeakMethod(tell))
 
     def _check_drawn(self, theirs: LoaderState) -> None:
         """mix="batch": the ``position`` global batches consumed are the batches the cursors say the sources

@@ -121,6 +121,7 @@ class TorchDataset(IterableDataset):
         self._passes = PassFile()
         self._begun = 0  # passes this copy began (a persistent worker keeps its copy from pass to pass)
         weakref.finalize(self, self._passes.remove)
+        loader.on_move(self._passes.moved)
 
     def __iter__(self):
         info = get_worker_info()

@@ -62,13 +62,17 @@ def test_a_pass_named_like_a_finished_one_is_a_new_pass():
 def test_the_record_file_survives_only_whole_records_and_positions_round_trip(tmp_path):
     p = Position(12, ((3, 4), (0, 9)), 2)
     assert decode(encode(p)) == p
-    for bad in (b"", b"{", b"[]", b'{"pass": [1, 1]}', b'{"pass": [1, 1], "workers": -1, "base": [0, [], 0], '
-                                                             b'"start": [0, [], 0], "end": null, "done": 0}'):
-        assert _parse(bad) is None
+    for bad in (b"", b"{", b"[]", b'{"record": {"pass": [1, 1]}}', b'{"record": {"pass": [1, 1], "workers": -1, '
+                b'"base": [0, [], 0], "start": [0, [], 0], "end": null, "done": 0}, "main": [0, [[-1, 0]], 0]}'):
+        assert _parse(bad) == (None, None)
     passes = PassFile()
     assert passes.start([1, 1], 2, p) == p
     passes.done([1, 1], Position(20, ((4, 0), (1, 0)), 0))
     assert passes.start([1, 1], 2, p) == p  # the sibling still to finish
     passes.done([1, 1], Position(20, ((4, 0), (1, 0)), 0))
     assert passes.start([2, 1], 2, p) == Position(20, ((4, 0), (1, 0)), 0)
+    moved = Position(3, ((1, 0), (0, 2)), 0)
+    passes.moved(moved)  # load_state_dict in the main process: a worker's own copy no longer counts
+    assert passes.start([3, 1], 2, p) == moved
     passes.remove()
+    passes.moved(p)  # (the dataset gone: nothing to tell)

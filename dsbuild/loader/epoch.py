@@ -63,8 +63,9 @@ class EpochPlan:
 
     def batches_before(self, epoch: int, sample: int) -> int:
         """Batches of the epoch's chunks that end at or before epoch-order position ``sample`` (a chunk
-        boundary: where mix="sample" keeps its cursor)."""
-        return int(self._counts(epoch)[:sample // self.spec.chunk].sum())
+        boundary: where mix="sample" keeps its cursor; the epoch's end closes its last, partial chunk)."""
+        counts = self._counts(epoch)
+        return int(counts.sum() if sample >= self.n else counts[:sample // self.spec.chunk].sum())
 
     def locate(self, epoch: int, b: int) -> tuple[int, int]:
         """(chunk, batch within chunk) of batch ``b`` of ``epoch``."""

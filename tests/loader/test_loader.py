@@ -538,6 +538,14 @@ def test_len_is_the_batches_this_rank_still_gets_this_epoch_at_any_point(cat, mi
     restored = Loader(ref, **opts)
     restored.load_state_dict(loader.state_dict())
     assert len(restored) == total - 3 == len(list(restored))
+    # at the epoch's end (mix="sample" counted its last, partial planning chunk as not begun: len == total)
+    whole = Loader(ref, **opts)
+    for k, _ in enumerate(whole, 1):
+        assert len(whole) == total - k
+        end = whole.state_dict()  # after the last batch: taken before the loop moves on to the next epoch
+    at_end = Loader(ref, **opts)
+    at_end.load_state_dict(end)
+    assert len(at_end) == 0 == len(list(at_end))
 
 
 def test_sources_that_share_keys_get_their_own_map_draws(cat, wds_catalog):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from dsbuild.bench.measure import Measured, Meter
 from dsbuild.bench.options import BenchOptions
 from dsbuild.bench.stages import Stages, stages
-from dsbuild.core.errors import DsbuildError
+from dsbuild.core.errors import UsageError
 from dsbuild.core.records import Record
 
 
@@ -82,7 +82,8 @@ def endless(loader) -> Iterator[dict]:
             it.close()
         empty = 0 if n else empty + 1
         if empty > 1:
-            raise DsbuildError("the loader delivered no batches for two epochs (more ranks than batches?)")
+            raise UsageError("the loader delivered no batches to this rank for two epochs: an epoch holds fewer "
+                             "batches than there are ranks", hint="use fewer --ranks or a smaller --batch-size")
 
 
 class Counter:

@@ -86,6 +86,15 @@ def test_a_run_that_finished_too_few_rounds_to_judge_is_refused_not_passed(saved
     assert f"{done} of 3 round(s) finished within --duration 0.1" in p.stderr
 
 
+def test_more_ranks_than_batches_is_a_usage_error_naming_the_way_out(bench_catalog):
+    """A rank that gets no batch raised a plain DsbuildError, which crossed from the rank as a
+    RuntimeError: exit 70, "internal error"."""
+    cat, _ = bench_catalog
+    p = run("bench", cat, "--decode", "bytes", "--batch-size", "100000", "--ranks", "3", "--duration", "2",
+            "--rounds", "1", "--compare", "none", check=2)
+    assert "fewer batches than there are ranks" in p.stderr and "--ranks" in p.stderr
+
+
 def test_the_same_settings_pass_the_gate(saved):
     cat, out, _ = saved
     # two 3-second runs on a shared machine differ by up to ~20% (benchmarks/RESULTS.md): a 2x drop still fails

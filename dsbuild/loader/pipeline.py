@@ -48,7 +48,7 @@ from dsbuild.loader.stats import Stats
 from dsbuild.loader.walk import (Position, SampleRef, Step, rank_steps, sample_chunk_batches, step_items, walk_batches,
                                  walk_samples)
 
-DRAWN_CHECK_MAX = 1 << 27  # global batches of a restored mixture's schedule recounted (see ``_check_drawn``)
+DRAWN_CHECK_MAX = 1 << 27  # draws of a restored mixture's schedule recounted (see ``_check_drawn``)
 
 
 class _Process:
@@ -241,22 +241,27 @@ class Mixture:
         self._moved.append(weakref.WeakMethod(tell))
 
     def _check_drawn(self, theirs: LoaderState) -> None:
-        """mix="batch": the ``position`` global batches consumed are the batches the cursors say the sources
-        gave, and the schedule's first ``position`` draw exactly that many from each (an edited position
-        would deal the next batches to other sources than the run did). Checked where an epoch's batch
-        count is closed form (plain batches; bucketed or packed epochs would be planned one by one), the
-        schedule up to ``DRAWN_CHECK_MAX`` batches (~5 s)."""
-        if self.options.mix != "batch" or not all(p.spec.simple for p in self.plans):
+        """What the schedule drew must be what the cursors say each source gave (an edited checkpoint would
+        deal the next batches or samples to other sources than the run did). mix="sample": the first
+        sum(epoch x samples + at) slots, per source. mix="batch": the ``position`` global batches, which
+        the cursors must also account for, where an epoch's batch count is closed form (plain batches;
+        bucketed or packed epochs would be planned one by one). The schedule is recounted up to
+        ``DRAWN_CHECK_MAX`` draws (~5 s)."""
+        cursors = theirs.cursors
+        if self.options.mix == "sample":
+            gave, what = [p.n * c.epoch + c.at for p, c in zip(self.plans, cursors)], "samples"
+        elif all(p.spec.simple for p in self.plans):
+            gave, what = [p.batches_in_epoch(0) * c.epoch + c.at for p, c in zip(self.plans, cursors)], "batches"
+            if sum(gave) != theirs.position:
+                raise FormatError(f"loader checkpoint: position = {theirs.position}, but the cursors say the "
+                                  f"sources gave {sum(gave)} batches ({gave})")
+        else:
             return
-        gave = [p.batches_in_epoch(0) * c.epoch + c.at for p, c in zip(self.plans, theirs.cursors)]
-        if sum(gave) != theirs.position:
-            raise FormatError(f"loader checkpoint: position = {theirs.position}, but the cursors say the sources "
-                              f"gave {sum(gave)} batches ({gave})")
-        if len(gave) < 2 or theirs.position > DRAWN_CHECK_MAX:
+        if len(gave) < 2 or sum(gave) > DRAWN_CHECK_MAX:
             return
-        drawn = schedule_counts(self.weights, self.options.seed, theirs.position)
+        drawn = schedule_counts(self.weights, self.options.seed, sum(gave))
         if drawn != gave:
-            raise FormatError(f"loader checkpoint: position = {theirs.position} draws {drawn} batches from the "
+            raise FormatError(f"loader checkpoint: the mixture's first {sum(gave)} {what} draw {drawn} from the "
                               f"sources, but the cursors say they gave {gave}")
 
     def state_after(self, batch: dict) -> dict:

@@ -155,13 +155,23 @@ def test_a_position_the_cursors_do_not_account_for_is_refused(cat, wds_catalog):
     cursors = [dict(c) for c in state["cursors"]]
     cursors[other]["at"] += 1
     for bad, message in [({**state, "position": 25}, "position = 25, but the cursors say the sources gave 20"),
-                         ({**state, "position": 21, "cursors": cursors}, "position = 21 draws .* but the cursors say")]:
+                         ({**state, "position": 21, "cursors": cursors}, "first 21 batches draw .* but the cursors say")]:
         with pytest.raises(FormatError, match=message):
             mixture().load_state_dict(bad)
     assert sources.count(0) == state["cursors"][0]["at"]  # the checks' premise, on the run itself
     single = Loader(ref, decode="bytes", batch_size=3, seed=5)
     with pytest.raises(FormatError, match="position = 7, but the cursors say the sources gave 0"):
         single.load_state_dict({**single.state_dict(), "position": 7})
+    # mixing per sample: the cursors count samples; one credited to the source the first slot does not go to
+    from dsbuild.loader.mixture import normalise, schedule
+
+    per_sample = Mixture([(ref, None, 0.7), (str(wds_catalog[0]), None, 0.3)], per="sample", decode="bytes",
+                         batch_size=1, seed=2)
+    state = per_sample.state_dict()
+    wrong = 1 - int(schedule(normalise([0.7, 0.3]), 2, 0, 1)[0])
+    cursors = [{"epoch": 0, "at": int(k == wrong)} for k in range(2)]
+    with pytest.raises(FormatError, match="first 1 samples draw .* but the cursors say"):
+        per_sample.load_state_dict({**state, "cursors": cursors})
 
 
 def test_state_is_small_json_and_lists_exactly_the_order_options(cat):

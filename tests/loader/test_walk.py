@@ -180,6 +180,21 @@ def test_every_position_of_a_batch_walk_is_what_the_restore_check_recounts(sizes
         schedule(w, seed, 0, pos.step), minlength=len(sizes)).tolist()
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 4), st.integers(0, 2**31),
+       st.integers(0, 120), st.booleans(), st.sampled_from([None, 4]))
+def test_every_position_of_a_sample_walk_is_what_the_restore_check_recounts(sizes, batch, seed, steps, stop, pack):
+    """mix="sample": wherever a walk stands (ended epochs and chunks cut short under ``stop`` included),
+    the schedule's first sum(epoch x samples + at) slots draw exactly epoch x samples + at from each source."""
+    plans, spec = make_plans(sizes, batch, seed, pack=pack)
+    w = normalise([1.0 + k for k in range(len(sizes))])
+    pos = Position(0, tuple((0, 0) for _ in sizes))
+    for step in itertools.islice(walk_samples(pos, plans, w, seed, stop, spec), steps):
+        pos = step.at if isinstance(step, End) else step.after
+    gave = [p.n * e + a for p, (e, a) in zip(plans, pos.cursors)]
+    assert schedule_counts(w, seed, sum(gave)) == gave
+
+
 def test_golden_vectors_pin_the_mixture_schedule_and_the_walks():
     """A change here changes every mixture user's stream: bump the checkpoint format with it."""
     w = normalise([0.7, 0.3])

@@ -46,8 +46,8 @@ def export(
     with Progress("export", o) as bar:
         r = run_export(ref, dest, to=to, split=split or split_set,
                        progress=lambda done, total: bar.update(done, total, stage="samples"))
-    for name in (name for name, n in r.splits.items() if not n):  # the tools refuse to open an empty split
-        o.note(("warning ", "yellow"), f"split {name!r} is empty: {r.tool} cannot open it")
+    for warning in r.warnings:  # (under --json: in the report)
+        o.note(("warning ", "yellow"), warning)
     if as_json:
         return o.json(r.to_json())
     if quiet:

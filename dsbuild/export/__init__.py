@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Callable
 
 from dsbuild.core.errors import UsageError
+from dsbuild.core.store import is_url, local_path
 from dsbuild.export import energon, hf, litdata, mds, wids
 from dsbuild.export.folder import ExportFolder, ExportMarker
 from dsbuild.export.report import ExportReport, Ticker
 from dsbuild.export.source import open_source
 
 WRITERS = {"energon": energon.write, "hf": hf.write, "mds": mds.write, "litdata": litdata.write, "wids": wids.write}
+CHECKS = {"hf": hf.check}  # what a tool cannot load, refused before the folder is claimed
 TOOLS = tuple(sorted(WRITERS))
 # The size of each file an export writes (tars, MDS shards, LitData chunks, Parquet files): big sequential
 # reads, small enough for Mosaic's and LitData's 4 GiB offset limit with room to spare.
@@ -48,9 +50,15 @@ def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, tar
         raise UsageError(f"--to must be one of {', '.join(TOOLS)}, not {str(to)[:40]!r}")
     if target_bytes < 1 << 16:
         raise UsageError(f"target size must be at least 64KiB, not {target_bytes}")
+    if is_url(dest):  # (it was written to a local folder named like the URL, and reported as a success)
+        raise UsageError(f"{str(dest)[:200]}: an export is a local folder (it links catalog shards and lands by "
+                         "rename)", hint="export to a local folder, then copy it to the object store")
+    dest = local_path(dest)  # (file:///x is /x, not a folder "file:" here)
     source = open_source(ref, split)
+    if to in CHECKS:
+        CHECKS[to](source)
     splits = {s.name: s.samples for s in source.splits}
-    folder = ExportFolder(Path(dest), ExportMarker(to, source.version_id, split, source.split_hash,
+    folder = ExportFolder(dest, ExportMarker(to, source.version_id, split, source.split_hash,
                                                   dict(sorted(splits.items())), False, target_bytes=target_bytes))
     try:
         existed = folder.claim()
@@ -62,4 +70,6 @@ def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, tar
     return ExportReport(tool=to, version_id=source.version_id, dest=str(dest), split=split, splits=splits,
                         samples=source.samples, files_written=folder.written, bytes_written=folder.bytes,
                         files_kept=folder.kept, linked_shards=folder.linked, existed=existed,
-                        repaired=folder.repaired)
+                        repaired=folder.repaired,
+                        warnings=tuple(f"split {name!r} is empty: {to} cannot open it"  # the tools refuse to
+                                       for name, n in splits.items() if not n))  # open an empty split

@@ -48,7 +48,8 @@ class ExportMarker(Record):
     target_bytes: int | None = None  # the size of the files written; None before 2026-12 (any is accepted)
 
     def describe(self) -> str:
-        split = f" split {self.split}" if self.split else ""
+        split = f" split {self.split} (set {self.split_hash[:12]})" if self.split and self.split_hash else \
+            f" split {self.split}" if self.split else ""
         size = f" in files of {self.target_bytes:,} bytes" if self.target_bytes else ""
         return f"a {self.tool} export of version {self.version_id[:12]}{split}{size}"
 
@@ -102,6 +103,8 @@ class ExportFolder:
         # the folder itself (a link to an empty folder is followed: the rename must land on a folder), and
         # a name to derive the sibling's from, even for "."
         self.dest = Path(os.path.realpath(dest))
+        if not self.dest.name:
+            raise UsageError(f"{dest}: a file system's root cannot be an export folder; choose an empty folder")
         self.work = self.dest.with_name(PARTIAL.format(self.dest.name))
         self.marker = replace(marker, complete=False)
         self.written = 0  # files written by this run
@@ -116,12 +119,20 @@ class ExportFolder:
         d, w = self.dest, self.work
         if d.exists() and not d.is_dir():
             raise UsageError(f"{d}: is a file; export into a folder")
+        above = next(p for p in d.parents if p.exists())
+        if not above.is_dir():
+            raise UsageError(f"{above}: is a file, not a folder; export into a folder")
         found = self._mine(d, read_marker(d) if d.is_dir() else None)
         if found is None and d.is_dir() and any(d.iterdir()):
             raise UsageError(f"{d}: folder is not empty and is not an earlier export; choose an empty folder")
         damaged = _damaged(d, found.files or {}) if found is not None and found.complete else []
         if found is not None and found.complete and not damaged:
+            (d / LOCK).unlink(missing_ok=True)  # (one an interrupt left between the rename and its removal)
             return True
+        if d.is_dir() and os.stat(d).st_dev != os.stat(d.parent).st_dev:
+            raise UsageError(f"{d}: is a mount point (another file system than {d.parent}); an export is built "
+                             "beside its folder and moved in with one rename, which cannot cross file systems",
+                             hint=f"export into a new folder inside it, e.g. {d / 'export'}")
         if d.is_dir() and _holds_cwd(d):
             raise UsageError(f"{d}: is the current folder; the finished export replaces it (a shell there would "
                              "see it empty)", hint="export into a new folder, e.g. ./export")

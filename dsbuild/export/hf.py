@@ -136,13 +136,17 @@ def _table(samples: list[tuple[str, Sample]]):
     return pa.table([arrays[f.name] for f in schema], schema=schema)
 
 
-def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
-    import pyarrow.parquet as pq
-
+def check(source: ExportSource) -> None:
+    """Refuse what HF cannot load, before the export folder is claimed."""
     bad = [s.name for s in source.splits if not SPLIT_RE.fullmatch(s.name)]
     if bad:
         raise UsageError(f"split {bad[0]!r}: HF datasets accepts split names of letters, digits and '_' only",
                          hint="make the split set with such names (`dsbuild split --ratios train=...,val=...`)")
+
+
+def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
+    import pyarrow.parquet as pq
+
     compression = {leaf: "NONE" if f.name in _STORED_AS_IS else "ZSTD" for f in _schema()
                    for leaf in _leaves(f.name, f.type)}
     for split in source.splits:

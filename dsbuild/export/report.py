@@ -22,6 +22,7 @@ class ExportReport(Record):
     linked_shards: int  # catalog shards shared by a symlink (no byte copied)
     existed: bool  # the folder already held this export, complete: nothing was done
     repaired: int = 0  # files of a complete export found missing or changed, written again
+    warnings: tuple[str, ...] = ()  # e.g. an empty split, which the tool cannot open
 
 
 class Ticker:

@@ -88,7 +88,7 @@ def test_export_refuses_a_folder_that_holds_something_else(export_catalog, expor
     with pytest.raises(UsageError, match="not empty and is not an earlier export") as e:
         export(f"{cat}@v1", tmp_path / "busy", to="wids")
     assert "\n" not in str(e.value)
-    with pytest.raises(UsageError, match="holds a mds export of version .* split main in files of .*, not a hf export"):
+    with pytest.raises(UsageError, match=r"holds a mds export of version .* split main \(set .*\) in files of .*, not a hf export"):
         export(f"{cat}@v1", exported("mds"), to="hf", split="main")
     with pytest.raises(UsageError, match="not a wids export .* split main/val"):
         export(f"{cat}@v1", exported("wids"), to="wids", split="main/val")
@@ -219,6 +219,79 @@ def test_an_empty_split_is_exported_with_a_warning(export_catalog, tmp_path):
                           "--split-set", "lop"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "warning split 'val' is empty: mds cannot open it" in run.stderr
+    as_json = subprocess.run([str(dsbuild), "export", f"{mine}@v1", str(tmp_path / "y"), "--to", "mds",
+                              "--split-set", "lop", "--json"], capture_output=True, text=True)
+    assert json.loads(as_json.stdout)["warnings"] == ["split 'val' is empty: mds cannot open it"]  # (was lost)
+
+
+def _dsbuild(*args, cwd=None):
+    return subprocess.run([str(Path(sys.executable).with_name("dsbuild")), *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def test_a_destination_the_export_cannot_be_is_refused_before_any_work(export_catalog, tmp_path):
+    """A URL was written to a local folder named like it ("./s3:/bucket/x") and reported as a success; "/"
+    was exit 70; a folder under a file was exit 3."""
+    cat, _ = export_catalog
+    (tmp_path / "afile").write_text("x")
+    for dest, says in [("s3://bucket/exports/x", "an export is a local folder"),
+                       ("/", "a file system's root cannot be an export folder"),
+                       (tmp_path / "afile" / "sub", "afile: is a file, not a folder")]:
+        p = _dsbuild("export", f"{cat}@v1", dest, "--to", "wids", cwd=tmp_path)
+        assert p.returncode == 2 and says in p.stderr, (dest, p.returncode, p.stderr)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["afile"]  # nothing made, no partial left
+    assert _dsbuild("export", f"{cat}@v1", f"file://{tmp_path}/x", "--to", "wids", cwd=tmp_path).returncode == 0
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["afile", "x"]  # (was a folder "file:" here)
+
+
+def test_a_split_name_hf_cannot_load_is_refused_before_the_folder_is_claimed(export_catalog, tmp_path):
+    """The check ran after the partial folder was claimed: the refused export left it behind, and every
+    later export into the same folder was refused."""
+    cat, _ = export_catalog
+    mine = tmp_path / "cat"
+    shutil.copytree(cat, mine)
+    assert _dsbuild("split", mine, "--name", "odd", "--by", "player", "--ratios", "train=0.5,hold-out=0.5",
+                    "--quiet").returncode == 0
+    p = _dsbuild("export", f"{mine}@v1", tmp_path / "out", "--to", "hf", "--split-set", "odd")
+    assert p.returncode == 2 and "'hold-out'" in p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["cat"]
+    assert _dsbuild("export", f"{mine}@v1", tmp_path / "out", "--to", "hf", "--split", "odd/train").returncode == 0
+
+
+def test_a_lock_left_in_a_complete_export_is_removed_and_a_replaced_split_set_is_named(export_catalog, tmp_path):
+    """An interrupt between the final rename and the lock's removal left the lock for good; a split set
+    made again with --force was refused as "holds X, not X" (the same words twice)."""
+    cat, _ = export_catalog
+    mine = tmp_path / "cat"
+    shutil.copytree(cat, mine)
+    dest = tmp_path / "out"
+    assert _dsbuild("export", f"{mine}@v1", dest, "--to", "mds", "--split-set", "main").returncode == 0
+    (dest / ".dsbuild-export.lock").write_text("")
+    again = _dsbuild("export", f"{mine}@v1", dest, "--to", "mds", "--split-set", "main")
+    assert again.returncode == 0 and "already complete" in again.stdout
+    assert not (dest / ".dsbuild-export.lock").exists()
+    assert _dsbuild("split", mine, "--name", "main", "--by", "session_id", "--force", "--quiet").returncode == 0
+    p = _dsbuild("export", f"{mine}@v1", dest, "--to", "mds", "--split-set", "main")
+    assert p.returncode == 2
+    held, wanted = p.stderr.split("holds ", 1)[1].split(", not ", 1)
+    assert "split main (set " in held and held.split(";")[0] != wanted.split(";")[0]
+
+
+def test_an_empty_mount_point_is_refused_before_any_work(export_catalog, tmp_path):
+    """The export was built beside DEST on the parent's file system, then the rename into the mount point
+    failed (EBUSY), after all the work, on every run."""
+    cat, _ = export_catalog
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(vol)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        p = _dsbuild("export", f"{cat}@v1", vol, "--to", "mds")
+        assert p.returncode == 2 and "is a mount point" in p.stderr and str(vol / "export") in p.stderr
+        assert sorted(x.name for x in tmp_path.iterdir()) == ["vol"]  # no partial beside it
+        assert _dsbuild("export", f"{cat}@v1", vol / "export", "--to", "mds").returncode == 0
+    finally:
+        subprocess.run(["umount", str(vol)], check=True)
 
 
 @pytest.mark.parametrize("tool", ["mds", "energon"])

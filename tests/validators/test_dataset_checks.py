@@ -75,6 +75,16 @@ def test_title_and_condition_coverage_follow_the_spec_and_carry_hours_per_value(
     assert report.check("conditions").offenders[0].item == "weather=snow"
 
 
+def test_a_title_of_exactly_the_minimum_hours_passes(dup):
+    """Hours were rounded to 6 decimals before the comparison: a title of exactly the minimum failed it
+    (8 s = 0.0022222 h was compared as 0.002222 h)."""
+    cat, vid = dup
+    exact = RELAXED + f"min_hours_per_title = {6 / 3600!r}\n"
+    assert run(cat, vid, exact).check("titles").status == "pass"
+    above = RELAXED + f"min_hours_per_title = {6.001 / 3600!r}\n"
+    assert [o.item for o in run(cat, vid, above).check("titles").offenders] == ["Sky Rally"]
+
+
 def test_allow_lists_for_resolution_and_frame_rate(dup):
     cat, vid = dup
     ok = run(cat, vid, RELAXED + 'allowed_resolutions = ["160x120"]\nallowed_fps = ["30"]\n')

@@ -27,13 +27,14 @@ def seconds(r: IndexRow) -> float:
 
 
 def hours_by(rows: Iterable[IndexRow], value: Callable[[IndexRow], Iterable[str]]) -> dict[str, tuple[int, float]]:
-    """{value: (samples, hours)} with values = value(row), sorted by value."""
+    """{value: (samples, hours)} with values = value(row), sorted by value. Hours are summed as seconds and
+    not rounded: a title of exactly the minimum (8 s = 0.0022222 h) rounded to 0.002222 h failed it."""
     out: dict[str, list] = defaultdict(lambda: [0, 0.0])
     for r in rows:
         for v in value(r):
             out[v][0] += 1
-            out[v][1] += seconds(r) / 3600
-    return {k: (n, round(h, 6)) for k, (n, h) in sorted(out.items())}
+            out[v][1] += seconds(r)
+    return {k: (n, s / 3600) for k, (n, s) in sorted(out.items())}
 
 
 def fps_label(fps: float | None) -> str:
@@ -45,7 +46,7 @@ def conditions_of(r: IndexRow) -> list[str]:
 
 
 def _coverage_table(what: str, table: dict[str, tuple[int, float]]) -> Table:
-    return Table((what, "samples", "hours"), [[k, n, h] for k, (n, h) in table.items()])
+    return Table((what, "samples", "hours"), [[k, n, round(h, 6)] for k, (n, h) in table.items()])
 
 
 def _coverage(j: Judge, table: dict[str, tuple[int, float]], required: list[str], min_hours: float,

@@ -242,9 +242,10 @@ def _streams_present() -> None:
             setattr(sys, name, open(os.devnull, "w"))
 
 
-def run(args: list[str], command=None) -> int:
+def run(args: list[str], command=None, *, signals: bool = False) -> int:
     """Run ``dsbuild ARGS`` (with ``command``, the built click command, if the caller has it); return the
-    exit code (never raises, never exits)."""
+    exit code (never raises, never exits). ``signals`` (the executable): Ctrl-C and SIGTERM raise from here
+    on, inside the one handler of every failure (``entry`` ended the process quietly while it loaded)."""
     head = args[:args.index("--")] if "--" in args else args
     debug, as_json = "--debug" in head, "--json" in head
     if debug:
@@ -258,6 +259,9 @@ def run(args: list[str], command=None) -> int:
     if catalog is not None:  # (a command run in a process that ran others: only its own commits count)
         catalog.PUBLISHED.clear()
     try:
+        if signals:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, _on_sigterm)
         with command.make_context("dsbuild", list(args)) as ctx:
             command.invoke(ctx)
         sys.stdout.flush()
@@ -272,10 +276,23 @@ def run(args: list[str], command=None) -> int:
     except BaseException as e:  # noqa: BLE001 - this is the one place that maps every failure
         if isinstance(e, OSError) and e.errno == errno.EPIPE:
             return _quiet_broken_pipe()
+        e = _interrupt_behind(e) or e
         try:
             return report(e, command=command_name, as_json=as_json, debug=debug)
         except BrokenPipeError:
             return _quiet_broken_pipe()
+
+
+def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM) that caused ``e``, if one did: Python wraps an interrupt that lands in a
+    class body's ``__set_name__`` (a lazy import while the options are parsed) in a RuntimeError, which
+    was reported as an internal error."""
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 def _whole_writes_to_stdout() -> None:
@@ -296,10 +313,9 @@ def main() -> None:
     _MAIN_PID = os.getpid()
     _streams_present()
     _whole_writes_to_stdout()
-    signal.signal(signal.SIGTERM, _on_sigterm)
     command = build_command()
     command._main_shell_completion({}, "dsbuild", None)  # answers completion requests from the shell
-    code = run(sys.argv[1:], command)
+    code = run(sys.argv[1:], command, signals=True)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -113,3 +113,48 @@ def test_an_interrupted_samples_leaves_only_whole_sessions(tmp_path):
     folders = sorted(out.iterdir())
     assert folders and all((f / "session.json").is_file() and not f.name.startswith(".") for f in folders), \
         [sorted(x.name for x in f.iterdir()) for f in folders]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_while_the_executable_loads_is_one_line_not_a_traceback(catalog, tmp_path, sig, code):
+    """Ctrl-C in the first tenths of a second (typer, click and rich loading; the export package imported
+    while --to was parsed) printed a traceback, or exit 70 when it landed in a class body. A signal that
+    lands before Python runs any dsbuild code kills the process by the signal itself: inconclusive."""
+    import sys
+    from pathlib import Path
+
+    cat, _ = catalog
+    dsbuild = Path(sys.executable).with_name("dsbuild")  # the installed entry point, as a user runs it
+    conclusive = 0
+    for k, delay in enumerate([0.03, 0.06, 0.1, 0.15, 0.2, 0.3]):
+        p = subprocess.Popen([str(dsbuild), "export", str(cat), str(tmp_path / f"x{k}"), "--to", "wids"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+        time.sleep(delay)
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=120)
+        if p.returncode in (-sig, 0):  # too early for any dsbuild code, or the export had finished
+            continue
+        conclusive += 1
+        assert p.returncode == code and "Traceback" not in err and "internal error" not in err, (delay, err)
+        assert len(err.strip().splitlines()) == 1 or err.startswith("export samples"), err
+    assert conclusive >= 3
+
+
+def test_an_interrupt_python_wrapped_in_another_error_is_still_an_interruption(capsys):
+    """A Ctrl-C landing in a class body's ``__set_name__`` (a dataclass field, while a lazy import ran) comes
+    out as a RuntimeError: it was reported as an internal error, exit 70."""
+    import click
+
+    from dsbuild.cli.app import run
+
+    class Field:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt  # where the signal landed
+
+    def load():
+        class Record:
+            value = Field()
+
+    command = click.Group("dsbuild", commands=[click.Command("export", callback=load)])
+    assert run(["export"], command) == 130
+    assert capsys.readouterr().err == "interrupted; run the same command again to finish the export\n"

@@ -45,6 +45,9 @@ def info(
     for q in d["quarantined"]:
         o.line(("quarantined ", "yellow"), q["session"], ": ", q["path"], ": ", q["reason"])
     for s in d["split_sets"]:
+        if "damaged" in s:
+            o.line(("split set ", "bold"), s["name"], (" damaged: ", "red"), s["damaged"])
+            continue
         parts = ", ".join(f"{name} {r['samples']}" for name, r in s["splits"].items())
         o.line(("split set ", "bold"), s["name"], f" ({parts})")
 

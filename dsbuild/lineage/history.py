@@ -9,7 +9,7 @@ from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.core.records import Record
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import table_columns
-from dsbuild.lineage.splitsets import list_split_sets, open_split_set
+from dsbuild.lineage.splitsets import open_split_set, split_set_summaries
 
 
 def log_entries(catalog: Catalog) -> list[dict]:
@@ -32,7 +32,7 @@ def log_entries(catalog: Catalog) -> list[dict]:
                        "change": dict(c.change) if c.parent else None}
         out.append({"version_id": v.version_id, "tags": tags.get(v.version_id, []), "created_at": v.created_at,
                     "parent": v.parent, **summary,
-                    "split_sets": [sp.summary() for sp in list_split_sets(catalog, v.version_id)]})
+                    "split_sets": split_set_summaries(catalog, v.version_id)})
     return out
 
 
@@ -47,7 +47,7 @@ def version_info(catalog: Catalog, version_id: str) -> dict:
         "format": m.shard_format, "tool_version": m.tool_version, "config": m.config, "config_hash": m.config_hash,
         "stats": m.stats.to_json(), "vocabulary": m.vocabulary.to_json(),
         "quarantined": [q.to_json() for q in m.quarantined],
-        "split_sets": [sp.summary() for sp in list_split_sets(catalog, version_id)],
+        "split_sets": split_set_summaries(catalog, version_id),
     }
 
 

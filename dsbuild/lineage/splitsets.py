@@ -251,7 +251,12 @@ def _read_pointer(catalog: Catalog, version_id: str, name: str) -> str | None:
         data = catalog.store.read(key, 1 << 16)
     except FileNotFoundError:
         return None
-    return SplitPointer.from_json(loads_bounded(data, max_bytes=1 << 16, what=key), f"{catalog.url}/{key}").hash
+    try:
+        return SplitPointer.from_json(loads_bounded(data, max_bytes=1 << 16, what=key), f"{catalog.url}/{key}").hash
+    except FormatError as e:  # a damaged catalog (exit 3), not the user's input
+        why = str(e).removeprefix(f"{catalog.url}/{key}: ").removeprefix(f"{key}: ")
+        raise LineageError(f"{catalog.url}/{key}: damaged split set pointer ({why[:200]})",
+                           hint=f"make the split set again with `dsbuild split ... --name {name} --force`") from None
 
 
 def _load(catalog: Catalog, version_id: str, name: str, digest: str) -> SplitSet:
@@ -280,7 +285,7 @@ def open_split_set(catalog: Catalog, version_id: str, name: str) -> SplitSet:
         raise UsageError(f"split set name {name[:64]!r}: use a letter then letters, digits, '_' or '-'")
     digest = _read_pointer(catalog, version_id, name)
     if digest is None:
-        have = [s.name for s in list_split_sets(catalog, version_id)]
+        have = split_set_names(catalog, version_id)
         import difflib
 
         close = difflib.get_close_matches(name, have, n=1)
@@ -291,14 +296,31 @@ def open_split_set(catalog: Catalog, version_id: str, name: str) -> SplitSet:
     return _load(catalog, version_id, name, digest)
 
 
-def list_split_sets(catalog: Catalog, version_id: str) -> list[SplitSet]:
-    """The split sets of a version, sorted by name."""
+def split_set_names(catalog: Catalog, version_id: str) -> list[str]:
+    """The names of a version's split sets (each has a pointer file), sorted."""
     out = []
     for key in catalog.store.list(f"splits/{check_version_id(version_id)}"):
         parts = key.split("/")
         if len(parts) == 3 and parts[2].endswith(".json") and NAME_RE.fullmatch(parts[2][:-5]):
-            out.append(open_split_set(catalog, version_id, parts[2][:-5]))
-    return sorted(out, key=lambda s: s.name)
+            out.append(parts[2][:-5])
+    return sorted(out)
+
+
+def list_split_sets(catalog: Catalog, version_id: str) -> list[SplitSet]:
+    """The split sets of a version, sorted by name."""
+    return [open_split_set(catalog, version_id, name) for name in split_set_names(catalog, version_id)]
+
+
+def split_set_summaries(catalog: Catalog, version_id: str) -> list[dict]:
+    """Each split set's ``summary()``; a damaged one as its name and what is wrong (``log`` and ``info``
+    still list the version)."""
+    out = []
+    for name in split_set_names(catalog, version_id):
+        try:
+            out.append(open_split_set(catalog, version_id, name).summary())
+        except (LineageError, FormatError) as e:
+            out.append({"name": name, "damaged": str(e)})
+    return out
 
 
 def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[str, bytes],

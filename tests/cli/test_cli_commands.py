@@ -146,6 +146,19 @@ def test_query_is_sandboxed_unless_unsafe(catalog, tmp_path):
     assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["in.csv"]
 
 
+def test_a_damaged_split_set_pointer_is_named_and_log_and_info_still_list_the_version(private_catalog):
+    """One unreadable splits/<v>/<name>.json made `log` and `info` fail (exit 2, as if the user's input
+    were wrong); it is the catalog that is damaged (exit 3 where the split set is needed)."""
+    cat, vid = private_catalog
+    (cat / "splits" / vid / "main.json").write_text('{"broken')
+    entry = run_json("log", cat)["versions"][0]
+    assert entry["version_id"] == vid and entry["split_sets"][0]["name"] == "main"
+    assert "damaged split set pointer" in entry["split_sets"][0]["damaged"]
+    assert "split set main damaged: " in run("info", cat).stdout
+    p = run("validate", cat, "--split-set", "main", check=3)
+    assert "damaged split set pointer" in p.stderr and "--name main --force" in p.stderr
+
+
 def test_tags_are_created_moved_and_deleted(private_catalog):
     cat, vid = private_catalog
     assert run_json("tag", f"{cat}@{vid[:10]}", "release")["version_id"] == vid

@@ -31,6 +31,7 @@ from typing import Iterable, Sequence
 # with U+202E prints reversed text after it: "Trojan Source")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 SHORT_ID = 12
+NO_TRUNC_WIDTH = 1000  # columns a --no-trunc table may take (the terminal wraps what it cannot show)
 PLAIN_EVERY = 2.0  # seconds between progress lines when stderr is not a terminal
 
 @cache
@@ -204,7 +205,17 @@ class Out:
                          style=(styles or {}).get(name, ""))
         for row in rows:
             t.add_row(*(Text(c) if isinstance(c, str) else c for c in row))
-        self.console.print(t)
+        if not self.no_trunc:
+            self.console.print(t)
+            return
+        # --no-trunc: whole cells, wider than the terminal if need be (it wraps the lines), never cropped
+        # (rich caps a print's width at the console's, so the console is widened for this table)
+        width = self.console.width
+        self.console.width = max(width, NO_TRUNC_WIDTH)
+        try:
+            self.console.print(t, crop=False)
+        finally:
+            self.console.width = width
 
     def pairs(self, items: Iterable[tuple[str, object]]) -> None:
         """Key/value lines: aligned on a terminal, ``key<TAB>value`` otherwise."""

@@ -33,6 +33,8 @@ def test_terminal_log_shortens_ids_unless_no_trunc(catalog):
     assert rc == 0 and vid[:12] in text and vid not in text and "\t" not in text
     rc, text = run_tty("log", cat, "--no-trunc")
     assert rc == 0 and vid in text
+    rc, text = run_tty("log", cat, "--no-trunc", columns=80)  # (ids were cropped to fit, other columns dropped)
+    assert rc == 0 and vid in "".join(text.split()) and "webdataset" in text
 
 
 def _imports(p) -> set[str]:

@@ -72,10 +72,13 @@ def parse_resize(text: str | None) -> tuple[int, int] | None:
 
 
 def parse_compare(text: str | None) -> tuple[str, ...] | None:
-    """'auto' (or nothing) -> None (every baseline that applies); 'none' -> (); 'raw,webdataset' -> names."""
+    """'auto' (or nothing) -> None (every baseline that applies); 'none' -> (); 'raw,webdataset' -> names, in
+    one order whatever order they were given in (a baseline saved with raw,sha256 gates sha256,raw)."""
     if text is None or text.strip() == "auto":
         return None
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if parts == ["none"]:
         return ()
-    return tuple(dict.fromkeys(parts))
+    if not parts or "none" in parts or "auto" in parts:
+        raise UsageError(f"--compare {text[:60]!r}: use auto, none, or baseline names such as raw,sha256")
+    return tuple(sorted(set(parts)))

@@ -88,9 +88,9 @@ def bench(
                                 help="Baselines: pyav (frames); raw, sha256, webdataset, litdata, mosaic (bytes)."),
     seed: int = seed_option("The loader's seed."),
     baseline: str = typer.Option(None, "--baseline", metavar="FILE", help="A report saved with --save to gate against."),
-    fail_below: float = typer.Option(0.9, "--fail-below", metavar="R",
+    fail_below: float = typer.Option(None, "--fail-below", metavar="R",
                                      help="With --baseline: exit 1 when a ratio's median falls below R x the saved "
-                                          "one by more than the runs' spread."),
+                                          "one by more than the runs' spread (default 0.9)."),
     allow_different: bool = typer.Option(False, "--allow-different",
                                          help="With --baseline: judge even if settings or data differ (noted)."),
     save: str = typer.Option(None, "--save", metavar="FILE", help="Write the JSON report to FILE."),
@@ -118,7 +118,11 @@ def bench(
     options = BenchOptions(ref=ref, split=split, batch_size=batch_size, threads=threads, ranks=ranks, step_ms=step_ms,
                            decode=decode, decode_backend=decode_backend, resize=parse_resize(resize), verify=verify,
                            device=device, duration=duration, rounds=rounds, compare=parse_compare(compare), seed=seed)
-    against = Against(load_report(baseline), baseline, fail_below, allow_different) if baseline else None
+    if not baseline and (fail_below is not None or allow_different):  # (were ignored without a word)
+        raise UsageError(f"{'--fail-below' if fail_below is not None else '--allow-different'} needs --baseline FILE",
+                         hint="save a baseline with --save FILE first, then gate against it")
+    against = Against(load_report(baseline), baseline, 0.9 if fail_below is None else fail_below,
+                      allow_different) if baseline else None
     files = report_files({"--save": save, "--html": html})
     save, html = files["--save"], files["--html"]
     interrupted = None

@@ -121,6 +121,14 @@ def doctor(out: Path, name: str, factor: dict[str, float]) -> Path:
     return out / name
 
 
+def test_the_baselines_named_in_another_order_are_the_same_run(saved):
+    """--compare sha256,raw against a baseline saved with raw,sha256 was refused as not comparable."""
+    cat, out, _ = saved
+    swapped = [("sha256,raw" if a == "raw,sha256" else a) for a in GATED]
+    p = run("bench", cat, *swapped, "--baseline", out / "base.json", check=None)
+    assert p.returncode in (0, 1) and "not comparable" not in p.stderr and "compare" not in p.stderr, p.stderr
+
+
 def test_a_drop_against_every_baseline_exits_1_naming_the_ratios(saved):
     cat, out, _ = saved
     p = run("bench", cat, *GATED, "--baseline", doctor(out, "slower.json", {"raw": 20, "sha256": 20}), check=1)

@@ -64,6 +64,9 @@ def one_line_error(p, code: int, *needles: str) -> str:
     (["samples", "out", "--seed", "-1"], ["--seed", "0<=x<=9007199254740991"]),
     (["verify", "cat", "--seed", "-1"], ["--seed", "0<=x"]),  # (was accepted)
     (["bench", "cat", "--seed", "9" * 23], ["--seed"]),  # (was saved in a baseline that --baseline refused)
+    (["bench", "cat", "--fail-below", "2"], ["--fail-below needs --baseline"]),  # these were ignored silently
+    (["bench", "cat", "--allow-different"], ["--allow-different needs --baseline"]),
+    (["bench", "cat", "--compare", ","], ["--compare ','"]),
     (["query", "cat", "/* only a comment */"], ["the query has no statement"]),
 ])
 def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):

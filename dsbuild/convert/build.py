@@ -90,6 +90,7 @@ class ConvertResult(Record):
     repairs: dict[str, dict[str, int]]  # the version's repairs and drops by stream, summed over its sessions
 
 
+QUARANTINE_SHOWN = 5  # sessions whose reasons an all-quarantined build names (then "and N more")
 # per-session counts of volume (not of anything repaired or dropped), and how a codec was carried
 _NOT_REPAIRS = frozenset({"lines", "events", "packets", "tracks", "clips_with_audio", "long_clips",
                           "reencoded_from", "examples"})
@@ -279,10 +280,11 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
         results.sort(key=lambda r: r.session_id)
         quarantined += [r.quarantine for r in results if r.quarantine]
         good = [r for r in results if r.quarantine is None]
-        if not good:
-            first = quarantined[0]
-            raise CheckFailed(f"all {len(quarantined)} sessions were quarantined; first: {first.path}: {first.reason}",
-                              hint="`--json` lists every reason")
+        if not good:  # nothing to commit, so no report: the reasons go in the message (its hint lied)
+            shown = "; ".join(f"{q.path}: {q.reason}" for q in quarantined[:QUARANTINE_SHOWN])
+            more = len(quarantined) - QUARANTINE_SHOWN
+            raise CheckFailed(f"all {len(quarantined)} sessions were quarantined: {shown}"
+                              + (f"; and {more} more" if more > 0 else ""))
         refs = _refs(good, base)
         shard_plan = plan(refs, fmt, config.shard_size, base.compositions if base else {})
         files = {ref.parent.path: catalog.shard_file(ref.parent) for g, reuse in zip(shard_plan.groups, shard_plan.reuse)

@@ -4,6 +4,7 @@ goes on; recoverable damage is repaired and counted in the manifest; user mistak
 from __future__ import annotations
 
 
+import json
 import pytest
 
 from dsbuild.core.executor import ExecutorSpec
@@ -137,10 +138,15 @@ def test_user_mistakes_get_one_line_and_exit_2(tmp_path, case):
     assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("hint: "))
 
 
-def test_all_sessions_quarantined_is_exit_1_and_commits_nothing(tmp_path):
-    generate(tmp_path / "cap", sessions=1, seconds=1, seed=0, damage={0: "not_video"})
-    r = cli("convert", tmp_path / "cap", tmp_path / "out")
-    assert r.returncode == 1 and "quarantined" in r.stderr
+def test_all_sessions_quarantined_is_exit_1_names_every_reason_and_commits_nothing(tmp_path):
+    """The error named the first session and hinted "`--json` lists every reason", which it did not: with
+    nothing committed there is no report. The message names up to five, then counts the rest."""
+    generate(tmp_path / "cap", sessions=7, seconds=1, seed=0, damage={i: "not_video" for i in range(7)})
+    r = cli("convert", tmp_path / "cap", tmp_path / "out", "--json")
+    assert r.returncode == 1 and r.stdout == ""
+    error = json.loads(r.stderr)
+    assert error["error"].startswith("all 7 sessions were quarantined: ") and error["error"].endswith("; and 2 more")
+    assert error["error"].count("not a readable video") == 5 and error["hint"] is None
     from dsbuild.lineage.catalog import Catalog
 
     assert Catalog.open(tmp_path / "out").versions() == []

@@ -3,8 +3,8 @@ goes on; recoverable damage is repaired and counted in the manifest; user mistak
 
 from __future__ import annotations
 
-
 import json
+
 import pytest
 
 from dsbuild.core.executor import ExecutorSpec

@@ -131,6 +131,12 @@ def _allowed_text(t: Threshold) -> str:
     return f"{what} in [{lo:g}, {hi:{'d' if isinstance(hi, int) else 'g'}}]" if math.isfinite(hi) else f"{what} >= {lo:g}"
 
 
+# Integrity and safety: a version whose manifest, shards, index or members fail them must never pass the
+# gate by a [severity] line (a flipped shard passed --level full with shard_hashes = "off")
+ALWAYS_FAIL = {"manifest": None, "shard_hashes": "max_bad_shards", "index": "max_index_errors",
+               "unsafe_members": "max_unsafe_members"}  # -> the threshold that tolerates some, if any
+
+
 def _check_value(t: Threshold, v: object, where: str) -> object:
     """The value a threshold takes from the spec; UsageError naming it and its allowed range otherwise."""
     if t.kind == "strings":
@@ -184,6 +190,10 @@ def parse_spec(text: str, source: str) -> AcceptanceSpec:
         if value not in SEVERITIES:
             raise UsageError(f"{where('severity', key)}: severity of {key!r} must be one of "
                              f"{', '.join(SEVERITIES)}, not {value!r}")
+        if key in ALWAYS_FAIL and value != "fail":
+            raise UsageError(f"{where('severity', key)}: {key!r} proves the version is whole and safe to read; "
+                             f"its severity is always fail, not {value!r}",
+                             hint=f"to tolerate some, raise {ALWAYS_FAIL[key]} instead" if ALWAYS_FAIL[key] else None)
         severity[key] = value
     for key, value in doc.get("report", {}).items():
         if key != "max_offenders":

@@ -82,6 +82,10 @@ def test_keys_left_out_keep_their_defaults():
     ("[limits]\nx = 1\n", r"s\.toml:1: unknown key 'limits'"),
     ("\n[severity]\nframes = \"warn\"\n", r"s\.toml:3: unknown check 'frames'"),
     ("[severity]\ndecode = \"loud\"\n", r"s\.toml:2: severity of 'decode' must be one of fail, warn, off"),
+    # integrity and safety cannot be switched off (a flipped shard passed --level full)
+    ("[severity]\nshard_hashes = \"off\"\n", r"s\.toml:2: 'shard_hashes' proves the version is whole .* always fail"),
+    ("[severity]\nmanifest = \"warn\"\n", r"'manifest' proves .* not 'warn'"),
+    ("[severity]\nunsafe_members = \"off\"\n", r"'unsafe_members' proves"),
     ("[report]\nmax_offender = 3\n", r"s\.toml:2: unknown key 'max_offender' in \[report\]"),
     ("[thresholds]\nmax_decode_failures = -1\n", r"s\.toml:2: max_decode_failures must be a whole number in \[0, "),
     ("[thresholds]\nmax_decode_failures = 0.5\n", r"whole number"),

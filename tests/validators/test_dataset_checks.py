@@ -85,6 +85,24 @@ def test_a_title_of_exactly_the_minimum_hours_passes(dup):
     assert [o.item for o in run(cat, vid, above).check("titles").offenders] == ["Sky Rally"]
 
 
+def test_sessions_convert_quarantined_are_reported_as_a_warning_naming_each(tmp_path):
+    """A version missing a session passed the gate without a word in any report."""
+    from dsbuild.convert import ConvertConfig, convert
+    from dsbuild.samples.synthetic import generate
+
+    generate(tmp_path / "caps", sessions=3, seconds=1.0, seed=4, damage={0: "not_video"})
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
+    (q,) = r.quarantined
+    report = run(tmp_path / "cat", r.version_id)
+    check = report.check("quarantine")
+    assert report.accepted and check.status == "warn" and check.measured == 1
+    assert [(o.item, o.kind) for o in check.offenders] == [(q.session, "session")] and "not a readable video" in \
+        check.offenders[0].detail
+    assert run(tmp_path / "cat", r.version_id, "[severity]\nquarantine = \"fail\"\n").accepted is False
+    assert run(tmp_path / "cat", r.version_id, "[thresholds]\nmax_quarantined_sessions = 1\n"
+               ).check("quarantine").status == "pass"
+
+
 def test_allow_lists_for_resolution_and_frame_rate(dup):
     cat, vid = dup
     ok = run(cat, vid, RELAXED + 'allowed_resolutions = ["160x120"]\nallowed_fps = ["30"]\n')

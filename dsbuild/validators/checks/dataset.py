@@ -199,7 +199,16 @@ def _action_balance(j: Judge, d: VersionFacts) -> CheckResult:
                         threshold_key="min_action_usage", bad="below"))
 
 
+def _quarantine(j: Judge, d: VersionFacts) -> CheckResult:
+    """Sessions convert left out: a gate that passes a version says what it does not hold."""
+    return j.count([(q.session, f"{q.path}: {q.reason}") for q in d.manifest.quarantined], kind="session")
+
+
 CHECKS = (
+    Check("quarantine", "dataset", "Sessions convert quarantined (left out of the version, each with the file and "
+          "the reason): data left out is reported, never silent.",
+          (Threshold("max_quarantined_sessions", 0, "count", "every session of the captures made it in"),),
+          severity="warn", counts="session(s) quarantined by convert", run=_quarantine),
     Check("titles", "dataset", "Samples and hours per title; every required title is present and every title "
           "has enough data.",
           (Threshold("min_hours_per_title", 0.0, "number", "no minimum unless the project sets one"),

@@ -359,7 +359,7 @@ def unreferenced_split_folders(catalog: Catalog, *, now: float, grace: float) ->
             name = parts[2][:-5]
             try:
                 pointed.add(f"splits/{parts[1]}/{name}/{_read_pointer(catalog, parts[1], name)}")
-            except (FormatError, UsageError):
+            except (FormatError, LineageError, UsageError):
                 unreadable.append(key)
                 pointed.add(f"splits/{parts[1]}/{name}")  # the name's folders, whichever is live
     out = []

@@ -58,7 +58,7 @@ def check_split(catalog: Path | Catalog, version: str | None, name: str,
                 options: SplitOptions | None = None) -> CheckResult:
     """Check the split set ``name`` of a version. Parameters not given in ``options`` are the recorded ones."""
     cat, version_id = open_version(catalog, version)
-    stored = open_split_set(cat, version_id, name)  # UsageError when missing, FormatError when damaged
+    stored = open_split_set(cat, version_id, name)  # UsageError when missing, LineageError when damaged
     problems: list[str] = []
     groups, keys, tables = {}, {}, {}
     for split in stored.splits:

@@ -5,6 +5,7 @@ Session-scoped so the suite encodes each set once; tests that change files copy 
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,20 @@ import pytest
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.samples.synthetic import generate
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """The suite, and every dsbuild it starts, uses a cache of its own: the machine's (~/.cache/dsbuild)
+    is shared with any other dsbuild running meanwhile (the hash cache's sqlite, the shard cache); a CI
+    failure of the incremental-build test coincided with other builds using it."""
+    before = os.environ.get("DSBUILD_CACHE")
+    os.environ["DSBUILD_CACHE"] = str(tmp_path_factory.mktemp("dsbuild-cache"))
+    yield
+    if before is None:
+        os.environ.pop("DSBUILD_CACHE", None)
+    else:
+        os.environ["DSBUILD_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

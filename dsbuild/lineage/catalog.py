@@ -415,6 +415,14 @@ class Catalog:
         except OSError as e:
             raise StorageError(f"{self.url}/{key}: cannot read ({e.strerror or e})") from None
 
+    def check_new_tag(self, name: str) -> None:
+        """Refuse a tag this catalog would read as a version id (hex digits only: 7 or more, or a prefix of
+        one of its versions): it would hide the version it names."""
+        if re.fullmatch(r"[0-9a-fA-F]+", name) and (len(name) >= 7 or any(
+                v.version_id.startswith(name.lower()) for v in self.versions())):
+            raise UsageError(f"tag {name!r} reads as a version id (hex digits only): it would hide the "
+                             "version it names", hint=f"add a letter outside a-f, e.g. v-{name}")
+
     def _change_tag(self, tags: dict[str, str], name: str, ref: str | None, force: bool, delete: bool) -> str | None:
         """``tags`` with the change made (in place); the version the tag points at now."""
         if delete:
@@ -423,10 +431,7 @@ class Catalog:
             del tags[name]
             return None
         target = self.resolve(ref)
-        if re.fullmatch(r"[0-9a-fA-F]+", name) and (len(name) >= 7 or any(
-                v.version_id.startswith(name.lower()) for v in self.versions())):
-            raise UsageError(f"tag {name!r} reads as a version id (hex digits only): it would hide the "
-                             "version it names", hint=f"add a letter outside a-f, e.g. v-{name}")
+        self.check_new_tag(name)
         if name in tags and tags[name] != target and not force:
             raise UsageError(f"tag {name!r} already points at {tags[name][:12]}", hint="use --force to move it")
         tags[name] = target
@@ -568,7 +573,7 @@ class Catalog:
         manifest_bytes = manifest.to_bytes()
         vid = sha256_bytes(manifest_bytes)
         if self.store.exists(f"versions/{vid}/manifest.json"):
-            self._restore_pins(vid, manifest, pinned)
+            self.restore_pins(vid, manifest, pinned)
             return vid, True
         seq = 1 + max((v.commit.sequence for v in self.versions() if v.commit), default=0)
         record = replace(commit, sequence=seq)
@@ -576,9 +581,9 @@ class Catalog:
                      area.path)
         return vid, False
 
-    def _restore_pins(self, vid: str, manifest: Manifest, pinned: dict[str, bytes]) -> None:
-        """The version exists: write back any file its manifest pins that is missing or damaged (a build
-        of that very version made them again, byte for byte; every other file of it is left alone)."""
+    def restore_pins(self, vid: str, manifest: Manifest, pinned: dict[str, bytes]) -> None:
+        """The version exists: write back any file its manifest pins that is missing or damaged (a build or
+        a copy of that very version has them, byte for byte; every other file of it is left alone)."""
         for pin in (manifest.index, manifest.sessions):
             try:
                 self.pinned_file(vid, pin, pin.bytes)
@@ -601,7 +606,10 @@ class Catalog:
             write_durably(staging / name, data)
         fsync_dir(staging)
         (self.root / "versions").mkdir(exist_ok=True)
-        os.rename(staging, self.root / vkey)
+        target = self.root / vkey
+        if target.is_dir() and not (target / "manifest.json").exists():
+            os.rename(target, scratch / "invisible")  # a leftover without its manifest: replaced whole
+        os.rename(staging, target)
         PUBLISHED.append(vid)
         fsync_dir(self.root / "versions")
 

@@ -53,10 +53,11 @@ class _Progress:
     started: float = field(default_factory=time.monotonic)
 
 
-def _copy_verified(src: Path, dst: Path, rec: ShardRecord, root: Path | None) -> None:
+def _copy_verified(src: Path, dst: Path, rec: ShardRecord, root: Path | None, where: str) -> None:
     """Copy a shard file, hashing it on the way; refuse bytes that are not what its name (sha256) and its
     record (BLAKE3) say: what lands under a name here is trusted by that name from then on. The source is
-    read as a regular file inside ``root`` (its catalog, when local) and never past its recorded size."""
+    read as a regular file inside ``root`` (its catalog, when local) and never past its recorded size;
+    ``where`` names it in messages (the source catalog's URL and the shard's path)."""
     h = rec.proof(named=True)
     got = 0
     with open_regular(src, root) as fin, open(dst, "wb") as fout:
@@ -68,11 +69,11 @@ def _copy_verified(src: Path, dst: Path, rec: ShardRecord, root: Path | None) ->
         os.fsync(fout.fileno())
     if got != rec.bytes:
         dst.unlink(missing_ok=True)
-        raise LineageError(f"{rec.path}: the source's shard is {'larger' if got > rec.bytes else 'smaller'} than "
+        raise LineageError(f"{where}: the source's shard is {'larger' if got > rec.bytes else 'smaller'} than "
                            f"the {rec.bytes} bytes its record says", hint="run `dsbuild verify` on the source catalog")
     if not h.ok():
         dst.unlink(missing_ok=True)
-        raise LineageError(f"{rec.path}: the source's bytes are not what the shard's name and record say "
+        raise LineageError(f"{where}: the source's bytes are not what the shard's name and record say "
                            f"({h.mismatch()}): a damaged or forged source", hint="run `dsbuild verify` on the source catalog")
 
 
@@ -94,7 +95,9 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
             else:
                 local = area.path / f"{rec.sha256}.part"
                 try:
-                    _copy_verified(source.shard_file(rec), local, rec, source.root)
+                    # (an object store's cached copy is proven first: one damaged on local disk is fetched again)
+                    _copy_verified(source.shard_file(rec, proven=True), local, rec, source.root,
+                                   f"{source.url}/{rec.path}")
                 except (UnsafeFile, FileNotFoundError) as e:
                     why = "missing" if isinstance(e, FileNotFoundError) else str(e).split(": ", 1)[-1]
                     raise LineageError(f"{source.url}/{rec.path}: {why}",
@@ -114,7 +117,10 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
             state.bytes = nbytes
             if progress:
                 progress(state)
-        if not existed:
+        if existed:  # the same version: write back any file it pins that is missing or damaged there
+            with dest.lock():
+                dest.restore_pins(vid, m, source.pinned_files(vid))
+        else:
             _publish(source, dest, vid, area.path)
     for t in names:
         dest.set_tag(t, vid)
@@ -140,6 +146,8 @@ def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path) -> None:
     files = source.pinned_files(vid)
     manifest = source.store.read(f"versions/{vid}/manifest.json", 1 << 30, proven=hashes_to(vid))
     with dest.lock():
+        if dest.store.exists(f"versions/{vid}/manifest.json"):
+            return  # published by another copy of the same version meanwhile: the same bytes (ids are hashes)
         missing = [s.path for s in source.manifest(vid).shards if dest.store.size(s.path) != s.bytes]
         if missing:
             raise LineageError(f"{dest.url}: shard {missing[0]} did not arrive; nothing was published")
@@ -153,6 +161,8 @@ def _tags_to_copy(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:
     """The source's tags naming ``vid``; refused, before anything is sent, if one names another version
     in ``dest`` (found after the copy, it left a published version behind an error)."""
     names = sorted(t for t, v in source.tags().items() if v == vid)
+    for t in names:  # (a hex-only tag could name another version's prefix there: refused after the copy)
+        dest.check_new_tag(t)
     theirs = dest.tags()
     clash = [t for t in names if t in theirs and theirs[t] != vid]
     if clash:

@@ -315,6 +315,52 @@ def test_a_pull_whose_split_set_clashes_is_refused_before_any_tag_moves(catalog,
     assert _files(dest) == before and not (dest / "tags.json").exists()
 
 
+def test_concurrent_copies_of_one_version_all_succeed_and_a_leftover_folder_is_replaced(catalog, tmp_path):
+    """Four pulls of one version into one catalog at once: three failed, exit 3, "<dest>/.tmp/<uuid>/version:
+    Directory not empty" (the existence check ran before the lock). A versions/<id>/ folder without its
+    manifest (invisible) made every later copy fail the same way."""
+    import subprocess
+
+    from tests.cli.clitools import argv, env
+
+    cat, vid = catalog
+    dest = tmp_path / "shared"
+    procs = [subprocess.Popen(argv("pull", f"{cat}@gold", dest, "--quiet"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env()) for _ in range(4)]
+    results = [(p.wait(), p.stderr.read()) for p in procs]
+    assert [code for code, _ in results] == [0] * 4, results
+    assert run("verify", dest).returncode == 0
+    other = tmp_path / "other"
+    run("pull", f"{cat}@gold", other, "--quiet")
+    (other / "versions" / vid / "manifest.json").unlink()  # invisible now: a leftover, not a version
+    run("pull", f"{cat}@gold", other, "--quiet")
+    assert run("verify", other).returncode == 0
+
+
+def test_a_copy_into_a_destination_whose_version_lost_a_pinned_file_writes_it_back(catalog, tmp_path):
+    """push said "version already there" (exit 0) while the destination's copy had no index."""
+    cat, vid = catalog
+    dest = tmp_path / "dest"
+    run("push", f"{cat}@gold", dest, "--quiet")
+    (dest / "versions" / vid / "index.parquet").unlink()
+    run("push", f"{cat}@gold", dest, "--quiet")
+    assert run("verify", dest).returncode == 0
+
+
+def test_a_tag_the_destination_would_read_as_a_version_id_is_refused_before_anything_is_sent(catalog, tmp_path):
+    """--tags copied a hex-only tag (one made before such tags were refused) after publishing the version,
+    then failed with exit 2: the destination was changed by a refused copy."""
+    cat, vid = catalog
+    src = tmp_path / "src"
+    shutil.copytree(cat, src)
+    tags = json.loads((src / "tags.json").read_text())
+    tags["tags"]["abcdef12"] = vid  # (written as an older dsbuild allowed)
+    (src / "tags.json").write_text(json.dumps(tags))
+    p = run("push", f"{src}@gold", tmp_path / "dest", "--tags", check=2)
+    assert "'abcdef12' reads as a version id" in p.stderr
+    assert not (tmp_path / "dest" / "versions").exists()
+
+
 @pytest.mark.parametrize("verb", ["push", "pull"])
 def test_a_copy_that_fails_leaves_no_catalog_it_created(private_catalog, tmp_path, verb):
     """A damaged source shard (exit 3) left catalog.json and .tmp/*.lock in a destination that did not exist."""
@@ -325,6 +371,7 @@ def test_a_copy_that_fails_leaves_no_catalog_it_created(private_catalog, tmp_pat
     shard.write_bytes(bytes(data))
     p = run(verb, cat, tmp_path / "new", check=3)
     assert "not what the shard's name and record say" in p.stderr, p.stderr
+    assert p.stderr.startswith(f"error: {cat}/shards/")  # the source catalog named (was the bare key)
     assert not (tmp_path / "new").exists()
     (tmp_path / "empty").mkdir()
     run(verb, cat, tmp_path / "empty", check=3)

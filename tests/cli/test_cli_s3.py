@@ -143,6 +143,21 @@ def test_validate_judges_the_bucket_not_a_cached_copy_damaged_on_local_disk(s3, 
     assert "Traceback" not in p.stderr
 
 
+def test_a_pull_from_s3_proves_a_cached_copy_and_fetches_a_damaged_one_again(s3, remote, tmp_path):
+    """A shard copy damaged in the local cache made every pull blame the source ("a damaged or forged
+    source", exit 3) while `verify` of the bucket passed."""
+    from pathlib import Path
+
+    vid, _ = remote
+    run("pull", f"s3://data/cat@{vid}", tmp_path / "first", "--quiet", extra_env=s3)  # fills the cache
+    for copy in (Path(s3["DSBUILD_CACHE"]) / "shards").iterdir():
+        data = bytearray(copy.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        copy.write_bytes(bytes(data))
+    run("pull", f"s3://data/cat@{vid}", tmp_path / "second", "--quiet", extra_env=s3)
+    assert run("verify", tmp_path / "second").returncode == 0
+
+
 def test_push_and_pull_copy_a_version_with_its_tags_and_split_sets(s3, remote, tmp_path):
     vid, _ = remote
     local = tmp_path / "pulled"

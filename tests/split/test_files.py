@@ -340,32 +340,22 @@ def test_pinned_values_are_compared_in_nfc_like_group_values(tmp_path):
     assert set(load_split(tmp_path / "catalog", r.version_id, "p/test")["group_value"].to_pylist()) == {composed}
 
 
-def test_a_pin_line_is_its_group_value_exactly_spaces_and_all(tmp_path):
-    """Pin lines were stripped: " Alice" pinned the other player "Alice"."""
+@pytest.mark.parametrize("players, pin_text, pinned", [
+    # pin lines were stripped: " Alice" pinned the other player "Alice"
+    ([" Alice", "Alice", "Bob", "Cy"], "# the held-out player\n Alice\n\n", {" Alice"}),
+    # '#' starts a comment line, so a player called "#7" could not be pinned at all: a backslash escapes it
+    (["#7", "\\x", "Bob", "Cy"], "# held out\n\\#7\n\\\\x\n", {"#7", "\\x"}),
+])
+def test_a_pin_line_is_its_group_value_exactly(tmp_path, players, pin_text, pinned):
     video = VideoSpec(160, 120, 30, 30)
-    players = [" Alice", "Alice", "Bob", "Cy"]
     specs = [SessionSpec(f"s-{i}", "Kart Storm", p, video) for i, p in enumerate(players)]
     generate(tmp_path / "captures", sessions=4, seconds=1.0, seed=5, specs=specs)
     r = convert(tmp_path / "captures", tmp_path / "catalog", ConvertConfig(clip_seconds=1.0),
                 executor=ExecutorSpec(workers=1))
     pin = tmp_path / "pin.txt"
-    pin.write_text("# the held-out player\n Alice\n\n")
+    pin.write_text(pin_text)
     make_split(tmp_path / "catalog", r.version_id, "p", SplitOptions(ratios="train=0.5,test=0.5", pins=[("test", pin)]))
-    assert set(load_split(tmp_path / "catalog", r.version_id, "p/test")["group_value"].to_pylist()) == {" Alice"}
-
-
-def test_a_group_value_starting_with_a_hash_is_pinned_by_a_backslash(tmp_path):
-    """'#' starts a comment line, so a player called "#7" could not be pinned at all."""
-    video = VideoSpec(160, 120, 30, 30)
-    players = ["#7", "\\x", "Bob", "Cy"]
-    specs = [SessionSpec(f"s-{i}", "Kart Storm", p, video) for i, p in enumerate(players)]
-    generate(tmp_path / "captures", sessions=4, seconds=1.0, seed=5, specs=specs)
-    r = convert(tmp_path / "captures", tmp_path / "catalog", ConvertConfig(clip_seconds=1.0),
-                executor=ExecutorSpec(workers=1))
-    pin = tmp_path / "pin.txt"
-    pin.write_text("# held out\n\\#7\n\\\\x\n")
-    make_split(tmp_path / "catalog", r.version_id, "p", SplitOptions(ratios="train=0.5,test=0.5", pins=[("test", pin)]))
-    assert set(load_split(tmp_path / "catalog", r.version_id, "p/test")["group_value"].to_pylist()) == {"#7", "\\x"}
+    assert set(load_split(tmp_path / "catalog", r.version_id, "p/test")["group_value"].to_pylist()) == pinned
 
 
 def test_unknown_pinned_group_is_one_clear_line_and_exit_2(catalog, tmp_path):

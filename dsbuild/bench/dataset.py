@@ -73,7 +73,7 @@ def describe(ref: str, split: str | None) -> Dataset:
     mine = [e.key for e in (e for p in part.parts for e in p.entries)]
     if not mine:
         raise UsageError(f"{ref}{' split ' + split if split else ''}: no samples to measure")
-    shards = tuple(Shard(source.catalog.shard_file(p.shard), p.shard.bytes, len(p.entries) + len(p.foreign),
+    shards = tuple(Shard(source.catalog.shard_file(p.shard, proven=True), p.shard.bytes, len(p.entries) + len(p.foreign),
                          sum(source.sizes[e.key] for e in (*p.entries, *p.foreign))) for p in part.parts)
     facts = DatasetFacts(
         version_id=source.version_id, split=split, shard_format=source.manifest.shard_format, samples=len(mine),

@@ -124,7 +124,7 @@ def proven_members(catalog: Catalog, shard_format: str,
             if rec is not current:
                 if reader is not None:
                     reader.close()
-                reader, current = fmt.reader(catalog.shard_file(rec)), rec
+                reader, current = fmt.reader(catalog.shard_file(rec, proven=True)), rec
             try:
                 members = reader.members(e)
             except FormatError as err:

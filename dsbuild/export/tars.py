@@ -76,5 +76,5 @@ def _share(source: ExportSource, shard, folder: ExportFolder, rel: str) -> None:
         folder.link(rel, target)
         return
     tmp = folder.temp(shard.sha256)
-    shutil.copyfile(source.catalog.shard_file(shard), tmp)
+    shutil.copyfile(source.catalog.shard_file(shard, proven=True), tmp)  # (a damaged cached copy: fetched again)
     folder.adopt(rel, tmp)

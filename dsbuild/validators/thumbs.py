@@ -41,7 +41,7 @@ def clip_strips(report: Report, catalog: Catalog | None = None) -> dict[str, byt
             if not wanted or shard not in records:
                 continue
             try:
-                with fmt.reader(cat.shard_file(records[shard])) as reader:
+                with fmt.reader(cat.shard_file(records[shard], proven=True)) as reader:
                     for e in wanted:
                         try:
                             out[e.key] = strip(bytes(reader.read(e).video), frames[e.key] or 1)

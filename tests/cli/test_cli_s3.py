@@ -156,6 +156,21 @@ def test_a_pull_from_s3_proves_a_cached_copy_and_fetches_a_damaged_one_again(s3,
         copy.write_bytes(bytes(data))
     run("pull", f"s3://data/cat@{vid}", tmp_path / "second", "--quiet", extra_env=s3)
     assert run("verify", tmp_path / "second").returncode == 0
+    import hashlib
+
+    def damage_cache():
+        for copy in (Path(s3["DSBUILD_CACHE"]) / "shards").iterdir():
+            data = bytearray(copy.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            copy.write_bytes(bytes(data))
+
+    damage_cache()  # export too: it shipped the damaged bytes (wids) or blamed the source (hf)
+    run("export", f"s3://data/cat@{vid}", tmp_path / "wids", "--to", "wids", "--quiet", extra_env=s3)
+    names = {s["sha256"] for s in json.loads((tmp_path / "second" / "versions" / vid / "manifest.json").read_text())["shards"]}
+    tars = sorted((tmp_path / "wids").rglob("*.tar"))
+    assert tars and {hashlib.sha256(t.read_bytes()).hexdigest() for t in tars} <= names
+    damage_cache()
+    run("export", f"s3://data/cat@{vid}", tmp_path / "hf", "--to", "hf", "--quiet", extra_env=s3)
 
 
 def test_push_and_pull_copy_a_version_with_its_tags_and_split_sets(s3, remote, tmp_path):

@@ -259,9 +259,10 @@ def run(args: list[str], command=None, *, signals: bool = False) -> int:
     if catalog is not None:  # (a command run in a process that ran others: only its own commits count)
         catalog.PUBLISHED.clear()
     try:
-        if signals:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, _on_sigterm)
+        if signals:  # (a signal the parent set to be ignored stays ignored: a script's background job)
+            for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _on_sigterm)):
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    signal.signal(sig, handler)
         with command.make_context("dsbuild", list(args)) as ctx:
             command.invoke(ctx)
         sys.stdout.flush()

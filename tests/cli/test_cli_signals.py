@@ -158,3 +158,20 @@ def test_an_interrupt_python_wrapped_in_another_error_is_still_an_interruption(c
     command = click.Group("dsbuild", commands=[click.Command("export", callback=load)])
     assert run(["export"], command) == 130
     assert capsys.readouterr().err == "interrupted; run the same command again to finish the export\n"
+
+
+def test_a_signal_the_parent_ignores_stays_ignored(tmp_path):
+    """A background job of a script starts with SIGINT ignored; taking the handlers unconditionally made
+    such a job die of a Ctrl-C meant for the shell in front."""
+    import sys
+    from pathlib import Path
+
+    dsbuild = Path(sys.executable).with_name("dsbuild")
+    p = subprocess.Popen([str(dsbuild), "samples", str(tmp_path / "caps"), "--sessions", "2", "--seconds", "2",
+                          "--quiet"], stderr=subprocess.PIPE, text=True, env=env(),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    for delay in (0.05, 0.3):  # while it loads, and while it works
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=120) == 0, p.stderr.read()
+    assert len(list((tmp_path / "caps").rglob("session.json"))) == 2

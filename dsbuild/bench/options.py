@@ -58,6 +58,8 @@ class BenchOptions(Record):
     def settings(self) -> dict:
         """The fields that define what is measured (see the module docstring)."""
         doc = self.to_json()
+        if doc.get("compare"):  # one run whatever order the names were given in (saved before they were sorted)
+            doc["compare"] = sorted(doc["compare"])
         return {k: v for k, v in doc.items() if k not in NOT_SETTINGS}
 
 

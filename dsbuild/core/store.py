@@ -58,15 +58,24 @@ def check_key(key: object) -> str:
     return key
 
 
+def _file_url(text: str) -> bool:
+    return text[:5].lower() == "file:"  # (a scheme is case-insensitive: FILE:///x, file:/x, file:///x)
+
+
 def is_url(path: object) -> bool:
-    """An fsspec URL other than ``file://`` (which is a local path)."""
+    """An fsspec URL other than a ``file:`` one (which is a local path)."""
     text = str(path)
-    return "://" in text and not text.startswith("file://")
+    return "://" in text and not _file_url(text)
 
 
 def local_path(path: object) -> Path:
+    """The local path a ``file:`` URL names (percent-escapes decoded), or ``path`` itself."""
     text = str(path)
-    return Path(text[len("file://"):] if text.startswith("file://") else text)
+    if not _file_url(text):
+        return Path(text)
+    from urllib.parse import unquote, urlsplit
+
+    return Path(unquote(urlsplit(text).path))
 
 
 def parses(parse: Callable[[bytes], object]) -> Callable[[bytes], bool]:

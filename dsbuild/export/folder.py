@@ -16,6 +16,7 @@ and is refused (run again later, it finds the export complete).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -77,6 +78,19 @@ def _damaged(root: Path, files: dict[str, int]) -> list[str]:
     return out
 
 
+def _mount_point(folder: Path) -> bool:
+    """Whether ``folder`` is mounted on: another device than its parent, or (a bind mount of a folder of
+    the same file system) listed as a mount point in /proc/self/mountinfo."""
+    if os.stat(folder).st_dev != os.stat(folder.parent).st_dev:
+        return True
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            points = {line.split()[4].encode().decode("unicode_escape") for line in f if len(line.split()) > 4}
+    except OSError:
+        return False
+    return str(folder) in points
+
+
 def _holds_cwd(folder: Path) -> bool:
     try:
         cwd = Path(os.path.realpath(os.getcwd()))
@@ -129,9 +143,9 @@ class ExportFolder:
         if found is not None and found.complete and not damaged:
             (d / LOCK).unlink(missing_ok=True)  # (one an interrupt left between the rename and its removal)
             return True
-        if d.is_dir() and os.stat(d).st_dev != os.stat(d.parent).st_dev:
-            raise UsageError(f"{d}: is a mount point (another file system than {d.parent}); an export is built "
-                             "beside its folder and moved in with one rename, which cannot cross file systems",
+        if d.is_dir() and _mount_point(d):
+            raise UsageError(f"{d}: is a mount point; an export is built beside its folder and moved in with one "
+                             "rename, which cannot replace a mount point",
                              hint=f"export into a new folder inside it, e.g. {d / 'export'}")
         if d.is_dir() and _holds_cwd(d):
             raise UsageError(f"{d}: is the current folder; the finished export replaces it (a shell there would "
@@ -241,10 +255,13 @@ class ExportFolder:
         try:
             os.rename(w, self.dest)  # replaces DEST only if it is an empty folder
         except OSError as e:
+            busy = e.errno == errno.EBUSY  # (a mount point, or a folder another process holds as its root)
             raise StorageError(f"{self.dest}: cannot move the finished export there from {w} ({e.strerror or e})",
-                               hint="empty or remove the folder, then run the export again") from None
+                               hint=f"export into a folder inside it, e.g. {self.dest / 'export'}" if busy else
+                               "empty or remove the folder, then run the export again") from None
         fsync_dir(self.dest.parent)
-        os.unlink(self.dest / LOCK)  # (still held: a run that opened it meanwhile finds the export complete)
+        # (still held: a run that opened it meanwhile finds the export complete, and may remove it first)
+        (self.dest / LOCK).unlink(missing_ok=True)
 
     def release(self) -> None:
         """Let go of the partial folder's lock (the export finished, or failed and may be run again)."""

@@ -240,8 +240,9 @@ def test_a_destination_the_export_cannot_be_is_refused_before_any_work(export_ca
         p = _dsbuild("export", f"{cat}@v1", dest, "--to", "wids", cwd=tmp_path)
         assert p.returncode == 2 and says in p.stderr, (dest, p.returncode, p.stderr)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["afile"]  # nothing made, no partial left
-    assert _dsbuild("export", f"{cat}@v1", f"file://{tmp_path}/x", "--to", "wids", cwd=tmp_path).returncode == 0
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["afile", "x"]  # (was a folder "file:" here)
+    for url in (f"file://{tmp_path}/x", f"file:{tmp_path}/y", f"FILE://{tmp_path}/z"):  # (file: made a folder
+        assert _dsbuild("export", f"{cat}@v1", url, "--to", "wids", cwd=tmp_path).returncode == 0  # "file:" here)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["afile", "x", "y", "z"]
 
 
 def test_a_split_name_hf_cannot_load_is_refused_before_the_folder_is_claimed(export_catalog, tmp_path):
@@ -277,18 +278,22 @@ def test_a_lock_left_in_a_complete_export_is_removed_and_a_replaced_split_set_is
     assert "split main (set " in held and held.split(";")[0] != wanted.split(";")[0]
 
 
-def test_an_empty_mount_point_is_refused_before_any_work(export_catalog, tmp_path):
+@pytest.mark.parametrize("how", [["-t", "tmpfs", "-o", "size=4m", "tmpfs"], ["--bind"]])
+def test_an_empty_mount_point_is_refused_before_any_work(export_catalog, tmp_path, how):
     """The export was built beside DEST on the parent's file system, then the rename into the mount point
-    failed (EBUSY), after all the work, on every run."""
+    failed (EBUSY), after all the work, on every run; a bind mount (same file system) too."""
     cat, _ = export_catalog
     vol = tmp_path / "vol"
     vol.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(vol)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+    if how == ["--bind"]:
+        (tmp_path / "elsewhere").mkdir()
+        how = ["--bind", str(tmp_path / "elsewhere")]
+    if subprocess.run(["mount", *how, str(vol)], capture_output=True).returncode:
+        pytest.skip("cannot mount here (needs root)")
     try:
         p = _dsbuild("export", f"{cat}@v1", vol, "--to", "mds")
         assert p.returncode == 2 and "is a mount point" in p.stderr and str(vol / "export") in p.stderr
-        assert sorted(x.name for x in tmp_path.iterdir()) == ["vol"]  # no partial beside it
+        assert sorted(x.name for x in tmp_path.iterdir() if x.name != "elsewhere") == ["vol"]  # no partial
         assert _dsbuild("export", f"{cat}@v1", vol / "export", "--to", "mds").returncode == 0
     finally:
         subprocess.run(["umount", str(vol)], check=True)

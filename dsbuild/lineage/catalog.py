@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import stat
+import time
 import uuid
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
@@ -45,6 +46,7 @@ from dsbuild.lineage.manifest import (MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, Fi
 CATALOG_FORMAT = "dsbuild.catalog/2"
 MARKER = "catalog.json"
 TAGS = "tags.json"
+MARKER_WRITE_GRACE = 60.0  # seconds: a catalog marker being written by another process is younger
 TAG_TRIES = 8  # a tag change re-read and redone when others changed tags.json meanwhile (S3)
 VERSION_RE = re.compile(SHA256)
 TAG_RE = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
@@ -225,7 +227,10 @@ class Catalog:
             if root is not None and root.exists():
                 for p in root.iterdir():
                     if INTERRUPTED_WRITE.match(p.name) and p.is_file():
-                        p.unlink(missing_ok=True)  # a creation killed while it wrote the marker
+                        # a creation killed while it wrote the marker; a young one may be another process
+                        # creating the same catalog right now (removing it failed that creation)
+                        if _age(p) > MARKER_WRITE_GRACE:
+                            p.unlink(missing_ok=True)
                     elif p.name not in ("shards", "versions", ".tmp"):
                         raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; "
                                          "choose a new folder")
@@ -400,9 +405,11 @@ class Catalog:
         if not TAG_RE.fullmatch(name) or VERSION_RE.fullmatch(name):
             raise UsageError(f"tag {name[:64]!r}: use a letter then letters, digits, '.', '_' or '-' (max 64)")
         with self.lock():
-            for _ in range(TAG_TRIES):
+            for attempt in range(TAG_TRIES):
                 data, token = self._read_for_update(TAGS)
                 tags = self._tags(data)
+                if delete and attempt and name not in tags:
+                    return None  # deleted meanwhile (perhaps by our own write, whose answer was lost)
                 target = self._change_tag(tags, name, ref, force, delete)
                 if self._write_if(TAGS, pretty_json(TagsFile(dict(sorted(tags.items()))).to_json()), token):
                     return target
@@ -612,6 +619,14 @@ class Catalog:
         os.rename(staging, target)
         PUBLISHED.append(vid)
         fsync_dir(self.root / "versions")
+
+
+def _age(p: Path) -> float:
+    """Seconds since ``p`` was last modified (0 if it is gone)."""
+    try:
+        return time.time() - p.lstat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def _suggest(word: str, names) -> str:

@@ -330,7 +330,12 @@ def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[
     _check_manifest(manifest.to_json(), f"split set {name}")
     digest = manifest.hash
     with catalog.lock():  # serialised with commits, tags and gc of a local catalog
-        old = _read_pointer(catalog, version_id, name)
+        try:
+            old = _read_pointer(catalog, version_id, name)
+        except LineageError:  # a damaged pointer: --force replaces it (its hint says so)
+            if not force:
+                raise
+            old = "damaged"
         if old == digest:
             return "existed"
         if old is not None and not force:

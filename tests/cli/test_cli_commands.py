@@ -157,6 +157,8 @@ def test_a_damaged_split_set_pointer_is_named_and_log_and_info_still_list_the_ve
     assert "split set main damaged: " in run("info", cat).stdout
     p = run("validate", cat, "--split-set", "main", check=3)
     assert "damaged split set pointer" in p.stderr and "--name main --force" in p.stderr
+    run("split", cat, "--name", "main", "--by", "session_id", "--force", "--quiet")  # the hint works (it failed alike)
+    assert run_json("log", cat)["versions"][0]["split_sets"][0]["splits"]
 
 
 def test_tags_are_created_moved_and_deleted(private_catalog):

@@ -496,11 +496,22 @@ def test_gc_removes_old_temp_files_of_interrupted_writes_and_keeps_young_ones(gr
 
 
 def test_a_catalog_whose_creation_was_killed_mid_write_can_be_created_again(tmp_path):
+    import os
+    import time
+
     cat = tmp_path / "cat"
     cat.mkdir()
-    (cat / (".catalog.json." + "c" * 32 + ".tmp")).write_bytes(b"")  # kill -9 before the rename
+    left = cat / (".catalog.json." + "c" * 32 + ".tmp")
+    left.write_bytes(b"")  # kill -9 before the rename
+    os.utime(left, (time.time() - 120, time.time() - 120))
     Catalog.open(cat, create=True)
     assert sorted(p.name for p in cat.iterdir()) == [".tmp", "catalog.json"]
+    # a young one may be another process creating the same catalog now: kept (removing it failed that one)
+    young = tmp_path / "young"
+    young.mkdir()
+    (young / (".catalog.json." + "d" * 32 + ".tmp")).write_bytes(b"")
+    Catalog.open(young, create=True)
+    assert sorted(p.name for p in young.iterdir()) == [".catalog.json." + "d" * 32 + ".tmp", ".tmp", "catalog.json"]
     other = tmp_path / "other"  # a folder holding anything else is still refused
     other.mkdir()
     (other / ".notes.txt").write_text("mine")

@@ -10,6 +10,7 @@ verification, the device.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -23,6 +24,8 @@ MIXES = ("batch", "sample")
 VERIFY = ("sample", "shard", "none")
 READS = ("map", "pread")
 BACKENDS = ("pyav", "torchcodec", "nvdec", "auto")
+AUDIO_CHANNELS = (1, 2)  # mono, stereo (what the remixer lays out)
+DEVICE_RE = re.compile(r"cpu|auto|cuda(:[0-9]+)?")
 
 
 def option(default: Any, doc: str, *, order: bool = False):
@@ -104,8 +107,17 @@ class LoaderOptions:
                              hint="ranks are 0 .. world_size - 1")
         if self.pack_frames is not None and self.decode != "frames":
             raise UsageError("pack_frames needs decode='frames'", hint="drop pack_frames or decode frames")
-        if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
-            raise UsageError(f"resize must be (height, width) >= 1, not {self.resize!r}")
+        if self.resize is not None and (len(self.resize) != 2 or not all(
+                isinstance(x, int) and not isinstance(x, bool) for x in self.resize) or min(self.resize) < 1):
+            raise UsageError(f"resize must be (height, width), whole numbers >= 1, not {self.resize!r}")
+        if self.audio_channels not in AUDIO_CHANNELS:  # (another count failed every sample as damaged)
+            raise UsageError(f"audio_channels must be 1 (mono) or 2 (stereo), not {self.audio_channels!r}")
+        if self.device is not None and not (isinstance(self.device, str) and DEVICE_RE.fullmatch(self.device)):
+            raise UsageError(f"device must be None, 'cpu', 'cuda', 'cuda:N' or 'auto', not {self.device!r}")
+        if self.decode == "bytes" and not self.whole_clips:
+            raise UsageError("frame_stride, clip_frames and max_frames need decode='frames': bytes mode delivers "
+                             "whole clips, which rows cut to a crop or stride would not line up with",
+                             hint="decode frames, or cut the clip's rows yourself after decoding it")
         if self.map is not None and not callable(self.map):
             raise UsageError(f"map must be a function map(sample, rng) -> sample, not {type(self.map).__name__}")
 

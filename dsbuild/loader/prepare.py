@@ -136,7 +136,10 @@ class Preparer:
         if len(idx) == len(ts):
             return pcm
         step = 1.0 / source.fps[i] if source.fps[i] > 0 else float(np.median(np.diff(ts))) if len(ts) > 1 else 0.0
-        return audio_mod.cut(pcm, o.audio_rate, ts[idx[0]] - ts[0], ts[idx[-1]] - ts[0] + step)
+        # each kept frame stands for frame_stride frames of the clip (up to its end): with stride 2 the audio
+        # of a 1-s clip stopped at 0.97 s
+        end = min(ts[idx[-1]] - ts[0] + o.frame_stride * step, ts[-1] - ts[0] + step)
+        return audio_mod.cut(pcm, o.audio_rate, ts[idx[0]] - ts[0], end)
 
     def video_facts(self, src: int, raw: RawSample):
         """The clip's encoding (codec, tag, container, size, audio) from its session's first sample read:

@@ -97,6 +97,31 @@ def test_the_loader_delivers_audio_with_lengths(cat):
     assert b["audio"].shape[2] == max(b["audio_lengths"])  # padded to the longest (0 for clips without audio)
 
 
+def test_strided_frames_keep_the_audio_of_the_whole_span(cat):
+    """Each kept frame stands for frame_stride frames: the audio was cut at the last kept frame plus one
+    frame's time (a 1-s clip at stride 2 gave 0.967 s)."""
+    ref, _ = cat
+    whole = next(iter(Loader(ref, batch_size=4, seed=1, audio=True, resize=(8, 8), shuffle="none")))
+    strided = next(iter(Loader(ref, batch_size=4, seed=1, audio=True, resize=(8, 8), shuffle="none", frame_stride=2)))
+    assert whole["keys"] == strided["keys"]
+    for full, cut in zip(whole["audio_lengths"], strided["audio_lengths"]):
+        if full:  # (a clip without audio has none either way)
+            assert abs(int(cut) - int(full)) <= 0.03 * 16000, (cut, full)  # within an audio frame or so
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"audio_channels": 6}, r"audio_channels must be 1 \(mono\) or 2 \(stereo\)"),  # failed every sample as damage
+    ({"device": "mps"}, "device must be"), ({"device": "gpu"}, "device must be"),  # (CPU tensors / a torch error)
+    ({"resize": (64.5, 64)}, "resize must be"),  # (a TypeError)
+    ({"decode": "bytes", "clip_frames": 4}, "need decode='frames'"),  # (rows cut, clip whole: misaligned)
+    ({"decode": "bytes", "frame_stride": 2}, "need decode='frames'"),
+])
+def test_options_that_cannot_work_are_refused_when_made(cat, options, message):
+    ref, _ = cat
+    with pytest.raises(UsageError, match=message):
+        Loader(ref, **options)
+
+
 def test_backend_choice_is_pure_and_says_why():
     none, tc, nv = frozenset(), frozenset({"torchcodec"}), frozenset({NVDEC})
     assert choose_backend("pyav", cuda=True, installed=nv).name == "pyav"

@@ -207,8 +207,9 @@ def test_restore_refuses_other_data_or_order_naming_the_option(cat, wds_catalog)
         Loader(ref, decode="bytes", batch_size=3, seed=6).load_state_dict(state)
     for name, value in (("batch_size", 4), ("block_size", 8), ("block_window", 2), ("shuffle", "blocks"),
                         ("frame_stride", 2), ("bucket_by", "length")):
+        mode = {"resize": (8, 8)} if name == "frame_stride" else {"decode": "bytes"}  # (a stride needs frames)
         with pytest.raises(UsageError, match=f"checkpoint has {name}="):
-            Loader(ref, decode="bytes", **{"batch_size": 3, "seed": 5, name: value}).load_state_dict(state)
+            Loader(ref, **mode, **{"batch_size": 3, "seed": 5, name: value}).load_state_dict(state)
     with pytest.raises(UsageError, match="checkpoint has source 0 = version"):
         Loader(str(wds_catalog[0]), decode="bytes", batch_size=3, seed=5).load_state_dict(state)
     # what may change on resume: the partition, threads, decoding, verification, prefetch

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsbuild.core.errors import FormatError
+from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.formats.sample import MEMBERS, SampleMeta
 from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import Backend
@@ -54,6 +54,23 @@ def sample_meta(source: Source, raw: RawSample) -> SampleMeta:
     what = f"{raw.key}.json"
     return SampleMeta.from_json(loads_bounded(bytes(raw.members[JSON_SLOT]), max_bytes=MAX_META_BYTES, what=what),
                                 what)
+
+
+MAPPED_ARRAYS = ("frames", "actions", "telemetry", "timestamps")  # (audio is padded per batch: any length)
+
+
+def _check_mapped(given: dict, sample, key: str) -> None:
+    """What ``map`` returned has each array it was given, in the same shape and dtype: the batch was laid
+    out for them (a shorter one was broadcast into every slot, a longer one cut, floats truncated to
+    uint8, all without a word)."""
+    if not isinstance(sample, dict):
+        raise UsageError(f"map returned {type(sample).__name__} for {key}, not the sample dict it was given")
+    for name, (shape, dtype) in given.items():
+        got = sample.get(name)
+        if not isinstance(got, np.ndarray) or got.shape != shape or got.dtype != dtype:
+            what = f"{got.dtype} {got.shape}" if isinstance(got, np.ndarray) else type(got).__name__
+            raise UsageError(f"map returned {key}'s {name!r} as {what}, not {dtype} {shape} as given",
+                             hint="map may change values, not shapes or dtypes (batches are laid out before it runs)")
 
 
 class Preparer:
@@ -107,7 +124,9 @@ class Preparer:
             sample["telemetry"] = on_vocabulary(sample["telemetry"].array(), cmap[1], self.widths[1])
             sample["timestamps"] = sample["timestamps"].array()
             rng = np.random.default_rng(derive_key(o.seed, "map", epoch, *who))
+            given = {k: (v.shape, v.dtype) for k, v in sample.items() if k in MAPPED_ARRAYS}
             sample = o.map(sample, rng)
+            _check_mapped(given, sample, raw.key)
             cmap = (None, None)
         return sample, cmap
 

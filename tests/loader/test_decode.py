@@ -3,6 +3,7 @@ non-reference frames and still give exactly the wanted frames; audio as float32 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -120,6 +121,21 @@ def test_options_that_cannot_work_are_refused_when_made(cat, options, message):
     ref, _ = cat
     with pytest.raises(UsageError, match=message):
         Loader(ref, **options)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda s: {**s, "frames": s["frames"][:1]}, "'frames' as uint8 (1,"),  # was broadcast into every slot
+    (lambda s: {**s, "frames": s["frames"] / 255.0}, "'frames' as float64"),  # was truncated to zeros
+    (lambda s: {**s, "actions": s["actions"][:2]}, "'actions' as float32 (2,"),  # was padded with zeros
+    (lambda s: None, "map returned NoneType"),
+])
+def test_a_map_that_changes_shapes_or_dtypes_is_refused_naming_the_array(cat, change, says):
+    ref, _ = cat
+    loader = Loader(ref, batch_size=2, seed=1, resize=(8, 8), map=lambda sample, rng: change(sample))
+    with pytest.raises(UsageError, match=re.escape(says)):
+        next(iter(loader))
+    kept = Loader(ref, batch_size=2, seed=1, resize=(8, 8), map=lambda s, rng: {**s, "frames": 255 - s["frames"]})
+    assert next(iter(kept))["frames"].dtype == np.uint8  # values may change
 
 
 def test_backend_choice_is_pure_and_says_why():

@@ -28,19 +28,23 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
 def _db() -> sqlite3.Connection | None:
     if os.environ.get("DSBUILD_HASH_CACHE", "1") == "0":
         return None
-    pid_conn = getattr(_LOCAL, "conn", None)
-    if pid_conn is not None and pid_conn[0] == os.getpid():
-        return pid_conn[1]
+    path = cache_root() / "sources.sqlite"
+    held = getattr(_LOCAL, "conn", None)
+    # (the process and the cache it names: a connection made while DSBUILD_CACHE named another folder
+    # kept looking there, while other threads recorded hashes in the current one)
+    if held is not None and held[:2] == (os.getpid(), path):
+        return held[2]
+    if held is not None and held[0] == os.getpid():
+        held[2].close()
     try:
-        root = cache_root()
-        root.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(root / "sources.sqlite", timeout=30, isolation_level=None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("CREATE TABLE IF NOT EXISTS sources (dev INTEGER, ino INTEGER, size INTEGER, mtime INTEGER, "
                      "ctime INTEGER, sha256 TEXT, PRIMARY KEY (dev, ino, size, mtime, ctime))")
     except sqlite3.Error:
         return None  # an accelerator only: without it, everything is hashed
-    _LOCAL.conn = (os.getpid(), conn)
+    _LOCAL.conn = (os.getpid(), path, conn)
     return conn
 
 

@@ -44,3 +44,24 @@ def test_a_process_forked_after_its_parent_hashed_on_every_core_still_proves_byt
     finally:
         child.kill()
         child.join()
+
+
+def test_the_hash_cache_follows_dsbuild_cache_in_every_thread(tmp_path, monkeypatch):
+    """A thread kept the connection it made while DSBUILD_CACHE named another folder: its lookups missed
+    what other threads had recorded in the current cache (an incremental build then processed every
+    session again instead of reusing them, in a process that had changed DSBUILD_CACHE)."""
+    import os
+    import threading
+
+    from dsbuild.core.hashcache import hashed, lookup
+
+    src = tmp_path / "video.mp4"
+    src.write_bytes(b"x" * 5000)
+    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "first"))
+    assert lookup(os.stat(src)) is None  # this thread now holds a connection to the first cache
+    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "second"))
+    got = []
+    worker = threading.Thread(target=lambda: got.append(hashed(src)[0]))  # records it in the second cache
+    worker.start()
+    worker.join()
+    assert lookup(os.stat(src)) == got[0]

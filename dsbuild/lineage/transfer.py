@@ -77,6 +77,20 @@ def _copy_verified(src: Path, dst: Path, rec: ShardRecord, root: Path | None, wh
                            f"({h.mismatch()}): a damaged or forged source", hint="run `dsbuild verify` on the source catalog")
 
 
+def _fetch_verified(source: Catalog, rec: ShardRecord, local: Path) -> None:
+    """``_copy_verified`` from the source's shard file. An object store's cached copy is proven by that
+    same pass: one damaged on local disk since it arrived is dropped and fetched again (the download is
+    proven on arrival), so the source is blamed only for what its store holds."""
+    where = f"{source.url}/{rec.path}"
+    try:
+        _copy_verified(source.shard_file(rec), local, rec, source.root, where)
+    except LineageError:
+        if source.root is not None:
+            raise
+        source.drop_shard_copy(rec, lambda st: True)
+        _copy_verified(source.shard_file(rec), local, rec, source.root, where)
+
+
 def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = False, splits: bool = False,
              progress: Callable[[_Progress], None] | None = None) -> TransferReport:
     """Copy version ``ref`` of ``source`` into ``dest`` (created if needed by the caller)."""
@@ -95,9 +109,7 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
             else:
                 local = area.path / f"{rec.sha256}.part"
                 try:
-                    # (an object store's cached copy is proven first: one damaged on local disk is fetched again)
-                    _copy_verified(source.shard_file(rec, proven=True), local, rec, source.root,
-                                   f"{source.url}/{rec.path}")
+                    _fetch_verified(source, rec, local)
                 except (UnsafeFile, FileNotFoundError) as e:
                     why = "missing" if isinstance(e, FileNotFoundError) else str(e).split(": ", 1)[-1]
                     raise LineageError(f"{source.url}/{rec.path}: {why}",

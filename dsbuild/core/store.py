@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import threading
 import time
 import uuid
@@ -397,6 +398,9 @@ class FsspecStore:
     def shard_file(self, key: str, sha256: str, size: int) -> Path:
         return self._cache().path(key, sha256, size)
 
+    def open_shard_file(self, key: str, sha256: str, size: int) -> tuple[Path, int]:
+        return self._cache().open(key, sha256, size)
+
     def drop_shard_file(self, key: str, sha256: str, same: Callable[[os.stat_result], bool]) -> None:
         self._cache().drop(key, sha256, same)
 
@@ -408,6 +412,24 @@ class FsspecStore:
 
 def open_store(location: str | Path) -> Store:
     return FsspecStore(str(location)) if is_url(location) else LocalStore(local_path(location))
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_copy(local: Path, size: int) -> int | None:
+    """A descriptor of the cached copy if it is there, a regular file and of ``size`` bytes (marked
+    recently used), else None."""
+    try:
+        fd = os.open(local, _READ_FLAGS)
+    except FileNotFoundError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        os.close(fd)
+        return None
+    os.utime(fd)  # recently used
+    return fd
 
 
 class ShardCache:
@@ -422,7 +444,15 @@ class ShardCache:
         self.downloads = 0
 
     def path(self, key: str, sha256: str, size: int) -> Path:
-        """Local path of a verified copy of shard ``key``; downloads it (by ranges) if needed.
+        """Local path of a verified copy of shard ``key`` (``open``, closed again)."""
+        local, fd = self.open(key, sha256, size)
+        os.close(fd)
+        return local
+
+    def open(self, key: str, sha256: str, size: int) -> tuple[Path, int]:
+        """A verified copy of shard ``key``, opened (its path and a read-only descriptor); downloads it (by
+        ranges) if needed. Processes sharing the cache evict each other's copies: the descriptor, opened
+        before the copy could be evicted, keeps it readable.
 
         The remote object's size must be the record's (and fit the cache) before anything is evicted or
         fetched: a forged record cannot empty the cache or start an endless download. Each download
@@ -432,9 +462,9 @@ class ShardCache:
             raise UnsafeKey(f"shard sha256 {sha256[:80]!r} is not a hex digest")
         local = self.dir / f"{sha256}{Path(check_key(key)).suffix}"
         with self._lock:
-            if local.is_file() and local.stat().st_size == size:
-                os.utime(local)  # recently used
-                return local
+            fd = _open_copy(local, size)
+            if fd is not None:
+                return local, fd
             remote = self.store.size(key)
             if remote != size:  # the catalog's data is damaged (a LineageError), not the way to it
                 raise LineageError(f"{self.store.url}/{key}: " + ("missing" if remote is None else
@@ -456,11 +486,16 @@ class ShardCache:
                 if written != size or h.hexdigest() != sha256:
                     raise StorageError(f"{self.store.url}/{key}: downloaded bytes do not match the manifest's "
                                        "sha256", hint=f"run `dsbuild verify {self.store.url}` to see what is damaged")
-                os.replace(tmp, local)
+                fd = os.open(tmp, _READ_FLAGS)  # before it is in place, where another process may evict it
+                try:
+                    os.replace(tmp, local)
+                except BaseException:
+                    os.close(fd)
+                    raise
             finally:
                 tmp.unlink(missing_ok=True)
             self.downloads += 1
-            return local
+            return local, fd
 
     def drop(self, key: str, sha256: str, same: Callable[[os.stat_result], bool]) -> None:
         """Remove the cached copy of shard ``key`` if it is still the file ``same`` recognises (one found
@@ -484,10 +519,17 @@ class ShardCache:
                     p.unlink()
             except FileNotFoundError:
                 pass
-        files = sorted((p for p in self.dir.iterdir() if p.is_file() and not p.name.startswith(".")),
-                       key=lambda p: p.stat().st_mtime)
-        total = sum(p.stat().st_size for p in files)
+        files = []  # (another process sharing the cache may remove any of them meanwhile)
+        for p in self.dir.iterdir():
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode) and not p.name.startswith("."):
+                files.append((st.st_mtime, st.st_size, p))
+        files.sort()
+        total = sum(size for _, size, _ in files)
         while files and total + incoming > self.limit:
-            victim = files.pop(0)
-            total -= victim.stat().st_size
+            _, size, victim = files.pop(0)
+            total -= size
             victim.unlink(missing_ok=True)

@@ -363,15 +363,22 @@ class Catalog:
         """A local file holding the shard (an object store's shards come through a cache, verified on
         arrival). ``proven``: an object store's cached copy is hashed against the record first, and one
         damaged on local disk since it arrived is fetched again (the store's bytes are what is judged)."""
-        path = self.store.shard_file(record.path, record.sha256, record.bytes)
         if not proven or self.root is not None:
-            return path
-        with open(path, "rb") as f:
+            return self.store.shard_file(record.path, record.sha256, record.bytes)
+        path, fd = self.open_shard_copy(record)
+        with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
             if record.proof().feed(f).ok():
                 return path
         self.drop_shard_copy(record, lambda now: (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino))
         return self.store.shard_file(record.path, record.sha256, record.bytes)
+
+    def open_shard_copy(self, record: ShardRecord) -> tuple[Path, int]:
+        """An object store's cached copy of the shard, with a descriptor opened before any other process
+        sharing the cache could evict it (``shard_file``'s path alone may be gone by the time it is
+        opened)."""
+        assert self.root is None, "a local catalog's shard is its file"
+        return self.store.open_shard_file(record.path, record.sha256, record.bytes)
 
     def drop_shard_copy(self, record: ShardRecord, same: Callable[[os.stat_result], bool]) -> bool:
         """An object store's local copy of the shard, found damaged, removed (if ``same`` recognises it) so

@@ -90,22 +90,16 @@ class ShardFiles:
 
     def _path(self, shard: int) -> tuple[str, int | None]:
         """The shard's file; for a remote catalog its verified cached copy, opened at once: processes
-        sharing the cache evict each other's copies, and the descriptor keeps this one readable (one
-        evicted before it could be opened is fetched again)."""
-        rec, flags = self.shards[shard], os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        sharing the cache evict each other's copies, and the descriptor keeps this one readable."""
+        rec = self.shards[shard]
         try:
-            path = str(self.catalog.shard_file(rec))
             if self.catalog.root is not None:
-                return path, None
-            try:
-                fd = os.open(path, flags)
-            except FileNotFoundError:  # evicted before it could be opened
-                path = str(self.catalog.shard_file(rec))
-                fd = os.open(path, flags)
+                return str(self.catalog.shard_file(rec)), None
+            path, fd = self.catalog.open_shard_copy(rec)
         except OSError as e:
             raise storage_error(f"{rec.path}: cannot fetch shard", e) from None
         self.opened += 1
-        return path, fd
+        return str(path), fd
 
     @contextmanager
     def handle(self, shard: int) -> Iterator[_Handle]:

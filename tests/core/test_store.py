@@ -140,6 +140,33 @@ def test_shard_cache_verifies_bytes_and_evicts_least_recently_used(tmp_path, mon
     assert not [p for p in (tmp_path / "shards").iterdir() if p.name.startswith(".")]
 
 
+def test_a_shard_copy_handed_over_stays_readable_when_another_process_evicts_it(tmp_path, monkeypatch):
+    """Processes on one machine share the shard cache. A path handed over could be evicted by another
+    process's download before it was opened ("cannot fetch shard: No such file or directory" in a loader);
+    ``open`` hands over a descriptor opened before the copy could be evicted."""
+    import fsspec
+
+    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
+    root = f"/bucket-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    blobs = {f"shards/{i:02d}/x.tar": os.urandom(1000) for i in range(2)}
+    for key, data in blobs.items():
+        fs.pipe_file(f"{root}/{key}", data)
+    store = FsspecStore(f"memory://{root}")
+    first, second = (ShardCache(store, limit=1500, directory=tmp_path / "shards") for _ in range(2))
+    (key0, data0), (key1, data1) = blobs.items()
+    path0, fd = first.open(key0, hashlib.sha256(data0).hexdigest(), len(data0))
+    try:
+        second.path(key1, hashlib.sha256(data1).hexdigest(), len(data1))  # evicts the first copy
+        assert not path0.exists()
+        assert os.pread(fd, 2000, 0) == data0
+    finally:
+        os.close(fd)
+    path0, fd = first.open(key0, hashlib.sha256(data0).hexdigest(), len(data0))  # fetched again
+    os.close(fd)
+    assert path0.read_bytes() == data0 and first.downloads == 2
+
+
 def test_a_missing_file_that_stands_for_a_network_failure_is_a_storage_error():
     """fsspec's HTTP file system turns a refused connection into FileNotFoundError (the real error as its
     cause), which made an unreachable catalog "not a dsbuild catalog"; a 404 is a missing file."""

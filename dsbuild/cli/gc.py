@@ -39,6 +39,7 @@ def gc(
             + [(verb, "replaced split set", k, "") for k in g["replaced_split_files"]]
             + [(verb, "interrupted write", k, "") for k in g["interrupted_writes"]]
             + [("kept (younger than the grace period)", "shard", k, "") for k in g["kept_young_shards"]]
+            + [("kept (a push in progress holds it)", "shard", k, "") for k in g["kept_held_shards"]]
             + [("kept its split sets (unreadable: which one is live?)", "split set pointer", k, "")
                for k in g["unreadable_split_pointers"]])
     o.line(f"{len(g['shards'])} shards ({g['bytes']:,} bytes), {len(g['stale_builds'])} stale build folders, "

@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
-from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, fsync_dir, write_durably
+from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, fsync_dir, read_capped, write_durably
 from dsbuild.core.hashing import hashes_to, sha256_bytes
 from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
-from dsbuild.core.store import Store, cache_root, open_store, parses
+from dsbuild.core.store import Store, cache_root, check_key, open_store, parses
 from dsbuild.lineage.index import INDEX_FILE, MAX_INDEX_BYTES, table_from_bytes
 from dsbuild.lineage.manifest import (MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, FilePin, Manifest, SessionTable,
                                       ShardRecord)
@@ -46,6 +46,8 @@ from dsbuild.lineage.manifest import (MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, Fi
 CATALOG_FORMAT = "dsbuild.catalog/2"
 MARKER = "catalog.json"
 TAGS = "tags.json"
+HOLDS = "holds"  # in a build folder: the catalog keys the build needs kept until it publishes
+MAX_HOLDS_BYTES = 64 << 20
 MARKER_WRITE_GRACE = 60.0  # seconds: a catalog marker being written by another process is younger
 TAG_TRIES = 8  # a tag change re-read and redone when others changed tags.json meanwhile (S3)
 VERSION_RE = re.compile(SHA256)
@@ -104,6 +106,13 @@ class BuildArea:
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         PARENT_ONLY_FDS.add(self._lock.fileno())
         return self
+
+    def hold(self, key: str) -> None:
+        """Name a catalog key this build needs before it publishes (a shard a push sends, or finds there
+        unreferenced): ``gc`` keeps what a live build holds. Named before the key is written or checked,
+        so a gc that lists the key afterwards also finds it held."""
+        with open(self.path / HOLDS, "a", encoding="utf-8") as f:
+            f.write(key + "\n")
 
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -177,6 +186,23 @@ def _clean(folder: Path, dry_run: bool) -> list[str]:
         if not dry_run:
             shutil.rmtree(area, ignore_errors=True)
     return out
+
+
+def _held(area: Path) -> set[str]:
+    """The keys a live build folder holds (``BuildArea.hold``); only well-formed keys count."""
+    try:
+        text = read_capped(area / HOLDS, MAX_HOLDS_BYTES, what=f"{area}/{HOLDS}").decode("utf-8", "replace")
+    except FileNotFoundError:
+        return set()
+    return {k for k in text.splitlines() if _is_key(k)}
+
+
+def _is_key(key: str) -> bool:
+    try:
+        check_key(key)
+    except FormatError:
+        return False
+    return True
 
 
 def stale_builds(folder: Path) -> list[Path]:
@@ -512,6 +538,14 @@ class Catalog:
             yield area
         finally:
             area.__exit__(None, None, None)
+
+    def held_by_builds(self) -> set[str]:
+        """Keys live builds on this machine hold (a push into this catalog, mid-way): read after listing
+        what may be removed, since a build names a key before it writes it."""
+        with self._builds() as folder:
+            live = [a for a in sorted(folder.iterdir()) if a.is_dir() and not a.is_symlink()
+                    and not _build_is_gone(a)]
+            return set().union(*map(_held, live))
 
     def clean_stale_builds(self, *, dry_run: bool = False) -> list[str]:
         """Remove build folders whose build is gone (their lock can be taken); return their names."""

@@ -104,6 +104,7 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
     sent = skipped = nbytes = 0
     with dest.build_area() as area:
         for rec in m.shards:
+            area.hold(rec.path)  # (a gc meanwhile keeps it: unreferenced until the manifest lands)
             if dest.store.size(rec.path) == rec.bytes:
                 skipped += 1
             else:

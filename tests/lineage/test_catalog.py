@@ -703,3 +703,24 @@ def test_a_failed_copy_never_removes_a_version_another_command_committed_meanwhi
         with catalog_to_fill(tmp_path / "alone"):
             raise RuntimeError("the push failed")
     assert not (tmp_path / "alone").exists()
+
+
+def test_gc_during_a_push_keeps_the_shards_the_push_has_sent(grown, tmp_path):
+    """A push sends shards straight into the destination's ``shards/``, unreferenced until its manifest
+    lands: a gc there meanwhile removed them and the push failed ("did not arrive"). The push names each
+    shard in its live build folder first, and gc keeps what a live build holds."""
+    from dsbuild.lineage.transfer import transfer
+
+    _, cat, v1, _ = grown
+    dest = Catalog.open(tmp_path / "dest", create=True)
+    kept: list[list[str]] = []
+
+    def gc_meanwhile(state) -> None:
+        g = collect(dest)
+        assert not g["shards"]
+        kept.append(g["kept_held_shards"])
+
+    report = transfer(Catalog.open(cat), v1.version_id, dest, progress=gc_meanwhile)
+    shards = [s.path for s in Catalog.open(cat).manifest(v1.version_id).shards]
+    assert report.shards_sent == len(shards) >= 2 and kept[-1] == sorted(shards)
+    assert verify(dest, v1.version_id).ok and not collect(dest)["kept_held_shards"]  # the push is over

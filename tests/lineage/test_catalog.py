@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, strategies as st
 
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.errors import LineageError, UsageError
@@ -724,3 +725,31 @@ def test_gc_during_a_push_keeps_the_shards_the_push_has_sent(grown, tmp_path):
     shards = [s.path for s in Catalog.open(cat).manifest(v1.version_id).shards]
     assert report.shards_sent == len(shards) >= 2 and kept[-1] == sorted(shards)
     assert verify(dest, v1.version_id).ok and not collect(dest)["kept_held_shards"]  # the push is over
+
+
+def test_a_pulled_older_version_takes_its_place_by_date_and_does_not_become_the_newest(grown, tmp_path):
+    """Commit sequences are per catalog: a copy got the next one, so pulling last year's release made it
+    the destination's newest (what a plain ref, `@` and a plain convert's parent mean)."""
+    from dsbuild.lineage.transfer import transfer
+
+    _, src, v1, v2 = grown
+    cat = _copy(src, tmp_path)
+    commit = cat / "versions" / v1.version_id / "commit.json"
+    doc = json.loads(commit.read_text())
+    commit.write_text(json.dumps({**doc, "created_at": "2020-01-01T00:00:00Z"}))  # made long before v2
+    source, dest = Catalog.open(cat), Catalog.open(tmp_path / "dest", create=True)
+    transfer(source, v2.version_id, dest)
+    transfer(source, v1.version_id, dest)
+    assert [v.version_id for v in dest.versions()] == [v2.version_id, v1.version_id]
+    assert dest.resolve(None) == v2.version_id
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["2024", "2025", "2026"])), max_size=6),
+       st.sampled_from(["2023", "2025", "2027"]))
+def test_a_copy_sorts_after_every_version_made_earlier_and_before_later_ones_in_order(existing, created_at):
+    from dsbuild.lineage.transfer import copy_sequence
+
+    seq = copy_sequence(created_at, existing)
+    assert seq >= 0 and all((s, at) < (seq, created_at) for s, at in existing if at < created_at)
+    if sorted(existing) == sorted(existing, key=lambda e: (e[1], e[0])):  # sequences agree with dates
+        assert all((s, at) > (seq, created_at) for s, at in existing if at > created_at)

@@ -497,6 +497,11 @@ class Mixture:
             flat = {name: [v[a:b] for a, b in zip(bounds, bounds[1:])] for name, v in flat.items()}
         batch.update(flat)
 
+    def _build_held(self, step: Step) -> tuple[dict, dict]:
+        """``build``, with the counts it recorded held for ``Stats.deliver``."""
+        with self._stats.holding() as held:
+            return self.build(step), held
+
     def __iter__(self) -> Iterator[dict]:
         """One epoch (one pass of the stream for a mixture). Batches are built ``prefetch`` ahead by the
         worker threads, across the epoch's end too: once every batch of this epoch is under way, the next
@@ -509,7 +514,7 @@ class Mixture:
         o = self.options
 
         def submit(step: Step):  # (the pool of now: a ``close()`` during the loop stops the one it began with)
-            return self._workers().submit(self.build, step) if self._pace.ahead() else None
+            return self._workers().submit(self._build_held, step) if self._pace.ahead() else None
 
         self._generation += 1
         generation = self._generation
@@ -539,13 +544,14 @@ class Mixture:
                 t0 = time.perf_counter()
                 # a batch no worker has started is built here: waiting for one would only add two thread
                 # hand-offs (each a wake-up through the kernel) to the same work
-                batch = self.build(step) if fut is None or fut.cancel() else fut.result()
+                batch, held = self._build_held(step) if fut is None or fut.cancel() else fut.result()
                 self._stats.add(seconds={"wait": time.perf_counter() - t0})
                 if self._transfer is not None:
                     t1 = time.perf_counter()
                     batch = self._transfer(batch)
                     self._stats.add(seconds={"h2d": time.perf_counter() - t1})
                 self.position = after
+                self._stats.deliver(held)
                 t_yield = time.perf_counter()
                 yield batch
                 self._pace.returned(time.perf_counter() - t_yield)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 MAX_KEYS = 100  # offending keys kept in stats
 
@@ -13,7 +15,11 @@ class Stats:
 
     ``threads`` attributes the same seconds (and batches) to the thread that recorded them: the loader's
     workers (``dsbuild-load_0``...) for read/decode/collate, the consumer's thread for wait/h2d.
-    ``notes`` say what the loader chose on the user's behalf (a device or decoder fallback)."""
+    ``notes`` say what the loader chose on the user's behalf (a device or decoder fallback).
+
+    Counters count what was delivered: a batch's counts (and its substituted samples) are held while it
+    is built (``holding``) and added when the loop hands it over (``deliver``), so batches built ahead and
+    then dropped (an early stop, a roll-back) are not counted; seconds are the work done, dropped or not."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -23,6 +29,28 @@ class Stats:
         self.corrupt_keys: list[str] = []
         self.threads: dict[str, dict[str, float]] = {}
         self.notes: list[str] = []
+        self._local = threading.local()
+
+    @contextmanager
+    def holding(self) -> Iterator[dict]:
+        """Counts this thread records meanwhile are kept in the dict yielded (for ``deliver``), not added."""
+        held: dict = {"counts": {}, "corrupt": []}
+        self._local.held = held
+        try:
+            yield held
+        finally:
+            self._local.held = None
+
+    def deliver(self, held: dict) -> None:
+        """A batch handed over: the counts held while it was built."""
+        with self._lock:
+            self._count(held["counts"], held["corrupt"])
+
+    def _count(self, counts: dict, corrupt: list[str]) -> None:
+        for k, v in counts.items():
+            self.counts[k] += v
+        self.counts["corrupt"] += len(corrupt)
+        self.corrupt_keys.extend(corrupt[:MAX_KEYS - len(self.corrupt_keys)])
 
     def note(self, text: str | None) -> None:
         if text and text not in self.notes:
@@ -31,21 +59,23 @@ class Stats:
 
     def add(self, counts: dict | None = None, seconds: dict | None = None, corrupt: str | None = None) -> None:
         name = threading.current_thread().name
+        held = getattr(self._local, "held", None)
         with self._lock:
-            for k, v in (counts or {}).items():
-                self.counts[k] += v
+            if held is None:
+                self._count(counts or {}, [] if corrupt is None else [corrupt])
+            else:
+                for k, v in (counts or {}).items():
+                    held["counts"][k] = held["counts"].get(k, 0) + v
+                if corrupt is not None:
+                    held["corrupt"].append(corrupt)
             for k, v in (seconds or {}).items():
                 self.seconds[k] += v
-            if seconds or (counts and "batches" in counts):
+            if seconds or (counts and "batches" in counts):  # the work each thread did, delivered or not
                 mine = self.threads.setdefault(name, {})
                 for k, v in (seconds or {}).items():
                     mine[k] = mine.get(k, 0.0) + v
                 if counts and "batches" in counts:
                     mine["batches"] = mine.get("batches", 0) + counts["batches"]
-            if corrupt is not None:
-                self.counts["corrupt"] += 1
-                if len(self.corrupt_keys) < MAX_KEYS:
-                    self.corrupt_keys.append(corrupt)
 
     def to_json(self) -> dict:
         with self._lock:

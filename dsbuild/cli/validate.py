@@ -72,7 +72,7 @@ def validate(
     from dsbuild.core.executor import ExecutorSpec
     from dsbuild.core.files import replace_atomically
     from dsbuild.lineage.catalog import open_catalog, parse_ref
-    from dsbuild.validators import ValidateOptions, html_page, load_spec, to_json, to_junit, verdict_line
+    from dsbuild.validators import ValidateOptions, load_spec, verdict_line
     from dsbuild.validators import validate as run_validate
 
     o = Out(as_json, quiet)
@@ -85,6 +85,8 @@ def validate(
         report = run_validate(catalog, version, spec, ValidateOptions(level=level, split=split_set),
                               executor=ExecutorSpec(executor, workers, ray_address),
                               progress=lambda done, total, stage: bar.update(done, total, stage=stage))
+    from dsbuild.validators import html_page, to_json, to_junit  # (after the pass: its workers need none)
+
     if as_json:  # the verdict first: a report file that cannot be written then loses nothing
         o.json(report.to_json())
         if not quiet:  # a job that sends stdout to a file still logs the verdict (docs/ci-gate.md)

@@ -16,14 +16,28 @@ runs it. ``model`` holds the report records; ``run`` orders the work; ``report``
 XML, ``table`` the terminal table, ``html`` one self-contained page.
 """
 
-from dsbuild.validators.html import html_page, render_html, write_html
-from dsbuild.validators.model import CheckResult, Distribution, Offender, Report, Summary, Table
-from dsbuild.validators.registry import CHECKS
-from dsbuild.validators.report import to_json, to_junit
-from dsbuild.validators.run import ValidateOptions, validate
-from dsbuild.validators.spec import AcceptanceSpec, default_spec, load_spec, parse_spec
-from dsbuild.validators.table import report_table, verdict_line
+from __future__ import annotations
 
-__all__ = ["CHECKS", "AcceptanceSpec", "CheckResult", "Distribution", "Offender", "Report", "Summary", "Table",
-           "ValidateOptions", "default_spec", "load_spec", "parse_spec", "render_html", "report_table",
-           "to_json", "to_junit", "validate", "verdict_line", "write_html", "html_page"]
+import importlib
+
+# Names -> the module that defines them, imported on first use (PEP 562): a validation forks its workers
+# before the report modules (HTML charts, JUnit) load, so the pass does not wait for them.
+_EXPORTS = {"html_page": "html", "render_html": "html", "write_html": "html",
+            "CheckResult": "model", "Distribution": "model", "Offender": "model", "Report": "model",
+            "Summary": "model", "Table": "model", "CHECKS": "registry", "to_json": "report", "to_junit": "report",
+            "ValidateOptions": "run", "validate": "run", "AcceptanceSpec": "spec", "default_spec": "spec",
+            "load_spec": "spec", "parse_spec": "spec", "report_table": "table", "verdict_line": "table"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

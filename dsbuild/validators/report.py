@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import xml.etree.ElementTree as ET
 
 from dsbuild.core.jsonio import pretty_json
 from dsbuild.validators.base import STAGES
@@ -49,6 +48,8 @@ def _lines(c: CheckResult) -> str:
 
 
 def to_junit(report: Report) -> str:
+    import xml.etree.ElementTree as ET  # (only for JUnit: not at a validation's start-up)
+
     counts = report.counts()
     root = ET.Element("testsuites", name="dsbuild validate", tests=str(len(report.checks)),
                       failures=str(counts["fail"]), skipped=str(counts["skip"]), errors="0",

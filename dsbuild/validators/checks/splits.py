@@ -13,8 +13,6 @@ from collections import defaultdict
 from dsbuild.core.errors import FormatError, LineageError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import IndexRow
-from dsbuild.lineage.splitsets import open_split_set
-from dsbuild.split.groups import field_value
 from dsbuild.validators.base import Check, Judge, Threshold
 from dsbuild.validators.checks.dataset import seconds
 from dsbuild.validators.facts import SplitData, VersionFacts
@@ -27,6 +25,8 @@ def read_split(catalog: Catalog, version_id: str, name: str) -> SplitData:
     """The split set ``name`` of the version: UsageError when there is none (asking for it is the user's
     mistake), LineageError when its files are damaged."""
     import pyarrow as pa
+
+    from dsbuild.lineage.splitsets import open_split_set  # (only with a split set: a validation's start-up)
 
     try:
         s = open_split_set(catalog, version_id, name)
@@ -45,6 +45,8 @@ def session_of(r: IndexRow) -> dict:
 
 
 def _leakage(j: Judge, d: VersionFacts) -> CheckResult:
+    from dsbuild.split.groups import field_value
+
     split = d.split
     row_of = {r.key: r for r in d.rows}
     splits_of_group: dict[str, set[str]] = defaultdict(set)

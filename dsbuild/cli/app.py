@@ -142,10 +142,12 @@ def describe(e: BaseException, command: str | None) -> tuple[str, str | None]:
     """(one-line message, hint or None) for a failure."""
     if isinstance(e, KeyboardInterrupt):
         what = "terminated" if isinstance(e, Terminated) else "interrupted"
-        from dsbuild.lineage.catalog import PUBLISHED
-
-        if PUBLISHED:  # the interrupt came after the commit: the version is there, whole
-            return f"{what} after version {', '.join(v[:12] for v in PUBLISHED)} was committed (whole)", None
+        # nothing is imported here: the interrupt may have landed in an extension module's import
+        # (pyarrow's, under the catalog's), and importing it again from its half-made state can crash
+        catalog = sys.modules.get("dsbuild.lineage.catalog")
+        published = getattr(catalog, "PUBLISHED", ())
+        if published:  # the interrupt came after the commit: the version is there, whole
+            return f"{what} after version {', '.join(v[:12] for v in published)} was committed (whole)", None
         return f"{what}; {KEPT.get(command or '', 'nothing was changed')}", None
     if isinstance(e, NoSuchOption):
         msg = f"no such option {e.option_name}"
@@ -203,15 +205,50 @@ def report(e: BaseException, *, command: str | None, as_json: bool, debug: bool)
     return code
 
 
+def _on_sigint(signum, frame) -> None:
+    if _in_import(frame):
+        _end_now(KeyboardInterrupt())
+    raise KeyboardInterrupt()
+
+
 def _on_sigterm(signum, frame) -> None:
     if os.getpid() != _MAIN_PID:  # a forked worker: die as SIGTERM says (its parent reports)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    if _in_import(frame):
+        _end_now(Terminated())
     raise Terminated()
 
 
+def _in_import(frame) -> bool:
+    """Whether ``frame`` runs inside an import (a command's lazy import of numpy, pyarrow, PyAV)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _end_now(e: KeyboardInterrupt) -> None:
+    """End the process at once with the interrupt's one line and exit code. For an interrupt inside an
+    import: raised there, it leaves an extension module half-made, and Python then crashed (SIGSEGV) or
+    reported another error (numpy's "multiarray failed to import", its own traceback printed) when the
+    module was touched again or at exit. An import writes nothing to undo; a build folder left by the
+    exit is a dead build's, which the next build or ``gc`` removes."""
+    if os.getpid() != _MAIN_PID:  # a forked worker: its parent reports
+        os._exit(exit_code(e))
+    msg, _ = describe(e, _RUNNING[0] if _RUNNING else None)
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    os.write(2, (_one_line(msg) + "\n").encode())
+    os._exit(exit_code(e))
+
+
 _MAIN_PID = os.getpid()
+_RUNNING: list[str | None] = []  # the command the executable runs (for the message of an interrupt)
 
 
 def _quiet_broken_pipe() -> int:
@@ -260,7 +297,8 @@ def run(args: list[str], command=None, *, signals: bool = False) -> int:
         catalog.PUBLISHED.clear()
     try:
         if signals:  # (a signal the parent set to be ignored stays ignored: a script's background job)
-            for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _on_sigterm)):
+            _RUNNING[:] = [command_name]
+            for sig, handler in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm)):
                 if signal.getsignal(sig) is not signal.SIG_IGN:
                     signal.signal(sig, handler)
         with command.make_context("dsbuild", list(args)) as ctx:

@@ -1,6 +1,7 @@
 """The `dsbuild` executable's entry point: a Ctrl-C or SIGTERM while the interpreter still loads the CLI
 (typer, click, rich: the first tenth of a second) ends the process with the one-line message and exit
-130/143, not a traceback; from ``dsbuild.cli.app.run`` on, interrupts are handled as every command's are.
+130/143, not a traceback (also while the command is built: typer reads every parameter's type hints); from
+``dsbuild.cli.app.run`` on, interrupts are handled as every command's are.
 A signal the parent set to be ignored (a background job of a script) stays ignored throughout."""
 
 from __future__ import annotations
@@ -23,6 +24,4 @@ def main() -> None:
             signal.signal(sig, _loading)
     from dsbuild.cli.app import main as run_cli
 
-    for sig, handler in before.items():
-        signal.signal(sig, handler)  # (``app.run`` takes them over, the ignored ones excepted)
-    run_cli()
+    run_cli()  # (``app.run`` takes the signals over, the ignored ones excepted, once the command is built)

@@ -425,4 +425,5 @@ def _is_repaired(repairs: dict) -> bool:
                   or repairs[k].get("collisions") or repairs[k].get("missing") or repairs[k].get("unreadable"))
                   for k in ("actions", "telemetry", "text"))
     video = repairs.get("video") or {}
-    return bool(streams or video.get("truncated") or video.get("dropped_undecodable"))
+    return bool(streams or video.get("truncated") or video.get("dropped_undecodable")
+                or video.get("restamped_duplicate_pts"))

@@ -26,7 +26,7 @@ open unless a ``transcode`` spec re-encodes the video (``formats.transcode``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterator
@@ -98,7 +98,7 @@ class DemuxReport:
     dropped_before_keyframe: int = 0
     dropped_leading: int = 0  # open-GOP frames shown before their clip's keyframe
     dropped_no_pts: int = 0
-    dropped_duplicate_pts: int = 0
+    restamped_duplicate_pts: int = 0  # a frame stamped like the one before: moved to the next free tick
     dropped_undecodable: int = 0
     dropped_after_restart: int = 0  # packets after a keyframe went back in time (a recorder that restarted)
     dropped_edit_list: int = 0  # packets an edit list hides (a file trimmed without re-encoding)
@@ -118,7 +118,7 @@ class DemuxReport:
             "dropped_before_keyframe": self.dropped_before_keyframe,
             "dropped_leading": self.dropped_leading,
             "dropped_no_pts": self.dropped_no_pts,
-            "dropped_duplicate_pts": self.dropped_duplicate_pts,
+            "restamped_duplicate_pts": self.restamped_duplicate_pts,
             "dropped_undecodable": self.dropped_undecodable,
             "dropped_after_restart": self.dropped_after_restart,
             "dropped_edit_list": self.dropped_edit_list,
@@ -289,9 +289,12 @@ class VideoSource:
                 lead = seg.first_leading_pts
                 seg.first_leading_pts = p.pts if lead is None else min(lead, p.pts)
                 continue
-            elif p.pts in seg.seen:
-                report.dropped_duplicate_pts += 1
-                continue
+            elif p.pts in seg.seen:  # two frames stamped alike (a recorder's millisecond clock): the later
+                pts = p.pts              # one moves to the next free tick (dropped, it broke every frame after
+                while pts in seg.seen:   # it that references it: decoded pictures shifted, silently)
+                    pts += 1
+                p = replace(p, pts=pts)
+                report.restamped_duplicate_pts += 1
             seg.seen.add(p.pts)
             seg.packets.append(p)
         if seg is not None:

@@ -495,3 +495,43 @@ def test_clips_opened_without_probing_decode_to_the_same_frames_and_samples(reco
     ffmpeg("-f", "lavfi", "-i", "testsrc=size=64x48:rate=10:duration=1", "-c:v", "libx264", str(mkv))
     with pytest.raises(av.error.FFmpegError):
         open_clip(mkv.read_bytes())
+
+
+def test_a_frame_stamped_like_the_one_before_is_kept_and_every_frame_decodes_as_recorded(tmp_path):
+    """A recorder stamping frames by arrival on a millisecond clock gives two frames one timestamp. The
+    second was dropped: a reference frame, so every later frame of its GOP decoded to other pictures, and
+    validate passed. It is now moved to the next free tick (counted), and every delivered frame is the
+    source's frame of the same rank."""
+    from fractions import Fraction
+
+    n, fps, twin = 90, 30, 40
+    stamps = [round(i * 1000 / fps) for i in range(n)]
+    stamps[twin] = stamps[twin - 1]
+    d = tmp_path / "caps" / "ms-clock"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    with av.open(str(d / "video.mkv"), "w") as out:
+        vs = out.add_stream("libx264", rate=fps)
+        vs.width, vs.height, vs.pix_fmt, vs.time_base = 64, 48, "yuv420p", Fraction(1, 1000)
+        vs.codec_context.time_base = Fraction(1, 1000)  # (frame i has pts i: mapped to the clock below)
+        vs.codec_context.options = {"bf": "0", "g": "30", "preset": "veryfast", "sc_threshold": "0"}
+        for i in range(n + 1):
+            frame = None if i == n else av.VideoFrame.from_ndarray(
+                rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), format="rgb24").reformat(format="yuv420p")
+            if frame is not None:
+                frame.pts, frame.time_base = i, Fraction(1, 1000)
+            for p in vs.encode(frame):
+                p.pts = p.dts = stamps[p.pts]  # the recorder's clock
+                out.mux(p)
+    with av.open(str(d / "video.mkv")) as c:
+        source = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert len(source) == n
+    write_streams(d, "video.mkv", "ms-clock")
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    assert session["repairs"]["video"]["restamped_duplicate_pts"] == 1
+    delivered = []
+    with Loader(tmp_path / "cat", decode="frames", batch_size=1, shuffle="none", num_workers=1) as loader:
+        for b in loader:
+            delivered += list(b["frames"][0][:int(b["lengths"][0])])
+    assert len(delivered) == n and all(np.array_equal(a, b) for a, b in zip(delivered, source))

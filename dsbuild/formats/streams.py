@@ -88,6 +88,7 @@ def _nan(_name: str) -> float:
 
 
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a surrogate escape in a line: json accepts a lone one
+F32_MAX = float(np.finfo(np.float32).max)  # telemetry is stored as float32: beyond this it would be inf
 _INT_EXACT = 1 << 53  # ints a float holds exactly; beyond, finite_float decides (and refuses huge ones)
 
 
@@ -182,10 +183,10 @@ def _list_names(name: str, n: int) -> tuple[str, ...]:
 
 
 def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
-    """(t, channel names, float64 values): lists become ``name.i``; NaN, non-numeric and colliding fields
-    dropped. A line stays arrays, not a dict per channel: a list's names are one shared tuple per shape,
-    and later stages key their column layouts by a line's names (128-byte RAM dumps at 60 Hz are the
-    field's telemetry)."""
+    """(t, channel names, float64 values): lists become ``name.i``; NaN, infinite, beyond float32's range
+    (``F32_MAX``: stored, it would be inf), non-numeric and colliding fields dropped. A line stays arrays,
+    not a dict per channel: a list's names are one shared tuple per shape, and later stages key their
+    column layouts by a line's names (128-byte RAM dumps at 60 Hz are the field's telemetry)."""
     dropped = 0
     names: tuple[str, ...] = ()
     parts: list[np.ndarray] = []
@@ -202,7 +203,7 @@ def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
                 dropped += 1
                 continue
             listed = _list_names(name, len(nums))
-            finite = np.isfinite(nums)
+            finite = np.abs(nums) <= F32_MAX  # (NaN compares false)
             if not finite.all():
                 dropped += int(len(nums) - finite.sum())
                 listed = tuple(n for n, ok in zip(listed, finite.tolist()) if ok)
@@ -211,7 +212,7 @@ def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
             parts.append(nums)
         else:
             x = _finite(value)
-            if x is None:
+            if x is None or not -F32_MAX <= x <= F32_MAX:
                 dropped += 1
             else:
                 flat_names.append(name)

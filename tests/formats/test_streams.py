@@ -137,6 +137,20 @@ def test_numbers_beyond_the_float_range_bools_and_infinities_are_dropped_fields_
     assert scan(a, "actions").report.malformed == 2
 
 
+def test_telemetry_beyond_the_float32_range_it_is_stored_in_is_a_dropped_field_not_inf(tmp_path):
+    """DBL_MAX is a common "none in range" sentinel: stored as float32 it became inf (a numpy overflow
+    warning on stderr, no count), and validate then rejected the version for non-finite values."""
+    from dsbuild.formats.streams import TelemetryTrack
+
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"t":0,"dist":1.7976931348623157e308,"l":[3.5e38,-1e39,2],"ok":3.4e38}\n{"t":0.5,"dist":7}\n')
+    s = scan(p, "telemetry")
+    assert s.report.dropped_fields == 3
+    track = TelemetryTrack(s, tmp_path)
+    values = track.clip(np.array([0.0, 0.5]), 0.0, 1.0)
+    assert np.isfinite(values).all()
+
+
 def test_duplicate_keys_and_list_flat_collisions_are_counted_repairs(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text('{"t":0,"speed":1,"speed":2}\n{"t":1,"pos":[1,2],"pos.0":9}\n{"t":2,"text":"a \\":b"}\n'

@@ -44,7 +44,7 @@ def query(
         o.csv(columns, rows)
     elif quiet:
         for r in rows:
-            o.value("\t".join("" if v is None else str(v) for v in r))
+            o.row(r)
     else:
         o.table(columns, [["NULL" if v is None else v for v in r] for r in rows])
 

@@ -172,6 +172,12 @@ class Out:
         if not self.as_json:
             sys.stdout.write(clean(text) + "\n")
 
+    def row(self, values: Sequence[object]) -> None:
+        """One row of values, tab-separated (each value cleaned: a tab or newline inside one is escaped,
+        the separators are real tabs); printed even with --quiet, never with --json."""
+        if not self.as_json:
+            sys.stdout.write("\t".join(clean(v) for v in values) + "\n")
+
     def line(self, *parts: str | tuple[object, str]) -> None:
         """One line of the human report (styled on a terminal)."""
         if not self.human:

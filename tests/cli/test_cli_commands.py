@@ -136,6 +136,10 @@ def test_query_is_sandboxed_unless_unsafe(catalog, tmp_path):
     assert run_json("query", cat, sql, "--unsafe") == [{"n": 2}]
     csv = run("query", cat, "select 1 as a, 'x,y' as b", "--csv").stdout
     assert csv == 'a,b\n1,"x,y"\n'
+    # --quiet: rows only, tab-separated (the separators were escaped to a literal backslash-t, so
+    # `cut -f2` got the whole line); a tab inside a value is escaped
+    assert run("query", cat, "select 1 as a, 'x' as b, null as c, 'y' || chr(9) || 'z' as d", "-q").stdout \
+        == "1\tx\t\ty\\tz\n"
     # duckdb's spill folder (".tmp" under the working directory, a catalog's build folder when run there)
     # was allowed: reads, COPY TO and ATTACH worked in it
     (tmp_path / ".tmp").mkdir()

@@ -209,6 +209,28 @@ def test_the_same_player_in_nfc_and_nfd_is_one_group_for_leakage(tmp_path):
     assert leak.table.rows == [[composed, "train, val"]]
 
 
+def test_coverage_compares_titles_in_nfc_as_the_split_rule_does(tmp_path):
+    """A title typed composed in some sessions and decomposed in others is one title to `split --stratify`;
+    the coverage check compared the raw strings, counted two titles and rejected the version ("missing
+    from split val") when one form was all in train and the other all in val."""
+    caps = tmp_path / "caps"
+    composed = unicodedata.normalize("NFC", "Café Kart")
+    for i, (sid, title) in enumerate([("a-nfc", composed), ("b-nfc", composed),
+                                      ("c-nfd", unicodedata.normalize("NFD", composed)),
+                                      ("d-nfd", unicodedata.normalize("NFD", composed))]):
+        write_moving_session(caps, sid, title, f"p-{i}", seed=i)
+    cat, vid = build(caps, tmp_path / "cat", clip_seconds=1.0)
+    make_split(cat, vid, "main", SplitOptions(ratios="train=0.5,val=0.5"))
+    s = open_split_set(Catalog.open(cat), vid, "main")
+    where = {k: sp for sp in s.splits for k in s.table(sp)["key"].to_pylist()}
+    moves = {k: "train" if "-nfc__" in k else "val" for k in where}  # each form wholly in one split
+    _regroup(cat, vid, "main", {k: sp for k, sp in moves.items() if where[k] != sp})
+    report = run(cat, vid, RELAXED, split="main")
+    cov = report.check("split_coverage")
+    assert report.check("split_leakage").status == "pass"
+    assert cov.measured == 0 and [r[0] for r in cov.table.rows] == [composed]
+
+
 def test_split_by_title_leaves_titles_uncovered_and_the_table_shows_split_by_title(dup, tmp_path):
     cat = shutil.copytree(dup[0], tmp_path / "cat")
     make_split(cat, dup[1], "bytitle", SplitOptions(by="title", ratios="train=0.5,val=0.5"))

@@ -8,6 +8,7 @@ and a hand-edited ``group_value`` cannot hide a leak.
 
 from __future__ import annotations
 
+import unicodedata
 from collections import defaultdict
 
 from dsbuild.core.errors import FormatError, LineageError
@@ -80,13 +81,14 @@ def _leakage(j: Judge, d: VersionFacts) -> CheckResult:
 def _coverage(j: Judge, d: VersionFacts) -> CheckResult:
     split = d.split
     row_of = {r.key: r for r in d.rows}
-    titles = sorted({r.title for r in d.rows})
+    title_of = {r.key: unicodedata.normalize("NFC", r.title) for r in d.rows}  # as split --stratify compares
+    titles = sorted(set(title_of.values()))
     cells: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0.0])
     unknown = []
     for sp, keys in split.keys.items():
         for key in keys:
             if key in row_of:
-                cell = cells[(sp, row_of[key].title)]
+                cell = cells[(sp, title_of[key])]
                 cell[0] += 1
                 cell[1] += seconds(row_of[key]) / 3600
             else:

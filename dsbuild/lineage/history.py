@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.core.records import Record
+from dsbuild.formats.sample import KEY_RE
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import table_columns
 from dsbuild.lineage.splitsets import open_split_set, split_set_summaries
@@ -60,8 +61,8 @@ def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
 
     m = catalog.manifest(version_id)
     table = catalog.index(version_id)
-    hit = table.filter(pc.equal(table["key"], key))
-    if hit.num_rows == 0:
+    hit = table.filter(pc.equal(table["key"], key)) if KEY_RE.fullmatch(key) else table.slice(0, 0)
+    if hit.num_rows == 0:  # (a key no sample could have, e.g. an argument that was not UTF-8: none)
         raise UsageError(f"{catalog.url}@{version_id[:12]}: no sample with key {key[:100]!r}",
                          hint="`dsbuild query REF \"select key from samples\"` lists keys")
     row = {name: values[0] for name, values in table_columns(hit.slice(0, 1)).items()}

@@ -113,6 +113,15 @@ def read_pin_file(path: Path) -> tuple[str, ...]:
     return tuple(sorted({unicodedata.normalize("NFC", v) for v in values}))  # as group values are
 
 
+def _check_text(value: str, what: str) -> None:
+    """Refuse a value that is not Unicode text (an argument that was not valid UTF-8 carries lone
+    surrogates: it could be neither hashed nor recorded)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} {value[:64]!r} is not valid UTF-8 text") from None
+
+
 @dataclass(frozen=True)
 class SplitParams:
     """The complete rule of a split set, as recorded in its manifest."""
@@ -125,6 +134,10 @@ class SplitParams:
 
     def __post_init__(self) -> None:
         check_field(self.by, "--by")
+        _check_text(self.salt, "--salt")
+        for _, groups in self.pins:
+            for g in groups:
+                _check_text(g, "--pin")
         if self.stratify is not None:
             check_field(self.stratify, "--stratify")
         names = {n for n, _ in self.ratios}

@@ -444,3 +444,12 @@ def test_a_parquet_catalog_is_built_onto_like_a_webdataset_one(caps, tmp_path):
     rebuilt = run_json("convert", mine, tmp_path / "fresh", *args, "--onto", older)
     assert rebuilt["version_id"] == fresh["version_id"] and rebuilt["reused_sessions"] == 0
 
+
+
+def test_arguments_that_are_not_utf8_are_usage_errors_not_internal_ones(private_catalog):
+    """A shell passes bytes; Python hands non-UTF-8 ones on as lone surrogates, which `split --salt` then
+    failed to hash and `lineage` to compare (exit 70, "internal error")."""
+    cat, _ = private_catalog
+    bad = b"\xff".decode("utf-8", "surrogateescape")
+    assert "not valid UTF-8" in run("split", cat, "--name", "s1", "--salt", bad, check=2).stderr
+    assert "no sample with key" in run("lineage", cat, f"k{bad}", check=2).stderr

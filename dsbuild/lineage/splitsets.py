@@ -211,7 +211,7 @@ class SplitSet:
         rec = self.manifest.splits[split]
         key = f"{self.folder}/{rec.file}"
         try:
-            data = self.catalog.store.read(key, MAX_SPLIT_FILE, proven=hashes_to(rec.sha256, rec.bytes))
+            data = _read(self.catalog, key, MAX_SPLIT_FILE, proven=hashes_to(rec.sha256, rec.bytes))
         except FileNotFoundError:
             raise LineageError(f"{self.catalog.url}/{key}: missing") from None
         if len(data) != rec.bytes or sha256_bytes(data) != rec.sha256:
@@ -245,10 +245,21 @@ def _pointer_key(version_id: str, name: str) -> str:
     return f"splits/{check_version_id(version_id)}/{name}.json"
 
 
+def _read(catalog: Catalog, key: str, cap: int, **kw) -> bytes:
+    """A split set file's bytes; one the store refuses to read (a FIFO, a symlink out of the catalog, over
+    ``cap``) is a damaged catalog (LineageError, exit 3), as a file that does not parse is."""
+    try:
+        return catalog.store.read(key, cap, **kw)
+    except FormatError as e:
+        why = str(e).removeprefix(f"{catalog.url}/{key}: ").removeprefix(f"{key}: ")
+        raise LineageError(f"{catalog.url}/{key}: damaged split set file ({why[:200]})",
+                           hint="make the split set again with `dsbuild split ... --force`") from None
+
+
 def _read_pointer(catalog: Catalog, version_id: str, name: str) -> str | None:
     key = _pointer_key(version_id, name)
     try:
-        data = catalog.store.read(key, 1 << 16)
+        data = _read(catalog, key, 1 << 16)
     except FileNotFoundError:
         return None
     try:
@@ -271,7 +282,7 @@ def _load(catalog: Catalog, version_id: str, name: str, digest: str) -> SplitSet
         return m
 
     try:
-        data = catalog.store.read(key, MAX_MANIFEST_BYTES, proven=parses(parse))
+        data = _read(catalog, key, MAX_MANIFEST_BYTES, proven=parses(parse))
     except FileNotFoundError:
         raise LineageError(f"{catalog.url}/{key}: missing (the split set's pointer names it)") from None
     try:

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsbuild.core.errors import UsageError
+from dsbuild.core.errors import FormatError, UsageError
+from dsbuild.core.files import read_capped
 from dsbuild.core.hashing import sha256_json
 from dsbuild.lineage.splitsets import NAME_PATTERN, Pin, SplitRule, SplitSource
 from dsbuild.split.assign import RULE, Ratios, canonical_ratios
@@ -95,15 +96,14 @@ def read_pin_file(path: Path) -> tuple[str, ...]:
     they are of group values: stripping them pinned another group); blank lines and lines starting with
     '#' are skipped, and a leading backslash is dropped (``\\#7`` pins the value ``#7``)."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_PIN_BYTES:
-            raise UsageError(f"{path}: pin file is {size} bytes, over the limit of {MAX_PIN_BYTES}")
-        data = path.read_bytes()
+    try:  # a regular file, read no further than the limit (a FIFO or device there never ends)
+        data = read_capped(path, MAX_PIN_BYTES)
     except FileNotFoundError:
         raise UsageError(f"{path}: pin file does not exist") from None
     except IsADirectoryError:
         raise UsageError(f"{path}: pin file is a folder") from None
+    except FormatError as e:  # not a regular file, or over the limit
+        raise UsageError(f"{path}: pin file {str(e).removeprefix(f'{path}: ')}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

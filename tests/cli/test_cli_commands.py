@@ -163,6 +163,14 @@ def test_a_damaged_split_set_pointer_is_named_and_log_and_info_still_list_the_ve
     assert "damaged split set pointer" in p.stderr and "--name main --force" in p.stderr
     run("split", cat, "--name", "main", "--by", "session_id", "--force", "--quiet")  # the hint works (it failed alike)
     assert run_json("log", cat)["versions"][0]["split_sets"][0]["splits"]
+    # a pointer the store refuses to read (a FIFO; alike a symlink out of the catalog) was exit 2, as if
+    # the user's input were wrong, from split --check and diff; exit 3 from validate
+    pointer = cat / "splits" / vid / "main.json"
+    pointer.unlink()
+    os.mkfifo(pointer)
+    for args in (("split", cat, "--name", "main", "--check"), ("diff", cat, cat, "--split-set", "main"),
+                 ("validate", cat, "--split-set", "main")):
+        assert "damaged split set" in run(*args, check=3).stderr
 
 
 def test_tags_are_created_moved_and_deleted(private_catalog):

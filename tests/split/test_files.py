@@ -368,6 +368,23 @@ def test_unknown_pinned_group_is_one_clear_line_and_exit_2(catalog, tmp_path):
     assert not (cat / "splits" / vid / "badpin").exists()
 
 
+def test_a_pin_file_that_is_a_fifo_or_too_large_is_refused_without_reading_it(catalog, tmp_path):
+    """The size limit was checked with stat (0 for a FIFO or device): a FIFO hung the command until
+    killed, a device was read until memory ran out."""
+    import os
+
+    from dsbuild.split.params import MAX_PIN_BYTES
+
+    cat, vid = catalog
+    fifo, big = tmp_path / "pins.fifo", tmp_path / "big.txt"
+    os.mkfifo(fifo)
+    with open(big, "wb") as f:
+        f.truncate(MAX_PIN_BYTES + 1)  # sparse: no bytes written
+    for path, message in ((fifo, "FIFO"), (big, "larger than the limit")):
+        with pytest.raises(UsageError, match=message):
+            make_split(cat, vid, "badpin", SplitOptions(pins=[("test", path)]))
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(ratios="train=0.8,val=0.3"), "sum to"),
     (dict(by="favourite_colour"), "not a session field"),

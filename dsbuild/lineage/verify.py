@@ -223,7 +223,8 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
             report.problems += c.result()
     report.shards_checked = len(shards)
     report.bytes_checked = sum(rec.bytes for rec, h in zip(shards, hashes) if _hashed(h.result()))
-    report.samples_checked = sum(len(by_shard.get(s.path, ())) for s in shards)
+    # entries are checked only in shards whose bytes proved sound (a missing, resized or altered one: none)
+    report.samples_checked = sum(len(by_shard.get(rec.path, ())) for rec, h in zip(shards, hashes) if h.result() is None)
     if any(p.get("problem") in ("missing", "size changed", "altered") for p in report.problems):
         report.heal = heal_command(catalog, version_id)
     return report

@@ -286,6 +286,8 @@ def test_verify_names_the_damaged_shard_and_the_command_that_heals(wds_catalog, 
     assert report.heal.startswith("dsbuild convert ") and "--rehash" in report.heal
     hashed = sum(s["bytes"] for s in manifest(cat, vid)["shards"]) - (rec["bytes"] if damage != "flip" else 0)
     assert report.bytes_checked == hashed  # a shard missing or of another size is not read
+    sound = [r["key"] for r in index_rows(cat, vid) if r["shard"] != rec["path"]]
+    assert report.samples_checked == len(sound)  # entries of the damaged shard were not checked
 
 
 def test_the_heal_command_gives_every_setting_of_the_build_by_its_convert_flag():

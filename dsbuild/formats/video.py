@@ -223,7 +223,9 @@ class VideoSource:
 
     def clips(self, clip_seconds: float, report: DemuxReport) -> Iterator[Clip]:
         """Clips in order. A clip is emitted once the next segment is read (its leading frames set the
-        window's end); the final clip of a truncated file is decode-checked and trimmed first."""
+        window's end); the final clip of a truncated file is decode-checked and trimmed first, and so is
+        the final clip of a container that declares no frame count (Matroska, MPEG-TS, fragmented MP4):
+        there a file cut inside its last frame demuxes as whole packets."""
         report.audio = self._audio_report
         prev: _Segment | None = None
         index = 0
@@ -235,7 +237,12 @@ class VideoSource:
                 index += 1
             prev = seg
         if prev is not None:
-            packets = self._decodable(prev.packets, report) if report.truncated else prev.packets
+            packets = prev.packets
+            if report.truncated or not self._stream.frames:  # (no frame count: a cut-off tail looks whole)
+                packets = self._decodable(packets, report)
+                if len(packets) < len(prev.packets) and not report.truncated:
+                    report.truncated = (f"its last {len(prev.packets) - len(packets)} frame(s) do not decode: the "
+                                        "file was cut short")
             if packets:
                 yield self._clip(index, _Segment(packets, prev.key_pts), self._frames_end(packets), clip_seconds,
                                  report)
@@ -330,8 +337,9 @@ class VideoSource:
             report.truncated = f"container declares {declared} frames, {report.packets} were readable"
 
     def _decodable(self, packets: list[PacketRecord], report: DemuxReport) -> list[PacketRecord]:
-        """The final packets of a truncated file, trimmed until every one decodes (only truncated files pay
-        for this decode: elsewhere the demuxer has whole packets and remux is lossless)."""
+        """The final packets of a truncated file (or of one whose container cannot tell), trimmed until
+        every one decodes (only the last clip of those pays for this decode: elsewhere the demuxer has
+        whole packets and remux is lossless)."""
         kept = packets
         for _ in range(TRIM_TRIES):
             good = sum(1 for _ in self._decode(kept, strict=False))

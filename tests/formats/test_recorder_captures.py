@@ -535,3 +535,29 @@ def test_a_frame_stamped_like_the_one_before_is_kept_and_every_frame_decodes_as_
         for b in loader:
             delivered += list(b["frames"][0][:int(b["lengths"][0])])
     assert len(delivered) == n and all(np.array_equal(a, b) for a, b in zip(delivered, source))
+
+
+@pytest.mark.parametrize("container, args", [("ts", ()), ("mp4", ("-movflags", "frag_keyframe+empty_moov"))])
+def test_a_recording_cut_inside_its_last_frame_is_trimmed_where_the_container_cannot_tell(tmp_path, container, args):
+    """A capture card's TS (or OBS's fragmented MP4) killed mid-write ends inside a frame. These
+    containers declare no frame count and their demuxers hand the cut frame over as a whole packet: it
+    was stored, and `validate --level full` rejected the version ("decode error after 10 frames"). The
+    last clip of such a container is now decode-checked and trimmed, counted as a truncation."""
+    import subprocess
+
+    d = tmp_path / "caps" / f"cut-{container}"
+    d.mkdir(parents=True)
+    video = d / f"video.{container}"
+    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=320x240:rate=30:duration={SECONDS}", "-c:v", "libx264", "-g", "15",
+           "-bf", "0", "-b:v", "4M", "-pix_fmt", "yuv420p", *args, str(video))
+    out = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries", "packet=pos,size",
+                          "-of", "json", str(video)], capture_output=True, text=True, check=True).stdout
+    last = json.loads(out)["packets"][-3]  # inside the third frame from the end
+    video.write_bytes(video.read_bytes()[:int(last["pos"]) + int(last["size"]) // 2])
+    write_streams(d, video.name, d.name)
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    repairs = session["repairs"]["video"]
+    assert repairs["truncated"] and repairs["dropped_undecodable"] >= 1
+    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    assert report.check("decode").status == "pass", report.check("decode").offenders

@@ -199,7 +199,7 @@ def _clip_video(info, clip) -> ClipVideo:
     a = clip.audio
     audio = None if a is None else ClipAudio(a.codec, a.sample_rate, a.channels,
                                              start=a.t_start - float(clip.frame_t[0]), duration=a.t_end - a.t_start)
-    return ClipVideo(info.codec, info.width, info.height, info.fps, codec_tag=info.codec_tag,
+    return ClipVideo(info.codec, clip.width, clip.height, info.fps, codec_tag=info.codec_tag,
                      has_audio=audio is not None, audio=audio)
 
 
@@ -262,7 +262,7 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future, befor
                          started_at=parse_started_at(session.started_at),
                          conditions=tuple(sorted(session.conditions.items())), clip_index=clip.index,
                          t_start=clip.t_start, t_end=clip.t_end, frames=len(frame_t), fps=info.fps,
-                         width=info.width, height=info.height, codec=info.codec, has_audio=clip.audio is not None,
+                         width=clip.width, height=clip.height, codec=info.codec, has_audio=clip.audio is not None,
                          n_controls=len(actions.controls), n_channels=len(telemetry.channels),
                          video_bytes=len(video), bytes=sum(len(p) for _, p in members),
                          action_events=len(raw), text_events=len(texts),

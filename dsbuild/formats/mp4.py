@@ -13,6 +13,7 @@ give the same file on any machine.
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -56,6 +57,28 @@ def mp4_tag(codec: str, source_tag: str | None) -> str | None:
     if tag in _KEEP_TAGS.get(codec, ()):
         return tag
     return _DEFAULT_TAGS.get(codec)
+
+
+HEADER_SCAN = 1 << 16  # bytes of a keyframe searched: parameter sets precede its slices
+_START_CODE = re.compile(b"\x00\x00\x01")
+_SEQUENCE_NALS = {"h264": (lambda b: b & 0x1F, {7}), "hevc": (lambda b: (b >> 1) & 0x3F, {32, 33})}  # SPS (+ VPS)
+
+
+def sequence_header(data: bytes, codec: str) -> bytes | None:
+    """The sequence-level parameter sets a keyframe packet carries in-band (H.264 SPS, HEVC VPS/SPS in
+    Annex-B, as MPEG-TS holds them; an MPEG-2 sequence header), where the picture size is; None when it
+    carries none. Compared from clip to clip, a change says the stream's resolution may have changed (a
+    capture card whose input switched) without decoding a frame."""
+    if codec == "mpeg2video":
+        at = data.find(b"\x00\x00\x01\xb3")
+        return None if at < 0 else data[at + 4:at + 8]
+    kind = _SEQUENCE_NALS.get(codec)
+    if kind is None or not (data.startswith(b"\x00\x00\x01") or data.startswith(b"\x00\x00\x00\x01")):
+        return None
+    nal_type, wanted = kind
+    units = [u.rstrip(b"\x00") for u in _START_CODE.split(data[:HEADER_SCAN])[1:]]
+    found = b"".join(u for u in units if u and nal_type(u[0]) in wanted)
+    return found or None
 
 
 def monotonic_dts(packets: list[PacketRecord]) -> list[int]:

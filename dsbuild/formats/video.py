@@ -36,7 +36,8 @@ import numpy as np
 from dsbuild.core.errors import FormatError
 from dsbuild.core.files import UnsafeFile, open_regular
 from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, covers, open_audio
-from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, check_mp4_video, demux_only, monotonic_dts, mp4_tag, why
+from dsbuild.formats.mp4 import (Mp4Writer, PacketRecord, check_mp4_video, demux_only, monotonic_dts, mp4_tag,
+                                 sequence_header, why)
 from dsbuild.formats.sample import GAP_SECONDS, VIDEO_EXT
 from dsbuild.formats.transcode import ClipEncoder, TranscodeSpec, parse_transcode
 
@@ -88,6 +89,8 @@ class Clip:
     t_start: float  # the source window [t_start, t_end) the clip covers
     t_end: float
     audio: AudioSpan | None
+    width: int  # its picture size: the stream's, or what it changed to (``VideoSource._picture_size``)
+    height: int
 
 
 @dataclass
@@ -102,6 +105,7 @@ class DemuxReport:
     dropped_undecodable: int = 0
     dropped_after_restart: int = 0  # packets after a keyframe went back in time (a recorder that restarted)
     dropped_edit_list: int = 0  # packets an edit list hides (a file trimmed without re-encoding)
+    resolution_changes: int = 0  # clips whose picture size is not the one before (a capture card's input switched)
     gaps: int = 0  # windows ended at their last frame: the next came more than GAP_SECONDS later
     truncated: str | None = None  # set when the file ended early: the final clip is then decode-checked
     long_clips: int = 0
@@ -122,6 +126,7 @@ class DemuxReport:
             "dropped_undecodable": self.dropped_undecodable,
             "dropped_after_restart": self.dropped_after_restart,
             "dropped_edit_list": self.dropped_edit_list,
+            "resolution_changes": self.resolution_changes,
             "gaps": self.gaps,
             "truncated": self.truncated,
             "long_clips": self.long_clips,
@@ -137,6 +142,7 @@ class _Segment:
     key_pts: int
     first_leading_pts: int | None = None  # earliest dropped leading frame: where the previous window ends
     seen: set[int] = field(default_factory=set)  # pts in the segment (a repeated pts cannot be muxed)
+    header: bytes | None = None  # its keyframe's in-band sequence header (``formats.mp4.sequence_header``)
 
 
 class VideoSource:
@@ -154,6 +160,8 @@ class VideoSource:
         self._audio_report = AudioReport()
         self._t0: int | None = None  # pts of the first video frame: the session clock's zero
         self._size = 0  # bytes, when opened
+        self._header: bytes | None = None  # the in-band sequence header of the clips so far
+        self._picture: tuple[int, int] = (0, 0)  # their picture size
         self.info: VideoInfo | None = None
 
     def __enter__(self) -> "VideoSource":
@@ -209,6 +217,7 @@ class VideoSource:
         self._audio_report.tracks = len(c.streams.audio)
         audio = self._open_audio() if self._want_audio and c.streams.audio else None
         tb = 1 / self.spec.fps if self.spec is not None and self.spec.fps else vs.time_base
+        self._picture = (out["width"], out["height"])
         self.info = VideoInfo(**out, time_base=tb, audio=audio, source=f"{codec} in {fmt}")
 
     def _open_audio(self) -> AudioInfo | None:
@@ -244,8 +253,8 @@ class VideoSource:
                     report.truncated = (f"its last {len(prev.packets) - len(packets)} frame(s) do not decode: the "
                                         "file was cut short")
             if packets:
-                yield self._clip(index, _Segment(packets, prev.key_pts), self._frames_end(packets), clip_seconds,
-                                 report)
+                yield self._clip(index, _Segment(packets, prev.key_pts, header=prev.header), self._frames_end(packets),
+                                 clip_seconds, report)
 
     def _frames_end(self, packets: list[PacketRecord]) -> int:
         """Where the last frame of ``packets`` ends (pts): its start plus its duration, or one frame at the
@@ -286,11 +295,13 @@ class VideoSource:
                 self._t0 = p.pts if start is None else min(p.pts, start)
                 if self._audio is not None:
                     self._audio.origin = self._t0 * self._stream.time_base
-            if p.keyframe and seg is not None and should_cut(self._t(seg.key_pts), self._t(p.pts), clip_seconds):
+            header = sequence_header(p.data, self.info.codec) if p.keyframe and self.spec is None else None
+            if p.keyframe and seg is not None and (should_cut(self._t(seg.key_pts), self._t(p.pts), clip_seconds)
+                                                   or header not in (None, seg.header)):  # (a clip has one size)
                 yield seg
                 seg = None
             if seg is None:
-                seg = _Segment([], p.pts)
+                seg = _Segment([], p.pts, header=header)
             elif p.pts < seg.key_pts:
                 report.dropped_leading += 1
                 lead = seg.first_leading_pts
@@ -353,6 +364,22 @@ class VideoSource:
         report.dropped_undecodable += len(packets) - len(kept)
         return kept
 
+    def _picture_size(self, seg: _Segment, report: DemuxReport) -> tuple[int, int]:
+        """The clip's picture size: the stream's until a keyframe's in-band sequence header changes (a
+        capture card whose input switched resolution mid-recording: such a keyframe always starts a clip);
+        then the clip's first frame is decoded to learn it. Every clip was labelled with the first size."""
+        header = seg.header
+        if header is None or header == self._header:
+            return self._picture
+        if self._header is not None:
+            frame = next((f for _, f in self._decode(seg.packets, strict=False)), None)
+            if frame is not None and 0 < frame.width * frame.height <= MAX_PIXELS:
+                size = (frame.width, frame.height)
+                report.resolution_changes += size != self._picture
+                self._picture = size
+        self._header = header
+        return self._picture
+
     def _clip(self, index: int, seg: _Segment, end_pts: int, clip_seconds: float, report: DemuxReport) -> Clip:
         t_start, t_end = self._t(seg.key_pts), self._t(end_pts)
         if t_end - t_start > 1.5 * clip_seconds:
@@ -372,7 +399,8 @@ class VideoSource:
             data, frame_t = self._mux(packets, t_start, t_end, None)
             cut = None
         report.audio.clips_with_audio += cut is not None
-        return Clip(index, data, frame_t, t_start, t_end, None if cut is None else cut.audio)
+        width, height = self._picture_size(seg, report)
+        return Clip(index, data, frame_t, t_start, t_end, None if cut is None else cut.audio, width, height)
 
     def _mux(self, packets: list[PacketRecord], t_start: float, t_end: float, cut) -> tuple[bytes, np.ndarray]:
         """The clip's MP4 and its frame times: packets copied (or transcoded) plus the audio cut."""

@@ -561,3 +561,28 @@ def test_a_recording_cut_inside_its_last_frame_is_trimmed_where_the_container_ca
     assert repairs["truncated"] and repairs["dropped_undecodable"] >= 1
     report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
     assert report.check("decode").status == "pass", report.check("decode").offenders
+
+
+def test_a_capture_card_whose_input_switched_resolution_labels_each_clip_with_its_own_size(tmp_path):
+    """A TS whose picture size changes mid-recording (the card's input switched) was labelled with the
+    first size throughout: validate rejected it ("decoded 320x240, metadata says 160x120") and the loader's
+    resolution buckets mixed sizes. A changed in-band sequence header now has the clip's first frame
+    decoded to learn its size, counted (`resolution_changes`)."""
+    from tests.helpers import index_rows
+
+    a, b = tmp_path / "a.ts", tmp_path / "b.ts"
+    for out, size, offset in ((a, "160x120", "0"), (b, "320x240", str(SECONDS))):
+        ffmpeg("-f", "lavfi", "-i", f"testsrc2=size={size}:rate=30:duration={SECONDS}", "-c:v", "libx264", "-g", "15",
+               "-bf", "0", "-pix_fmt", "yuv420p", "-output_ts_offset", offset, str(out))  # (one clock: no B-frame delay)
+    d = tmp_path / "caps" / "switched"
+    d.mkdir(parents=True)
+    (d / "video.ts").write_bytes(a.read_bytes() + b.read_bytes())
+    write_streams(d, "video.ts", "switched")
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    assert session["repairs"]["video"]["resolution_changes"] == 1
+    sizes = [(row["width"], row["height"])
+             for row in sorted(index_rows(tmp_path / "cat", r.version_id), key=lambda row: row["t_start"])]
+    assert sizes == [(160, 120)] * 4 + [(320, 240)] * 4  # 2 s of each in 0.5-s clips
+    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    assert report.accepted, [(c.name, c.offenders[:2]) for c in report.checks if c.failed]

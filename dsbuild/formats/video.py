@@ -57,6 +57,11 @@ def should_cut(clip_start: float, keyframe_t: float, clip_seconds: float) -> boo
     return keyframe_t - clip_start >= clip_seconds - CUT_EPS
 
 
+def _pixels(stream) -> int:
+    cc = stream.codec_context
+    return 0 if cc is None else max(0, cc.width) * max(0, cc.height)
+
+
 def frame_rate(frame_t: np.ndarray) -> float | None:
     """Mean frame rate of sorted frame times: (frames - 1) / (last - first). The one definition convert
     and validate share, exact for constant rates and the true average for variable ones."""
@@ -105,6 +110,7 @@ class DemuxReport:
     dropped_undecodable: int = 0
     dropped_after_restart: int = 0  # packets after a keyframe went back in time (a recorder that restarted)
     dropped_edit_list: int = 0  # packets an edit list hides (a file trimmed without re-encoding)
+    other_video_streams: int = 0  # video streams besides the one converted (a camera beside the screen)
     resolution_changes: int = 0  # clips whose picture size is not the one before (a capture card's input switched)
     gaps: int = 0  # windows ended at their last frame: the next came more than GAP_SECONDS later
     truncated: str | None = None  # set when the file ended early: the final clip is then decode-checked
@@ -126,6 +132,7 @@ class DemuxReport:
             "dropped_undecodable": self.dropped_undecodable,
             "dropped_after_restart": self.dropped_after_restart,
             "dropped_edit_list": self.dropped_edit_list,
+            "other_video_streams": self.other_video_streams,
             "resolution_changes": self.resolution_changes,
             "gaps": self.gaps,
             "truncated": self.truncated,
@@ -195,7 +202,7 @@ class VideoSource:
         fmt = c.format.name.split(",")[0]
         if not c.streams.video:
             raise FormatError(f"no video stream in the {fmt} file")
-        vs = self._stream = c.streams.video[0]
+        vs = self._stream = max(c.streams.video, key=_pixels)  # the largest, as ffmpeg picks (first of equals)
         demux_only(c, vs)  # the audio has a demuxer of its own (open_audio)
         cc = vs.codec_context
         if cc is None:
@@ -236,6 +243,7 @@ class VideoSource:
         the final clip of a container that declares no frame count (Matroska, MPEG-TS, fragmented MP4):
         there a file cut inside its last frame demuxes as whole packets."""
         report.audio = self._audio_report
+        report.other_video_streams = len(self._container.streams.video) - 1
         prev: _Segment | None = None
         index = 0
         for seg in self._segments(clip_seconds, report):

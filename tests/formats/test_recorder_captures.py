@@ -586,3 +586,19 @@ def test_a_capture_card_whose_input_switched_resolution_labels_each_clip_with_it
     assert sizes == [(160, 120)] * 4 + [(320, 240)] * 4  # 2 s of each in 0.5-s clips
     report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
     assert report.accepted, [(c.name, c.offenders[:2]) for c in report.checks if c.failed]
+
+
+def test_of_two_video_streams_the_largest_is_converted_and_the_other_counted(tmp_path):
+    """A recording with a small camera stream first and the screen second: the camera was converted and
+    nothing said a second video stream was left out."""
+    d = tmp_path / "caps" / "two-videos"
+    d.mkdir(parents=True)
+    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=96x64:rate=30:duration={SECONDS}", "-f", "lavfi", "-i",
+           f"testsrc2=size=160x120:rate=30:duration={SECONDS}", "-map", "0:v", "-map", "1:v", "-c:v", "libx264",
+           "-g", "15", "-pix_fmt", "yuv420p", str(d / "video.mkv"))
+    write_streams(d, "video.mkv", "two-videos")
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    assert session["repairs"]["video"]["other_video_streams"] == 1
+    assert {(s["json"]["video"]["width"], s["json"]["video"]["height"])
+            for s in _samples(tmp_path / "cat", r.version_id)["two-videos"]} == {(160, 120)}

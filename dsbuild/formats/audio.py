@@ -61,7 +61,7 @@ class AudioReport:
 
     tracks: int = 0  # audio tracks in the capture (only the first is carried)
     clips_with_audio: int = 0
-    partial_clips: int = 0  # clips whose audio would not cover them (it began or ended inside): no audio
+    partial_clips: int = 0  # clips whose audio would not cover them (it began, ended or had a hole inside): none
     packets: int = 0
     outside_clips: int = 0  # before the first video frame, after the last, or in a dropped-frame gap
     undecodable: int = 0  # packets the decoder refused
@@ -147,6 +147,15 @@ class _EncodedCut:
             writer.mux(p)
 
 
+def _hole(packets: list[PacketRecord], tb: Fraction) -> bool:
+    """Whether copied packets leave more than one audio frame (and the slack) of time uncovered between
+    two of them: audio missing inside a clip (a recorder that dropped it), which MP4 would close up."""
+    for a, b in zip(packets, packets[1:]):
+        if (b.pts - a.pts - a.duration) * tb > a.duration * tb + Fraction(SYNC_SLACK):
+            return True
+    return False
+
+
 def covers(cut, first: float, end: float) -> bool:
     """Whether a cut's audio spans a clip from its first frame (``first``) to its window's end (``end``),
     within one audio frame: what validate demands of every clip with audio."""
@@ -167,6 +176,7 @@ class AudioTrack:
         self.origin = Fraction(0)
         self._packets = self._demux()
         self._next: tuple[Fraction, PacketRecord, list | None] | None = None
+        self._last: PacketRecord | None = None  # the last packet taken (copied audio)
         self._samples = _Samples(info.sample_rate, info.channels)  # re-encode path: decoded, not yet cut
         self._resampler = None
 
@@ -233,15 +243,22 @@ class AudioTrack:
     def _copy_cut(self, lo: Fraction, hi: Fraction):
         packets, broken, start = [], False, self._ticks(lo)
         for pts, rec, frames in self._take(hi):
+            if self._last is not None and pts < self._last.pts:  # a second recording's audio would be mixed in
+                t = float(pts * self._stream.time_base - self.origin)
+                self.report.error = (f"audio timestamps go back at {t:.3f} s (the recording restarted); the rest "
+                                     "is not carried")
+                break
+            self._last = rec
             if pts < start:
                 self.report.outside_clips += 1
             else:
                 packets.append(rec)
                 broken |= frames is None
-        if broken:
+        if broken or not packets:  # part of it did not decode, or the track has nothing here (it ended)
             self.report.clips_without_audio += 1
             return None
-        if not packets:  # the track has nothing in this window (it ended, or has a gap): counted
+        if _hole(packets, self._stream.time_base):  # played as is, what follows the hole would come early
+            self.report.partial_clips += 1
             self.report.clips_without_audio += 1
             return None
         return _CopiedCut(self._stream, packets, self.origin, self.info)

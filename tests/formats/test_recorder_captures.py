@@ -244,6 +244,12 @@ def test_a_recording_whose_clock_goes_back_ends_there_counted_never_an_inverted_
     assert video["dropped_leading"] == 0
     windows = sorted((s["json"]["clip"]["t_start"], s["json"]["clip"]["t_end"]) for s in _samples(tmp_path / "cat", r.version_id)["restarted"])
     assert all(a < b for a, b in windows) and windows[-1][1] <= SECONDS + 0.05
+    # the second recording's audio (its clock restarted too) was mixed into the last clip: twice its samples
+    assert "audio timestamps go back" in video["audio"]["error"]
+    for s in _samples(tmp_path / "cat", r.version_id)["restarted"]:
+        if "mp4" in s and s["json"]["video"]["has_audio"]:
+            window = s["json"]["clip"]["t_end"] - s["json"]["clip"]["t_start"]
+            assert len(decode_audio(s["mp4"], 16000)) / 16000 < window + 0.05
     report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
     assert report.accepted, [c.name for c in report.checks if c.failed]
 
@@ -586,6 +592,25 @@ def test_a_capture_card_whose_input_switched_resolution_labels_each_clip_with_it
     assert sizes == [(160, 120)] * 4 + [(320, 240)] * 4  # 2 s of each in 0.5-s clips
     report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
     assert report.accepted, [(c.name, c.offenders[:2]) for c in report.checks if c.failed]
+
+
+def test_copied_audio_with_a_hole_inside_a_clip_is_not_carried_there_counted(tmp_path):
+    """AAC copied by packet with 0.8 s missing inside a clip: MP4 closes the hole up, so everything after
+    it played 0.8 s early against the video, and validate (which checks the audio's start and end)
+    passed. Such a clip now carries no audio, counted as partial."""
+    d = tmp_path / "caps" / "audio-hole"
+    d.mkdir(parents=True)
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=160x120:rate=30:duration=4", "-f", "lavfi", "-i",
+           "sine=frequency=440:sample_rate=48000:duration=4", "-af", "aselect='not(between(t\\,0.5\\,1.3))'",
+           "-c:v", "libx264", "-g", "15", "-pix_fmt", "yuv420p", "-c:a", "aac", str(d / "video.ts"))
+    write_streams(d, "video.ts", "audio-hole")
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=1))
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    assert session["repairs"]["video"]["audio"]["partial_clips"] >= 1
+    for s in _samples(tmp_path / "cat", r.version_id)["audio-hole"]:
+        if s["json"]["video"]["has_audio"]:
+            window = s["json"]["clip"]["t_end"] - s["json"]["clip"]["t_start"]
+            assert len(decode_audio(s["mp4"], 16000)) / 16000 > window - 0.05  # whole, or none at all
 
 
 def test_of_two_video_streams_the_largest_is_converted_and_the_other_counted(tmp_path):

@@ -288,3 +288,26 @@ def test_gc_keeps_a_split_set_whose_pointer_is_damaged_and_young_split_files_on_
     young = collect(Catalog.open(url))  # default grace: a day
     assert not [k for k in young["replaced_split_files"] if "/gcd/" in k]
     assert fs.find(f"data/catalog/splits/{r.version_id}/gcd/")
+
+
+def test_a_tag_delete_whose_answer_was_lost_is_done_not_no_such_tag(s3, remote, monkeypatch):
+    """The delete's conditional write landed but its answer was lost; the retry, conditional on the old
+    ETag, was refused, the change was read and made again, and the tag was gone: "no tag" (exit 2) for
+    a delete that had worked. A delete that finds its tag gone on a later try is done."""
+    from dsbuild.core.store import FsspecStore
+
+    url, _ = remote
+    catalog, vid = open_ref(url)
+    catalog.set_tag("lost-answer", vid)
+    write_if, after, drops = FsspecStore.write_if, s3.after, s3.drops
+
+    def answer_lost_once(self, key, data, token):
+        s3.after, s3.armed = 25, True  # the answer is cut (after an interim "100 Continue", 25 bytes)
+        try:
+            return write_if(self, key, data, token)
+        finally:
+            s3.after, s3.armed = after, False
+
+    monkeypatch.setattr(FsspecStore, "write_if", answer_lost_once)
+    assert catalog.set_tag("lost-answer", None, delete=True) is None
+    assert s3.drops > drops and "lost-answer" not in catalog.tags()

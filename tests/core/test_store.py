@@ -120,16 +120,21 @@ def test_the_read_cache_keeps_only_bytes_their_reader_proved(tmp_path, monkeypat
     assert copy.read_bytes() == good
 
 
-def test_shard_cache_verifies_bytes_and_evicts_least_recently_used(tmp_path, monkeypatch):
+def _memory_store(tmp_path: Path, monkeypatch, shards: int) -> tuple[FsspecStore, dict[str, bytes]]:
+    """An fsspec memory store holding ``shards`` random 1000-byte shards (key -> bytes)."""
     import fsspec
 
     monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
     root = f"/bucket-{uuid.uuid4().hex}"
     fs = fsspec.filesystem("memory")
-    blobs = {f"shards/{i:02d}/x.tar": os.urandom(1000) for i in range(3)}
+    blobs = {f"shards/{i:02d}/x.tar": os.urandom(1000) for i in range(shards)}
     for key, data in blobs.items():
         fs.pipe_file(f"{root}/{key}", data)
-    store = FsspecStore(f"memory://{root}")
+    return FsspecStore(f"memory://{root}"), blobs
+
+
+def test_shard_cache_verifies_bytes_and_evicts_least_recently_used(tmp_path, monkeypatch):
+    store, blobs = _memory_store(tmp_path, monkeypatch, 3)
     cache = ShardCache(store, limit=2500, directory=tmp_path / "shards")
     for key, data in blobs.items():
         path = cache.path(key, hashlib.sha256(data).hexdigest(), len(data))
@@ -144,15 +149,7 @@ def test_a_shard_copy_handed_over_stays_readable_when_another_process_evicts_it(
     """Processes on one machine share the shard cache. A path handed over could be evicted by another
     process's download before it was opened ("cannot fetch shard: No such file or directory" in a loader);
     ``open`` hands over a descriptor opened before the copy could be evicted."""
-    import fsspec
-
-    monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
-    root = f"/bucket-{uuid.uuid4().hex}"
-    fs = fsspec.filesystem("memory")
-    blobs = {f"shards/{i:02d}/x.tar": os.urandom(1000) for i in range(2)}
-    for key, data in blobs.items():
-        fs.pipe_file(f"{root}/{key}", data)
-    store = FsspecStore(f"memory://{root}")
+    store, blobs = _memory_store(tmp_path, monkeypatch, 2)
     first, second = (ShardCache(store, limit=1500, directory=tmp_path / "shards") for _ in range(2))
     (key0, data0), (key1, data1) = blobs.items()
     path0, fd = first.open(key0, hashlib.sha256(data0).hexdigest(), len(data0))

@@ -48,6 +48,18 @@ def _samples(catalog: Path, vid: str) -> dict[str, list[dict]]:
     return out
 
 
+def _convert_capture(tmp_path: Path, name: str, video: bytes, ext: str = "ts") -> tuple:
+    """One capture session ``name`` whose video file holds ``video``, converted in 0.5-s clips:
+    (the convert result, the session's record)."""
+    d = tmp_path / "caps" / name
+    d.mkdir(parents=True)
+    (d / f"video.{ext}").write_bytes(video)
+    write_streams(d, f"video.{ext}", name)
+    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    return r, session
+
+
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """Every recorder kind, converted once (0.5 s clips) and validated once at --level full."""
@@ -227,18 +239,12 @@ def test_a_recording_cut_short_keeps_only_clips_whose_audio_covers_them(tmp_path
 def test_a_recording_whose_clock_goes_back_ends_there_counted_never_an_inverted_window(tmp_path):
     """Two recordings in one TS (a capture card that restarted): the second's timestamps start over. Its
     packets used to count as open-GOP leading frames and give a window ending before it starts."""
-    caps = tmp_path / "caps"
-    d = caps / "restarted"
-    d.mkdir(parents=True)
     one = tmp_path / "one.ts"
     ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={SECONDS}", "-f", "lavfi", "-i",
            f"sine=frequency=440:sample_rate=48000:duration={SECONDS}", "-c:v", "libx264", "-g", "15", "-bf", "2",
            "-pix_fmt", "yuv420p", "-c:a", "aac", str(one))
-    (d / "video.ts").write_bytes(one.read_bytes() * 2)
-    write_streams(d, "video.ts", "restarted")
-    r = convert(caps, tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
+    r, session = _convert_capture(tmp_path, "restarted", one.read_bytes() * 2)
     assert r.quarantined == () and r.repaired_sessions == 1
-    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
     video = session["repairs"]["video"]
     assert "timestamps go back" in video["truncated"] and video["dropped_after_restart"] >= SECONDS * 30
     assert video["dropped_leading"] == 0
@@ -295,12 +301,7 @@ def test_a_gap_in_the_recording_ends_the_window_at_its_last_frame_counted(tmp_pa
     a, b = tmp_path / "a.ts", tmp_path / "b.ts"
     _x264_aac(SECONDS, a)
     _x264_aac(SECONDS, b, "-output_ts_offset", "30")
-    d = tmp_path / "caps" / "signal-lost"
-    d.mkdir(parents=True)
-    (d / "video.ts").write_bytes(a.read_bytes() + b.read_bytes())
-    write_streams(d, "video.ts", "signal-lost")
-    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
-    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    r, session = _convert_capture(tmp_path, "signal-lost", a.read_bytes() + b.read_bytes())
     assert session["repairs"]["video"]["gaps"] == 1
     frame = 1 / 30
     for s in _samples(tmp_path / "cat", r.version_id)["signal-lost"]:
@@ -580,12 +581,7 @@ def test_a_capture_card_whose_input_switched_resolution_labels_each_clip_with_it
     for out, size, offset in ((a, "160x120", "0"), (b, "320x240", str(SECONDS))):
         ffmpeg("-f", "lavfi", "-i", f"testsrc2=size={size}:rate=30:duration={SECONDS}", "-c:v", "libx264", "-g", "15",
                "-bf", "0", "-pix_fmt", "yuv420p", "-output_ts_offset", offset, str(out))  # (one clock: no B-frame delay)
-    d = tmp_path / "caps" / "switched"
-    d.mkdir(parents=True)
-    (d / "video.ts").write_bytes(a.read_bytes() + b.read_bytes())
-    write_streams(d, "video.ts", "switched")
-    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
-    [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
+    r, session = _convert_capture(tmp_path, "switched", a.read_bytes() + b.read_bytes())
     assert session["repairs"]["video"]["resolution_changes"] == 1
     sizes = [(row["width"], row["height"])
              for row in sorted(index_rows(tmp_path / "cat", r.version_id), key=lambda row: row["t_start"])]

@@ -303,9 +303,13 @@ class VideoSource:
                 self._t0 = p.pts if start is None else min(p.pts, start)
                 if self._audio is not None:
                     self._audio.origin = self._t0 * self._stream.time_base
-            header = sequence_header(p.data, self.info.codec) if p.keyframe and self.spec is None else None
+            # a keyframe whose in-band sequence header changed (the picture size may have) starts a clip; one
+            # that carries none has the header before it
+            header = seg.header if seg is not None else None
+            if p.keyframe and self.spec is None:
+                header = sequence_header(p.data, self.info.codec) or header
             if p.keyframe and seg is not None and (should_cut(self._t(seg.key_pts), self._t(p.pts), clip_seconds)
-                                                   or header not in (None, seg.header)):  # (a clip has one size)
+                                                   or (seg.header is not None and header != seg.header)):
                 yield seg
                 seg = None
             if seg is None:

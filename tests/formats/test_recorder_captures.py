@@ -623,3 +623,18 @@ def test_of_two_video_streams_the_largest_is_converted_and_the_other_counted(tmp
     assert session["repairs"]["video"]["other_video_streams"] == 1
     assert {(s["json"]["video"]["width"], s["json"]["video"]["height"])
             for s in _samples(tmp_path / "cat", r.version_id)["two-videos"]} == {(160, 120)}
+
+
+def test_sequence_headers_are_read_from_annex_b_keyframes_only():
+    from dsbuild.formats.mp4 import sequence_header
+
+    sps, pps, idr = b"\x67\x64\x00\x1f\xac", b"\x68\xee\x3c\x80", b"\x65\x88\x84\x00"
+    annex_b = b"\x00\x00\x00\x01\x09\xf0" + b"\x00\x00\x00\x01" + sps + b"\x00\x00\x01" + pps + b"\x00\x00\x01" + idr
+    assert sequence_header(annex_b, "h264") == sps
+    assert sequence_header(annex_b.replace(sps, b"\x67\x64\x00\x28\xac"), "h264") != sps  # another size
+    assert sequence_header(b"\x00\x00\x00\x05" + sps, "h264") is None  # length-prefixed (MP4, Matroska)
+    assert sequence_header(b"\x00\x00\x01" + idr, "h264") is None  # a keyframe without parameter sets
+    hevc_sps = bytes([33 << 1, 1]) + b"\x01\x02"
+    assert sequence_header(b"\x00\x00\x01" + hevc_sps + b"\x00\x00\x01" + bytes([19 << 1, 1]), "hevc") == hevc_sps
+    assert sequence_header(b"\x00\x00\x01\xb3\x14\x00\xf0\x13\x00\x00\x01\x00", "mpeg2video") == b"\x14\x00\xf0\x13"
+    assert sequence_header(annex_b, "vp9") is None

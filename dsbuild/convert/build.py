@@ -33,7 +33,7 @@ from dsbuild.core.records import Record
 from dsbuild.core.store import is_url, local_path
 from dsbuild.formats import get_format
 from dsbuild.formats.sample import MEMBERS, SAMPLE_FORMAT
-from dsbuild.lineage.catalog import Catalog, CommitRecord
+from dsbuild.lineage.catalog import Catalog, CommitRecord, catalog_to_fill
 from dsbuild.lineage.index import INDEX_COLUMNS, INDEX_FILE, IndexRow, index_bytes, rows_from_table, table_from_bytes
 from dsbuild.lineage.manifest import (
     FilePin,
@@ -249,76 +249,79 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
     sessions, quarantined = read_sessions(captures)
     if not sessions and not quarantined:
         raise UsageError(f"{captures}: no sessions found (no session.json in it or below it)")
-    catalog = Catalog.open(out, create=True)
-    parent, base_m = reusable_parent(catalog, config, onto)
-    base = _base(catalog, parent, base_m, rehash, executor.count * 2) if base_m else None
-    fmt = get_format(config.format)
-    progress = Progress(total=len(sessions))
-    results: list[SessionResult] = []
-    with catalog.build_area() as area:
-        jobs, known = [], []
-        for s in sessions:
-            parent_set = base.sources.get(s.session_id) if base and s.session_id not in base.broken else None
-            cached = _unchanged(s, parent_set) if parent_set is not None else None
-            if cached is not None:  # every file's stat is in the hash cache and matches the parent
-                known.append(SessionResult(s.rel, s.session_id, sources=cached, reused=True))
-            else:
-                jobs.append(SessionJob(s, captures, area.path, config, parent_set))
+    with catalog_to_fill(out) as catalog:  # (a first build that fails leaves no empty catalog behind)
+        parent, base_m = reusable_parent(catalog, config, onto)
+        base = _base(catalog, parent, base_m, rehash, executor.count * 2) if base_m else None
+        fmt = get_format(config.format)
+        progress = Progress(total=len(sessions))
+        results: list[SessionResult] = []
+        with catalog.build_area() as area:
+            jobs, known = [], []
+            for s in sessions:
+                parent_set = base.sources.get(s.session_id) if base and s.session_id not in base.broken else None
+                cached = _unchanged(s, parent_set) if parent_set is not None else None
+                if cached is not None:  # every file's stat is in the hash cache and matches the parent
+                    known.append(SessionResult(s.rel, s.session_id, sources=cached, reused=True))
+                else:
+                    jobs.append(SessionJob(s, captures, area.path, config, parent_set))
 
-        def on_session(_: int, r: SessionResult) -> None:
-            results.append(r)
-            progress.done += 1
-            progress.samples += len(r.samples) if not r.reused else len(base.rows.get(r.session_id, ()))
-            progress.bytes += r.video_bytes
-            progress.quarantined += r.quarantine is not None
-            if on_progress:
-                on_progress(progress)
+            def on_session(_: int, r: SessionResult) -> None:
+                results.append(r)
+                progress.done += 1
+                progress.samples += len(r.samples) if not r.reused else len(base.rows.get(r.session_id, ()))
+                progress.bytes += r.video_bytes
+                progress.quarantined += r.quarantine is not None
+                if on_progress:
+                    on_progress(progress)
 
-        for r in known:
-            on_session(0, r)
-        run_tasks(process_session, jobs, executor, on_session, describe=lambda j: f"session {j.session.rel}")
-        results.sort(key=lambda r: r.session_id)
-        quarantined += [r.quarantine for r in results if r.quarantine]
-        good = [r for r in results if r.quarantine is None]
-        if not good:  # nothing to commit, so no report: the reasons go in the message (its hint lied)
-            shown = "; ".join(f"{q.path}: {q.reason}" for q in quarantined[:QUARANTINE_SHOWN])
-            more = len(quarantined) - QUARANTINE_SHOWN
-            raise CheckFailed(f"all {len(quarantined)} sessions were quarantined: {shown}"
-                              + (f"; and {more} more" if more > 0 else ""))
-        refs = _refs(good, base)
-        shard_plan = plan(refs, fmt, config.shard_size, base.compositions if base else {})
-        files = {ref.parent.path: catalog.shard_file(ref.parent) for g, reuse in zip(shard_plan.groups, shard_plan.reuse)
-                 if reuse is None for ref in g if ref.parent is not None}
-        tasks = [ShardTask(i, config.format, group, area.path / f"shard-{i:06d}.{fmt.ext}.part",
-                           tuple(sorted((k, files[k]) for k in {r.parent.path for r in group if r.parent})))
-                 for i, (group, reuse) in enumerate(zip(shard_plan.groups, shard_plan.reuse)) if reuse is None]
-        written: dict[int, object] = {}
-        progress.stage, progress.shards_total = "shards", len(tasks)
+            for r in known:
+                on_session(0, r)
+            run_tasks(process_session, jobs, executor, on_session, describe=lambda j: f"session {j.session.rel}")
+            results.sort(key=lambda r: r.session_id)
+            quarantined += [r.quarantine for r in results if r.quarantine]
+            good = [r for r in results if r.quarantine is None]
+            if not good:  # nothing to commit, so no report: the reasons go in the message (its hint lied)
+                shown = "; ".join(f"{q.path}: {q.reason}" for q in quarantined[:QUARANTINE_SHOWN])
+                more = len(quarantined) - QUARANTINE_SHOWN
+                raise CheckFailed(f"all {len(quarantined)} sessions were quarantined: {shown}"
+                                  + (f"; and {more} more" if more > 0 else ""))
+            refs = _refs(good, base)
+            shard_plan = plan(refs, fmt, config.shard_size, base.compositions if base else {})
+            files = {ref.parent.path: catalog.shard_file(ref.parent)
+                     for g, reuse in zip(shard_plan.groups, shard_plan.reuse) if reuse is None
+                     for ref in g if ref.parent is not None}
+            tasks = [ShardTask(i, config.format, group, area.path / f"shard-{i:06d}.{fmt.ext}.part",
+                               tuple(sorted((k, files[k]) for k in {r.parent.path for r in group if r.parent})))
+                     for i, (group, reuse) in enumerate(zip(shard_plan.groups, shard_plan.reuse)) if reuse is None]
+            written: dict[int, object] = {}
+            progress.stage, progress.shards_total = "shards", len(tasks)
 
-        def on_shard(i: int, w) -> None:
-            written[tasks[i].number] = w
-            progress.shards_done += 1
-            if on_progress:
-                on_progress(progress)
+            def on_shard(i: int, w) -> None:
+                written[tasks[i].number] = w
+                progress.shards_done += 1
+                if on_progress:
+                    on_progress(progress)
 
-        run_tasks(assemble_shard, tasks, executor, on_shard, describe=lambda t: f"shard {t.number}")
-        manifest, pinned, moves, sessions = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
-        new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
-                        or (base and rec.path in base.broken_shards))
-        commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, origin,
-                              config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
-                              change_counts(catalog, parent, pinned[INDEX_FILE]))
-        version_id, existed = catalog.commit(area, moves, manifest, pinned, commit,
-                                             damaged=base.broken_shards if base else frozenset())
-    st = manifest.stats
-    return ConvertResult(
-        version_id=version_id, content_id=manifest.content_id, existed=existed, catalog=catalog.url,
-        format=config.format, samples=st.samples, shards=st.shards, bytes=st.bytes, sessions=st.sessions,
-        quarantined=manifest.quarantined, long_clips=st.long_clips, repaired_sessions=st.repaired_sessions,
-        parent=parent, reused_sessions=sum(r.reused for r in good),
-        healed_sessions=len({r.session_id for r in good if not r.reused} & (base.broken if base else set())),
-        written_shards=len(tasks), reused_shards=st.shards - len(tasks), written_bytes=new_bytes,
-        seconds=round(time.monotonic() - started, 3), repairs=repair_totals([r.repairs for r in sessions]))
+            run_tasks(assemble_shard, tasks, executor, on_shard, describe=lambda t: f"shard {t.number}")
+            manifest, pinned, moves, sessions = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
+            new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
+                            or (base and rec.path in base.broken_shards))
+            commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, origin,
+                                  config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
+                                  change_counts(catalog, parent, pinned[INDEX_FILE]))
+            version_id, existed = catalog.commit(area, moves, manifest, pinned, commit,
+                                                 damaged=base.broken_shards if base else frozenset())
+        if existed:  # its own commit names its parent (the base reused may be the version itself)
+            parent = getattr(catalog.commit_record(version_id), "parent", None)
+        st = manifest.stats
+        return ConvertResult(
+            version_id=version_id, content_id=manifest.content_id, existed=existed, catalog=catalog.url,
+            format=config.format, samples=st.samples, shards=st.shards, bytes=st.bytes, sessions=st.sessions,
+            quarantined=manifest.quarantined, long_clips=st.long_clips, repaired_sessions=st.repaired_sessions,
+            parent=parent, reused_sessions=sum(r.reused for r in good),
+            healed_sessions=len({r.session_id for r in good if not r.reused} & (base.broken if base else set())),
+            written_shards=len(tasks), reused_shards=st.shards - len(tasks), written_bytes=new_bytes,
+            seconds=round(time.monotonic() - started, 3), repairs=repair_totals([r.repairs for r in sessions]))
 
 
 def _refs(results: list[SessionResult], base: _Base | None) -> list[SampleRef]:

@@ -711,7 +711,7 @@ def open_catalog(location: str | Path, *, create: bool = False) -> Catalog:
 
 @contextmanager
 def catalog_to_fill(location: str | Path) -> Iterator[Catalog]:
-    """The catalog at ``location``, created if needed, for a command that copies into it (push, pull). If
+    """The catalog at ``location``, created if needed, for a command that fills it (convert, push, pull). If
     the command fails, a location that held nothing is left holding nothing: a folder it made is removed
     (with the parents it made), an empty one emptied, an object store prefix cleared; a failed copy is not
     a new catalog. Ctrl-C keeps what was sent: running the command again resumes."""

@@ -147,9 +147,10 @@ def test_all_sessions_quarantined_is_exit_1_names_every_reason_and_commits_nothi
     error = json.loads(r.stderr)
     assert error["error"].startswith("all 7 sessions were quarantined: ") and error["error"].endswith("; and 2 more")
     assert error["error"].count("not a readable video") == 5 and error["hint"] is None
-    from dsbuild.lineage.catalog import Catalog
-
-    assert Catalog.open(tmp_path / "out").versions() == []
+    assert not (tmp_path / "out").exists()  # a first build that failed left an empty catalog behind
+    (tmp_path / "empty").mkdir()
+    assert cli("convert", tmp_path / "cap", tmp_path / "empty", "-q").returncode == 1
+    assert not any((tmp_path / "empty").iterdir())  # an empty folder given stays empty
 
 
 def _edit_during(monkeypatch, name: str, edit) -> None:

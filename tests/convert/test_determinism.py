@@ -35,6 +35,7 @@ def test_reconverting_into_the_same_catalog_is_a_no_op(copy_captures, tmp_path):
     again = convert(src, tmp_path / "cat", CONFIG, executor=ExecutorSpec(workers=1))
     assert (again.version_id, again.existed) == (first.version_id, True)
     assert len(Catalog.open(tmp_path / "cat").versions()) == 1
+    assert again.parent is None  # its commit's (it reused itself: it was reported as its own parent)
 
 
 def test_other_codecs_and_variable_frame_rate_are_cut_by_timestamps(tmp_path):

@@ -92,7 +92,6 @@ def test_disk_full_is_a_storage_error_commits_nothing_and_a_rerun_succeeds(copy_
     cat = small_disk / "cat"
     with pytest.raises(StorageError, match="No space left on device"):
         convert(src, cat, CONFIG, executor=ExecutorSpec(workers=2))
-    assert Catalog.open(cat).versions() == []
-    assert not [p for p in (cat / ".tmp").iterdir() if p.is_dir()]
+    assert not cat.exists()  # a first build that failed leaves nothing (no build folder, no empty catalog)
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
     assert convert(src, cat, CONFIG, executor=ExecutorSpec(workers=2)).version_id == clean

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Callable, Sequence
 
-from dsbuild.core.errors import MissingDependency, UsageError, WorkerDied
+from dsbuild.core.errors import MissingDependency, StorageError, UsageError, WorkerDied
 from dsbuild.core.files import PARENT_ONLY_FDS
 
 EXECUTORS = ("local", "ray")
@@ -124,6 +124,25 @@ def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Call
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+RAY_CONNECT_TIMEOUT = 5  # seconds for the cluster's address to accept a connection
+RAY_PORTS = {"ray": 10001, "": 6379}  # Ray Client's port, the GCS's
+
+
+def _reachable(address: str) -> None:
+    """Refuse, at once, a cluster address nothing answers at (``ray.init`` retried for minutes, printing
+    its own warnings, before giving up)."""
+    import socket
+
+    scheme, _, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port) if port else RAY_PORTS.get(scheme, 6379)),
+                                 timeout=RAY_CONNECT_TIMEOUT).close()
+    except (OSError, ValueError) as e:
+        raise StorageError(f"--ray-address {address}: cannot connect ({getattr(e, 'strerror', None) or e})",
+                           hint="start the cluster (`ray start --head`), or check the address") from None
+
+
 def ray_map(fn: Callable, items: Sequence, *, address: str | None = None, num_cpus: int | None = None,
             on_result: Callable[[int, object], None]) -> None:
     """``fn(item)`` for every item as Ray tasks; ``on_result(index, result)`` in completion order.
@@ -138,8 +157,19 @@ def ray_map(fn: Callable, items: Sequence, *, address: str | None = None, num_cp
         raise MissingDependency("--executor ray", "ray") from None
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, num_cpus=None if address else (num_cpus or os.cpu_count()),
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)
+        if address and address != "auto":
+            _reachable(address)
+        try:
+            ray.init(address=address, num_cpus=None if address else (num_cpus or os.cpu_count()),
+                     include_dashboard=False, log_to_driver=False, configure_logging=False)
+        except ValueError as e:
+            if "ray[client]" in str(e):
+                raise MissingDependency(f"--ray-address {address}", "ray") from None
+            raise
+        except (ConnectionError, RuntimeError) as e:  # e.g. "auto" with no cluster running on this node
+            raise StorageError(f"--ray-address {address}: cannot start or join a Ray cluster "
+                               f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})",
+                               hint="start one with `ray start --head`, or check the address") from None
     try:
         task = ray.remote(max_retries=3)(fn)
         index = {task.remote(item): i for i, item in enumerate(items)}

@@ -461,3 +461,15 @@ def test_arguments_that_are_not_utf8_are_usage_errors_not_internal_ones(private_
     bad = b"\xff".decode("utf-8", "surrogateescape")
     assert "not valid UTF-8" in run("split", cat, "--name", "s1", "--salt", bad, check=2).stderr
     assert "no sample with key" in run("lineage", cat, f"k{bad}", check=2).stderr
+
+
+def test_a_ray_cluster_address_nothing_answers_at_is_one_line_exit_3(catalog):
+    """`--ray-address ray://HOST:PORT` (the README's form) was exit 70 (Ray Client's package missing), and
+    an address nothing answers at hung for minutes printing Ray's own warnings; `auto` with no cluster
+    running on the node was a traceback."""
+    pytest.importorskip("ray")
+    cat, _ = catalog
+    for address in ("ray://127.0.0.1:1", "127.0.0.1:1", "auto"):
+        p = run("validate", cat, "--executor", "ray", "--ray-address", address, "--quiet", check=3)
+        lines = p.stderr.strip().splitlines()
+        assert lines[0].startswith(f"error: --ray-address {address}: cannot") and lines[1].startswith("hint:"), p.stderr

@@ -181,7 +181,13 @@ class LocalStore:
             return f.read(end - start)
 
     def shard_file(self, key: str, sha256: str, size: int) -> Path:
-        return self.path(key)
+        """The shard's file, checked to be a regular file inside the catalog (UnsafeFile otherwise):
+        readers open it by its path, and a FIFO there blocked them forever, a symlink out of the catalog
+        handed over another file's bytes (an export linked it)."""
+        p = self.path(key)
+        with open_regular(p, self.local_root):
+            pass
+        return p
 
 
 def _fsspec(url: str):

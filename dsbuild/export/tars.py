@@ -65,8 +65,8 @@ def _share(source: ExportSource, shard, folder: ExportFolder, rel: str) -> None:
     root = source.catalog.root
     if root is not None:
         target = root / shard.path
-        try:
-            size = target.stat().st_size
+        try:  # a regular file inside the catalog (a symlink out of it would export another file's bytes)
+            size = source.catalog.shard_file(shard).stat().st_size
         except FileNotFoundError:
             size = None
         if size != shard.bytes:  # a link to it would export damage, or point at nothing

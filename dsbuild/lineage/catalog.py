@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
-from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, fsync_dir, read_capped, write_durably
+from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, UnsafeFile, fsync_dir, read_capped, write_durably
 from dsbuild.core.hashing import hashes_to, sha256_bytes
 from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
@@ -390,7 +390,11 @@ class Catalog:
         arrival). ``proven``: an object store's cached copy is hashed against the record first, and one
         damaged on local disk since it arrived is fetched again (the store's bytes are what is judged)."""
         if not proven or self.root is not None:
-            return self.store.shard_file(record.path, record.sha256, record.bytes)
+            try:
+                return self.store.shard_file(record.path, record.sha256, record.bytes)
+            except UnsafeFile as e:  # a FIFO, device or folder in its place, or a symlink out of the catalog
+                raise LineageError(f"{self.url}/{record.path}: {str(e).split(': ', 1)[-1]}",
+                                   hint=f"run `dsbuild verify {self.url}` (it names the command that heals it)") from None
         path, fd = self.open_shard_copy(record)
         with open(fd, "rb") as f:
             st = os.fstat(f.fileno())

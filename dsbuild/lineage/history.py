@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass
 
 from dsbuild.core.errors import LineageError, UsageError
@@ -127,6 +128,9 @@ def shard_locations(catalog: Catalog, version_id: str, split: str | None = None)
         if counts is not None and not counts.get(s.path):
             continue
         local = catalog.root / s.path if catalog.root is not None else None
+        if local is not None:
+            with suppress(FileNotFoundError):  # (listed: its reader says it is missing)
+                catalog.shard_file(s)  # a regular file inside the catalog: never another file's path
         url = local.resolve().as_uri() if local is not None else f"{catalog.url.rstrip('/')}/{s.path}"
         out.append(ShardLocation(url, str(local) if local is not None else None, s.sha256, s.bytes, s.samples,
                                  counts.get(s.path, 0) if counts is not None else s.samples))

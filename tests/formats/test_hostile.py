@@ -128,6 +128,41 @@ def test_a_manifest_pointing_outside_the_catalog_is_refused(wds_catalog, tmp_pat
         Manifest.from_bytes(path.read_bytes(), "manifest.json")
 
 
+@pytest.mark.parametrize("kind", ["fifo", "outside"])
+def test_a_shard_that_is_a_fifo_or_a_symlink_out_of_the_catalog_is_refused_never_read(wds_catalog, tmp_path, kind):
+    """A hostile catalog's shard file: a FIFO hung validate, export and the loader forever; a symlink to
+    a file outside the catalog (its size in the record) was linked by `export --to wids` (shipping, say,
+    a private key) and read by the loader. Each is now a damaged catalog, named, before any read."""
+    import os
+    import shutil
+
+    from tests.helpers import cli
+
+    src, vid = wds_catalog
+    cat = tmp_path / "cat"
+    shutil.copytree(src, cat)
+    shard = cat / Catalog.open(cat).manifest(vid).shards[0].path
+    if kind == "fifo":
+        shard.unlink()
+        os.mkfifo(shard)
+    else:
+        secret = tmp_path / "secret"
+        secret.write_bytes(shard.read_bytes())  # the size its record says
+        shard.unlink()
+        shard.symlink_to(secret)
+    why = "is a FIFO" if kind == "fifo" else "resolves outside"
+    for args, code in ((("export", cat, tmp_path / "out", "--to", "wids"), 3), (("shards", cat), 3),
+                       (("validate", cat, "--quiet"), 1)):
+        p = cli(*args)  # (a FIFO opened for reading would block until the timeout)
+        assert p.returncode == code, (args, p.stderr)
+    assert why in cli("export", cat, tmp_path / "out2", "--to", "wids").stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*.tar"))
+    from dsbuild.loader import Loader
+
+    with pytest.raises(LineageError, match=why):
+        next(iter(Loader(cat, decode="bytes", batch_size=2, verify="none")))
+
+
 NO_PICKLE = """
 import pickle, sys
 def refuse(*a, **k):

@@ -89,7 +89,8 @@ def test_a_build_reuses_the_newest_version_with_its_settings_not_only_the_newest
     other = convert(caps, cat, dataclasses.replace(CONFIG, clip_seconds=2.0), executor=ExecutorSpec(workers=1))
     assert other.reused_sessions == 0
     again = convert(caps, cat, CONFIG, executor=ExecutorSpec(workers=1))
-    assert again.parent == v2.version_id and again.reused_sessions == 22 and again.written_shards == 0
+    assert (again.version_id, again.existed) == (v2.version_id, True)  # built onto v2: nothing new
+    assert again.reused_sessions == 22 and again.written_shards == 0 and again.parent == v2.parent
 
 
 @pytest.mark.parametrize("damage", ["index.parquet removed", "sessions.json cut short"])

@@ -20,16 +20,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 import threading
 import time
 from functools import cache
 from typing import Iterable, Sequence
 
-# C0/C1 controls, and the bidirectional formatting characters that reorder what a terminal shows (a title
-# with U+202E prints reversed text after it: "Trojan Source")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+from dsbuild.core.jsonio import clean  # (text from a catalog or capture never drives the terminal)
+
 SHORT_ID = 12
 NO_TRUNC_WIDTH = 1000  # columns a --no-trunc table may take (the terminal wraps what it cannot show)
 PLAIN_EVERY = 2.0  # seconds between progress lines when stderr is not a terminal
@@ -40,12 +38,6 @@ def err():
     from rich.console import Console
 
     return Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
-
-
-def clean(value: object) -> str:
-    """A value as one safe line of text: control characters (newlines, tabs, ANSI escapes) escaped."""
-    text = "" if value is None else str(value)
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def styled(*parts: str | tuple[object, str]):

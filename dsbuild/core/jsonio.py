@@ -8,6 +8,7 @@ the parsed value, which costs nothing for the flat objects captures are made of.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import orjson
@@ -118,6 +119,18 @@ def finite_float(value: Any) -> float | None:
     except OverflowError:  # an integer literal beyond the float range (JSON allows any length)
         return None
     return f if math.isfinite(f) else None
+
+
+# C0/C1 controls, and the bidirectional formatting characters that reorder what a terminal shows (a title
+# with U+202E prints reversed text after it: "Trojan Source")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(value: object) -> str:
+    """A value as one safe line of text: control characters (newlines, tabs, ANSI escapes, bidi
+    overrides) escaped, so text from a catalog or capture can never drive a terminal."""
+    text = "" if value is None else str(value)
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def clip_text(text: str, limit: int = 200) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dsbuild.core.jsonio import clip_text
+from dsbuild.core.jsonio import clean, clip_text
 from dsbuild.validators.model import CheckResult, Report
 from dsbuild.validators.report import format_value
 
@@ -22,13 +22,13 @@ ITEM_CHARS = 100  # a capture-derived item or detail is cut here in the table (t
 def _result_text(c: CheckResult, shown: int):
     from rich.text import Text
 
-    out = Text(clip_text(c.message, 300))
+    out = Text(clean(clip_text(c.message, 300)))
     if c.status == "pass":
         return out
     limits = f" · {format_value(c.threshold, digits=4)}" if c.threshold else ""
     out.append(f"\nmeasured {format_value(c.measured, digits=4)}{limits}", style="dim")
     for o in c.offenders[:shown]:
-        out.append(f"\n  {clip_text(o.item, ITEM_CHARS)}: {clip_text(o.detail, ITEM_CHARS)}",
+        out.append(f"\n  {clean(clip_text(o.item, ITEM_CHARS))}: {clean(clip_text(o.detail, ITEM_CHARS))}",
                    style="red" if c.status == "fail" else "yellow")
     if c.offender_count > shown:
         out.append(f"\n  … {c.offender_count - shown} more", style="dim")
@@ -55,7 +55,7 @@ def report_table(report: Report, shown: int = SHOWN):
         table.add_row(Text(c.name), Text(c.status.upper(), style=STYLE[c.status]), _result_text(c, shown))
     for why, names in skipped.items():
         table.add_row(Text(f"{len(names)} checks" if len(names) > 1 else names[0]), Text("SKIP", style=STYLE["skip"]),
-                      Text(f"{why}: {', '.join(names)}", style="dim"))
+                      Text(clean(f"{why}: {', '.join(names)}"), style="dim"))
     return table
 
 

@@ -123,6 +123,27 @@ def test_the_terminal_table_prints_capture_text_literally(hostile):
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
+def test_the_terminal_table_escapes_control_sequences_from_the_catalog(hostile):
+    """A quarantine reason (or any catalog text in a check's message, item or detail) carrying ANSI or OSC
+    sequences (clear the screen, write the clipboard) or a bidi override reached the terminal raw."""
+    import dataclasses
+
+    from rich.console import Console
+
+    from dsbuild.validators.model import Offender
+
+    _, report, _, _ = hostile
+    evil = "a\x1b[2Jb\x1b]52;c;ZXZpbA==\x07c\u202ed"
+    check = dataclasses.replace(report.checks[0], status="fail", message=evil,
+                                offenders=(Offender(evil, evil, "sample"),), offender_count=1)
+    out = io.StringIO()
+    Console(file=out, width=200, force_terminal=True, color_system=None).print(
+        report_table(dataclasses.replace(report, checks=(check, *report.checks[1:]))))
+    text = out.getvalue()
+    assert "\x1b[2J" not in text and "\x1b]52" not in text and "\u202e" not in text
+    assert "a\\x1b[2Jb" in text  # shown escaped, as every other command shows catalog text
+
+
 def test_html_is_self_contained_escaped_and_explains_every_failing_check(hostile):
     cat, report, keys, _ = hostile
     page = render_html(report, {keys[0]: None, keys[1]: jpeg(np.zeros((4, 8, 3), np.uint8))})

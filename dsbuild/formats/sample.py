@@ -121,9 +121,24 @@ def npy_bytes(arr: np.ndarray) -> bytes:
 
 
 def npy_load(data: bytes) -> np.ndarray:
+    """A plain .npy array; its header's shape and dtype must account for exactly the bytes that follow it
+    (ValueError otherwise): ``np.load`` allocates what the header declares before reading, so a 100-byte
+    member declaring (2**40,) floats was an out-of-memory failure, not a damaged sample."""
     import numpy as np
 
-    return np.load(io.BytesIO(data), allow_pickle=False)
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(f)
+    if dtype.hasobject:
+        raise ValueError("object arrays are refused (they would need pickle)")
+    need = dtype.itemsize
+    for n in shape:
+        need *= n
+    if need != len(data) - f.tell():
+        raise ValueError(f"its header declares {shape} of {dtype} ({need} bytes); it holds {len(data) - f.tell()}")
+    f.seek(0)
+    return np.load(f, allow_pickle=False)
 
 
 def decompress_events(blob: bytes, limit: int = MAX_EVENTS_BYTES) -> bytes:

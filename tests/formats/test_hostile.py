@@ -163,6 +163,22 @@ def test_a_shard_that_is_a_fifo_or_a_symlink_out_of_the_catalog_is_refused_never
         next(iter(Loader(cat, decode="bytes", batch_size=2, verify="none")))
 
 
+@pytest.mark.parametrize("shape", ["(1099511627776,)", "(3000000000,)", "(4611686018427387904, 4)", "(2, 5)"])
+def test_an_npy_header_must_account_for_exactly_the_bytes_that_follow(shape):
+    """``np.load`` allocates what a header declares before reading: a 2-KB member declaring 2^40 floats
+    made validate and export fail with "out of memory" (exit 3) instead of naming a damaged sample."""
+    from dsbuild.formats.sample import npy_load
+
+    body = np.arange(12, dtype="<f4").tobytes()
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % shape
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    with pytest.raises(ValueError, match="declares"):
+        npy_load(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + body)
+    buf = io.BytesIO()
+    np.save(buf, np.arange(12, dtype="<f4").reshape(3, 4))
+    assert npy_load(buf.getvalue()).shape == (3, 4)
+
+
 NO_PICKLE = """
 import pickle, sys
 def refuse(*a, **k):

@@ -17,7 +17,8 @@ import numpy as np
 from dsbuild.core.arrow import array, to_numpy
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.formats import Entry, get_format
-from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS
+from dsbuild.formats.sample import ARRAY_MEMBERS, KEY_PATTERN, MEMBERS
+from dsbuild.formats.video import MAX_PIXELS
 from dsbuild.lineage.catalog import Catalog, open_ref
 from dsbuild.lineage.index import LOCATOR_COLUMNS
 from dsbuild.lineage.manifest import ShardRecord
@@ -91,6 +92,11 @@ class Source:
     def _columns(self, table) -> None:
         import pyarrow.compute as pc
 
+        well_formed = pc.match_substring_regex(table["key"], f"^{KEY_PATTERN}$")
+        if not pc.all(well_formed).as_py() and table.num_rows:  # (a forged index's keys: 30-MB or `../` names)
+            bad = table["key"][int(pc.index(well_formed, False).as_py())].as_py()
+            raise FormatError(f"{self.ref}: index key {bad[:64]!r} is not a sample key",
+                              hint="the version is damaged or forged; run `dsbuild verify`")
         self.keys = np.asarray(table["key"].to_pylist(), dtype=object)
         self.sha256 = table["sha256"].to_pylist()
         self.blake3 = table["blake3"].to_pylist()  # None for samples of versions made before it was recorded
@@ -157,6 +163,11 @@ class Source:
                                   f"{w[self.session_code[bad]]}")
         if np.any(self.frames < 1):
             raise FormatError(f"{self.keys[int(np.argmin(self.frames))]}: index gives no frames")
+        pixels = (self.width < 1) | (self.height < 1) | (self.width * self.height > MAX_PIXELS)
+        if np.any(pixels):  # frame buffers are sized from it before anything is decoded
+            i = int(np.flatnonzero(pixels)[0])
+            raise FormatError(f"{self.keys[i]}: index gives a {self.width[i]}x{self.height[i]} picture, outside "
+                              f"1..{MAX_PIXELS} pixels", hint="the version is damaged or forged; run `dsbuild verify`")
         if self.byte_range:
             self._check_ranges()
         else:

@@ -91,6 +91,24 @@ def test_an_index_whose_ranges_overlap_or_whose_members_do_not_fit_is_refused(ca
         Source(f"{ref}@{forged}").open()
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("width", 1_000_000, "1000000x.* picture, outside"), ("height", 0, "x0 picture, outside"),
+    ("key", "../../etc/passwd\x1b[2J", "is not a sample key"), ("key", "k" * 100_000, "is not a sample key")])
+def test_an_index_with_forged_picture_sizes_or_keys_is_refused_at_open(cat_copy, field, value, message):
+    """Frame buffers were sized from the index's width and height before anything was decoded (30000 x
+    30000: a MemoryError traceback; 1500 x 1500 for 160 x 210 clips: gigabytes), and any string was
+    delivered as a key (100-KB keys, paths, terminal escapes)."""
+    ref, vid = cat_copy
+
+    def mutate(rows):
+        rows[1][field] = value
+        return rows
+
+    forged = forge(ref, vid, mutate)
+    with pytest.raises(FormatError, match=message):
+        Source(f"{ref}@{forged}").open()
+
+
 def test_a_split_loads_only_its_samples_and_is_named_by_its_hash(cat_copy):
     from dsbuild.split import SplitOptions, make_split
 

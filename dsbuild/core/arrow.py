@@ -204,3 +204,20 @@ def _bits(buffer, offset: int, n: int) -> np.ndarray:
     if n == 0:
         return np.zeros(0, bool)
     return np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")[offset:offset + n].astype(bool)
+
+
+def check_expansion(pf, columns, row_groups, limit: int, what: str) -> None:
+    """Refuse (FormatError) a Parquet file whose column chunks ``columns`` (None: all) of ``row_groups``
+    declare more than ``limit`` bytes once decompressed: a few KB of zeros can claim gigabytes, and
+    reading allocates what the pages declare before anything is checked."""
+    from dsbuild.core.errors import FormatError
+
+    md, total = pf.metadata, 0
+    for g in row_groups:
+        rg = md.row_group(g)
+        for j in range(rg.num_columns):
+            chunk = rg.column(j)
+            if columns is None or chunk.path_in_schema.split(".")[0] in columns:
+                total += chunk.total_uncompressed_size
+    if total > limit:
+        raise FormatError(f"{what}: declares {total} bytes once decompressed, over the limit of {limit} for its size")

@@ -10,10 +10,12 @@ at one small group. pyarrow, duckdb, polars and HF datasets read these files dir
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Iterable
 
+from dsbuild.core.arrow import check_expansion
 from dsbuild.core.errors import FormatError, StorageError
 from dsbuild.core.jsonio import parse
 from dsbuild.formats.base import Entry, Members, Segment, ShardFormat, ShardReader, register_format
@@ -22,6 +24,8 @@ from dsbuild.formats.sample import MEMBERS, Sample, SampleMeta, npy_bytes, npy_l
 if TYPE_CHECKING:  # numpy loads lazily: `dsbuild log` and `info` start without it
     import numpy as np
 
+MAX_EXPANSION = 8  # decompressed / stored bytes a row group may declare, beyond the floor (clips do not compress)
+EXPANSION_FLOOR = 64 << 20
 ROW_GROUP_SAMPLES = 8  # small groups: a single-sample read decodes at most a few neighbours
 
 
@@ -73,6 +77,7 @@ class ParquetReader(ShardReader):
     def __init__(self, path: Path):
         super().__init__(path)
         self._file = None
+        self._size = 0  # bytes of the file (what its row groups may expand to is bounded by it)
         self._group: tuple[int, object] | None = None
 
     def _pf(self):
@@ -81,6 +86,7 @@ class ParquetReader(ShardReader):
 
         if self._file is None:
             try:
+                self._size = os.stat(self.path).st_size
                 self._file = pq.ParquetFile(self.path)
             except OSError as e:  # the file system's fault (EMFILE, EACCES...), not the data's
                 raise StorageError(f"{self.path}: cannot open shard ({e.strerror or e})") from None
@@ -96,6 +102,7 @@ class ParquetReader(ShardReader):
         if g is None or r is None or not 0 <= g < pf.num_row_groups:
             raise FormatError(f"{entry.key}: row group {g} does not exist")
         if self._group is None or self._group[0] != g:
+            check_expansion(pf, COLUMNS, [g], MAX_EXPANSION * self._size + EXPANSION_FLOOR, f"{entry.key}: row group {g}")
             try:
                 self._group = (g, pf.read_row_group(g, columns=list(COLUMNS)))
             except (OSError, pa.ArrowException, KeyError) as e:

@@ -17,11 +17,14 @@ from collections import defaultdict
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
 
+from dsbuild.core.arrow import check_expansion
 from dsbuild.core.errors import FormatError
 from dsbuild.formats import Entry
 
 INDEX_FILE = "index.parquet"
 MAX_INDEX_BYTES = 4 << 30
+MAX_INDEX_EXPANSION = 64  # decompressed / stored bytes an index may declare (beyond the floor); real ones: < 10
+EXPANSION_FLOOR = 256 << 20
 
 
 # (name, type) per column, in file order. Plain names, so commands that never read an index (`log`,
@@ -153,6 +156,7 @@ def table_from_bytes(data: bytes, what: str, columns: list[str] | None = None):
     wanted = list(INDEX_COLUMNS if columns is None else columns)
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
+        check_expansion(pf, wanted, range(pf.num_row_groups), MAX_INDEX_EXPANSION * len(data) + EXPANSION_FLOOR, what)
         absent = [c for c in wanted if c in LATER_COLUMNS and c not in pf.schema_arrow.names]
         # in this thread: a reader over Python bytes released by an Arrow worker as the interpreter
         # exits needs the GIL it can no longer take, and the process aborts (exit 134)

@@ -11,6 +11,7 @@ import tarfile
 
 import av
 import numpy as np
+import pyarrow as pa
 import pytest
 import zstandard
 
@@ -177,6 +178,43 @@ def test_an_npy_header_must_account_for_exactly_the_bytes_that_follow(shape):
     buf = io.BytesIO()
     np.save(buf, np.arange(12, dtype="<f4").reshape(3, 4))
     assert npy_load(buf.getvalue()).shape == (3, 4)
+
+
+def test_parquet_that_declares_more_than_its_size_allows_is_refused_before_it_is_decompressed(
+        parquet_catalog, wds_catalog, tmp_path, monkeypatch):
+    """A 3.4-MB Parquet shard whose one row holds 1.5 GB of zeros (and a 73-KB index of 30-MB keys) made
+    validate and the loader decompress it all (7-11 GB of memory); what the column chunks declare is now
+    bounded by the file's size before any page is read (the floors are lowered here so small files show it)."""
+    import dsbuild.formats.parquet as pqfmt
+    import dsbuild.lineage.index as index_module
+    import pyarrow.parquet as pq
+
+    from dsbuild.formats.base import Entry
+    from dsbuild.lineage.index import table_from_bytes
+
+    monkeypatch.setattr(pqfmt, "EXPANSION_FLOOR", 0)
+    monkeypatch.setattr(index_module, "EXPANSION_FLOOR", 0)
+    src, vid = parquet_catalog
+    row = Catalog.open(src).index(vid).slice(0, 1).to_pylist()[0]
+    shard = src / row["shard"]
+    entry = Entry(row["key"], row["sha256"], row_group=row["row_group"], row=row["row_index"])
+    assert pqfmt.ParquetReader(shard).read(entry).key == row["key"]  # an honest shard is within the bound
+    table = pq.read_table(shard)
+    videos = table.column("video").to_pylist()
+    videos[0] = bytes(4 << 20)
+    bomb = tmp_path / "bomb.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index("video"), "video", pa.array(videos, pa.binary())),
+                   bomb, compression="zstd", use_dictionary=False, row_group_size=pqfmt.ROW_GROUP_SAMPLES)
+    with pytest.raises(FormatError, match="declares .* once decompressed, over the limit"):
+        pqfmt.ParquetReader(bomb).read(Entry(row["key"], row["sha256"], row_group=0, row=0))
+    wsrc, wvid = wds_catalog
+    index = Catalog.open(wsrc).index(wvid)
+    padded = index.set_column(index.schema.get_field_index("title"), "title",
+                              pa.array(["t" * (1 << 20)] * index.num_rows, pa.string()))
+    sink = io.BytesIO()
+    pq.write_table(padded, sink, compression="zstd", use_dictionary=False)
+    with pytest.raises(FormatError, match="once decompressed"):
+        table_from_bytes(sink.getvalue(), "index.parquet")
 
 
 NO_PICKLE = """

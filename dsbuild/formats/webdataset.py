@@ -169,8 +169,10 @@ class TarReader(ShardReader):
     def check_all(self, entries: list[Entry], size: int) -> list[tuple[str, str]]:
         """Entries must tile the shard: sorted by offset they start at 0, follow each other without gap
         or overlap, each length equals its members' framed sizes, and the end-of-archive padding
-        follows the last. Arithmetic over the index (the shard's bytes are proven by its sha256);
-        headers are parsed only for the first and last sample, which proves the tiling is anchored."""
+        follows the last; and every member's tar header must be a regular file named ``<key>.<ext>`` of
+        its recorded size (parsed from its 512 bytes): a shard's bytes are proven by its hashes, but a
+        forged catalog's own hashes prove a header named ``../../x`` or a symlink just as well, and an
+        export hands the shard to tools that extract it."""
         out = []
         pos = 0
         ordered = sorted(entries, key=lambda e: (e.offset if e.offset is not None else -1))
@@ -188,8 +190,9 @@ class TarReader(ShardReader):
         if ordered and not (2 * BLOCK <= tail and tail % BLOCK == 0 and (size % RECORD == 0)):
             out.append((ordered[-1].key, f"shard does not end with tar padding after the last sample "
                                          f"({tail} bytes left)"))
-        for e in {id(x): x for x in (ordered[:1] + ordered[-1:])}.values():
-            if not any(k == e.key for k, _ in out):
+        flagged = {k for k, _ in out}
+        for e in ordered:
+            if e.key not in flagged:
                 try:
                     self.check(e, size)
                 except FormatError as err:

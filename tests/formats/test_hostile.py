@@ -217,6 +217,36 @@ def test_parquet_that_declares_more_than_its_size_allows_is_refused_before_it_is
         table_from_bytes(sink.getvalue(), "index.parquet")
 
 
+@pytest.mark.parametrize("forged", ["../../../../tmp/PWNED.mp4", "/etc/cron.d/x.mp4", "symlink"])
+def test_every_samples_tar_headers_are_checked_not_only_the_first_and_last(wds_catalog, tmp_path, forged):
+    """verify parsed the headers of a shard's first and last sample only: a middle sample's member named
+    ``../../x`` or absolute, or a symlink to /etc/passwd, passed (its forged catalog's hashes prove those
+    bytes as well as any), and `export --to wids` then handed the shard to tools that extract it."""
+    import shutil
+
+    from dsbuild.formats.webdataset import TarReader
+    from dsbuild.lineage.index import rows_from_table
+
+    src, vid = wds_catalog
+    cat = Catalog.open(src)
+    rows = rows_from_table(cat.index(vid))
+    shard = max({r.shard for r in rows}, key=lambda sh: sum(r.shard == sh for r in rows))
+    mine = sorted((r for r in rows if r.shard == shard), key=lambda r: r.byte_offset)
+    middle = mine[len(mine) // 2]
+    data = bytearray((src / shard).read_bytes())
+    at = middle.byte_offset  # the sample's first member header
+    info = tarfile.TarInfo.frombuf(bytes(data[at:at + 512]), "utf-8", "strict")
+    if forged == "symlink":
+        info.type, info.linkname, info.size = tarfile.SYMTYPE, "/etc/passwd", 0
+    else:
+        info.name = forged
+    data[at:at + 512] = info.tobuf(tarfile.GNU_FORMAT)[:512]
+    copy = tmp_path / "shard.tar"
+    copy.write_bytes(bytes(data))
+    found = TarReader(copy).check_all([r.entry() for r in mine], len(data))
+    assert [k for k, _ in found] == [middle.key], found
+
+
 NO_PICKLE = """
 import pickle, sys
 def refuse(*a, **k):

@@ -314,6 +314,9 @@ def test_events_problems_check_window_controls_values_count_and_the_loaders_boun
     assert "do not decompress" in events_problems(_meta(), b"plain bytes")[0]
     bomb = zstandard.ZstdCompressor(level=1).compress(b"\n" * (65 << 20))  # 65 MiB is within the loader's bound
     assert "over" not in " ".join(events_problems(_meta(action_events=0), bomb))
+    # within that bound, 250 MiB of "{}" lines cost 5.8 GB and 92 s (a list of lines, one parse each)
+    lines = zstandard.ZstdCompressor(level=1).compress(b"{}\n" * ((1 << 22) + 1))
+    assert events_problems(_meta(), lines) == ["events hold more than 4194304 lines (over the limit)"]
 
 
 def test_text_events_need_no_speaker_but_must_lie_in_the_window():

@@ -103,9 +103,10 @@ def test_a_damaged_catalog_is_a_lineage_error_and_a_wrong_version_a_usage_error(
         ValidateOptions(level="deep")
 
 
-def test_a_wrong_blake3_in_the_index_fails_index_at_level_full(wds_catalog, tmp_path):
-    """The loader's per-read check would reject that sample; verify and structural validation hash
-    shards and sha256s only, so level full hashes each sample's members with BLAKE3 too."""
+def test_a_wrong_blake3_in_the_index_fails_index_at_every_level(wds_catalog, tmp_path):
+    """The loader's per-read check would reject that sample. Structural validation hashed shards only:
+    a forged catalog whose shards are sound but whose index lists other sample hashes was accepted by
+    the default gate, and the loader then rejected every sample. Each sample is hashed at every level."""
     import pyarrow as pa
 
     from tests.helpers import with_index
@@ -118,9 +119,9 @@ def test_a_wrong_blake3_in_the_index_fails_index_at_level_full(wds_catalog, tmp_
         return table.set_column(table.schema.get_field_index("blake3"), "blake3", pa.array(values, pa.string()))
 
     vid = with_index(cat, wds_catalog[1], wrong)
-    assert validate(cat, vid, executor=ONE).check("index").status == "pass"  # structural: not hashed
-    full = validate(cat, vid, options=ValidateOptions(level="full"), executor=ONE)
-    assert items(full, "index") == [victim] and "blake3" in full.check("index").offenders[0].detail
+    for level in ("structural", "full"):
+        report = validate(cat, vid, options=ValidateOptions(level=level), executor=ONE)
+        assert items(report, "index") == [victim] and "blake3" in report.check("index").offenders[0].detail
 
 
 def test_metadata_that_disagrees_with_the_index_fails_index_and_keys(wds_catalog, tmp_path):

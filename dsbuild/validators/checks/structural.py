@@ -68,9 +68,14 @@ def index_disagreements(row: IndexRow, v: SampleView) -> list[str]:
             "bytes": sum(len(p) for _, p in v.members), "action_events": meta.action_events,
             "text_events": len(meta.text), "source_video_sha256": meta.sources.get("video")}
     wrong = [f"{k}={getattr(row, k)!r} (sample: {w!r})" for k, w in want.items() if getattr(row, k) != w]
-    # At level full only: one more pass over the bytes, cheap beside decoding them
-    if row.blake3 and v.level == "full" and members_blake3(v.members) != row.blake3:
-        wrong.append("blake3 does not hash the sample's members (the loader would reject it)")
+    # one more pass over the bytes (BLAKE3: a fraction of reading them): a forged catalog whose shards are
+    # sound but whose index lists other sample hashes passed every structural check, and the loader then
+    # rejected every sample
+    if not v.shard_damaged:  # (a shard whose bytes changed: shard_hashes names its changed samples)
+        what, ok = ("blake3", members_blake3(v.members) == row.blake3) if row.blake3 else \
+            ("sha256", members_sha256(v.members) == row.sha256)  # (versions from before BLAKE3)
+        if not ok:
+            wrong.append(f"{what} does not hash the sample's members (the loader would reject it)")
     if not wrong:
         return []
     more = f" and {len(wrong) - MAX_DETAILS} more" if len(wrong) > MAX_DETAILS else ""

@@ -257,7 +257,7 @@ class Progress:
         self._tasks: dict[str, object] = {}  # stage -> its bar
         self._lock = threading.Lock()
         self._last_line = 0.0
-        self._pending: dict[str, str] = {}  # stage -> its latest line, not printed yet
+        self._pending: dict[str, tuple[float, str]] = {}  # stage -> (when, its latest line), not printed yet
 
     def __enter__(self) -> Progress:
         if self.live:
@@ -274,7 +274,9 @@ class Progress:
         if self._bar is not None:
             self._bar.__exit__(*exc)
         elif exc[0] is None:
-            for text in self._pending.values():
+            # each stage's latest state, if it came after the last line printed (an older one is stale: its
+            # stage was superseded, as bench's rounds are, and it printed out of order at the end)
+            for _, text in sorted(v for v in self._pending.values() if v[0] > self._last_line):
                 to_stderr(text)
 
     def update(self, done: int, total: int | None, *, stage: str = "", detail: str = "") -> None:
@@ -299,7 +301,7 @@ class Progress:
                 self._last_line = now
                 self._pending.pop(stage, None)
             else:
-                self._pending[stage] = text
+                self._pending[stage] = (now, text)
 
 
 def rate(nbytes: int, started: float) -> str:

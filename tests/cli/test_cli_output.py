@@ -167,3 +167,17 @@ def test_capture_text_is_printed_as_data_never_markup(hostile, tty, tmp_path):
     assert "split set t" in out
     out = show("diff", f"{cat}", f"{cat}")
     assert "samples of [bold red]x" in out and "samples of [/]" in out
+
+
+def test_piped_progress_ends_with_the_latest_states_only_never_a_superseded_stage(capsys, monkeypatch):
+    """Piped, a stage's latest line waits for the 2-s throttle and is printed at the end: every stage's,
+    ever, so a piped bench ended with 25 lines of earlier rounds, out of order."""
+    import dsbuild.cli.render as render
+
+    clock = iter([10.0, 10.5, 13.0, 13.5])
+    monkeypatch.setattr(render.time, "monotonic", lambda: next(clock))
+    with render.Progress("bench", render.Out(False, False)) as progress:
+        for stage, done in (("round 1/2", 1), ("round 1/2", 2), ("round 2/2", 1), ("round 2/2", 2)):
+            progress.update(done, 5, stage=stage)  # printed at 10 and 13 s; the others wait
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["bench round 1/2: 1/5", "bench round 2/2: 1/5", "bench round 2/2: 2/5"], lines

@@ -200,7 +200,8 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
 
     def check(rec: ShardRecord, bad: dict | None) -> list[dict]:
         nonlocal done
-        found = [bad] if bad else _check_entries(catalog, m, rec, by_shard.get(rec.path, []))
+        entries = by_shard.get(rec.path, []) if by_shard is not None else None
+        found = [bad] if bad else [] if entries is None else _check_entries(catalog, m, rec, entries)
         with counting:  # counted and reported together: the reports of the pool's threads stay in order
             done += 1
             if progress:
@@ -212,19 +213,23 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
         try:
             by_shard = _index_entries(catalog, m, version_id, report)
         except (DsbuildError, FormatError) as e:
-            for h in hashes:
-                h.cancel()
             if isinstance(e, StorageError) and not isinstance(e, LineageError):
+                for h in hashes:
+                    h.cancel()
                 raise  # cannot be read here (permissions, the store): not a finding about the data
+            # the shards are still proven (their damage would hide behind the index's); no entry is checked
             report.problems.append({"version": version_id, "problem": "index", "detail": str(e)})
-            return report
+            by_shard = None
         checks = [pool.submit(check, rec, h.result()) for rec, h in zip(shards, hashes)]
         for c in checks:
             report.problems += c.result()
     report.shards_checked = len(shards)
     report.bytes_checked = sum(rec.bytes for rec, h in zip(shards, hashes) if _hashed(h.result()))
     # entries are checked only in shards whose bytes proved sound (a missing, resized or altered one: none)
-    report.samples_checked = sum(len(by_shard.get(rec.path, ())) for rec, h in zip(shards, hashes) if h.result() is None)
-    if any(p.get("problem") in ("missing", "size changed", "altered") for p in report.problems):
+    report.samples_checked = sum(len(by_shard.get(rec.path, ())) for rec, h in zip(shards, hashes)
+                                 if h.result() is None) if by_shard is not None else 0
+    # what the same convert writes back: damaged or missing shards, a lost or altered index or session records
+    if any(p.get("problem") in ("missing", "size changed", "altered", "index", "altered or missing")
+           for p in report.problems):
         report.heal = heal_command(catalog, version_id)
     return report

@@ -250,6 +250,9 @@ class Catalog:
             if not create:
                 raise UsageError(f"{store.url}: not a dsbuild catalog (no {MARKER})",
                                  hint="create one with `dsbuild convert CAPTURES CATALOG`")
+            if parse_ref(str(location))[1] is not None:  # every command would read it as a version of another
+                raise UsageError(f"{location}: a catalog's name cannot hold '@' (PATH@VERSION names a version)",
+                                 hint="choose a name without '@'")
             if root is not None and root.exists():
                 for p in root.iterdir():
                     if INTERRUPTED_WRITE.match(p.name) and p.is_file():

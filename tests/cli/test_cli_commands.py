@@ -473,3 +473,10 @@ def test_a_ray_cluster_address_nothing_answers_at_is_one_line_exit_3(catalog):
         p = run("validate", cat, "--executor", "ray", "--ray-address", address, "--quiet", check=3)
         lines = p.stderr.strip().splitlines()
         assert lines[0].startswith(f"error: --ray-address {address}: cannot") and lines[1].startswith("hint:"), p.stderr
+
+
+def test_a_catalog_cannot_be_created_under_a_name_every_command_reads_as_a_version(caps, tmp_path):
+    """`convert caps a@b` made a catalog that `info`, `validate`... then read as version b of catalog a."""
+    p = run("convert", caps, tmp_path / "a@b", check=2)
+    assert "cannot hold '@'" in p.stderr and not (tmp_path / "a@b").exists()
+    run("convert", caps, tmp_path / "user@host" / "cat", "--clip-seconds", 2, "-q")  # an '@' in a folder above

@@ -134,10 +134,10 @@ def _reachable(address: str) -> None:
     import socket
 
     scheme, _, rest = address.rpartition("://")
-    host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    host, _, port = rest.rpartition(":") if ":" in rest.rsplit("]", 1)[-1] else (rest, "", "")
     try:
-        socket.create_connection((host or "127.0.0.1", int(port) if port else RAY_PORTS.get(scheme, 6379)),
-                                 timeout=RAY_CONNECT_TIMEOUT).close()
+        port_number = int(port) if port else RAY_PORTS.get(scheme, 6379)
+        socket.create_connection((host.strip("[]") or "127.0.0.1", port_number), timeout=RAY_CONNECT_TIMEOUT).close()
     except (OSError, ValueError) as e:
         raise StorageError(f"--ray-address {address}: cannot connect ({getattr(e, 'strerror', None) or e})",
                            hint="start the cluster (`ray start --head`), or check the address") from None
@@ -157,7 +157,7 @@ def ray_map(fn: Callable, items: Sequence, *, address: str | None = None, num_cp
         raise MissingDependency("--executor ray", "ray") from None
     started = not ray.is_initialized()
     if started:
-        if address and address != "auto":
+        if address and address not in ("auto", "local"):  # (Ray's names: a running cluster here, a new one)
             _reachable(address)
         try:
             ray.init(address=address, num_cpus=None if address else (num_cpus or os.cpu_count()),
@@ -167,7 +167,8 @@ def ray_map(fn: Callable, items: Sequence, *, address: str | None = None, num_cp
                 raise MissingDependency(f"--ray-address {address}", "ray") from None
             raise
         except (ConnectionError, RuntimeError) as e:  # e.g. "auto" with no cluster running on this node
-            raise StorageError(f"--ray-address {address}: cannot start or join a Ray cluster "
+            where = f"--ray-address {address}" if address else "--executor ray"
+            raise StorageError(f"{where}: cannot start or join a Ray cluster "
                                f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})",
                                hint="start one with `ray start --head`, or check the address") from None
     try:

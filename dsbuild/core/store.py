@@ -425,16 +425,21 @@ _READ_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 def _open_copy(local: Path, size: int) -> int | None:
     """A descriptor of the cached copy if it is there, a regular file and of ``size`` bytes (marked
-    recently used), else None."""
+    recently used), else None (a FIFO put there is never waited on: opened non-blocking, then judged)."""
     try:
-        fd = os.open(local, _READ_FLAGS)
+        fd = os.open(local, _READ_FLAGS | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            os.close(fd)
+            return None
+        os.set_blocking(fd, True)
+        os.utime(fd)  # recently used
+    except BaseException:
         os.close(fd)
-        return None
-    os.utime(fd)  # recently used
+        raise
     return fd
 
 

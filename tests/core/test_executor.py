@@ -109,3 +109,14 @@ def test_started_is_called_once_the_workers_exist_and_before_any_result():
 def test_bad_executor_settings_are_usage_errors(spec):
     with pytest.raises(UsageError):
         ExecutorSpec(**spec)
+
+
+@pytest.mark.parametrize("address", ["ray://127.0.0.1:1", "127.0.0.1:1", "[::1]:1", "ray://[::1]:1"])
+def test_a_ray_address_nothing_answers_at_is_refused_at_once(address):
+    """(IPv6 addresses were split at their first colon.) Ray's own names are left to Ray: `auto` joins a
+    cluster running on this node, `local` starts a new one."""
+    from dsbuild.core.errors import StorageError
+    from dsbuild.core.executor import _reachable
+
+    with pytest.raises(StorageError, match=f"--ray-address {address[:5]}.*: cannot connect"):
+        _reachable(address)

@@ -193,3 +193,14 @@ def test_a_conditional_write_on_s3_fails_once_the_object_changed(s3):
     assert not store.write_if("tags.json", b"4", token) and store.read("tags.json", 1 << 16) == b"3"
     local = LocalStore(Path(os.environ["DSBUILD_CACHE"]) / f"cas-{uuid.uuid4().hex[:8]}")
     assert local.read_for_update("tags.json", 1 << 16) == (None, None)  # under the catalog lock: no token
+
+
+def test_a_fifo_under_a_shards_name_in_the_shared_cache_is_never_waited_on(tmp_path, monkeypatch):
+    """The cache (shared by the processes of one machine) opened a cached copy by its path: a FIFO put
+    there blocked every reader of that shard forever. It is opened non-blocking, judged, and fetched again."""
+    store, blobs = _memory_store(tmp_path, monkeypatch, 1)
+    cache = ShardCache(store, limit=5000, directory=tmp_path / "shards")
+    (key, data), = blobs.items()
+    sha = hashlib.sha256(data).hexdigest()
+    os.mkfifo(tmp_path / "shards" / f"{sha}.tar")
+    assert cache.path(key, sha, len(data)).read_bytes() == data and cache.downloads == 1

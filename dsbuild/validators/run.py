@@ -12,7 +12,6 @@ is a ``LineageError``; a damaged shard or sample is a finding, never an exceptio
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import defaultdict
@@ -116,12 +115,13 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
             continue
         try:
             path = str(catalog.shard_file(rec, proven=True))  # (a cached copy damaged locally: fetched again)
+        except FileNotFoundError:
+            continue  # missing: lineage.verify names it and its samples are lost with it (reported once)
         except (DsbuildError, OSError) as e:  # e.g. an object store's bytes fail the cache's sha256 check
             facts.lost += [(r.key, f"in shard {rec.path}, which cannot be read ({str(e)[:160]})")
                            for r in by_shard[rec.path]]
             continue
-        if os.path.exists(path):  # a missing one is lineage.verify's to find
-            paths[rec.path] = path
+        paths[rec.path] = path
     work = sum(s.bytes for s in m.shards) if facts.level == "structural" else sum(r.frames or 0 for r in facts.rows)
     if executor.kind == "local" and work < POOL_MIN[facts.level]:
         executor = ExecutorSpec(workers=1)

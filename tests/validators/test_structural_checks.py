@@ -81,8 +81,10 @@ def test_missing_shard_names_its_samples(parquet_catalog, tmp_path, workers, mon
     report = validate(cat, vid, executor=ExecutorSpec(workers=workers))
     assert failing(report) == {"shard_hashes"}
     lost = sorted(r.key for r in rows(cat, vid) if r.shard == gone)
-    found = {o.item: o.detail for o in report.check("shard_hashes").offenders}
+    offenders = report.check("shard_hashes").offenders
+    found = {o.item: o.detail for o in offenders}
     assert found[gone] == "missing" and all("lost with missing shard" in found[k] for k in lost)
+    assert sorted(o.item for o in offenders if o.item in lost) == lost  # each once (also "cannot be read")
 
 
 def test_a_damaged_catalog_is_a_lineage_error_and_a_wrong_version_a_usage_error(wds_catalog, tmp_path):

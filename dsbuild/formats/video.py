@@ -57,6 +57,19 @@ def should_cut(clip_start: float, keyframe_t: float, clip_seconds: float) -> boo
     return keyframe_t - clip_start >= clip_seconds - CUT_EPS
 
 
+PICTURE_CODECS = frozenset({"png", "bmp", "tiff", "webp", "gif"})  # still images (a cover), not captures
+
+
+def _moving(container) -> list:
+    """The video streams that are video: a cover image (an ``attached_pic`` stream, or a still-image
+    codec's track) is not, however large; all of them when every one is a picture."""
+    from av.stream import Disposition
+
+    moving = [s for s in container.streams.video if not s.disposition & Disposition.attached_pic
+              and (s.codec_context is None or s.codec_context.name not in PICTURE_CODECS)]
+    return moving or list(container.streams.video)
+
+
 def _pixels(stream) -> int:
     cc = stream.codec_context
     return 0 if cc is None else max(0, cc.width) * max(0, cc.height)
@@ -202,7 +215,7 @@ class VideoSource:
         fmt = c.format.name.split(",")[0]
         if not c.streams.video:
             raise FormatError(f"no video stream in the {fmt} file")
-        vs = self._stream = max(c.streams.video, key=_pixels)  # the largest, as ffmpeg picks (first of equals)
+        vs = self._stream = max(_moving(c), key=_pixels)  # the largest, as ffmpeg picks (first of equals)
         demux_only(c, vs)  # the audio has a demuxer of its own (open_audio)
         cc = vs.codec_context
         if cc is None:
@@ -243,7 +256,7 @@ class VideoSource:
         the final clip of a container that declares no frame count (Matroska, MPEG-TS, fragmented MP4):
         there a file cut inside its last frame demuxes as whole packets."""
         report.audio = self._audio_report
-        report.other_video_streams = len(self._container.streams.video) - 1
+        report.other_video_streams = len(_moving(self._container)) - 1
         prev: _Segment | None = None
         index = 0
         for seg in self._segments(clip_seconds, report):

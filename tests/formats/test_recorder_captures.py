@@ -638,3 +638,20 @@ def test_sequence_headers_are_read_from_annex_b_keyframes_only():
     assert sequence_header(b"\x00\x00\x01" + hevc_sps + b"\x00\x00\x01" + bytes([19 << 1, 1]), "hevc") == hevc_sps
     assert sequence_header(b"\x00\x00\x01\xb3\x14\x00\xf0\x13\x00\x00\x01\x00", "mpeg2video") == b"\x14\x00\xf0\x13"
     assert sequence_header(annex_b, "vp9") is None
+
+
+@pytest.mark.parametrize("ext, cover_args", [("mp4", ("-c:v:1", "png", "-disposition:v:1", "attached_pic")),
+                                             ("mkv", ("-c:v:1", "png"))])
+def test_a_cover_image_larger_than_the_video_is_not_taken_for_it(tmp_path, ext, cover_args):
+    """Choosing the largest video stream took a cover image (an MP4 attached picture, or a PNG track in
+    Matroska) larger than the recording: no clip, or a one-frame PNG clip."""
+    cover = tmp_path / "cover.png"
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=640x480:rate=1:duration=1", "-frames:v", "1", str(cover))
+    screen = tmp_path / "screen.mp4"
+    _x264_aac(SECONDS, screen)
+    out = tmp_path / f"video.{ext}"
+    ffmpeg("-i", str(screen), "-i", str(cover), "-map", "0:v", "-map", "1:v", "-map", "0:a", "-c", "copy",
+           *cover_args, str(out))
+    r, session = _convert_capture(tmp_path, "with-cover", out.read_bytes(), ext)
+    assert r.samples == SECONDS / CLIP and session["repairs"]["video"]["other_video_streams"] == 0
+    assert {s["json"]["video"]["codec"] for s in _samples(tmp_path / "cat", r.version_id)["with-cover"]} == {"h264"}

@@ -64,11 +64,18 @@ _START_CODE = re.compile(b"\x00\x00\x01")
 _SEQUENCE_NALS = {"h264": (lambda b: b & 0x1F, {7}), "hevc": (lambda b: (b >> 1) & 0x3F, {32, 33})}  # SPS (+ VPS)
 
 
+def in_band_headers(codec: str, extradata: bytes | None) -> bool:
+    """Whether a stream's keyframes carry their sequence headers as ``sequence_header`` reads them:
+    MPEG-2, and H.264/HEVC in Annex-B (MPEG-TS); not when the extradata is an avcC/hvcC record (MP4,
+    Matroska: length-prefixed packets, whose length bytes can pass for a start code)."""
+    return codec == "mpeg2video" or (codec in _SEQUENCE_NALS and (extradata or b"\0")[:1] != b"\x01")
+
+
 def sequence_header(data: bytes, codec: str) -> bytes | None:
     """The sequence-level parameter sets a keyframe packet carries in-band (H.264 SPS, HEVC VPS/SPS in
     Annex-B, as MPEG-TS holds them; an MPEG-2 sequence header), where the picture size is; None when it
     carries none. Compared from clip to clip, a change says the stream's resolution may have changed (a
-    capture card whose input switched) without decoding a frame."""
+    capture card whose input switched) without decoding a frame. Only for streams ``in_band_headers``."""
     if codec == "mpeg2video":
         at = data.find(b"\x00\x00\x01\xb3")
         return None if at < 0 else data[at + 4:at + 8]

@@ -36,8 +36,8 @@ import numpy as np
 from dsbuild.core.errors import FormatError
 from dsbuild.core.files import UnsafeFile, open_regular
 from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, covers, open_audio
-from dsbuild.formats.mp4 import (Mp4Writer, PacketRecord, check_mp4_video, demux_only, monotonic_dts, mp4_tag,
-                                 sequence_header, why)
+from dsbuild.formats.mp4 import (Mp4Writer, PacketRecord, check_mp4_video, demux_only, in_band_headers,
+                                 monotonic_dts, mp4_tag, sequence_header, why)
 from dsbuild.formats.sample import GAP_SECONDS, VIDEO_EXT
 from dsbuild.formats.transcode import ClipEncoder, TranscodeSpec, parse_transcode
 
@@ -181,6 +181,7 @@ class VideoSource:
         self._t0: int | None = None  # pts of the first video frame: the session clock's zero
         self._size = 0  # bytes, when opened
         self._header: bytes | None = None  # the in-band sequence header of the clips so far
+        self._in_band = False  # whether keyframes carry sequence headers to compare (``_open``)
         self._picture: tuple[int, int] = (0, 0)  # their picture size
         self.info: VideoInfo | None = None
 
@@ -238,6 +239,7 @@ class VideoSource:
         audio = self._open_audio() if self._want_audio and c.streams.audio else None
         tb = 1 / self.spec.fps if self.spec is not None and self.spec.fps else vs.time_base
         self._picture = (out["width"], out["height"])
+        self._in_band = self.spec is None and in_band_headers(codec, cc.extradata)
         self.info = VideoInfo(**out, time_base=tb, audio=audio, source=f"{codec} in {fmt}")
 
     def _open_audio(self) -> AudioInfo | None:
@@ -319,7 +321,7 @@ class VideoSource:
             # a keyframe whose in-band sequence header changed (the picture size may have) starts a clip; one
             # that carries none has the header before it
             header = seg.header if seg is not None else None
-            if p.keyframe and self.spec is None:
+            if p.keyframe and self._in_band:
                 header = sequence_header(p.data, self.info.codec) or header
             if p.keyframe and seg is not None and (should_cut(self._t(seg.key_pts), self._t(p.pts), clip_seconds)
                                                    or (seg.header is not None and header != seg.header)):

@@ -640,6 +640,18 @@ def test_sequence_headers_are_read_from_annex_b_keyframes_only():
     assert sequence_header(annex_b, "vp9") is None
 
 
+def test_only_annex_b_and_mpeg2_streams_are_read_for_in_band_sequence_headers(tmp_path):
+    """A length-prefixed keyframe (MP4, Matroska) whose first unit is 256-511 bytes long begins with
+    00 00 01 xx and passed for Annex-B: every such keyframe cut a short clip and cost a frame decode."""
+    from dsbuild.formats.mp4 import in_band_headers
+
+    for name, expected in (("video.mp4", False), ("video.mkv", False), ("video.ts", True)):
+        _x264_aac(1.0, tmp_path / name)
+        with av.open(str(tmp_path / name)) as c:
+            assert in_band_headers("h264", c.streams.video[0].codec_context.extradata) is expected, name
+    assert in_band_headers("mpeg2video", None) and not in_band_headers("vp9", None)
+
+
 @pytest.mark.parametrize("ext, cover_args", [("mp4", ("-c:v:1", "png", "-disposition:v:1", "attached_pic")),
                                              ("mkv", ("-c:v:1", "png"))])
 def test_a_cover_image_larger_than_the_video_is_not_taken_for_it(tmp_path, ext, cover_args):

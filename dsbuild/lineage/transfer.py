@@ -165,18 +165,23 @@ def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path) -> None:
         if missing:
             raise LineageError(f"{dest.url}: shard {missing[0]} did not arrive; nothing was published")
         if commit is not None:
-            seq = copy_sequence(commit.created_at, [(v.commit.sequence, v.commit.created_at)
-                                                    for v in dest.versions() if v.commit])
+            versions = [v for v in dest.versions() if v.commit]
+            parent = next((v.commit.sequence for v in versions if v.version_id == commit.parent), None)
+            seq = copy_sequence(commit.created_at, [(v.commit.sequence, v.commit.created_at) for v in versions],
+                                parent)
             files["commit.json"] = pretty_json(replace(commit, sequence=seq).to_json())
         dest.publish(vid, {**files, "manifest.json": manifest}, scratch)
 
 
-def copy_sequence(created_at: str, existing: list[tuple[int, str]]) -> int:
+def copy_sequence(created_at: str, existing: list[tuple[int, str]], parent: int | None = None) -> int:
     """The commit sequence of a copied version (``created_at`` its creation time) among ``existing``
-    (sequence, creation time) pairs. Versions sort by sequence, then time, then id: the copy gets the
-    highest sequence of the versions there made no later than it, so it sorts after those made earlier
-    and before later ones (a copy of an older version does not become the newest)."""
-    return max((seq for seq, at in existing if at <= created_at), default=0)
+    (sequence, creation time) pairs, ``parent`` the sequence of its parent there (if there). Versions sort
+    by sequence, then time, then id: the copy gets the highest sequence of the versions there made no
+    later than it, so a copy of an older version does not become the newest, and at least one more than
+    its parent's, so a child never sorts before its parent (made in the same second, or on a machine
+    whose clock was behind)."""
+    top = max((seq for seq, at in existing if at <= created_at), default=0)
+    return top if parent is None else max(top, parent + 1)
 
 
 def _tags_to_copy(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:

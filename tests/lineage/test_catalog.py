@@ -751,11 +751,31 @@ def test_a_pulled_older_version_takes_its_place_by_date_and_does_not_become_the_
 
 
 @given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["2024", "2025", "2026"])), max_size=6),
-       st.sampled_from(["2023", "2025", "2027"]))
-def test_a_copy_sorts_after_every_version_made_earlier_and_before_later_ones_in_order(existing, created_at):
+       st.sampled_from(["2023", "2025", "2027"]), st.data())
+def test_a_copy_sorts_after_every_version_made_earlier_and_its_parent_and_before_later_ones(existing, created_at,
+                                                                                         data):
     from dsbuild.lineage.transfer import copy_sequence
 
-    seq = copy_sequence(created_at, existing)
+    parent = data.draw(st.sampled_from(existing)) if existing and data.draw(st.booleans()) else None
+    seq = copy_sequence(created_at, existing, None if parent is None else parent[0])
     assert seq >= 0 and all((s, at) < (seq, created_at) for s, at in existing if at < created_at)
-    if sorted(existing) == sorted(existing, key=lambda e: (e[1], e[0])):  # sequences agree with dates
+    if parent is not None:  # a child after its parent, whatever the clocks said (same second, skew)
+        assert seq > parent[0]
+    elif sorted(existing) == sorted(existing, key=lambda e: (e[1], e[0])):  # sequences agree with dates
         assert all((s, at) > (seq, created_at) for s, at in existing if at > created_at)
+
+
+def test_a_chain_pushed_in_the_same_second_keeps_its_order(grown, tmp_path):
+    """Two versions made in one second and copied in order both got sequence 0 and the same time: the
+    id decided which was the newest, often the parent."""
+    from dsbuild.lineage.transfer import transfer
+
+    _, src, v1, v2 = grown
+    cat = _copy(src, tmp_path)
+    for v in (v1, v2):
+        commit = cat / "versions" / v.version_id / "commit.json"
+        commit.write_text(json.dumps({**json.loads(commit.read_text()), "created_at": "2026-01-01T00:00:00Z"}))
+    dest = Catalog.open(tmp_path / "dest", create=True)
+    transfer(Catalog.open(cat), v1.version_id, dest)
+    transfer(Catalog.open(cat), v2.version_id, dest)
+    assert dest.resolve(None) == v2.version_id

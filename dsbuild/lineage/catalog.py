@@ -28,7 +28,7 @@ import shutil
 import stat
 import time
 import uuid
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -396,8 +396,8 @@ class Catalog:
             try:
                 return self.store.shard_file(record.path, record.sha256, record.bytes)
             except UnsafeFile as e:  # a FIFO, device or folder in its place, or a symlink out of the catalog
-                raise LineageError(f"{self.url}/{record.path}: {str(e).split(': ', 1)[-1]}",
-                                   hint=f"run `dsbuild verify {self.url}` (it names the command that heals it)") from None
+                heal = f"run `dsbuild verify {self.url}` (it names the command that heals it)"
+                raise LineageError(f"{self.url}/{record.path}: {str(e).split(': ', 1)[-1]}", hint=heal) from None
         path, fd = self.open_shard_copy(record)
         with open(fd, "rb") as f:
             st = os.fstat(f.fileno())
@@ -546,13 +546,15 @@ class Catalog:
         finally:
             area.__exit__(None, None, None)
 
+    def live_builds(self) -> list[Path]:
+        """The build folders of builds running now (on this machine)."""
+        with self._builds() as folder:
+            return [a for a in sorted(folder.iterdir()) if a.is_dir() and not a.is_symlink() and not _build_is_gone(a)]
+
     def held_by_builds(self) -> set[str]:
         """Keys live builds on this machine hold (a push into this catalog, mid-way): read after listing
         what may be removed, since a build names a key before it writes it."""
-        with self._builds() as folder:
-            live = [a for a in sorted(folder.iterdir()) if a.is_dir() and not a.is_symlink()
-                    and not _build_is_gone(a)]
-            return set().union(*map(_held, live))
+        return set().union(*map(_held, self.live_builds()))
 
     def clean_stale_builds(self, *, dry_run: bool = False) -> list[str]:
         """Remove build folders whose build is gone (their lock can be taken); return their names."""
@@ -729,10 +731,23 @@ def catalog_to_fill(location: str | Path) -> Iterator[Catalog]:
         yield Catalog.open(location, create=True)
     except Exception:
         with suppress(StorageError, OSError):  # the failure is what must be reported, not the cleanup's
-            # a version there now is another command's, committed meanwhile: then nothing is removed
-            if fresh and not any(k.endswith("/manifest.json") for k in store.list("versions")):
-                _clear(store, made)
+            if fresh:
+                _clear_unless_used(store, made)
         raise
+
+
+def _clear_unless_used(store: Store, made: Path | None) -> None:
+    """``_clear``, unless another command uses the location now: a version committed there meanwhile, or
+    (a local catalog, under its lock, so no commit lands between the look and the removal) a build
+    running there."""
+    catalog = Catalog(store)
+    local = store.local_root is not None and (store.local_root / MARKER).is_file()
+    with catalog.lock() if local else nullcontext():
+        if any(k.endswith("/manifest.json") for k in store.list("versions")):
+            return
+        if local and catalog.live_builds():
+            return
+        _clear(store, made)
 
 
 def _outermost_missing(path: Path) -> Path | None:

@@ -779,3 +779,26 @@ def test_a_chain_pushed_in_the_same_second_keeps_its_order(grown, tmp_path):
     transfer(Catalog.open(cat), v1.version_id, dest)
     transfer(Catalog.open(cat), v2.version_id, dest)
     assert dest.resolve(None) == v2.version_id
+
+
+def test_a_failed_first_build_never_removes_another_builds_work_in_the_same_new_catalog(tmp_path):
+    """A first convert that fails clears the location it was given (no empty catalog behind); another
+    convert building into the same new catalog meanwhile lost its build folder."""
+    from dsbuild.lineage.catalog import catalog_to_fill
+
+    location = tmp_path / "cat"
+    b = None
+    with pytest.raises(RuntimeError, match="A failed"):
+        with catalog_to_fill(location):
+            b = Catalog.open(location, create=True).build_area()  # B, running meanwhile (and after A)
+            area = b.__enter__()
+            (area.path / "shard-000000.tar.part").write_bytes(b"x")
+            raise RuntimeError("A failed")
+    try:
+        assert (area.path / "shard-000000.tar.part").exists()  # B's build was live: nothing removed
+    finally:
+        b.__exit__(None, None, None)
+    with pytest.raises(RuntimeError):
+        with catalog_to_fill(location / "other"):
+            raise RuntimeError("alone")
+    assert not (location / "other").exists()

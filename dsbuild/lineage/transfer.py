@@ -108,22 +108,7 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
             if dest.store.size(rec.path) == rec.bytes:
                 skipped += 1
             else:
-                local = area.path / f"{rec.sha256}.part"
-                try:
-                    _fetch_verified(source, rec, local)
-                except (UnsafeFile, FileNotFoundError) as e:
-                    why = "missing" if isinstance(e, FileNotFoundError) else str(e).split(": ", 1)[-1]
-                    raise LineageError(f"{source.url}/{rec.path}: {why}",
-                                       hint="run `dsbuild verify` on the source catalog") from None
-                if dest.root is not None:
-                    (dest.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    dest.store.put(local, rec.path)
-                except OSError as e:
-                    raise StorageError(f"{dest.url}/{rec.path}: cannot write ({e.strerror or e})") from None
-                local.unlink(missing_ok=True)
-                if dest.store.size(rec.path) != rec.bytes:
-                    raise StorageError(f"{dest.url}/{rec.path}: arrived with the wrong size")
+                _send(source, dest, rec, area.path)
                 sent += 1
                 nbytes += rec.bytes
             state.done += 1
@@ -134,7 +119,7 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
             with dest.lock():
                 dest.restore_pins(vid, m, source.pinned_files(vid))
         else:
-            _publish(source, dest, vid, area.path)
+            _publish(source, dest, vid, area.path, lambda rec: _send(source, dest, rec, area.path))
     for t in names:
         dest.set_tag(t, vid)
     for sp, files in sets:
@@ -154,16 +139,36 @@ def _present(dest: Catalog, vid: str) -> bool:
     return True
 
 
-def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path) -> None:
+def _send(source: Catalog, dest: Catalog, rec: ShardRecord, scratch: Path) -> None:
+    """One shard from ``source`` into ``dest``, proven on the way (through ``scratch``, a build folder)."""
+    local = scratch / f"{rec.sha256}.part"
+    try:
+        _fetch_verified(source, rec, local)
+    except (UnsafeFile, FileNotFoundError) as e:
+        why = "missing" if isinstance(e, FileNotFoundError) else str(e).split(": ", 1)[-1]
+        raise LineageError(f"{source.url}/{rec.path}: {why}",
+                           hint="run `dsbuild verify` on the source catalog") from None
+    if dest.root is not None:
+        (dest.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.store.put(local, rec.path)
+    except OSError as e:
+        raise StorageError(f"{dest.url}/{rec.path}: cannot write ({e.strerror or e})") from None
+    local.unlink(missing_ok=True)
+    if dest.store.size(rec.path) != rec.bytes:
+        raise StorageError(f"{dest.url}/{rec.path}: arrived with the wrong size")
+
+
+def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path, send: Callable[[ShardRecord], None]) -> None:
     commit = source.commit_record(vid)
     files = source.pinned_files(vid)
     manifest = source.store.read(f"versions/{vid}/manifest.json", 1 << 30, proven=hashes_to(vid))
     with dest.lock():
         if dest.store.exists(f"versions/{vid}/manifest.json"):
             return  # published by another copy of the same version meanwhile: the same bytes (ids are hashes)
-        missing = [s.path for s in source.manifest(vid).shards if dest.store.size(s.path) != s.bytes]
-        if missing:
-            raise LineageError(f"{dest.url}: shard {missing[0]} did not arrive; nothing was published")
+        for rec in source.manifest(vid).shards:  # under the lock, which gc takes: none goes missing now
+            if dest.store.size(rec.path) != rec.bytes:  # one found there when the copy began, removed since
+                send(rec)
         if commit is not None:
             versions = [v for v in dest.versions() if v.commit]
             parent = next((v.commit.sequence for v in versions if v.version_id == commit.parent), None)

@@ -802,3 +802,26 @@ def test_a_failed_first_build_never_removes_another_builds_work_in_the_same_new_
         with catalog_to_fill(location / "other"):
             raise RuntimeError("alone")
     assert not (location / "other").exists()
+
+
+def test_a_shard_found_at_the_destination_and_removed_before_the_commit_is_sent_again(grown, tmp_path):
+    """A copy resumed after an interrupt finds shards already there and skips them; one removed after
+    that (a gc that had read the push's holds a moment before) failed the push at its commit ("did not
+    arrive"). The commit, under the lock gc takes, sends what is missing."""
+    import shutil
+
+    from dsbuild.lineage.transfer import transfer
+
+    _, cat, v1, _ = grown
+    dest = Catalog.open(tmp_path / "dest", create=True)
+    shards = Catalog.open(cat).manifest(v1.version_id).shards
+    for rec in shards:  # left by an interrupted copy
+        (dest.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cat / rec.path, dest.root / rec.path)
+
+    def removed_meanwhile(state) -> None:
+        if state.done == 1:
+            (dest.root / shards[0].path).unlink()
+
+    report = transfer(Catalog.open(cat), v1.version_id, dest, progress=removed_meanwhile)
+    assert report.shards_skipped == len(shards) and verify(dest, v1.version_id).ok

@@ -45,6 +45,7 @@ MAX_PIXELS = 8192 * 8192  # a declared resolution beyond this is hostile or brok
 CUT_EPS = 1e-3  # seconds; keyframe times are rationals, compare with a tolerance below one frame
 CONTAINER = "mp4"
 TRIM_TRIES = 3  # decode-and-trim rounds for the final clip of a truncated file
+FINISHED_SLACK = 0.5  # seconds: a finished Matroska file's video ends at most this before its duration
 
 
 def seconds(ticks: int, time_base: Fraction) -> float:
@@ -180,6 +181,7 @@ class VideoSource:
         self._audio_report = AudioReport()
         self._t0: int | None = None  # pts of the first video frame: the session clock's zero
         self._size = 0  # bytes, when opened
+        self._ends_with_mfro = False
         self._header: bytes | None = None  # the in-band sequence header of the clips so far
         self._in_band = False  # whether keyframes carry sequence headers to compare (``_open``)
         self._picture: tuple[int, int] = (0, 0)  # their picture size
@@ -193,6 +195,8 @@ class VideoSource:
             # would never end (UnsafeFile names which; the session is quarantined with it)
             with open_regular(self.path) as f:
                 self._size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, self._size - 16))
+                self._ends_with_mfro = f.read(16)[4:8] == b"mfro"  # a fragmented MP4 that was finished
             self._container = av.open(str(self.path), metadata_errors="ignore")
         except UnsafeFile as e:  # the reason without the host path: it lands in the manifest
             raise FormatError(str(e).removeprefix(f"{self.path}: ")) from None
@@ -270,7 +274,7 @@ class VideoSource:
             prev = seg
         if prev is not None:
             packets = prev.packets
-            if report.truncated or not self._stream.frames:  # (no frame count: a cut-off tail looks whole)
+            if report.truncated or self._tail_unproven(packets):
                 packets = self._decodable(packets, report)
                 if len(packets) < len(prev.packets) and not report.truncated:
                     report.truncated = (f"its last {len(prev.packets) - len(packets)} frame(s) do not decode: the "
@@ -278,6 +282,21 @@ class VideoSource:
             if packets:
                 yield self._clip(index, _Segment(packets, prev.key_pts, header=prev.header), self._frames_end(packets),
                                  clip_seconds, report)
+
+    def _tail_unproven(self, packets: list[PacketRecord]) -> bool:
+        """Whether the file may end inside its last frame with nothing saying so: its container declares
+        no frame count, and it was not finished either (a fragmented MP4's closing ``mfro`` box; a
+        Matroska duration its video reaches within ``FINISHED_SLACK``). MPEG-TS never says: its last clip
+        is always decode-checked, as are those of recordings a crash cut short."""
+        if self._stream.frames:
+            return False  # (a declared count the demuxer did not reach is a truncation: ``_packets``)
+        fmt, c = self._container.format.name, self._container
+        if "mp4" in fmt:
+            return not self._ends_with_mfro
+        if "matroska" in fmt and c.duration:
+            video_end = seconds(self._frames_end(packets), self._stream.time_base)
+            return video_end < ((c.start_time or 0) + c.duration) / 1e6 - FINISHED_SLACK
+        return True
 
     def _frames_end(self, packets: list[PacketRecord]) -> int:
         """Where the last frame of ``packets`` ends (pts): its start plus its duration, or one frame at the

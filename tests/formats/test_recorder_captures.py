@@ -667,3 +667,21 @@ def test_a_cover_image_larger_than_the_video_is_not_taken_for_it(tmp_path, ext, 
     r, session = _convert_capture(tmp_path, "with-cover", out.read_bytes(), ext)
     assert r.samples == SECONDS / CLIP and session["repairs"]["video"]["other_video_streams"] == 0
     assert {s["json"]["video"]["codec"] for s in _samples(tmp_path / "cat", r.version_id)["with-cover"]} == {"h264"}
+
+
+@pytest.mark.parametrize("ext, args", [("mkv", ()), ("mp4", ("-movflags", "frag_keyframe+empty_moov"))])
+def test_a_finished_recording_in_a_container_without_a_frame_count_is_not_decoded(tmp_path, monkeypatch, ext, args):
+    """The last clip of every Matroska or fragmented MP4 file was decoded to find a cut tail (16 s of
+    1080p60: 0.87 s against 0.11 s as MP4): a finished one says so (its duration; the closing mfro box)."""
+    decoded = []
+    real = VideoSource._decodable
+    monkeypatch.setattr(VideoSource, "_decodable", lambda self, p, r: decoded.append(len(p)) or real(self, p, r))
+    path = tmp_path / f"video.{ext}"
+    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={SECONDS}", "-c:v", "libx264", "-g", "15",
+           "-pix_fmt", "yuv420p", *args, str(path))
+    with VideoSource(path) as src:
+        assert len(list(src.clips(CLIP, DemuxReport()))) == SECONDS / CLIP and decoded == []
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) * 2 // 3])  # a copy cut short
+    with VideoSource(path) as src:
+        list(src.clips(CLIP, DemuxReport()))
+    assert decoded  # its tail is proven by decoding

@@ -160,7 +160,8 @@ def ray_map(fn: Callable, items: Sequence, *, address: str | None = None, num_cp
         if address and address not in ("auto", "local"):  # (Ray's names: a running cluster here, a new one)
             _reachable(address)
         try:
-            ray.init(address=address, num_cpus=None if address else (num_cpus or os.cpu_count()),
+            joins = address not in (None, "", "local")  # (`local` starts a new instance: --workers applies)
+            ray.init(address=address, num_cpus=None if joins else (num_cpus or os.cpu_count()),
                      include_dashboard=False, log_to_driver=False, configure_logging=False)
         except ValueError as e:
             if "ray[client]" in str(e):

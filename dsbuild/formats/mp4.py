@@ -68,7 +68,9 @@ def in_band_headers(codec: str, extradata: bytes | None) -> bool:
     """Whether a stream's keyframes carry their sequence headers as ``sequence_header`` reads them:
     MPEG-2, and H.264/HEVC in Annex-B (MPEG-TS); not when the extradata is an avcC/hvcC record (MP4,
     Matroska: length-prefixed packets, whose length bytes can pass for a start code)."""
-    return codec == "mpeg2video" or (codec in _SEQUENCE_NALS and (extradata or b"\0")[:1] != b"\x01")
+    head = (extradata or b"")[:3]  # (as FFmpeg tells them apart: an hvcC record may start 0x00 too)
+    annex_b = not head or (len(head) == 3 and head[0] == 0 and head[1] == 0 and head[2] <= 1)
+    return codec == "mpeg2video" or (codec in _SEQUENCE_NALS and annex_b)
 
 
 def sequence_header(data: bytes, codec: str) -> bytes | None:

@@ -293,9 +293,9 @@ class VideoSource:
         fmt, c = self._container.format.name, self._container
         if "mp4" in fmt:
             return not self._ends_with_mfro
-        if "matroska" in fmt and c.duration:
+        if "matroska" in fmt and c.duration:  # (its Duration counts from timestamp 0, as packets do)
             video_end = seconds(self._frames_end(packets), self._stream.time_base)
-            return video_end < ((c.start_time or 0) + c.duration) / 1e6 - FINISHED_SLACK
+            return video_end < c.duration / 1e6 - FINISHED_SLACK
         return True
 
     def _frames_end(self, packets: list[PacketRecord]) -> int:

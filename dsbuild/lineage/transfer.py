@@ -103,14 +103,22 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
     state = _Progress(total=len(m.shards))
     sent = skipped = nbytes = 0
     with dest.build_area() as area:
+        def send(rec: ShardRecord) -> None:
+            nonlocal sent, nbytes
+            _send(source, dest, rec, area.path)
+            sent, nbytes = sent + 1, nbytes + rec.bytes
+
+        def send_again(rec: ShardRecord) -> None:  # one counted as skipped, gone before the commit
+            nonlocal skipped
+            send(rec)
+            skipped -= 1
+
         for rec in m.shards:
             area.hold(rec.path)  # (a gc meanwhile keeps it: unreferenced until the manifest lands)
             if dest.store.size(rec.path) == rec.bytes:
                 skipped += 1
             else:
-                _send(source, dest, rec, area.path)
-                sent += 1
-                nbytes += rec.bytes
+                send(rec)
             state.done += 1
             state.bytes = nbytes
             if progress:
@@ -119,7 +127,7 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
             with dest.lock():
                 dest.restore_pins(vid, m, source.pinned_files(vid))
         else:
-            _publish(source, dest, vid, area.path, lambda rec: _send(source, dest, rec, area.path))
+            _publish(source, dest, vid, area.path, send_again)
     for t in names:
         dest.set_tag(t, vid)
     for sp, files in sets:
@@ -170,23 +178,28 @@ def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path, send: Call
             if dest.store.size(rec.path) != rec.bytes:  # one found there when the copy began, removed since
                 send(rec)
         if commit is not None:
-            versions = [v for v in dest.versions() if v.commit]
-            parent = next((v.commit.sequence for v in versions if v.version_id == commit.parent), None)
-            seq = copy_sequence(commit.created_at, [(v.commit.sequence, v.commit.created_at) for v in versions],
-                                parent)
+            there = {v.version_id: v for v in dest.versions() if v.commit}
+            keys = {k: (v.commit.sequence, v.commit.created_at) for k, v in there.items()}
+            seq = copy_sequence(commit.created_at, list(keys.values()), keys.get(commit.parent),
+                                [keys[k] for k, v in there.items() if v.parent == vid])
             files["commit.json"] = pretty_json(replace(commit, sequence=seq).to_json())
         dest.publish(vid, {**files, "manifest.json": manifest}, scratch)
 
 
-def copy_sequence(created_at: str, existing: list[tuple[int, str]], parent: int | None = None) -> int:
+def copy_sequence(created_at: str, existing: list[tuple[int, str]], parent: tuple[int, str] | None = None,
+                  children: list[tuple[int, str]] = ()) -> int:
     """The commit sequence of a copied version (``created_at`` its creation time) among ``existing``
-    (sequence, creation time) pairs, ``parent`` the sequence of its parent there (if there). Versions sort
-    by sequence, then time, then id: the copy gets the highest sequence of the versions there made no
-    later than it, so a copy of an older version does not become the newest, and at least one more than
-    its parent's, so a child never sorts before its parent (made in the same second, or on a machine
-    whose clock was behind)."""
-    top = max((seq for seq, at in existing if at <= created_at), default=0)
-    return top if parent is None else max(top, parent + 1)
+    (sequence, creation time) pairs; ``parent`` and ``children`` are those of its parent and children
+    there. Versions sort by sequence, then time, then id. The copy gets the highest sequence of the
+    versions there made no later than it, so a copy of an older version does not become the newest;
+    where that would not put it after its parent (made in the same second, or on a machine whose clock
+    was behind) it gets one more than its parent's, unless that would put it after a child of its own."""
+    key = (max((seq for seq, at in existing if at <= created_at), default=0), created_at)
+    if parent is not None and parent >= key:
+        bumped = (parent[0] + 1, created_at)
+        if all(child > bumped for child in children):
+            key = bumped
+    return key[0]
 
 
 def _tags_to_copy(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:

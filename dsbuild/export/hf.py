@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from dsbuild.core.errors import UsageError
+from dsbuild.core.errors import CorruptDataError, FormatError, UsageError
 from dsbuild.core.jsonio import canonical_json, pretty_json
 from dsbuild.export.folder import ExportFolder
 from dsbuild.export.report import Ticker
@@ -111,6 +111,15 @@ def _nested(arrays: list[np.ndarray]):
     return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(rows)]), pa.int32()), inner)
 
 
+def _sample(key: str, pairs) -> Sample:
+    """The sample of proven members; one whose members do not parse (the version vouches for bytes that are
+    no sample) is damaged data, exit 3, not the user's mistake."""
+    try:
+        return sample_from_members(key, dict(pairs))
+    except FormatError as e:
+        raise CorruptDataError(str(e), hint="`dsbuild validate --level structural` names the damaged samples") from None
+
+
 def _table(samples: list[tuple[str, Sample]]):
     import pyarrow as pa
 
@@ -153,7 +162,7 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
         for n, group in enumerate(source.chunks(split.entries(), target)):
             rel = f"data/{split.name}-{n:05d}.parquet"
             if not folder.has(rel):
-                rows = [(e.sha256, sample_from_members(e.key, dict(pairs))) for e, pairs in source.members(group)]
+                rows = [(e.sha256, _sample(e.key, pairs)) for e, pairs in source.members(group)]
                 tmp = folder.temp(rel.replace("/", "__"))
                 pq.write_table(_table(rows), tmp, row_group_size=ROW_GROUP, compression=compression,
                                use_dictionary=["controls.list.element", "telemetry_channels.list.element"],

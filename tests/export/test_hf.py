@@ -72,3 +72,29 @@ def test_an_interrupted_export_leaves_nothing_datasets_loads(export_catalog, exp
     r = export(f"{cat}@v1", out, to="hf", split="main", target_bytes=small)
     assert r.files_kept > 0 and len(list((out / "data").glob("train-*.parquet"))) > 1  # it stopped inside train
     assert len(datasets.load_dataset(str(out), split="train")) == len(expected["train"])
+
+
+def test_a_sample_whose_members_the_version_vouches_for_but_do_not_parse_is_exit_3(export_catalog, tmp_path):
+    """A forged catalog's sample whose .npy header declares 2^62 x 4 floats (its hashes recomputed): the
+    hf export named it with exit 2, a usage error, for data the catalog vouches for."""
+    import shutil
+
+    from tests.helpers import cli
+    from tests.validators.support import reseal
+
+    cat = tmp_path / "cat"
+    shutil.copytree(export_catalog[0], cat)
+    victim = {}
+
+    def forge(key, members):
+        if victim:
+            return members
+        victim["key"] = key
+        header = "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }"
+        header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+        npy = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
+        return [(ext, npy + p[128:] if ext == "actions.npy" else p) for ext, p in members]
+
+    reseal(cat, export_catalog[1], forge)
+    p = cli("export", cat, tmp_path / "out", "--to", "hf")
+    assert p.returncode == 3 and victim["key"] in p.stderr and "declares" in p.stderr, p.stderr

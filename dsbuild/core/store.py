@@ -79,6 +79,15 @@ def local_path(path: object) -> Path:
     return Path(unquote(urlsplit(text).path))
 
 
+def is_key(key: object) -> bool:
+    """Whether ``check_key`` accepts ``key`` (listings and hold files skip the rest: never followed)."""
+    try:
+        check_key(key)
+    except UnsafeKey:
+        return False
+    return True
+
+
 def parses(parse: Callable[[bytes], object]) -> Callable[[bytes], bool]:
     """A ``read(..., proven=)`` check from a parser: bytes it accepts (raising no FormatError)."""
     def proven(data: bytes) -> bool:
@@ -145,12 +154,7 @@ class LocalStore:
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             rel = Path(dirpath).relative_to(self.local_root).as_posix()
-            for name in filenames:
-                key = name if rel == "." else f"{rel}/{name}"
-                try:
-                    out.append(check_key(key))
-                except UnsafeKey:
-                    continue
+            out += [key for name in filenames if is_key(key := name if rel == "." else f"{rel}/{name}")]
         return sorted(out)
 
     def write(self, key: str, data: bytes) -> None:
@@ -344,14 +348,8 @@ class FsspecStore:
             found = retry(self.url, lambda: self.fs.find(base))
         except FileNotFoundError:
             return []
-        out = []
-        for remote in found:
-            key = remote[len(self.root) + 1:] if remote.startswith(self.root + "/") else None
-            try:
-                out.append(check_key(key))
-            except UnsafeKey:
-                continue  # a hostile or foreign key is never followed; the catalog's checks name gaps
-        return sorted(out)
+        keys = (remote[len(self.root) + 1:] if remote.startswith(self.root + "/") else None for remote in found)
+        return sorted(k for k in keys if is_key(k))  # a hostile key is never followed; catalog checks name gaps
 
     def write(self, key: str, data: bytes) -> None:
         retry(f"{self.url}/{key}", lambda: self.fs.pipe_file(self._remote(key), data))

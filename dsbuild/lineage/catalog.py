@@ -38,7 +38,7 @@ from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, UnsafeFile, f
 from dsbuild.core.hashing import hashes_to, sha256_bytes
 from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
-from dsbuild.core.store import Store, cache_root, check_key, open_store, parses
+from dsbuild.core.store import Store, cache_root, is_key, open_store, parses
 from dsbuild.lineage.index import INDEX_FILE, MAX_INDEX_BYTES, table_from_bytes
 from dsbuild.lineage.manifest import (MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, FilePin, Manifest, SessionTable,
                                       ShardRecord)
@@ -194,15 +194,7 @@ def _held(area: Path) -> set[str]:
         text = read_capped(area / HOLDS, MAX_HOLDS_BYTES, what=f"{area}/{HOLDS}").decode("utf-8", "replace")
     except FileNotFoundError:
         return set()
-    return {k for k in text.splitlines() if _is_key(k)}
-
-
-def _is_key(key: str) -> bool:
-    try:
-        check_key(key)
-    except FormatError:
-        return False
-    return True
+    return {k for k in text.splitlines() if is_key(k)}
 
 
 def stale_builds(folder: Path) -> list[Path]:

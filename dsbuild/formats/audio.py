@@ -79,10 +79,13 @@ def _round_ratio(n: int, d: int) -> int:
     return q + (1 if 2 * r > d or (2 * r == d and q & 1) else 0)
 
 
-def _scaled(ticks: int, scale: Fraction, offset: Fraction) -> int:
-    """round(ticks * scale - offset) in integer arithmetic (per packet; Fractions cost ~µs per op)."""
-    return _round_ratio(ticks * scale.numerator * offset.denominator - offset.numerator * scale.denominator,
-                        scale.denominator * offset.denominator)
+def _scaler(scale: Fraction, offset: Fraction):
+    """``ticks -> round(ticks * scale - offset)`` in integer arithmetic, its constants taken once (per
+    packet, Fraction arithmetic and even its ``numerator`` properties cost microseconds)."""
+    a = scale.numerator * offset.denominator
+    b = offset.numerator * scale.denominator
+    d = scale.denominator * offset.denominator
+    return lambda ticks: _round_ratio(ticks * a - b, d)
 
 
 class _CopiedCut:
@@ -104,9 +107,8 @@ class _CopiedCut:
     def write(self, writer: Mp4Writer, stream, base: Fraction) -> None:
         """Mux into ``stream`` with times relative to ``base`` (seconds from the first video frame)."""
         rate = self.rate
-        scale, offset, none = self.tb * rate, (self.origin + base) * rate, Fraction(0)
-        timed = [PacketRecord(p.data, _scaled(p.pts, scale, offset), None, _scaled(p.duration, scale, none), True)
-                 for p in self.packets]
+        at, length = _scaler(self.tb * rate, (self.origin + base) * rate), _scaler(self.tb * rate, Fraction(0))
+        timed = [PacketRecord(p.data, at(p.pts), None, length(p.duration), True) for p in self.packets]
         writer.write(stream, timed, monotonic_dts(timed), Fraction(1, rate), 0)
 
 
@@ -149,9 +151,12 @@ class _EncodedCut:
 
 def _hole(packets: list[PacketRecord], tb: Fraction) -> bool:
     """Whether copied packets leave more than one audio frame (and the slack) of time uncovered between
-    two of them: audio missing inside a clip (a recorder that dropped it), which MP4 would close up."""
+    two of them: audio missing inside a clip (a recorder that dropped it), which MP4 would close up.
+    (``(b.pts - a.end) * tb > a.duration * tb + slack``, in integers.)"""
+    slack = Fraction(SYNC_SLACK)
+    per_tick, limit = tb.numerator * slack.denominator, tb.denominator * slack.numerator
     for a, b in zip(packets, packets[1:]):
-        if (b.pts - a.pts - a.duration) * tb > a.duration * tb + Fraction(SYNC_SLACK):
+        if (b.pts - a.pts - 2 * a.duration) * per_tick > limit:
             return True
     return False
 
@@ -189,6 +194,7 @@ class AudioTrack:
 
         tb = self._stream.time_base
         frame_ticks = self._stream.codec_context.frame_size or 0
+        default_duration = round(Fraction(frame_ticks, self.info.sample_rate) / tb)  # a packet that names none
         try:
             for p in self._container.demux(self._stream):
                 if p.size == 0 or p.pts is None:
@@ -199,8 +205,7 @@ class AudioTrack:
                 except (av.error.FFmpegError, ValueError):
                     self.report.undecodable += 1
                     frames = None
-                duration = p.duration or round(Fraction(frame_ticks, self.info.sample_rate) / tb)
-                rec = PacketRecord(bytes(p), p.pts, p.dts, duration, True)
+                rec = PacketRecord(bytes(p), p.pts, p.dts, p.duration or default_duration, True)
                 yield p.pts, rec, frames
         except (av.error.FFmpegError, OSError, IndexError) as e:  # IndexError: PyAV, on a stream added mid-file
             self.report.error = f"audio demux stopped after {self.report.packets} packets: {why(e)}"

@@ -221,6 +221,7 @@ class VideoSource:
         if not c.streams.video:
             raise FormatError(f"no video stream in the {fmt} file")
         vs = self._stream = max(_moving(c), key=_pixels)  # the largest, as ffmpeg picks (first of equals)
+        self._tb = vs.time_base  # (PyAV builds a new Fraction on every read of it: asked per packet)
         demux_only(c, vs)  # the audio has a demuxer of its own (open_audio)
         cc = vs.codec_context
         if cc is None:
@@ -365,7 +366,7 @@ class VideoSource:
             yield seg
 
     def _t(self, pts: int) -> float:
-        return seconds(pts - self._t0, self._stream.time_base)
+        return seconds(pts - self._t0, self._tb)
 
     def _packets(self, report: DemuxReport) -> Iterator[PacketRecord]:
         import av

@@ -695,14 +695,15 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
 def _refuse_a_ref(location: str) -> None:
     """``catalog@gold`` where a command takes a whole catalog (log, gc, convert's output): refused, not
     read as (or made into) a folder of that name, when the part before ``@`` is a catalog."""
-    head, at, _ = location.rpartition("@")
+    head, at, tail = location.rpartition("@")
     catalog = False
     if at and head:
         with suppress(OSError, FormatError, StorageError, UsageError):  # not a catalog: what it is stays to say
             catalog = open_store(head).exists(MARKER)
     if catalog:
-        raise UsageError(f"{location}: this command takes a catalog, not a version of one",
-                         hint=f"give the catalog: {head}")
+        raise UsageError(f"{location}: names a version ({tail!r}) of a catalog where a catalog is expected "
+                         "(a command that takes a catalog, or a second '@' in CATALOG@VERSION)",
+                         hint=f"give the catalog: {head}, or one version of it: {head}@VERSION")
 
 
 def open_catalog(location: str | Path, *, create: bool = False) -> Catalog:

@@ -84,8 +84,17 @@ def test_a_version_where_a_whole_catalog_is_expected_is_refused(catalog, caps):
     catalog"."""
     cat, _ = catalog
     for args in (["log", f"{cat}@gold"], ["gc", f"{cat}@gold"], ["convert", caps, f"{cat}@gold", "--clip-seconds", 2]):
-        one_line_error(run(*args, check=None), 2, "takes a catalog, not a version of one", f"give the catalog: {cat}")
+        one_line_error(run(*args, check=None), 2, "names a version ('gold') of a catalog where a catalog is expected",
+                       f"give the catalog: {cat}")
     assert not os.path.exists(f"{cat}@gold")
+
+
+def test_a_reference_with_two_versions_says_so(catalog):
+    """`info catalog@gold@x` said "takes a catalog, not a version of one" of a command that takes a version."""
+    cat, _ = catalog
+    for args in (["info"], ["validate"], ["split", "--name", "s"]):
+        one_line_error(run(*args, f"{cat}@gold@x", check=None), 2, "a second '@' in CATALOG@VERSION",
+                       f"{cat}@VERSION")
 
 
 def test_library_suggestions_reach_the_user(catalog):

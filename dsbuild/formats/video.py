@@ -36,6 +36,7 @@ import numpy as np
 from dsbuild.core.errors import FormatError
 from dsbuild.core.files import UnsafeFile, open_regular
 from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, covers, open_audio
+from dsbuild.formats.ebml import HEAD_BYTES, segment_end
 from dsbuild.formats.mp4 import (Mp4Writer, PacketRecord, check_mp4_video, demux_only, in_band_headers,
                                  monotonic_dts, mp4_tag, sequence_header, why)
 from dsbuild.formats.sample import GAP_SECONDS, VIDEO_EXT
@@ -182,6 +183,7 @@ class VideoSource:
         self._t0: int | None = None  # pts of the first video frame: the session clock's zero
         self._size = 0  # bytes, when opened
         self._ends_with_mfro = False
+        self._declared_end: int | None = None
         self._header: bytes | None = None  # the in-band sequence header of the clips so far
         self._in_band = False  # whether keyframes carry sequence headers to compare (``_open``)
         self._picture: tuple[int, int] = (0, 0)  # their picture size
@@ -195,6 +197,7 @@ class VideoSource:
             # would never end (UnsafeFile names which; the session is quarantined with it)
             with open_regular(self.path) as f:
                 self._size = os.fstat(f.fileno()).st_size
+                self._declared_end = segment_end(f.read(HEAD_BYTES))  # (Matroska's; None for other containers)
                 f.seek(max(0, self._size - 16))
                 self._ends_with_mfro = f.read(16)[4:8] == b"mfro"  # a fragmented MP4 that was finished
             self._container = av.open(str(self.path), metadata_errors="ignore")
@@ -393,6 +396,9 @@ class VideoSource:
         declared = self._stream.frames
         if declared and report.packets < declared:
             report.truncated = f"container declares {declared} frames, {report.packets} were readable"
+        elif self._declared_end is not None and self._declared_end > size:  # a finished Matroska file cut short
+            report.truncated = (f"the file ends {self._declared_end - size} bytes before the end its Matroska "
+                                "header declares: it was cut short")
 
     def _decodable(self, packets: list[PacketRecord], report: DemuxReport) -> list[PacketRecord]:
         """The final packets of a truncated file (or of one whose container cannot tell), trimmed until

@@ -685,3 +685,29 @@ def test_a_finished_recording_in_a_container_without_a_frame_count_is_not_decode
     with VideoSource(path) as src:
         list(src.clips(CLIP, DemuxReport()))
     assert decoded  # its tail is proven by decoding
+
+
+def test_a_finished_matroska_file_cut_short_is_a_counted_truncation(tmp_path):
+    """A finished OBS recording copied short keeps its header: FFmpeg's demuxer just stopped early and
+    the lost second of video was dropped uncounted (no repair; validate passed). Its Segment's declared
+    end is past the file's: the truncation is reported, and the last clip decode-checked."""
+    full = tmp_path / "full.mkv"
+    _x264_aac(SECONDS, full)
+    data = full.read_bytes()
+    r, session = _convert_capture(tmp_path / "whole", "whole", data, "mkv")
+    assert session["repairs"]["video"]["truncated"] is None and r.samples == SECONDS / CLIP
+    r, session = _convert_capture(tmp_path / "cut", "cut", data[:len(data) * 3 // 4], "mkv")
+    assert "before the end its Matroska header declares" in session["repairs"]["video"]["truncated"]
+    report = validate(tmp_path / "cut" / "cat", r.version_id, options=ValidateOptions(level="full"),
+                      executor=ExecutorSpec(workers=1))
+    assert report.accepted, [c for c in report.checks if c.failed]
+
+
+def test_matroska_segment_end_reads_the_declared_size_and_refuses_what_is_not_one():
+    from dsbuild.formats.ebml import segment_end
+
+    ebml = bytes.fromhex("1a45dfa3") + bytes([0x80 | 4]) + b"\x42\x86\x81\x01"  # EBML header, 4 bytes of body
+    assert segment_end(ebml + bytes.fromhex("18538067") + b"\x01\x00\x00\x00\x00\x00\x03\xe8") == 9 + 12 + 1000
+    assert segment_end(ebml + bytes.fromhex("18538067") + b"\x01\xff\xff\xff\xff\xff\xff\xff") is None  # unknown
+    assert segment_end(ebml + bytes.fromhex("18538067") + b"\x01\x00") is None  # cut inside the size
+    assert segment_end(b"\x00\x00\x00\x18ftypmp42") is None and segment_end(b"") is None

@@ -60,10 +60,9 @@ def convert(
 
     with Progress("convert", o) as bar:
         def progress(p) -> None:
-            if p.stage == "sessions":
-                bar.update(p.done, p.total, stage="sessions", detail=f"{p.samples} clips, {rate(p.bytes, p.started)}"
-                           + (f", {p.quarantined} quarantined" if p.quarantined else ""))
-            else:
+            bar.update(p.done, p.total, stage="sessions", detail=f"{p.samples} clips, {rate(p.bytes, p.started)}"
+                       + (f", {p.quarantined} quarantined" if p.quarantined else ""))
+            if p.shards_total:
                 bar.update(p.shards_done, p.shards_total, stage="shards")
 
         r = run_convert(captures, out, config, executor=spec, onto=onto, rehash=rehash, on_progress=progress)

@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Callable
 
 from dsbuild import __version__
-from dsbuild.convert.assemble import SampleRef, ShardTask, assemble_shard, plan
+from dsbuild.convert.assemble import Assembly, SampleRef, ShardTask, assemble_shard
 from dsbuild.convert.captures import read_sessions, staged
 from dsbuild.convert.config import ConvertConfig
 from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_roles, source_set
 from dsbuild.core.hashcache import lookup
 from dsbuild.core.errors import CheckFailed, LineageError, UsageError
-from dsbuild.core.executor import ExecutorSpec, run_tasks
+from dsbuild.core.executor import ExecutorSpec, TaskPool
 from dsbuild.core.hashing import sha256_bytes, sha256_json
 from dsbuild.core.records import Record
 from dsbuild.core.store import is_url, local_path
 from dsbuild.formats import get_format
-from dsbuild.formats.sample import MEMBERS, SAMPLE_FORMAT
+from dsbuild.formats.sample import MEMBERS, SAMPLE_FORMAT, key_prefix
 from dsbuild.lineage.catalog import Catalog, CommitRecord, catalog_to_fill
 from dsbuild.lineage.index import INDEX_COLUMNS, INDEX_FILE, IndexRow, index_bytes, rows_from_table, table_from_bytes
 from dsbuild.lineage.manifest import (
@@ -53,15 +53,14 @@ from dsbuild.lineage.manifest import (
 
 @dataclass
 class Progress:
-    """What a progress display needs: sessions, then shards."""
+    """What a progress display needs: sessions, and the shards written meanwhile."""
 
     total: int
     done: int = 0
     samples: int = 0
     bytes: int = 0
     quarantined: int = 0
-    stage: str = "sessions"  # sessions, then shards
-    shards_total: int = 0
+    shards_total: int = 0  # shards found to write so far (they are written while sessions are processed)
     shards_done: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -255,6 +254,8 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
         fmt = get_format(config.format)
         progress = Progress(total=len(sessions))
         results: list[SessionResult] = []
+        if not sessions:
+            _refuse_all_quarantined(results, quarantined)
         with catalog.build_area() as area:
             jobs, known = [], []
             for s in sessions:
@@ -264,46 +265,59 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
                     known.append(SessionResult(s.rel, s.session_id, sources=cached, reused=True))
                 else:
                     jobs.append(SessionJob(s, captures, area.path, config, parent_set))
+            jobs.sort(key=lambda j: key_prefix(j.session.session_id))  # the order their samples enter shards
+            shards_of = {s.path: s for s in base.manifest.shards} if base else {}
+            assembly = Assembly([key_prefix(j.session.session_id) for j in jobs],
+                                [ref for r in known for ref in _refs(r, base, shards_of)], fmt, config.format,
+                                config.shard_size, base.compositions if base else {}, area.path, catalog.shard_file)
+            written: dict[int, object] = {}
+            with TaskPool(executor, inline=len(jobs) < 2) as pool:
+                def submit(tasks: list[ShardTask]) -> None:
+                    for t in tasks:
+                        pool.submit(assemble_shard, t, t, f"shard {t.number}")
+                    progress.shards_total += len(tasks)
 
-            def on_session(_: int, r: SessionResult) -> None:
-                results.append(r)
-                progress.done += 1
-                progress.samples += len(r.samples) if not r.reused else len(base.rows.get(r.session_id, ()))
-                progress.bytes += r.video_bytes
-                progress.quarantined += r.quarantine is not None
-                if on_progress:
-                    on_progress(progress)
+                def finished(r: SessionResult, prefix: str | None) -> None:
+                    results.append(r)
+                    progress.done += 1
+                    progress.samples += len(r.samples) if not r.reused else len(base.rows.get(r.session_id, ()))
+                    progress.bytes += r.video_bytes
+                    progress.quarantined += r.quarantine is not None
+                    if on_progress:
+                        on_progress(progress)
+                    if prefix is not None:
+                        submit(assembly.add(_refs(r, base, shards_of), prefix))
+                    if len(results) == len(sessions):
+                        _refuse_all_quarantined(results, quarantined)
+                        submit(assembly.finish())
 
-            for r in known:
-                on_session(0, r)
-            run_tasks(process_session, jobs, executor, on_session, describe=lambda j: f"session {j.session.rel}")
+                for r in known:
+                    finished(r, None)
+                # Sessions go out a few at a time, so the shards their samples complete run between them
+                # (and the segment files they leave are deleted) instead of waiting behind every session.
+                waiting, in_flight = iter(jobs), 0
+                limit = 1 if pool.inline else len(jobs) if executor.kind == "ray" else executor.count + 2
+                while True:
+                    while in_flight < limit and (job := next(waiting, None)) is not None:
+                        pool.submit(process_session, job, None, f"session {job.session.rel}")
+                        in_flight += 1
+                    if not pool.pending:
+                        break
+                    task, result = pool.next()
+                    if task is None:  # a session
+                        in_flight -= 1
+                        finished(result, key_prefix(result.session_id))
+                    else:
+                        written[task.number] = result
+                        assembly.release(task.refs)
+                        progress.shards_done += 1
+                        if on_progress:
+                            on_progress(progress)
             results.sort(key=lambda r: r.session_id)
             quarantined += [r.quarantine for r in results if r.quarantine]
             good = [r for r in results if r.quarantine is None]
-            if not good:  # nothing to commit, so no report: the reasons go in the message (its hint lied)
-                shown = "; ".join(f"{q.path}: {q.reason}" for q in quarantined[:QUARANTINE_SHOWN])
-                more = len(quarantined) - QUARANTINE_SHOWN
-                raise CheckFailed(f"all {len(quarantined)} sessions were quarantined: {shown}"
-                                  + (f"; and {more} more" if more > 0 else ""))
-            refs = _refs(good, base)
-            shard_plan = plan(refs, fmt, config.shard_size, base.compositions if base else {})
-            files = {ref.parent.path: catalog.shard_file(ref.parent)
-                     for g, reuse in zip(shard_plan.groups, shard_plan.reuse) if reuse is None
-                     for ref in g if ref.parent is not None}
-            tasks = [ShardTask(i, config.format, group, area.path / f"shard-{i:06d}.{fmt.ext}.part",
-                               tuple(sorted((k, files[k]) for k in {r.parent.path for r in group if r.parent})))
-                     for i, (group, reuse) in enumerate(zip(shard_plan.groups, shard_plan.reuse)) if reuse is None]
-            written: dict[int, object] = {}
-            progress.stage, progress.shards_total = "shards", len(tasks)
-
-            def on_shard(i: int, w) -> None:
-                written[tasks[i].number] = w
-                progress.shards_done += 1
-                if on_progress:
-                    on_progress(progress)
-
-            run_tasks(assemble_shard, tasks, executor, on_shard, describe=lambda t: f"shard {t.number}")
-            manifest, pinned, moves, sessions = _assemble(config, fmt.ext, good, base, shard_plan, written, quarantined)
+            manifest, pinned, moves, sessions = _assemble(config, fmt.ext, good, base, assembly.plan, written,
+                                                          quarantined)
             new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
                             or (base and rec.path in base.broken_shards))
             commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, origin,
@@ -320,22 +334,27 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
             quarantined=manifest.quarantined, long_clips=st.long_clips, repaired_sessions=st.repaired_sessions,
             parent=parent, reused_sessions=sum(r.reused for r in good),
             healed_sessions=len({r.session_id for r in good if not r.reused} & (base.broken if base else set())),
-            written_shards=len(tasks), reused_shards=st.shards - len(tasks), written_bytes=new_bytes,
+            written_shards=len(written), reused_shards=st.shards - len(written), written_bytes=new_bytes,
             seconds=round(time.monotonic() - started, 3), repairs=repair_totals([r.repairs for r in sessions]))
 
 
-def _refs(results: list[SessionResult], base: _Base | None) -> list[SampleRef]:
-    refs = []
-    shards = {s.path: s for s in base.manifest.shards} if base else {}
-    for r in results:
-        if r.reused:
-            for row in base.rows[r.session_id]:
-                refs.append(SampleRef(row.key, row.sha256, row.member_bytes, parent=shards[row.shard],
-                                      entry=row.entry()))
-        else:
-            refs += [SampleRef(s.row.key, s.row.sha256, s.member_bytes, r.seg_path, s.seg_offset,
-                               s.seg_length) for s in r.samples]
-    return refs
+def _refs(r: SessionResult, base: _Base | None, shards: dict[str, ShardRecord]) -> list[SampleRef]:
+    """Where a session's samples are: its fresh segments, or the parent's shards (reused)."""
+    if r.reused:
+        return [SampleRef(row.key, row.sha256, row.member_bytes, parent=shards[row.shard], entry=row.entry())
+                for row in base.rows[r.session_id]]
+    return [SampleRef(s.row.key, s.row.sha256, s.member_bytes, r.seg_path, s.seg_offset, s.seg_length)
+            for s in r.samples]
+
+
+def _refuse_all_quarantined(results: list[SessionResult], quarantined: list[Quarantined]) -> None:
+    """Nothing to commit, so no report: the reasons go in the message."""
+    if any(r.quarantine is None for r in results):
+        return
+    every = quarantined + [r.quarantine for r in results]
+    shown = "; ".join(f"{q.path}: {q.reason}" for q in every[:QUARANTINE_SHOWN])
+    more = len(every) - QUARANTINE_SHOWN
+    raise CheckFailed(f"all {len(every)} sessions were quarantined: {shown}" + (f"; and {more} more" if more > 0 else ""))
 
 
 def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], base: _Base | None, shard_plan,

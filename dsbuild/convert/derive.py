@@ -2,7 +2,7 @@
 outputs of a Ray Data pipeline), committed like a convert, with their lineage.
 
     samples --(encode_samples, in workers: segments in the build area)--> SampleRefs
-            --(convert.assemble: plan + assemble_shard)--> shards --(version_manifest, commit)--> catalog
+            --(convert.assemble: Assembly + assemble_shard)--> shards --(version_manifest, commit)--> catalog
 
 Every derived sample records the version and key it was made from (index columns ``parent_version`` and
 ``parent_key``); its session must be its parent sample's, so the derived manifest carries the parent's
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
 
-from dsbuild.convert.assemble import SampleRef, ShardTask, assemble_shard, plan
+from dsbuild.convert.assemble import Assembly, SampleRef, assemble_shard
 from dsbuild.convert.build import change_counts, version_manifest
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.executor import ExecutorSpec, run_tasks
@@ -163,9 +163,8 @@ def commit_derived(catalog: Catalog, area: BuildArea, config: DeriveConfig, enco
     parent = config.derived_from
     sessions, sources = _lineage(catalog, parent, encoded)
     fmt = get_format(config.format)
-    shard_plan = plan([e.ref for e in encoded], fmt, config.shard_size, {})
-    tasks = [ShardTask(i, config.format, group, area.path / f"shard-{i:06d}.{fmt.ext}.part", ())
-             for i, group in enumerate(shard_plan.groups)]
+    tasks = Assembly((), [e.ref for e in encoded], fmt, config.format, config.shard_size, {}, area.path,
+                     catalog.shard_file).finish()
     written: dict[int, object] = {}
     run_tasks(assemble_shard, tasks, executor, lambda i, w: written.__setitem__(i, w),
               describe=lambda t: f"shard {t.number}")

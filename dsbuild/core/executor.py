@@ -1,8 +1,8 @@
 """Running independent pure tasks in parallel: local worker processes or a Ray cluster, one interface.
 
-Convert (sessions, shard assembly), validate (shard units) and export use ``run_tasks``; results come
-back by index, so callers merge them in a fixed order and the output never depends on which worker
-ran what or when.
+Validate (shard units), export and derived versions use ``run_tasks``; convert feeds a ``TaskPool``
+(sessions, then the shards their samples complete, in one pool). Results come back by index or tag, so
+callers merge them in a fixed order and the output never depends on which worker ran what or when.
 
 Process hygiene: no worker outlives its parent. Each local worker asks the kernel for SIGKILL when its
 parent dies (``PR_SET_PDEATHSIG`` on Linux; a watcher thread polling ``getppid`` elsewhere), so a
@@ -17,6 +17,7 @@ import ctypes
 import os
 import signal
 import threading
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -70,58 +71,125 @@ def _die_with_parent(parent: int, close_fds: tuple[int, ...]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
+class TaskPool:
+    """Tasks submitted while earlier ones run — a build learns its shard tasks from the sessions that
+    finish — on local worker processes, in this process, or on Ray; ``next()`` returns one
+    ``(tag, result)`` at a time in completion order (tasks finished together: in submission order).
+
+    ``inline`` (or one local worker) runs each task in this process when it is submitted. With ``fork``
+    the first submit starts every worker, with the modules already imported (the caller must run no other
+    threads until then); ``started()`` is called right after it, so a thread it starts runs beside the
+    workers without being forked into them. A worker that dies is ``WorkerDied`` naming its task; an
+    interrupt kills the workers instead of waiting for a task stuck in a blocking call.
+    """
+
+    def __init__(self, spec: ExecutorSpec, *, workers: int | None = None, inline: bool = False,
+                 start_method: str = "fork", started: Callable[[], None] | None = None):
+        self.spec, self._started = spec, started
+        self._workers = min(spec.count, workers or spec.count)
+        self._inline = spec.kind == "local" and (inline or self._workers <= 1)
+        self._start_method = start_method
+        self._pool: ProcessPoolExecutor | None = None
+        self._ray = None  # the ray module, when this pool runs on Ray
+        self._ray_started = False  # whether this pool started the local Ray it must stop
+        self._remotes: dict[Callable, object] = {}
+        self._running: dict[object, tuple[int, object, str]] = {}  # future or ray ref -> (seq, tag, what)
+        self._done: deque[tuple[object, object]] = deque()  # (tag, result) finished, not yet returned
+        self._seq = 0
+        self._interrupted = False
+
+    def __enter__(self) -> "TaskPool":
+        if self.spec.kind == "ray":
+            self._ray, self._ray_started = _ray_init(self.spec.ray_address, self.spec.workers or None)
+        return self
+
+    @property
+    def inline(self) -> bool:
+        """Whether tasks run in this process, each when it is submitted."""
+        return self._inline
+
+    @property
+    def pending(self) -> int:
+        """Tasks submitted whose result ``next()`` has not returned yet."""
+        return len(self._running) + len(self._done)
+
+    def submit(self, fn: Callable, item, tag=None, describe: str = "") -> None:
+        first = self._seq == 0
+        self._seq += 1
+        if self._inline:
+            if first and self._started:
+                self._started()
+            self._done.append((tag, fn(item)))
+            return
+        if self._ray is not None:
+            task = self._remotes.get(fn)
+            if task is None:
+                task = self._remotes[fn] = self._ray.remote(max_retries=3)(fn)
+            self._running[task.remote(item)] = (self._seq, tag, describe)
+        else:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(
+                    max_workers=self._workers, mp_context=get_context(self._start_method),
+                    initializer=_die_with_parent, initargs=(os.getpid(), tuple(PARENT_ONLY_FDS)))
+            self._running[self._pool.submit(fn, item)] = (self._seq, tag, describe)  # (the first forks them all)
+        if first and self._started:
+            self._started()
+
+    def next(self) -> tuple[object, object]:
+        """The next finished task's ``(tag, result)``; its exception is raised here."""
+        if not self._done:
+            if not self._running:
+                raise LookupError("no task is pending")
+            if self._ray is not None:
+                [ref], _ = self._ray.wait(list(self._running), num_returns=1)
+                _, tag, _ = self._running.pop(ref)
+                self._done.append((tag, self._ray.get(ref)))
+            else:
+                self._collect()
+        return self._done.popleft()
+
+    def _collect(self) -> None:
+        done, _ = wait(self._running, return_when=FIRST_COMPLETED)
+        done = sorted(done, key=lambda f: self._running[f][0])
+        broken = [f for f in done if isinstance(f.exception(), BrokenProcessPool)]
+        if broken:
+            names = ", ".join(self._running[f][2] for f in broken[:4]) + (", ..." if len(broken) > 4 else "")
+            raise WorkerDied(f"a worker process died (killed by the OOM killer or a signal?) while working on "
+                             f"one of: {names}; nothing was committed",
+                             hint="run again, with fewer --workers if memory is short")
+        for fut in done:
+            _, tag, _ = self._running.pop(fut)
+            self._done.append((tag, fut.result()))
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        interrupted = exc_type is not None and not issubclass(exc_type, Exception)  # Ctrl-C, SIGTERM
+        try:
+            if self._pool is not None:
+                for fut in self._running:
+                    fut.cancel()
+                if interrupted:  # a worker stuck in a blocking call (a hung mount) would hold the exit forever
+                    for process in list(getattr(self._pool, "_processes", {}).values()):
+                        process.kill()
+                self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if self._ray_started:
+                self._ray.shutdown()
+
+
 def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Callable[[int, object], None], *,
               start_method: str = "fork", describe: Callable[[object], str] = str,
               inline_below: int = 2, started: Callable[[], None] | None = None) -> None:
     """``fn(item)`` for every item; ``on_result(index, result)`` as each finishes (in completion order).
 
-    ``fork`` starts workers in milliseconds with the modules already imported (the caller must run no
-    other threads while the pool forks); ``spawn`` starts clean interpreters. With one worker, or fewer
-    items than ``inline_below``, the tasks run in this process. ``started()`` is called once the first
-    task is submitted: with ``fork`` every worker has been forked by then, so a thread it starts runs
-    beside them without being forked into them.
+    With one worker, or fewer items than ``inline_below``, the tasks run in this process (see
+    ``TaskPool`` for ``start_method`` and ``started``).
     """
-    if spec.kind == "ray":
-        if started:
-            started()
-        return ray_map(fn, items, address=spec.ray_address, num_cpus=spec.workers or None, on_result=on_result)
-    workers = min(spec.count, len(items))
-    if workers <= 1 or len(items) < inline_below:
-        if started:
-            started()
+    with TaskPool(spec, workers=len(items), inline=len(items) < inline_below, start_method=start_method,
+                  started=started) as pool:
         for i, item in enumerate(items):
-            on_result(i, fn(item))
-        return
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context(start_method),
-                               initializer=_die_with_parent, initargs=(os.getpid(), tuple(PARENT_ONLY_FDS)))
-    futures = {}
-    interrupted = False
-    try:
-        for i, item in enumerate(items):
-            futures[pool.submit(fn, item)] = i  # the first submit starts (forks) every worker
-            if i == 0 and started:
-                started()
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            broken = sorted((f for f in done if isinstance(f.exception(), BrokenProcessPool)), key=futures.get)
-            if broken:
-                names = ", ".join(describe(items[futures[f]]) for f in broken[:4]) + (", ..." if len(broken) > 4 else "")
-                raise WorkerDied(f"a worker process died (killed by the OOM killer or a signal?) while working on "
-                                 f"one of: {names}; nothing was committed",
-                                 hint="run again, with fewer --workers if memory is short")
-            for fut in sorted(done, key=futures.get):
-                on_result(futures[fut], fut.result())
-    except BaseException as e:
-        interrupted = not isinstance(e, Exception)  # Ctrl-C, SIGTERM: stop the workers, do not wait
-        raise
-    finally:
-        for fut in futures:
-            fut.cancel()
-        if interrupted:  # a worker stuck in a blocking call (a hung mount) would hold the exit forever
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
+            pool.submit(fn, item, i, describe(item))
+        while pool.pending:
+            on_result(*pool.next())
 
 
 RAY_CONNECT_TIMEOUT = 5  # seconds for the cluster's address to accept a connection
@@ -143,42 +211,30 @@ def _reachable(address: str) -> None:
                            hint="start the cluster (`ray start --head`), or check the address") from None
 
 
-def ray_map(fn: Callable, items: Sequence, *, address: str | None = None, num_cpus: int | None = None,
-            on_result: Callable[[int, object], None]) -> None:
-    """``fn(item)`` for every item as Ray tasks; ``on_result(index, result)`` in completion order.
-
-    Without an address a local Ray is started here and stopped afterwards; with one the running cluster
-    is joined. A task whose worker dies is retried by Ray (``max_retries``); exceptions raised by the
-    task itself are not retried (they are deterministic and the callers turn them into reports).
-    """
+def _ray_init(address: str | None, num_cpus: int | None):
+    """(the ray module, whether a local Ray was started here and must be stopped): without an address a
+    local Ray is started; with one the running cluster is joined. A task whose worker dies is retried by
+    Ray (``max_retries``); exceptions raised by the task itself are not retried (they are deterministic
+    and the callers turn them into reports)."""
     try:
         import ray
     except ImportError:
         raise MissingDependency("--executor ray", "ray") from None
-    started = not ray.is_initialized()
-    if started:
-        if address and address not in ("auto", "local"):  # (Ray's names: a running cluster here, a new one)
-            _reachable(address)
-        try:
-            joins = address not in (None, "", "local")  # (`local` starts a new instance: --workers applies)
-            ray.init(address=address, num_cpus=None if joins else (num_cpus or os.cpu_count()),
-                     include_dashboard=False, log_to_driver=False, configure_logging=False)
-        except ValueError as e:
-            if "ray[client]" in str(e):
-                raise MissingDependency(f"--ray-address {address}", "ray") from None
-            raise
-        except (ConnectionError, RuntimeError) as e:  # e.g. "auto" with no cluster running on this node
-            where = f"--ray-address {address}" if address else "--executor ray"
-            raise StorageError(f"{where}: cannot start or join a Ray cluster "
-                               f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})",
-                               hint="start one with `ray start --head`, or check the address") from None
+    if ray.is_initialized():
+        return ray, False
+    if address and address not in ("auto", "local"):  # (Ray's names: a running cluster here, a new one)
+        _reachable(address)
     try:
-        task = ray.remote(max_retries=3)(fn)
-        index = {task.remote(item): i for i, item in enumerate(items)}
-        remaining = list(index)
-        while remaining:
-            done, remaining = ray.wait(remaining, num_returns=1)
-            on_result(index[done[0]], ray.get(done[0]))
-    finally:
-        if started:
-            ray.shutdown()
+        joins = address not in (None, "", "local")  # (`local` starts a new instance: --workers applies)
+        ray.init(address=address, num_cpus=None if joins else (num_cpus or os.cpu_count()),
+                 include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except ValueError as e:
+        if "ray[client]" in str(e):
+            raise MissingDependency(f"--ray-address {address}", "ray") from None
+        raise
+    except (ConnectionError, RuntimeError) as e:  # e.g. "auto" with no cluster running on this node
+        where = f"--ray-address {address}" if address else "--executor ray"
+        raise StorageError(f"{where}: cannot start or join a Ray cluster "
+                           f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})",
+                           hint="start one with `ray start --head`, or check the address") from None
+    return ray, True

@@ -36,7 +36,12 @@ MAX_META_BYTES = 64 << 20  # a sample's metadata holds its text events; far beyo
 
 def sample_key(session_id: str, clip_index: int) -> str:
     """``<session>__<clip:06d>``: unique (fixed-width suffix), dot-free, sorts by session then clip."""
-    return f"{session_id}__{clip_index:06d}"
+    return f"{key_prefix(session_id)}{clip_index:06d}"
+
+
+def key_prefix(session_id: str) -> str:
+    """What every key of a session starts with: no key of it sorts below this string."""
+    return f"{session_id}__"
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,23 +38,36 @@ def boundary_hash(key: str) -> float:
     return int.from_bytes(digest[:8], "little") / 2.0 ** 64
 
 
+class ShardCutter:
+    """The shard boundaries of a sorted sample sequence, decided one sample at a time: ``add`` returns the
+    shards (ranges of positions) that sample closes, ``finish`` the last. Each decision looks only at
+    the samples before it, so a build can write a shard as soon as its samples are known."""
+
+    def __init__(self, target: int, overhead: int = 0):
+        self.lo, self.hi = target // 2, max(2 * target - overhead, target // 2 + 1)
+        self.start = self.count = self.acc = 0
+
+    def add(self, key: str, size: int) -> list[range]:
+        out, i = [], self.count
+        if self.acc >= self.lo and self.acc + size > self.hi:
+            out.append(range(self.start, i))
+            self.start, self.acc = i, 0
+        self.acc += size
+        if self.acc >= self.hi or (self.acc >= self.lo and boundary_hash(key) < size / max(self.lo, 1)):
+            out.append(range(self.start, i + 1))
+            self.start, self.acc = i + 1, 0
+        self.count += 1
+        return out
+
+    def finish(self) -> list[range]:
+        return [range(self.start, self.count)] if self.start < self.count else []
+
+
 def plan_shards(keys: Sequence[str], sizes: Sequence[int], target: int, overhead: int = 0) -> list[range]:
     """Shards as ranges of positions in the sorted sample sequence (a pure function). ``sizes`` are the
     samples' sizes in the shard; ``overhead`` what a shard adds at most beyond them (tar's end record)."""
-    lo, hi = target // 2, max(2 * target - overhead, target // 2 + 1)
-    out: list[range] = []
-    start, acc = 0, 0
-    for i, (key, size) in enumerate(zip(keys, sizes)):
-        if acc >= lo and acc + size > hi:
-            out.append(range(start, i))
-            start, acc = i, 0
-        acc += size
-        if acc >= hi or (acc >= lo and boundary_hash(key) < size / max(lo, 1)):
-            out.append(range(start, i + 1))
-            start, acc = i + 1, 0
-    if start < len(keys):
-        out.append(range(start, len(keys)))
-    return out
+    cutter = ShardCutter(target, overhead)
+    return [r for key, size in zip(keys, sizes) for r in cutter.add(key, size)] + cutter.finish()
 
 
 @dataclass(frozen=True)

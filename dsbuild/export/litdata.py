@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from dsbuild.core.hashing import sha256_json
 from dsbuild.core.jsonio import pretty_json
 from dsbuild.export.chunks import KEY, sample_file
 from dsbuild.export.folder import ExportFolder
@@ -42,4 +43,9 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
             tick(len(group))
             chunks.append({"chunk_bytes": folder.path(rel).stat().st_size, "chunk_size": len(group), "dim": None,
                            "filename": name})
-        folder.put(f"{split.name}/index.json", pretty_json({"chunks": chunks, "config": config}))
+        # LitData names its local cache of a remote dataset by ``updated_at`` (its writer records the time):
+        # one that stays the same across two publishes at one URL is served stale from that cache. Ours
+        # names what the chunks hold, so the same export keeps its cache and another one never reuses it.
+        updated = sha256_json({"version": source.version_id, "split_hash": source.split_hash, "split": split.name,
+                               "chunk_bytes": target})[:20]
+        folder.put(f"{split.name}/index.json", pretty_json({"chunks": chunks, "config": config, "updated_at": updated}))

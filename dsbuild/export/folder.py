@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -84,11 +85,17 @@ def _mount_point(folder: Path) -> bool:
     if os.stat(folder).st_dev != os.stat(folder.parent).st_dev:
         return True
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            points = {line.split()[4].encode().decode("unicode_escape") for line in f if len(line.split()) > 4}
+        with open("/proc/self/mountinfo", "rb") as f:
+            points = {_MOUNTINFO_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), line.split()[4])
+                      for line in f if len(line.split()) > 4}
     except OSError:
         return False
-    return str(folder) in points
+    return os.fsencode(folder) in points
+
+
+# mountinfo writes a path's bytes as they are, but space, tab, newline and backslash as octal escapes
+# (decoding the line as text escapes garbled every non-ASCII path)
+_MOUNTINFO_ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
 def _holds_cwd(folder: Path) -> bool:

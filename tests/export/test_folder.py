@@ -278,12 +278,14 @@ def test_a_lock_left_in_a_complete_export_is_removed_and_a_replaced_split_set_is
     assert "split main (set " in held and held.split(";")[0] != wanted.split(";")[0]
 
 
-@pytest.mark.parametrize("how", [["-t", "tmpfs", "-o", "size=4m", "tmpfs"], ["--bind"]])
-def test_an_empty_mount_point_is_refused_before_any_work(export_catalog, tmp_path, how):
+@pytest.mark.parametrize("how, name", [(["-t", "tmpfs", "-o", "size=4m", "tmpfs"], "vol"), (["--bind"], "vol"),
+                                       (["--bind"], "vol é")])
+def test_an_empty_mount_point_is_refused_before_any_work(export_catalog, tmp_path, how, name):
     """The export was built beside DEST on the parent's file system, then the rename into the mount point
-    failed (EBUSY), after all the work, on every run; a bind mount (same file system) too."""
+    failed (EBUSY), after all the work, on every run; a bind mount (same file system) too, and (mountinfo
+    decoded as escaped text) one whose path is not ASCII."""
     cat, _ = export_catalog
-    vol = tmp_path / "vol"
+    vol = tmp_path / name
     vol.mkdir()
     if how == ["--bind"]:
         (tmp_path / "elsewhere").mkdir()
@@ -293,7 +295,7 @@ def test_an_empty_mount_point_is_refused_before_any_work(export_catalog, tmp_pat
     try:
         p = _dsbuild("export", f"{cat}@v1", vol, "--to", "mds")
         assert p.returncode == 2 and "is a mount point" in p.stderr and str(vol / "export") in p.stderr
-        assert sorted(x.name for x in tmp_path.iterdir() if x.name != "elsewhere") == ["vol"]  # no partial
+        assert sorted(x.name for x in tmp_path.iterdir() if x.name != "elsewhere") == [name]  # no partial
         assert _dsbuild("export", f"{cat}@v1", vol / "export", "--to", "mds").returncode == 0
     finally:
         subprocess.run(["umount", str(vol)], check=True)

@@ -109,7 +109,9 @@ def _hashed(problem: dict | None) -> bool:
 def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: list[Entry]) -> list[dict]:
     fmt = get_format(m.shard_format)
     try:
-        with fmt.reader(catalog.shard_file(rec)) as reader:
+        # (an object store's cached copy is proven first: damage on local disk is the cache's, never the
+        # version's, and is fetched again)
+        with fmt.reader(catalog.shard_file(rec, proven=True)) as reader:
             found = reader.check_all(entries, rec.bytes)
     except PermissionError as e:
         raise _not_allowed(catalog, rec, e) from None

@@ -311,3 +311,24 @@ def test_a_tag_delete_whose_answer_was_lost_is_done_not_no_such_tag(s3, remote, 
     monkeypatch.setattr(FsspecStore, "write_if", answer_lost_once)
     assert catalog.set_tag("lost-answer", None, delete=True) is None
     assert s3.drops > drops and "lost-answer" not in catalog.tags()
+
+
+def test_a_cached_copy_damaged_on_local_disk_is_not_reported_as_damage_to_the_version(s3, remote):
+    """verify checked every sample's framing in the local cache's copy without proving it: one byte
+    flipped there (a bad disk, another program) rejected a sound S3 version (exit 1, `bad locator`), as
+    did validate; the cache is proven first and fetched again."""
+    from tests.helpers import cli
+
+    url, _ = remote
+    assert cli("verify", url).returncode == 0  # fills the cache
+    cached = [p for p in (Path(os.environ["DSBUILD_CACHE"]) / "shards").rglob("*") if p.is_file()]
+    assert cached
+    for p in cached:
+        with open(p, "r+b") as f:
+            f.seek(100)  # inside the first member's tar header
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    for command in ("verify", "validate"):
+        p = cli(command, url, "--json")
+        assert p.returncode == 0, (command, p.stdout[-600:], p.stderr[-300:])

@@ -9,7 +9,8 @@ where it started, where it ended and how many of its workers finished. ``pass_st
 - a worker of the pass that wrote the record starts where its siblings did;
 - a new pass from the same loader position starts where the previous one ended once every worker of it
   finished, and where it started if it was broken off (its batches are delivered again, from the first);
-- a loader moved since (``load_state_dict`` in the main process) starts where it is.
+- a loader moved since (``load_state_dict`` in the main process) starts where it is: a move drops the
+  record.
 
 A worker's loader is at the main process's position as the worker was started; persistent workers keep
 their copy from pass to pass, so the main process also writes where ``load_state_dict`` moved its loader
@@ -129,8 +130,11 @@ class PassFile:
 
     def moved(self, position: Position) -> None:
         """The main process's loader was moved to ``position`` (``load_state_dict``): the next pass starts
-        there, also in persistent workers, whose copies do not move with it."""
+        there, also in persistent workers, whose copies do not move with it. The record goes: a loader
+        moved back to the position the last pass started from looks unmoved to ``pass_start`` (a roll-back
+        to the start of training, or a retry restoring the same checkpoint twice, went on to the next
+        epoch)."""
         try:
-            self._change(lambda main, r: (None, encode(position), r))
+            self._change(lambda main, r: (None, encode(position), None))
         except FileNotFoundError:  # (the dataset is gone: no pass will ask)
             pass

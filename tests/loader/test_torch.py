@@ -100,6 +100,31 @@ def test_a_restore_in_the_main_process_is_where_the_next_pass_starts(cat, persis
     assert got + [b["keys"] for b in dl] == stream[len(states):]
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_restore_to_where_the_last_pass_started_is_not_taken_for_an_unmoved_loader(cat, persistent):
+    """A roll-back to the start after a whole pass, or a retry restoring the same checkpoint twice, gave
+    the next epoch: the workers saw the loader at the position the last pass had started from and took
+    it for one that had not moved."""
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    epoch0, epoch1 = [b["keys"] for b in loader], [b["keys"] for b in loader]
+    there = Loader(ref, decode="bytes", batch_size=3, seed=5)
+    start = there.state_dict()
+    dl = torch.utils.data.DataLoader(there.as_torch_dataset(), batch_size=None, num_workers=2,
+                                     persistent_workers=persistent)
+    assert [b["keys"] for b in dl] == epoch0
+    there.load_state_dict(start)
+    assert [b["keys"] for b in dl] == epoch0
+    states = []
+    for b in dl:
+        states.append(there.state_after(b))
+        if len(states) == 2:
+            break
+    for _ in range(2):  # the same checkpoint restored twice: the rest of epoch 1 both times
+        there.load_state_dict(states[1])
+        assert [b["keys"] for b in dl] == epoch1[2:]
+
+
 def test_process_workers_hand_payloads_over_in_shared_memory(cat):
     ref, _ = cat
     direct = list(Loader(ref, decode="bytes", batch_size=3, seed=5))

@@ -184,6 +184,8 @@ def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Call
     With one worker, or fewer items than ``inline_below``, the tasks run in this process (see
     ``TaskPool`` for ``start_method`` and ``started``).
     """
+    if not items and started:
+        started()  # (nothing to fork)
     with TaskPool(spec, workers=len(items), inline=len(items) < inline_below, start_method=start_method,
                   started=started) as pool:
         for i, item in enumerate(items):

@@ -104,6 +104,9 @@ def test_started_is_called_once_the_workers_exist_and_before_any_result():
                   started=started)
         assert events[0] == ("started", 0 if workers == 1 else workers)
         assert [e for e in events if e[0] == "started"] == [events[0]] and len(events) == 6
+    events = []
+    run_tasks(_square, [], ExecutorSpec(workers=2), lambda i, r: None, started=lambda: events.append("started"))
+    assert events == ["started"]  # (validate joins the thread it starts: no shard to read is no exception)
 
 
 @pytest.mark.parametrize("spec", [dict(workers=-1), dict(kind="threads")])

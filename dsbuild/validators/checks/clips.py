@@ -136,7 +136,8 @@ CHECKS = (
        "bad action array(s)", sample=_arrays("actions", action_problems)),
     _c("telemetry", "The telemetry array is float32 [frames, channels] and finite.", "max_telemetry_errors",
        "bad telemetry array(s)", sample=_arrays("telemetry", telemetry_problems)),
-    _c("timestamps", "Timestamps are float64, one per frame, strictly increasing, inside the clip window.",
+    _c("timestamps", "Timestamps are float64, one per frame, strictly increasing, inside the clip window, which "
+       "the metadata's duration spans.",
        "max_timestamp_errors", "bad timestamp array(s)", sample=_arrays("timestamps", timestamp_problems)),
     _c("action_events", "Raw action events decompress (bounded like the loader), parse, lie inside the clip "
        "window, name known controls, stay in [-1, 1] and match the metadata's count.", "max_action_event_errors",

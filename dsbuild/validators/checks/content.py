@@ -197,6 +197,8 @@ def timestamp_problems(meta: SampleMeta, ts: np.ndarray) -> list[str]:
         return [f"not strictly increasing at frame {i + 1} ({ts[i]:.6f} -> {ts[i + 1]:.6f})"]
     if len(ts) and (ts[0] < t0 - TIME_EPS or ts[-1] >= t1 + TIME_EPS):
         return [f"[{ts[0]:.6f}, {ts[-1]:.6f}] outside the window [{t0:.6f}, {t1:.6f})"]
+    if abs(meta.clip.duration - (t1 - t0)) > TIME_EPS:
+        return [f"metadata duration {meta.clip.duration:.6f} s, its window [{t0:.6f}, {t1:.6f}) spans {t1 - t0:.6f} s"]
     return []
 
 

@@ -29,6 +29,7 @@ from dsbuild.core.hashcache import lookup
 from dsbuild.core.errors import CheckFailed, LineageError, UsageError
 from dsbuild.core.executor import ExecutorSpec, TaskPool
 from dsbuild.core.hashing import sha256_bytes, sha256_json
+from dsbuild.core.jsonio import printable
 from dsbuild.core.records import Record
 from dsbuild.core.store import is_url, local_path
 from dsbuild.formats import get_format
@@ -124,8 +125,12 @@ def reusable_parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -
         return None, None
     if not onto:  # the newest version built with these settings, else the newest (its samples not reused)
         for v in catalog.versions():
-            if _reusable(catalog.manifest(v.version_id), config)[0]:
-                return v.version_id, catalog.manifest(v.version_id)
+            try:
+                m = catalog.manifest(v.version_id)
+            except LineageError:  # a damaged version is no parent (`verify` names it); it never blocks a build
+                continue
+            if _reusable(m, config)[0]:
+                return v.version_id, m
         return catalog.versions()[0].version_id, None
     parent = catalog.resolve(onto)
     m = catalog.manifest(parent)
@@ -233,8 +238,8 @@ def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, exe
     if is_url(captures):
         with staged(str(captures)) as local:
             return _build(local, str(captures), out, config, executor, onto, rehash, on_progress)
-    return _build(local_path(captures), str(local_path(captures).resolve()), out, config, executor, onto, rehash,
-                  on_progress)
+    return _build(local_path(captures), printable(str(local_path(captures).resolve())), out, config, executor, onto,
+                  rehash, on_progress)
 
 
 def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, executor: ExecutorSpec,

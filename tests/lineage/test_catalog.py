@@ -821,3 +821,17 @@ def test_a_shard_found_at_the_destination_and_removed_before_the_commit_is_sent_
 
     report = transfer(Catalog.open(cat), v1.version_id, dest, progress=removed_meanwhile)
     assert (report.shards_sent, report.shards_skipped) == (1, len(shards) - 1) and verify(dest, v1.version_id).ok
+
+
+def test_a_damaged_old_version_never_blocks_a_build_with_other_settings(grown, tmp_path):
+    """Looking for a parent built with the same settings read every version's manifest: one damaged
+    manifest of an unrelated older version failed every later convert (exit 3) and its dry run."""
+    from dsbuild.convert import plan_convert
+
+    caps, src, v1, v2 = grown
+    cat = _copy(src, tmp_path)
+    (cat / "versions" / v1.version_id / "manifest.json").write_bytes(b'{"damaged": true}')
+    other = dataclasses.replace(CONFIG, clip_seconds=2.0)
+    assert plan_convert(caps, cat, other).reusable is False
+    r = convert(caps, cat, other, executor=ExecutorSpec(workers=1))
+    assert r.parent == v2.version_id and r.reused_sessions == 0 and r.samples > 0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from dsbuild.core.errors import CaptureError, UsageError
+from dsbuild.core.jsonio import printable
 from dsbuild.core.store import FsspecStore, cache_root, retry
 from dsbuild.formats.capture import Session, discover_sessions, read_session
 from dsbuild.lineage.manifest import Quarantined
@@ -25,7 +26,7 @@ def read_sessions(root: Path) -> tuple[list[Session], list[Quarantined]]:
         try:
             sessions.append(read_session(directory, root))
         except CaptureError as e:
-            quarantined.append(Quarantined(directory.relative_to(root).as_posix(), e.path, e.reason))
+            quarantined.append(Quarantined(printable(directory.relative_to(root).as_posix()), e.path, e.reason))
     by_id = defaultdict(list)
     for s in sessions:
         by_id[s.session_id].append(s)

@@ -133,6 +133,12 @@ def clean(value: object) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
+def printable(text: str) -> str:
+    """A path from the file system as UTF-8 text: bytes that are not UTF-8 (a Latin-1 folder name, which
+    Python reads as lone surrogates) shown as ``\\xNN``, so it can be recorded and printed."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def clip_text(text: str, limit: int = 200) -> str:
     """A capture-derived string cut to ``limit`` characters for a report, noting the original length."""
     if len(text) <= limit:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dsbuild.core.errors import CaptureError, FormatError
 from dsbuild.core.files import inside, read_capped_stat
-from dsbuild.core.jsonio import clip_text, loads_bounded, repeated_key
+from dsbuild.core.jsonio import clip_text, loads_bounded, printable, repeated_key
 
 CAPTURE_FORMAT = "capture/1"
 SESSION_FILE = "session.json"
@@ -76,7 +76,7 @@ def discover_sessions(root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     unreadable: list[tuple[str, str]] = []
 
     def failed(e: OSError) -> None:
-        rel = Path(e.filename).relative_to(root).as_posix() if e.filename else "."
+        rel = printable(Path(e.filename).relative_to(root).as_posix()) if e.filename else "."
         unreadable.append((rel, f"folder cannot be read ({e.strerror or e})"))
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=False):
@@ -144,6 +144,8 @@ def read_session(directory: Path, root: Path) -> Session:
     where = f"{rel}/{SESSION_FILE}" if rel != "." else SESSION_FILE
     if any(ord(c) < 32 or c == "\x7f" for c in rel):
         raise CaptureError(rel, "folder name contains a control character (newline?); rename it")
+    if printable(rel) != rel:
+        raise CaptureError(printable(rel), "folder name is not valid UTF-8 (shown with \\x escapes); rename it")
     try:
         data, st = read_capped_stat(sj, MAX_SESSION_JSON_BYTES, root=directory, what=where)
         doc = loads_bounded(data, max_bytes=MAX_SESSION_JSON_BYTES, what=where)

@@ -201,3 +201,21 @@ def test_a_capture_edited_between_its_read_and_its_hash_is_quarantined(tmp_path,
     again = convert(tmp_path / "cap", tmp_path / "cat", CONFIG, executor=ExecutorSpec(workers=1))
     fresh = convert(tmp_path / "cap", tmp_path / "fresh", CONFIG, executor=ExecutorSpec(workers=1))
     assert again.quarantined == () and again.version_id == fresh.version_id
+
+
+def test_folder_names_that_are_not_utf8_never_crash_a_build(tmp_path):
+    """A session folder named in Latin-1 (``café`` as the bytes caf\\xe9) crashed the whole build after
+    all its work (exit 70: not canonical JSON), as did a capture root named so: the session is now
+    quarantined with the name shown escaped, and the root is recorded escaped."""
+    import os
+
+    root = tmp_path / os.fsdecode(b"caps-\xe9t\xe9")
+    generate(root, sessions=2, seconds=2.0, seed=3)
+    first = sorted(root.iterdir())[0]
+    first.rename(root / os.fsdecode(b"caf\xe9"))
+    p = cli("convert", root, tmp_path / "cat", "--clip-seconds", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["sessions"] == 1 and [q["path"] for q in report["quarantined"]] == ["caf\\xe9"]
+    assert "not valid UTF-8" in report["quarantined"][0]["reason"]
+    assert cli("verify", tmp_path / "cat").returncode == 0

@@ -67,10 +67,10 @@ class Session:
 
 def discover_sessions(root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     """(every folder under ``root``, itself included, holding a session.json, sorted by relative path;
-    (folder, reason) for every folder that could not be listed).
+    (folder, reason) for every folder that could not be listed or was not followed).
 
-    Symlinked folders are not followed: a capture root must not reach outside itself. A folder that
-    cannot be read is reported, never skipped silently: it may hold sessions.
+    Symlinked folders are not followed (a capture root must not reach outside itself) and are reported,
+    as is a folder that cannot be read: either may hold sessions, never skipped silently.
     """
     found = []
     unreadable: list[tuple[str, str]] = []
@@ -81,6 +81,11 @@ def discover_sessions(root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=False):
         dirnames.sort()
+        for name in dirnames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                rel = printable(Path(dirpath, name).relative_to(root).as_posix())
+                unreadable.append((rel, "a symbolic link to a folder: not followed (captures must lie inside the "
+                                        "capture folder; copy or move them there)"))
         if SESSION_FILE in filenames:
             found.append(Path(dirpath))
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), sorted(unreadable)

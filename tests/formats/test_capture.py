@@ -71,10 +71,12 @@ def test_deep_nesting_and_huge_files_are_refused(tmp_path):
         read_session(d, tmp_path / "root")
 
 
-def test_symlinked_folders_are_not_walked(tmp_path):
+def test_symlinked_folders_are_not_walked_and_are_reported(tmp_path):
+    """(They were dropped silently: a session behind one was neither converted nor quarantined.)"""
     real = _session(tmp_path, GOOD)
     (tmp_path / "root" / "link").symlink_to(real)
-    assert discover_sessions(tmp_path / "root") == ([real], [])
+    found, skipped = discover_sessions(tmp_path / "root")
+    assert found == [real] and [rel for rel, _ in skipped] == ["link"] and "not followed" in skipped[0][1]
 
 
 def test_a_fifo_session_json_is_refused_without_hanging(tmp_path):

@@ -252,7 +252,8 @@ class Catalog:
                         # creating the same catalog right now (removing it failed that creation)
                         if _age(p) > MARKER_WRITE_GRACE:
                             p.unlink(missing_ok=True)
-                    elif p.name not in ("shards", "versions", ".tmp"):
+                    elif p.name not in ("shards", "versions", ".tmp", MARKER):  # (the marker: another process
+                        # creating this catalog right now wrote it since it was looked for: the same bytes)
                         raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; "
                                          "choose a new folder")
             try:

@@ -835,3 +835,22 @@ def test_a_damaged_old_version_never_blocks_a_build_with_other_settings(grown, t
     assert plan_convert(caps, cat, other).reusable is False
     r = convert(caps, cat, other, executor=ExecutorSpec(workers=1))
     assert r.parent == v2.version_id and r.reused_sessions == 0 and r.samples > 0
+
+
+def test_a_catalog_another_process_creates_meanwhile_is_opened_not_called_foreign(tmp_path, monkeypatch):
+    """Two converts creating one new catalog at once: one looked for the marker before the other wrote
+    it, then found it while listing the folder and refused it ("folder is not empty and not a dsbuild
+    catalog", exit 2; 3 runs in 700 of a racing script). The interleaving, made certain here."""
+    from dsbuild.core.store import open_store
+
+    Catalog.open(tmp_path / "cat", create=True)  # the other process, done first
+    store_type = type(open_store(str(tmp_path / "cat")))
+    real, asked = store_type.exists, []
+
+    def exists(self, key):
+        asked.append(key)
+        return False if len(asked) == 1 else real(self, key)  # looked before the other one wrote
+
+    monkeypatch.setattr(store_type, "exists", exists)
+    assert Catalog.open(tmp_path / "cat", create=True).versions() == []
+    assert asked[0] == "catalog.json"

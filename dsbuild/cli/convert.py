@@ -10,7 +10,7 @@ from dsbuild.cli.render import Out, Progress, rate
 EXAMPLES = """\b
 Examples:
   dsbuild convert caps catalog --clip-seconds 4 --shard-size 64MB
-  dsbuild convert caps catalog --dry-run          # new, changed, reused, quarantined sessions
+  dsbuild convert caps catalog --dry-run          # new, changed, reused, healed, quarantined sessions
   dsbuild convert s3://raw/caps s3://datasets/cat --workers 8
 Exit: 0 committed (or already there), 1 --strict and a session was quarantined, 2 bad input, 3 storage."""
 
@@ -35,7 +35,7 @@ def convert(
     onto: str = typer.Option(None, "--onto", metavar="VERSION",
                              help="Build onto this version (id, prefix or tag): reuse its unchanged sessions."),
     rehash: bool = typer.Option(False, "--rehash", help="Re-hash reused shards and rewrite damaged ones."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Only say which sessions are new, changed, reused, "
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only say which sessions are new, changed, reused, healed, "
                                                          "quarantined or removed; write nothing."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 if any session was quarantined."),
     as_json: bool = JSON,

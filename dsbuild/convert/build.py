@@ -197,7 +197,7 @@ class _Base:
     broken_shards: frozenset[str]
 
 
-def _base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int) -> _Base | None:
+def parent_base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, threads: int) -> _Base | None:
     """What the parent offers, or None when its rows cannot be reused: a Parquet version from before
     rows recorded their member sizes (shard planning weighs every sample by them) is built afresh, and so
     is one whose index or session records are missing or damaged (the build then restores them, when it
@@ -255,7 +255,7 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
         raise UsageError(f"{captures}: no sessions found (no session.json in it or below it)")
     with catalog_to_fill(out) as catalog:  # (a first build that fails leaves no empty catalog behind)
         parent, base_m = reusable_parent(catalog, config, onto)
-        base = _base(catalog, parent, base_m, rehash, executor.count * 2) if base_m else None
+        base = parent_base(catalog, parent, base_m, rehash, executor.count * 2) if base_m else None
         fmt = get_format(config.format)
         progress = Progress(total=len(sessions))
         results: list[SessionResult] = []

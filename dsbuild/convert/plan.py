@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsbuild.convert.build import reusable_parent
+from dsbuild.convert.build import parent_base, reusable_parent
 from dsbuild.convert.captures import read_sessions, staged
 from dsbuild.convert.config import ConvertConfig
 from dsbuild.convert.session import hash_sources, source_set
@@ -18,14 +18,14 @@ from dsbuild.core.records import Record
 from dsbuild.core.store import is_url, local_path
 from dsbuild.lineage.catalog import Catalog
 
-STATES = ("new", "changed", "reused", "quarantined", "removed")
+STATES = ("new", "changed", "reused", "healed", "quarantined", "removed")
 
 
 @dataclass(frozen=True, slots=True)
 class SessionPlan(Record):
     session: str  # session id (or the folder, when session.json cannot be read)
     path: str  # folder relative to the capture root
-    state: str  # new | changed | reused | quarantined | removed
+    state: str  # new | changed | reused | healed (unchanged, in a missing parent shard) | quarantined | removed
     reason: str | None = None  # why quarantined
 
 
@@ -58,6 +58,8 @@ def plan_convert(captures: str, out: str, config: ConvertConfig, onto: str | Non
             raise
         catalog = None
     parent, same_settings = reusable_parent(catalog, config, onto) if catalog is not None else (None, None)
+    # what a build could take from the parent: its rows, and which sessions sit in a missing shard
+    reusable = parent_base(catalog, parent, same_settings, False, 4) if same_settings is not None else None
     base = catalog.sessions(parent) if parent else None
     old: dict[str, list] = {}
     for s in base.sources if base else ():
@@ -72,13 +74,15 @@ def plan_convert(captures: str, out: str, config: ConvertConfig, onto: str | Non
             continue
         if s.session_id not in old:
             state = "new"
-        else:
-            state = "reused" if same_settings and source_set(old[s.session_id]) == mine else "changed"
+        elif reusable is None or source_set(old[s.session_id]) != mine:
+            state = "changed"
+        else:  # unchanged: reused, unless a parent shard holding its samples is missing (processed again)
+            state = "healed" if s.session_id in reusable.broken else "reused"
         plans.append(SessionPlan(s.session_id, s.rel, state))
     present = {s.session_id for s in sessions}
     kept = {p.session for p in plans}
     for rec in base.sessions if base else ():
         if rec.session_id not in present and rec.session_id not in kept:
             plans.append(SessionPlan(rec.session_id, rec.path, "removed"))
-    return ConvertPlan(catalog.url if catalog is not None else str(out), parent, same_settings is not None,
+    return ConvertPlan(catalog.url if catalog is not None else str(out), parent, reusable is not None,
                        tuple(sorted(plans, key=lambda p: (p.path, p.session))))

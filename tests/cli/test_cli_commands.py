@@ -74,12 +74,23 @@ def test_dry_run_says_what_a_build_would_do_and_writes_nothing(catalog, caps, tm
     assert states[sessions[0]] == "changed" and states[sessions[2]] == "reused" and states[new.name] == "new"
     assert "removed" in states.values() and any(s["state"] == "quarantined" and s["path"].startswith("broken")
                                                 for s in plan["sessions"])
-    assert plan["counts"] == {"new": 1, "changed": 1, "reused": 1, "quarantined": 1, "removed": 1}
+    assert plan["counts"] == {"new": 1, "changed": 1, "reused": 1, "healed": 0, "quarantined": 1, "removed": 1}
     assert run("log", cat, "--quiet").stdout == before  # nothing written
     text = run("convert", mine, cat, "--clip-seconds", 2, "--dry-run").stdout
-    assert "1 new, 1 changed, 1 reused, 1 quarantined, 1 removed" in text
+    assert "1 new, 1 changed, 1 reused, 0 healed, 1 quarantined, 1 removed" in text
     other = run_json("convert", mine, cat, "--clip-seconds", 3, "--dry-run")
     assert not other["reusable"] and other["counts"]["reused"] == 0
+
+
+def test_dry_run_says_which_unchanged_sessions_a_lost_shard_makes_convert_process_again(catalog, caps, tmp_path):
+    """(They were listed as reused; convert then reported them healed.)"""
+    cat = tmp_path / "cat"
+    shutil.copytree(catalog[0], cat)
+    next((cat / "shards").rglob("*.tar")).unlink()
+    plan = run_json("convert", caps, cat, "--clip-seconds", 2, "--dry-run")
+    assert plan["counts"]["healed"] > 0 and plan["counts"]["changed"] == 0
+    done = run_json("convert", caps, cat, "--clip-seconds", 2)
+    assert done["healed_sessions"] == plan["counts"]["healed"] and done["reused_sessions"] == plan["counts"]["reused"]
 
 
 @pytest.mark.parametrize("damage", ["delete", "flip"])

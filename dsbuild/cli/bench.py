@@ -110,6 +110,7 @@ def bench(
     from dsbuild.cli.render import json_text
     from dsbuild.core.errors import UsageError
     from dsbuild.core.files import replace_atomically
+    from dsbuild.lineage.catalog import parse_ref
 
     o = Out(as_json, quiet)
     if old_workers is not None:
@@ -123,7 +124,7 @@ def bench(
                          hint="save a baseline with --save FILE first, then gate against it")
     against = Against(load_report(baseline), baseline, 0.9 if fail_below is None else fail_below,
                       allow_different) if baseline else None
-    files = report_files({"--save": save, "--html": html})
+    files = report_files({"--save": save, "--html": html}, catalog=parse_ref(ref)[0])
     save, html = files["--save"], files["--html"]
     interrupted = None
     with Progress("bench", o) as bar:

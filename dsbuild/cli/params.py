@@ -50,17 +50,23 @@ REF = typer.Argument(..., metavar="REF", help="PATH[@VERSION]: a catalog folder 
 CATALOG = typer.Argument(..., metavar="CATALOG", help="Catalog folder or fsspec URL (s3://bucket/catalog).")
 
 
-def report_files(paths: dict[str, str | None]) -> dict[str, str | None]:
+def report_files(paths: dict[str, str | None], *, inputs: dict[str, str | None] | None = None,
+                 catalog: str | None = None) -> dict[str, str | None]:
     """Each report option's file, checked before any work: a folder that does not exist (a typo), a path
-    that is a folder, a device, a FIFO or a link to one, and one file given to two options are exit 2 now,
-    not after a long run whose verdict they would lose. A link to a file is written through (the file it
-    names is replaced, not the link). Returns the paths to write, links resolved."""
+    that is a folder, a device, a FIFO or a link to one, one file given to two options, a file the command
+    reads (``inputs``: option -> path) and a file inside the ``catalog`` it judges are exit 2 now, not
+    after a long run whose verdict they would lose (or whose spec or version they would overwrite). A link
+    to a file is written through (the file it names is replaced, not the link). Returns the paths to
+    write, links resolved."""
     import os
     import shlex
     from pathlib import Path
 
     from dsbuild.core.errors import StorageError, UsageError
+    from dsbuild.core.store import is_url, local_path
 
+    read = {os.path.realpath(p): o for o, p in (inputs or {}).items() if p}
+    root = Path(os.path.realpath(local_path(catalog))) if catalog and not is_url(catalog) else None
     out: dict[str, str | None] = {}
     for option, path in paths.items():
         if path is None:
@@ -80,5 +86,11 @@ def report_files(paths: dict[str, str | None]) -> dict[str, str | None]:
         twice = [o for o, p in out.items() if p == str(target)]
         if twice:
             raise UsageError(f"{option} {path}: is also the file of {twice[0]}; give each report its own file")
+        if str(target) in read:
+            raise UsageError(f"{option} {path}: is the file of {read[str(target)]}, which this command reads; "
+                             "a report never replaces its input", hint="give the report another file name")
+        if root is not None and (target == root or root in target.parents):
+            raise UsageError(f"{option} {path}: is inside the catalog {catalog}; a report there would change "
+                             "the catalog it judges", hint="write reports outside the catalog")
         out[option] = str(target)
     return out

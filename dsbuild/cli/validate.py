@@ -77,9 +77,10 @@ def validate(
 
     o = Out(as_json, quiet)
     spec = load_spec(acceptance)  # first: a bad spec or report path is exit 2 before any work
-    files = report_files({"--save": save, "--junit": junit, "--html": html})
-    save, junit, html = files["--save"], files["--junit"], files["--html"]
     path, version = parse_ref(ref)
+    files = report_files({"--save": save, "--junit": junit, "--html": html}, inputs={"--acceptance": acceptance},
+                         catalog=path)
+    save, junit, html = files["--save"], files["--junit"], files["--html"]
     catalog = open_catalog(path)
     with Progress("validate", o) as bar:
         report = run_validate(catalog, version, spec, ValidateOptions(level=level, split=split_set),

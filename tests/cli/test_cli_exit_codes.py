@@ -268,3 +268,19 @@ def test_a_closed_pipe_exits_quietly(catalog, unbuffered, as_json):
     p.stdout.close()
     err = p.stderr.read()
     assert first.strip() == (b"[" if as_json else b"range") and p.wait() == 141 and err == b"", err
+
+
+def test_a_report_never_replaces_the_spec_or_a_file_of_the_catalog_it_judges(catalog, tmp_path):
+    """`--save` naming the `--acceptance` file replaced the spec (the next CI run: exit 2, not TOML), and
+    `--junit` inside the catalog replaced the version's manifest (the next run: exit 3, damaged)."""
+    cat, vid = catalog
+    spec = tmp_path / "gate.toml"
+    spec.write_text("[thresholds]\nmax_bad_shards = 0\n")
+    manifest_file = cat / "versions" / vid / "manifest.json"
+    before = manifest_file.read_bytes()
+    one_line_error(run("validate", cat, "--acceptance", spec, "--save", spec, check=None), 2,
+                   f"--save {spec}: is the file of --acceptance")
+    one_line_error(run("validate", cat, "--junit", manifest_file, check=None), 2, "is inside the catalog")
+    one_line_error(run("bench", cat, "--save", cat / "bench.json", check=None), 2, "is inside the catalog")
+    assert spec.read_text() == "[thresholds]\nmax_bad_shards = 0\n" and manifest_file.read_bytes() == before
+    assert not (cat / "bench.json").exists()

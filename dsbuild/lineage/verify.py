@@ -16,6 +16,7 @@ Every problem names the file and what is wrong; missing or damaged shards name t
 
 from __future__ import annotations
 
+import os
 import random
 import shlex
 import threading
@@ -31,6 +32,8 @@ from dsbuild.formats import Entry, get_format
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
 from dsbuild.lineage.manifest import MAX_SESSIONS_BYTES, Manifest, ShardRecord
+
+NOT_A_FILE = "not a regular file"  # a shard's name taken by a FIFO, a folder, a device or a link: never read
 
 
 @dataclass
@@ -80,6 +83,8 @@ def _hash_shard(catalog: Catalog, rec: ShardRecord, stop: threading.Event | None
     except (OSError, DsbuildError) as e:
         return _unreadable(catalog, rec, e)
     if size is None:
+        if catalog.root is not None and os.path.lexists(catalog.root / rec.path):  # a FIFO, folder, link, device
+            return {"shard": rec.path, "problem": NOT_A_FILE, "detail": "present, but not a regular file"}
         return {"shard": rec.path, "problem": "missing"}
     if size != rec.bytes:
         return {"shard": rec.path, "problem": "size changed", "detail": f"{size} bytes, expected {rec.bytes}"}
@@ -231,7 +236,7 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
     report.samples_checked = sum(len(by_shard.get(rec.path, ())) for rec, h in zip(shards, hashes)
                                  if h.result() is None) if by_shard is not None else 0
     # what the same convert writes back: damaged or missing shards, a lost or altered index or session records
-    if any(p.get("problem") in ("missing", "size changed", "altered", "index", "altered or missing")
+    if any(p.get("problem") in ("missing", NOT_A_FILE, "size changed", "altered", "index", "altered or missing")
            for p in report.problems):
         report.heal = heal_command(catalog, version_id)
     return report

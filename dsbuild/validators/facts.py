@@ -10,9 +10,10 @@ from functools import cached_property
 
 from dsbuild.lineage.index import IndexRow
 from dsbuild.lineage.manifest import Manifest
+from dsbuild.lineage.verify import NOT_A_FILE
 
 # lineage.verify's problem names for a shard whose bytes are not what the manifest records.
-SHARD_DAMAGE = ("missing", "size changed", "altered", "unreadable")
+SHARD_DAMAGE = ("missing", NOT_A_FILE, "size changed", "altered", "unreadable")
 
 
 @dataclass(frozen=True, slots=True)

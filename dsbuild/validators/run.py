@@ -120,6 +120,7 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
         except (DsbuildError, OSError) as e:  # e.g. an object store's bytes fail the cache's sha256 check
             facts.lost += [(r.key, f"in shard {rec.path}, which cannot be read ({str(e)[:160]})")
                            for r in by_shard[rec.path]]
+            skip.add(rec.path)
             continue
         paths[rec.path] = path
     work = sum(s.bytes for s in m.shards) if facts.level == "structural" else sum(r.frames or 0 for r in facts.rows)
@@ -158,7 +159,7 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
     again = [i for i in redo if units[i].shard not in missing]
     run_tasks(inspect_unit, [replace(units[i], shard_damaged=True) for i in again], executor,
               lambda k, result: results.__setitem__(again[k], result), describe=lambda u: f"shard {u.shard}")
-    for shard in sorted(missing):
+    for shard in sorted(missing - skip):  # (each lost sample once: one found unreadable above is named there)
         facts.lost += [(r.key, f"lost with missing shard {shard}") for r in by_shard[shard]]
     facts.samples = sorted((s for r in results if r for s in r.samples), key=lambda s: s.key)
     facts.unsafe = sorted(x for r in results if r for x in r.unsafe)

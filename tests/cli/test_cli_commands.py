@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from tests.cli.clitools import env, run, run_json
+from tests.helpers import index_rows
 
 
 def test_info_shows_one_version_without_sql(catalog):
@@ -491,3 +492,20 @@ def test_a_catalog_cannot_be_created_under_a_name_every_command_reads_as_a_versi
     p = run("convert", caps, tmp_path / "a@b", check=2)
     assert "cannot hold '@'" in p.stderr and not (tmp_path / "a@b").exists()
     run("convert", caps, tmp_path / "user@host" / "cat", "--clip-seconds", 2, "-q")  # an '@' in a folder above
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_shard_replaced_by_a_fifo_or_a_folder_is_named_as_such_and_its_samples_counted_once(private_catalog, kind):
+    """Its samples were listed twice ("cannot be read", then "lost with missing shard") and the shard
+    called missing while it was present."""
+    cat, vid = private_catalog
+    shard = next((cat / "shards").rglob("*.tar"))
+    held = [r["key"] for r in index_rows(cat, vid) if r["shard"] == shard.relative_to(cat).as_posix()]
+    shard.unlink()
+    os.mkfifo(shard) if kind == "fifo" else shard.mkdir()
+    checked = run_json("verify", cat, check=1)
+    assert [p["problem"] for p in checked["problems"] if p.get("shard") == shard.relative_to(cat).as_posix()
+            and "sample" not in p] == ["not a regular file"]
+    report = run_json("validate", cat, check=1)
+    lost = [o["item"] for c in report["checks"] for o in c["offenders"] if o["item"] in held]
+    assert sorted(lost) == sorted(held)  # once each

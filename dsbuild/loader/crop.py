@@ -27,6 +27,12 @@ def kept_frames(frames, stride: int, clip_frames: int | None, max_frames: int | 
     return n
 
 
+def cut_by_max_frames(frames: int, stride: int, clip_frames: int | None, max_frames: int | None) -> bool:
+    """Whether ``max_frames`` cuts a clip of ``frames`` frames (a crop to ``clip_frames`` is asked for,
+    not a cut): what ``stats()["truncated"]`` counts besides packing."""
+    return max_frames is not None and max_frames < min(-(-frames // stride), clip_frames or max_frames + 1)
+
+
 def crop_start(frames: int, stride: int, count: int, seed: int, epoch: int, sample: tuple[str, str]) -> int:
     """First frame of a random crop of ``count`` frames (every ``stride``-th) out of ``frames``: uniform
     over the positions where the crop fits, keyed by (seed, epoch, sample's (version id, key))."""

@@ -31,7 +31,7 @@ from dsbuild.core.errors import CorruptDataError, FormatError, UsageError
 from dsbuild.formats.sample import VIDEO_EXT
 from dsbuild.loader.backends import choose_backend, probe
 from dsbuild.loader.collate import collate, collate_clips, collate_spans
-from dsbuild.loader.crop import kept_frames
+from dsbuild.loader.crop import cut_by_max_frames, kept_frames
 from dsbuild.loader.device import Transfer, resolve_device
 from dsbuild.loader.epoch import EpochPlan
 from dsbuild.loader.files import ShardFiles
@@ -387,6 +387,9 @@ class Mixture:
                                   [[m for _, _, m in item] for item in nested],
                                   (len(self.controls), len(self.channels)), o.pack_frames, alloc, empty,
                                   frames)
+        if o.max_frames is not None:
+            counters["truncated"] += sum(cut_by_max_frames(int(self.sources[r.source].frames[r.index]), o.frame_stride,
+                                                           o.clip_frames, o.max_frames) for r, _, _ in flat)
         samples = [s for _, s, _ in flat]
         self._metadata(batch, [r.source for r, _, _ in flat], np.array([r.index for r, _, _ in flat]),
                        [s["key"] for s in samples],

@@ -316,6 +316,19 @@ def test_clip_frames_crops_are_seeded_resumable_and_aligned(cat):
             assert np.array_equal(x["actions"][i], whole[k]["actions"][0][at:at + 12:2])
 
 
+def test_clips_cut_by_max_frames_are_counted_as_truncated(cat):
+    """The option says "counted": stats()["truncated"] stayed 0 (only packing counted)."""
+    from dsbuild.loader.crop import cut_by_max_frames
+
+    ref, _ = cat
+    loader = Loader(ref, batch_size=2, seed=4, resize=(16, 16), max_frames=10, frame_stride=2)
+    lengths = [int(n) for b in loader for n in b["lengths"]]
+    cut = loader.stats()["truncated"]
+    assert cut == sum(n == 10 for n in lengths) and cut > 0
+    assert cut_by_max_frames(21, 2, None, 10) and not cut_by_max_frames(20, 2, None, 10)  # ceil(21 / 2) = 11
+    assert not cut_by_max_frames(40, 1, 6, 10)  # a crop to 6 is asked for, not a cut
+
+
 def test_map_runs_per_sample_with_a_seed_that_survives_resume(cat):
     ref, _ = cat
 

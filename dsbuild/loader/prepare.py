@@ -114,10 +114,12 @@ class Preparer:
         else:
             sample["video"] = video
             self.video_facts(src, raw)
+        span = self._span(source, raw.index, ts.clip(), idx) if idx is not None and len(idx) != raw.frames else None
         if o.audio:
-            sample["audio"] = self._audio(video, source, raw.index, ts.clip(), idx)
-        if o.text:
-            sample["text"] = [e.to_json() for e in sample_meta(source, raw).text]
+            sample["audio"] = self._audio(video, source, raw.index, span)
+        if o.text:  # (a crop or stride keeps the lines of the time its frames stand for, as it keeps their audio)
+            sample["text"] = [e.to_json() for e in sample_meta(source, raw).text
+                              if span is None or span[0] <= e.t - span[2] < span[1]]
         cmap = self.maps[src][raw.session]
         if o.map is not None:
             sample["actions"] = on_vocabulary(sample["actions"].array(), cmap[0], self.widths[0])
@@ -147,18 +149,21 @@ class Preparer:
             raise FormatError(f"decoded {len(frames)} frames, expected {len(idx)}")
         return frames
 
-    def _audio(self, video, source: Source, i: int, ts: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    def _span(self, source: Source, i: int, ts: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
+        """(start, end, origin): the time the kept frames ``idx`` of a clip with frame times ``ts`` stand
+        for, in seconds from its first frame (``origin``, in the session's clock). Each kept frame stands
+        for frame_stride frames of the clip, up to its end: with stride 2 the audio of a 1-s clip stopped
+        at 0.97 s."""
+        step = 1.0 / source.fps[i] if source.fps[i] > 0 else float(np.median(np.diff(ts))) if len(ts) > 1 else 0.0
+        end = min(ts[idx[-1]] - ts[0] + self.o.frame_stride * step, ts[-1] - ts[0] + step)
+        return float(ts[idx[0]] - ts[0]), float(end), float(ts[0])
+
+    def _audio(self, video, source: Source, i: int, span: tuple[float, float, float] | None) -> np.ndarray:
         o = self.o
         if not source.has_audio[i]:
             return np.zeros((o.audio_channels, 0), np.float32)
         pcm = audio_mod.decode_audio(video, o.audio_rate, o.audio_channels)
-        if len(idx) == len(ts):
-            return pcm
-        step = 1.0 / source.fps[i] if source.fps[i] > 0 else float(np.median(np.diff(ts))) if len(ts) > 1 else 0.0
-        # each kept frame stands for frame_stride frames of the clip (up to its end): with stride 2 the audio
-        # of a 1-s clip stopped at 0.97 s
-        end = min(ts[idx[-1]] - ts[0] + o.frame_stride * step, ts[-1] - ts[0] + step)
-        return audio_mod.cut(pcm, o.audio_rate, ts[idx[0]] - ts[0], end)
+        return pcm if span is None else audio_mod.cut(pcm, o.audio_rate, span[0], span[1])
 
     def video_facts(self, src: int, raw: RawSample):
         """The clip's encoding (codec, tag, container, size, audio) from its session's first sample read:

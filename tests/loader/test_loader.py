@@ -316,6 +316,22 @@ def test_clip_frames_crops_are_seeded_resumable_and_aligned(cat):
             assert np.array_equal(x["actions"][i], whole[k]["actions"][0][at:at + 12:2])
 
 
+def test_a_crop_delivers_the_text_lines_of_the_time_its_frames_stand_for(cat):
+    """Actions, telemetry, timestamps and audio were cut to the crop; text came whole, lines seconds away
+    from the frames delivered with them."""
+    ref, _ = cat
+    whole = {b["keys"][0]: b["text"][0] for b in Loader(ref, batch_size=1, seed=4, resize=(16, 16), text=True)}
+    seen = kept = 0
+    for b in Loader(ref, batch_size=2, seed=4, resize=(16, 16), clip_frames=4, frame_stride=2, text=True):
+        for key, ts, lines in zip(b["keys"], b["timestamps"], b["text"]):
+            step = (ts[1] - ts[0]) / 2 if len(ts) > 1 else 0.0
+            inside = [e for e in whole[key] if ts[0] - 1e-9 <= e["t"] < ts[-1] + 2 * step + 1e-9]
+            assert lines == inside
+            seen += len(whole[key])
+            kept += len(lines)
+    assert seen > kept  # some lines fell outside the crops
+
+
 def test_clips_cut_by_max_frames_are_counted_as_truncated(cat):
     """The option says "counted": stats()["truncated"] stayed 0 (only packing counted)."""
     from dsbuild.loader.crop import cut_by_max_frames

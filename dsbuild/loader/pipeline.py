@@ -336,7 +336,8 @@ class Mixture:
                     return ref, sample, cmap
                 except FormatError as e:
                     raw = e
-            self._stats.add(corrupt=f"{source.keys[ref.index]}: {raw}")
+            key = source.keys[ref.index]  # (most errors already name the sample: not twice)
+            self._stats.add(corrupt=str(raw) if str(raw).startswith(f"{key}: ") else f"{key}: {raw}")
             if candidates is None:  # the same substitutes on every rank: keyed by (epoch key, sample)
                 keys = plan.bucket_keys
                 original = ref.index

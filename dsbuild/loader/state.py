@@ -36,7 +36,7 @@ class SourceId(Record):
     def describe(self) -> str:
         split = f" split {self.split} ({self.split_hash[:12] if self.split_hash else 'no split hash'})" \
             if self.split else ""
-        return f"version {self.version_id[:12]}{split} weight {self.weight:g}"
+        return f"version {self.version_id[:12]}{split} weight {self.weight!r}"  # (exact: :g showed 1 for 0.9999999)
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,6 +174,9 @@ def test_a_mixture_is_deterministic_resumable_and_reepochs(cat, wds_catalog):
         share = Counter(s for s, _ in full)[0] / len(full)
         assert abs(share - 0.7) < 0.02
         assert len(set(k for s, k in full if s == 1)) < Counter(s for s, _ in full)[1]  # source 1 re-epoched
+    close = Mixture([(ref, None, 0.7000000001), (other, None, 0.3)], decode="bytes", batch_size=1, seed=2)
+    with pytest.raises(UsageError, match=r"weight 0\.7, loader has version \w+ weight 0\.700000000\d+"):
+        close.load_state_dict(state)  # (both read "weight 0.7": a refusal no one could act on)
 
 
 def test_a_stop_mixture_ends_when_a_source_runs_out(cat, wds_catalog):
@@ -513,6 +516,7 @@ def test_a_version_made_before_blake3_was_recorded_still_verifies_each_sample(ca
     loader = Loader(at, decode="bytes", batch_size=3, seed=5, verify="sample")
     assert victim["key"] not in [k for b in loader for k in b["keys"]]
     assert {k.split(":")[0] for k in loader.stats()["corrupt_keys"]} == {victim["key"]}
+    assert all(k.count(victim["key"]) == 1 for k in loader.stats()["corrupt_keys"])  # (it was named twice)
 
 
 @pytest.mark.parametrize("mix", ["batch", "sample"])

@@ -35,13 +35,28 @@ class TarFile:
 
 def split_tars(source: ExportSource, split: Split, folder: ExportFolder, tick: Ticker, *, partial: str,
                target: int) -> list[TarFile]:
-    """The tars holding ``split``, in key order: linked catalog shards first where possible, then
-    written ones. ``partial`` is "link" (the tool skips foreign samples) or "write"."""
+    """The tars holding ``split``, in key order (an index-based reader's sample i is the split's i-th):
+    catalog shards linked where possible, the samples between them written into tars of their own.
+    ``partial`` is "link" (the tool skips foreign samples) or "write"."""
     tar = get_format(TAR_FORMAT)
     linkable = get_format(source.manifest.shard_format) is tar
-    out, rest = [], []
+    out, rest, written = [], [], 0
+
+    def flush() -> None:  # the samples since the last linked shard, written in order
+        nonlocal written
+        for group in source.chunks(rest, target):
+            segments = (tar.encode(e.key, e.sha256, members) for e, members in source.members(group))
+            w = write_shard(tar, segments, folder.temp(f"{split.name}-{written:06d}.{tar.ext}"))
+            rel = f"shards/{split.name}/{w.sha256}.{tar.ext}"
+            folder.adopt(rel, w.tmp_path)
+            out.append(TarFile(rel, w.entries, frozenset()))
+            tick(len(group))
+            written += 1
+        rest.clear()
+
     for part in split.parts:
         if linkable and (part.whole or partial == "link"):
+            flush()
             rel = f"shards/{split.name}/{part.shard.sha256}.{tar.ext}"
             if not folder.has(rel):
                 _share(source, part.shard, folder, rel)
@@ -50,13 +65,7 @@ def split_tars(source: ExportSource, split: Split, folder: ExportFolder, tick: T
             tick(len(part.entries))
         else:
             rest += [(part.shard, e) for e in part.entries]
-    for n, group in enumerate(source.chunks(rest, target)):
-        segments = (tar.encode(e.key, e.sha256, members) for e, members in source.members(group))
-        w = write_shard(tar, segments, folder.temp(f"{split.name}-{n:06d}.{tar.ext}"))
-        rel = f"shards/{split.name}/{w.sha256}.{tar.ext}"
-        folder.adopt(rel, w.tmp_path)
-        out.append(TarFile(rel, w.entries, frozenset()))
-        tick(len(group))
+    flush()
     return out
 
 

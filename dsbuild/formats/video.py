@@ -77,14 +77,6 @@ def _pixels(stream) -> int:
     return 0 if cc is None else max(0, cc.width) * max(0, cc.height)
 
 
-def frame_rate(frame_t: np.ndarray) -> float | None:
-    """Mean frame rate of sorted frame times: (frames - 1) / (last - first). The one definition convert
-    and validate share, exact for constant rates and the true average for variable ones."""
-    if len(frame_t) < 2 or frame_t[-1] <= frame_t[0]:
-        return None
-    return (len(frame_t) - 1) / float(frame_t[-1] - frame_t[0])
-
-
 @dataclass(frozen=True)
 class VideoInfo:
     """What the clips of a session hold (the transcoded stream when a spec is given)."""

@@ -98,7 +98,7 @@ CHECKS = (
        "max_decode_failures", "clip(s) fail to decode", sample=_decode_sample, run=_decode),
     _c("frame_count", "Decoded frames = metadata frames = timestamps length.", "max_frame_count_mismatches",
        "clip(s) with a wrong frame count", sample=video_finding("frame_count")),
-    _c("fps", "The decoded clip's frame rate (formats.video.frame_rate of its frame times) matches the rate of "
+    _c("fps", "The decoded clip's frame rate (formats.probe.frame_rate of its frame times) matches the rate of "
        "the sample's timestamps, computed the same way: variable-rate clips compare like for like.",
        "max_fps_mismatches", "clip(s) with a wrong frame rate", sample=video_finding("fps"), run=_fps,
        extra=(Threshold("fps_tolerance", 0.02, "fraction", "relative; both rates come from the same frame "

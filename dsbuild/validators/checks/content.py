@@ -5,7 +5,7 @@ decode failure): every frame is decoded (that is what proves it decodes and give
 only a strided subset of about ``SAMPLED_FRAMES`` frames is converted, to 64 px wide gray, for the black /
 frozen statistics and the perceptual hash. ``analyse_video`` measures; ``video_problems`` compares the
 measurement with what the sample itself says (its metadata, and its timestamps the way convert computes
-rates and spans: ``formats.video.frame_rate``) under the spec's tolerances.
+rates and spans: ``formats.probe.frame_rate``) under the spec's tolerances.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from dsbuild.core.jsonio import canonical_json
 from dsbuild.formats import get_format
 from dsbuild.formats.sample import MEMBERS, members_blake3, members_sha256
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.index import IndexRow, index_bytes, rows_from_table
+from dsbuild.lineage.index import index_bytes, rows_from_table
 from dsbuild.lineage.manifest import FilePin, ShardRecord, content_id, shard_key
 from dsbuild.samples.synthetic import frames as moving_frames
 from dsbuild.samples.writer import SessionSpec, VideoSpec, write_jsonl, write_session
@@ -109,11 +109,10 @@ def canonical_meta(members: Members, edit: Callable[[dict], None]) -> Members:
 
 
 def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None = None,
-           shard_bytes: Callable[[int, bytes], bytes] | None = None,
-           row: Callable[[IndexRow], IndexRow] = lambda r: r) -> str:
+           shard_bytes: Callable[[int, bytes], bytes] | None = None) -> str:
     """Rewrite every shard with ``edit(key, members)`` applied (through the format's encoder and writer;
     ``shard_bytes(n, data)`` may then change a written shard), re-hash samples and shards, rewrite the index
-    (each row through ``row``) and the manifest; return the new version id (the old version is removed)."""
+    and the manifest; return the new version id (the old version is removed)."""
     catalog = Catalog.open(cat)
     m = catalog.manifest(vid)
     fmt = get_format(m.shard_format)
@@ -141,8 +140,8 @@ def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None =
         (cat / path).write_bytes(data)
         shards.append(ShardRecord(path, sha, len(data), len(srows)))
         for r, e, (total, video, blake3) in zip(srows, entries, sizes):
-            new_rows.append(row(replace(r.located(path, e), sha256=e.sha256, bytes=total, video_bytes=video,
-                                        blake3=blake3)))
+            new_rows.append(replace(r.located(path, e), sha256=e.sha256, bytes=total, video_bytes=video,
+                                    blake3=blake3))
     index = index_bytes(new_rows)
     new = replace(m, shards=tuple(shards), index=FilePin(m.index.path, sha256_bytes(index), len(new_rows), len(index)),
                   content_id=content_id([(r.key, r.sha256) for r in new_rows]))

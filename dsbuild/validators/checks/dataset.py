@@ -78,15 +78,12 @@ def _conditions(j: Judge, d: VersionFacts) -> CheckResult:
                      "condition", "min_hours_per_condition")
 
 
-def _allowed(j: Judge, key: str, table: dict[str, tuple[int, float]], match, what: str,
-             wrong: tuple[str, list[tuple]] = ("", [])) -> CheckResult:
-    """Values of ``table`` outside ``j[key]``; ``wrong``: (what is wrong, offenders) found besides."""
+def _allowed(j: Judge, key: str, table: dict[str, tuple[int, float]], match, what: str) -> CheckResult:
     allowed = j[key]
     bad = [v for v in table if allowed and not any(match(v, a) for a in allowed)]
-    breaches = ([f"{len(bad)} {what}(s) not in {key}"] if bad else []) + ([wrong[0]] if wrong[1] else [])
-    return j.result(measured=len(table), breaches=breaches,
+    return j.result(measured=len(table), breaches=[f"{len(bad)} {what}(s) not in {key}"] if bad else [],
                     message=f"{len(table)} {what}(s): " + ", ".join(f"{v} ({n})" for v, (n, _) in table.items()),
-                    offenders=[(v, f"{table[v][0]} samples not allowed") for v in bad] + wrong[1], kind=what,
+                    offenders=[(v, f"{table[v][0]} samples not allowed") for v in bad], kind=what,
                     table=_coverage_table(what, table),
                     distribution=Distribution(f"samples per {what}", bars=tuple(Bar(k, n) for k, (n, _) in table.items())))
 
@@ -100,34 +97,8 @@ def _fps_match(v: str, a: str) -> bool:
     return v != "unknown" and abs(float(v) - float(a)) < 1e-3
 
 
-FPS_LABEL_TOLERANCE = 0.25  # relative: dropped frames and a variable rate's average stay well inside; a label
-#                             off by a factor (60 for 30) does not
-
-
-def mislabelled_rates(rows) -> list[tuple[str, str, str]]:
-    """Sessions whose frame-rate label is not the rate their clips hold: a session's clips carry its stream's
-    rate (its average, for a variable-rate recording), so its frames over the time its clip windows span
-    must give it. (Frames are proven by decoding and windows by the timestamps, at --level full.)"""
-    seen: dict[str, list] = defaultdict(lambda: [0, 0.0, set()])
-    for r in rows:
-        s = seen[r.session_id]
-        s[0] += r.frames
-        s[1] += r.t_end - r.t_start
-        s[2].add(r.fps)
-    out = []
-    for session, (frames, seconds_, labels) in sorted(seen.items()):
-        held = frames / seconds_ if seconds_ > 0 else None
-        for fps in sorted(f for f in labels if f):
-            if held is not None and abs(held / fps - 1) > FPS_LABEL_TOLERANCE:
-                out.append((session, f"labelled {fps:g} fps; its {frames} frames span {seconds_:.3f} s of clip "
-                                     f"windows ({held:.3f} fps)", "session"))
-    return out
-
-
 def _frame_rates(j: Judge, d: VersionFacts) -> CheckResult:
-    wrong = mislabelled_rates(d.rows)
-    return _allowed(j, "allowed_fps", hours_by(d.rows, lambda r: [fps_label(r.fps)]), _fps_match, "frame rate",
-                    (f"{len(wrong)} session(s) labelled with a rate their clips do not hold", wrong))
+    return _allowed(j, "allowed_fps", hours_by(d.rows, lambda r: [fps_label(r.fps)]), _fps_match, "frame rate")
 
 
 def _duplicates(j: Judge, d: VersionFacts) -> CheckResult:
@@ -249,8 +220,8 @@ CHECKS = (
            Threshold("required_conditions", [], "strings", "key=value pairs, e.g. weather=rain")), run=_conditions),
     Check("resolutions", "dataset", "Samples and hours per resolution; only allowed ones (empty = any).",
           (Threshold("allowed_resolutions", [], "strings", "WxH, e.g. 1280x720; any by default"),), run=_resolutions),
-    Check("frame_rates", "dataset", "Samples and hours per frame rate; only allowed ones (empty = any). A "
-          "session's label must be the rate its clips hold (frames over the time their windows span, within 25%).",
+    Check("frame_rates", "dataset", "Samples and hours per frame rate (the stream's nominal rate, as its "
+          "container declares it); only allowed ones (empty = any).",
           (Threshold("allowed_fps", [], "strings", "e.g. \"30\", \"59.94\"; any by default"),), run=_frame_rates),
     Check("duplicates", "dataset", "Samples with the same sample hash, or the same window of the same source "
           "video (a capture converted twice under two session ids).",

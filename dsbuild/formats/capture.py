@@ -69,8 +69,9 @@ def discover_sessions(root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     """(every folder under ``root``, itself included, holding a session.json, sorted by relative path;
     (folder, reason) for every folder that could not be listed or was not followed).
 
-    Symlinked folders are not followed (a capture root must not reach outside itself) and are reported,
-    as is a folder that cannot be read: either may hold sessions, never skipped silently.
+    Symlinked folders are not followed (a capture root must not reach outside itself); one that leads
+    outside to sessions is reported, as is a folder that cannot be read: sessions are never skipped
+    silently.
     """
     found = []
     unreadable: list[tuple[str, str]] = []
@@ -82,13 +83,30 @@ def discover_sessions(root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
     for dirpath, dirnames, filenames in os.walk(root, onerror=failed, followlinks=False):
         dirnames.sort()
         for name in dirnames:
-            if os.path.islink(os.path.join(dirpath, name)):
-                rel = printable(Path(dirpath, name).relative_to(root).as_posix())
-                unreadable.append((rel, "a symbolic link to a folder: not followed (captures must lie inside the "
-                                        "capture folder; copy or move them there)"))
+            link = Path(dirpath, name)
+            if link.is_symlink() and _sessions_outside(link, root):
+                unreadable.append((printable(link.relative_to(root).as_posix()),
+                                   "a symbolic link to a folder outside the capture folder that holds sessions: not "
+                                   "followed (copy or move them into the capture folder)"))
         if SESSION_FILE in filenames:
             found.append(Path(dirpath))
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), sorted(unreadable)
+
+
+LINK_LOOK = 10_000  # folders looked at below a symlinked folder, to tell whether it holds sessions
+
+
+def _sessions_outside(link: Path, root: Path) -> bool:
+    """Whether a symlinked folder leads outside the capture root to sessions (which a build would then
+    miss): one into the root is walked there anyway, one to a folder without a session.json is nothing
+    to report. A tree too large to look through is reported."""
+    target = Path(os.path.realpath(link))
+    if inside(target, root):
+        return False
+    for seen, (_, _, filenames) in enumerate(os.walk(target, followlinks=False)):
+        if SESSION_FILE in filenames or seen >= LINK_LOOK:
+            return True
+    return False
 
 
 def _string(doc: dict, key: str, path: str, *, required: bool) -> str | None:

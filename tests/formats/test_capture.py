@@ -71,12 +71,19 @@ def test_deep_nesting_and_huge_files_are_refused(tmp_path):
         read_session(d, tmp_path / "root")
 
 
-def test_symlinked_folders_are_not_walked_and_are_reported(tmp_path):
-    """(They were dropped silently: a session behind one was neither converted nor quarantined.)"""
+def test_symlinked_folders_are_not_walked_and_one_leading_out_to_sessions_is_reported(tmp_path):
+    """(One leading to sessions outside was dropped silently: neither converted nor quarantined. A link
+    into the root, or to a folder without sessions, is nothing lost: not reported.)"""
     real = _session(tmp_path, GOOD)
     (tmp_path / "root" / "link").symlink_to(real)
+    outside = tmp_path / "elsewhere" / "deep" / "s-9"
+    outside.mkdir(parents=True)
+    (outside / "session.json").write_text(json.dumps(GOOD))
+    (tmp_path / "root" / "out").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "root" / "thumbnails").symlink_to(tmp_path / "empty")
     found, skipped = discover_sessions(tmp_path / "root")
-    assert found == [real] and [rel for rel, _ in skipped] == ["link"] and "not followed" in skipped[0][1]
+    assert found == [real] and [rel for rel, _ in skipped] == ["out"] and "not followed" in skipped[0][1]
 
 
 def test_a_fifo_session_json_is_refused_without_hanging(tmp_path):

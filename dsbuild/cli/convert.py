@@ -59,10 +59,15 @@ def convert(
     from dsbuild.convert import convert as run_convert
 
     with Progress("convert", o) as bar:
-        def progress(p) -> None:
-            bar.update(p.done, p.total, stage="sessions", detail=f"{p.samples} clips, {rate(p.bytes, p.started)}"
-                       + (f", {p.quarantined} quarantined" if p.quarantined else ""))
-            if p.shards_total:
+        drawn = {"sessions": -1, "shards": (-1, -1)}
+
+        def progress(p) -> None:  # (each stage drawn when it moved: a finished stage is printed at every update)
+            if p.done != drawn["sessions"]:
+                drawn["sessions"] = p.done
+                bar.update(p.done, p.total, stage="sessions", detail=f"{p.samples} clips, {rate(p.bytes, p.started)}"
+                           + (f", {p.quarantined} quarantined" if p.quarantined else ""))
+            if p.shards_total and (p.shards_done, p.shards_total) != drawn["shards"]:
+                drawn["shards"] = (p.shards_done, p.shards_total)
                 bar.update(p.shards_done, p.shards_total, stage="shards")
 
         r = run_convert(captures, out, config, executor=spec, onto=onto, rehash=rehash, on_progress=progress)

@@ -88,6 +88,10 @@ def test_convert_progress_is_plain_lines_when_piped_and_silent_with_quiet(caps, 
     assert any(re.match(r"convert sessions: 3/3, \d+ clips, [\d.]+ MB/s", line) for line in progress), p.stderr
     assert any(line.startswith("convert shards: ") for line in progress), p.stderr
     assert HEX64.search(p.stdout) and "\x1b[" not in p.stdout + p.stderr
+    many = run("convert", caps, tmp_path / "c", "--clip-seconds", 1, "--shard-size", "64KiB", "--workers", 1)
+    shards = json.loads(run("info", tmp_path / "c", "--json").stdout)["stats"]["shards"]
+    lines = [line for line in many.stderr.splitlines() if line.startswith("convert ")]
+    assert shards >= 10 and len(lines) <= 6, lines  # (a finished stage was printed again at every shard)
     q = run("convert", caps, tmp_path / "b", "--clip-seconds", 2, "--quiet")
     assert q.stderr == "" and HEX64.fullmatch(q.stdout.strip())
     v = run("verify", tmp_path / "b")

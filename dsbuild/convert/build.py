@@ -338,7 +338,8 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
             format=config.format, samples=st.samples, shards=st.shards, bytes=st.bytes, sessions=st.sessions,
             quarantined=manifest.quarantined, long_clips=st.long_clips, repaired_sessions=st.repaired_sessions,
             parent=parent, reused_sessions=sum(r.reused for r in good),
-            healed_sessions=len({r.session_id for r in good if not r.reused} & (base.broken if base else set())),
+            healed_sessions=sum(1 for r in good if base and not r.reused and r.session_id in base.broken
+                                and source_set(r.sources) == base.sources.get(r.session_id)),  # (unchanged ones)
             written_shards=len(written), reused_shards=st.shards - len(written), written_bytes=new_bytes,
             seconds=round(time.monotonic() - started, 3), repairs=repair_totals([r.repairs for r in sessions]))
 
@@ -356,7 +357,7 @@ def _refuse_all_quarantined(results: list[SessionResult], quarantined: list[Quar
     """Nothing to commit, so no report: the reasons go in the message."""
     if any(r.quarantine is None for r in results):
         return
-    every = quarantined + [r.quarantine for r in results]
+    every = quarantined + [r.quarantine for r in sorted(results, key=lambda r: r.session_id)]  # (finish order varies)
     shown = "; ".join(f"{q.path}: {q.reason}" for q in every[:QUARANTINE_SHOWN])
     more = len(every) - QUARANTINE_SHOWN
     raise CheckFailed(f"all {len(every)} sessions were quarantined: {shown}" + (f"; and {more} more" if more > 0 else ""))

@@ -84,13 +84,19 @@ def test_dry_run_says_what_a_build_would_do_and_writes_nothing(catalog, caps, tm
 
 
 def test_dry_run_says_which_unchanged_sessions_a_lost_shard_makes_convert_process_again(catalog, caps, tmp_path):
-    """(They were listed as reused; convert then reported them healed.)"""
-    cat = tmp_path / "cat"
+    """(They were listed as reused; convert then reported them healed, and counted a changed session in
+    the lost shard as healed too.)"""
+    cat, mine = tmp_path / "cat", tmp_path / "caps"
     shutil.copytree(catalog[0], cat)
-    next((cat / "shards").rglob("*.tar")).unlink()
-    plan = run_json("convert", caps, cat, "--clip-seconds", 2, "--dry-run")
-    assert plan["counts"]["healed"] > 0 and plan["counts"]["changed"] == 0
-    done = run_json("convert", caps, cat, "--clip-seconds", 2)
+    shutil.copytree(caps, mine)
+    lost = next((cat / "shards").rglob("*.tar"))
+    in_it = sorted({r["session_id"] for r in index_rows(cat, catalog[1]) if r["shard"] == lost.relative_to(cat).as_posix()})
+    lost.unlink()
+    changed = next(p.parent for p in mine.rglob("session.json") if json.loads(p.read_text())["session_id"] == in_it[0])
+    (changed / "actions.jsonl").write_text('{"t": 0.5, "control": "button_a", "value": 1.0}\n')
+    plan = run_json("convert", mine, cat, "--clip-seconds", 2, "--dry-run")
+    assert plan["counts"]["healed"] == len(in_it) - 1 and plan["counts"]["changed"] == 1
+    done = run_json("convert", mine, cat, "--clip-seconds", 2)
     assert done["healed_sessions"] == plan["counts"]["healed"] and done["reused_sessions"] == plan["counts"]["reused"]
 
 

@@ -219,3 +219,19 @@ def test_folder_names_that_are_not_utf8_never_crash_a_build(tmp_path):
     assert report["sessions"] == 1 and [q["path"] for q in report["quarantined"]] == ["caf\\xe9"]
     assert "not valid UTF-8" in report["quarantined"][0]["reason"]
     assert cli("verify", tmp_path / "cat").returncode == 0
+
+
+def test_the_all_quarantined_message_names_sessions_in_id_order_whatever_order_they_finished_in():
+    """Sessions finish in any order with several workers: the message (and which five it shows) changed
+    from run to run."""
+    from dsbuild.convert.build import _refuse_all_quarantined
+    from dsbuild.convert.session import SessionResult
+    from dsbuild.core.errors import CheckFailed
+    from dsbuild.lineage.manifest import Quarantined
+
+    ids = [f"s-{i}" for i in (4, 1, 6, 0, 3, 5, 2)]
+    results = [SessionResult(i, i, quarantine=Quarantined(i, f"{i}/video.mp4", "not a video")) for i in ids]
+    with pytest.raises(CheckFailed) as e:
+        _refuse_all_quarantined(results, [])
+    shown = [part.split("/")[0] for part in str(e.value).split(": ", 1)[1].split("; ")[:5]]
+    assert shown == ["s-0", "s-1", "s-2", "s-3", "s-4"] and "and 2 more" in str(e.value)

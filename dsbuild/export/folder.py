@@ -79,6 +79,11 @@ def _damaged(root: Path, files: dict[str, int]) -> list[str]:
     return out
 
 
+# mountinfo writes a path's bytes as they are, but space, tab, newline and backslash as octal escapes
+# (decoding the line as text escapes garbled every non-ASCII path)
+_MOUNTINFO_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
 def _mount_point(folder: Path) -> bool:
     """Whether ``folder`` is mounted on: another device than its parent, or (a bind mount of a folder of
     the same file system) listed as a mount point in /proc/self/mountinfo."""
@@ -92,10 +97,6 @@ def _mount_point(folder: Path) -> bool:
         return False
     return os.fsencode(folder) in points
 
-
-# mountinfo writes a path's bytes as they are, but space, tab, newline and backslash as octal escapes
-# (decoding the line as text escapes garbled every non-ASCII path)
-_MOUNTINFO_ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 
 def _holds_cwd(folder: Path) -> bool:

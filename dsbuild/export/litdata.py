@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from dsbuild import __version__
 from dsbuild.core.hashing import sha256_json
 from dsbuild.core.jsonio import pretty_json
 from dsbuild.export.chunks import KEY, sample_file
@@ -47,5 +48,5 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
         # one that stays the same across two publishes at one URL is served stale from that cache. Ours
         # names what the chunks hold, so the same export keeps its cache and another one never reuses it.
         updated = sha256_json({"version": source.version_id, "split_hash": source.split_hash, "split": split.name,
-                               "chunk_bytes": target})[:20]
+                               "chunk_bytes": target, "dsbuild": __version__})[:20]
         folder.put(f"{split.name}/index.json", pretty_json({"chunks": chunks, "config": config, "updated_at": updated}))

@@ -34,6 +34,7 @@ from dsbuild.core.records import Record
 from dsbuild.core.store import is_url, local_path
 from dsbuild.formats import get_format
 from dsbuild.formats.sample import MEMBERS, SAMPLE_FORMAT, key_prefix
+from dsbuild.formats.shards import WrittenShard
 from dsbuild.lineage.catalog import Catalog, CommitRecord, catalog_to_fill
 from dsbuild.lineage.index import INDEX_COLUMNS, INDEX_FILE, IndexRow, index_bytes, rows_from_table, table_from_bytes
 from dsbuild.lineage.manifest import (
@@ -275,49 +276,19 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
             assembly = Assembly([key_prefix(j.session.session_id) for j in jobs],
                                 [ref for r in known for ref in _refs(r, base, shards_of)], fmt, config.format,
                                 config.shard_size, base.compositions if base else {}, area.path, catalog.shard_file)
-            written: dict[int, object] = {}
-            with TaskPool(executor, inline=len(jobs) < 2) as pool:
-                def submit(tasks: list[ShardTask]) -> None:
-                    for t in tasks:
-                        pool.submit(assemble_shard, t, t, f"shard {t.number}")
-                    progress.shards_total += len(tasks)
 
-                def finished(r: SessionResult, prefix: str | None) -> None:
-                    results.append(r)
-                    progress.done += 1
-                    progress.samples += len(r.samples) if not r.reused else len(base.rows.get(r.session_id, ()))
-                    progress.bytes += r.video_bytes
-                    progress.quarantined += r.quarantine is not None
-                    if on_progress:
-                        on_progress(progress)
-                    if prefix is not None:
-                        submit(assembly.add(_refs(r, base, shards_of), prefix))
-                    if len(results) == len(sessions):
-                        _refuse_all_quarantined(results, quarantined)
-                        submit(assembly.finish())
+            def finished(r: SessionResult) -> None:
+                results.append(r)
+                progress.done += 1
+                progress.samples += len(r.samples) if not r.reused else len(base.rows.get(r.session_id, ()))
+                progress.bytes += r.video_bytes
+                progress.quarantined += r.quarantine is not None
+                if on_progress:
+                    on_progress(progress)
 
-                for r in known:
-                    finished(r, None)
-                # Sessions go out a few at a time, so the shards their samples complete run between them
-                # (and the segment files they leave are deleted) instead of waiting behind every session.
-                waiting, in_flight = iter(jobs), 0
-                limit = 1 if pool.inline else len(jobs) if executor.kind == "ray" else executor.count + 2
-                while True:
-                    while in_flight < limit and (job := next(waiting, None)) is not None:
-                        pool.submit(process_session, job, None, f"session {job.session.rel}")
-                        in_flight += 1
-                    if not pool.pending:
-                        break
-                    task, result = pool.next()
-                    if task is None:  # a session
-                        in_flight -= 1
-                        finished(result, key_prefix(result.session_id))
-                    else:
-                        written[task.number] = result
-                        assembly.release(task.refs)
-                        progress.shards_done += 1
-                        if on_progress:
-                            on_progress(progress)
+            written = _sessions_and_shards(jobs, known, assembly, executor, progress, finished,
+                                           lambda: _refuse_all_quarantined(results, quarantined),
+                                           lambda r: _refs(r, base, shards_of), on_progress)
             results.sort(key=lambda r: r.session_id)
             quarantined += [r.quarantine for r in results if r.quarantine]
             good = [r for r in results if r.quarantine is None]
@@ -342,6 +313,55 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
                                 and source_set(r.sources) == base.sources.get(r.session_id)),  # (unchanged ones)
             written_shards=len(written), reused_shards=st.shards - len(written), written_bytes=new_bytes,
             seconds=round(time.monotonic() - started, 3), repairs=repair_totals([r.repairs for r in sessions]))
+
+
+def _sessions_and_shards(jobs: list[SessionJob], known: list[SessionResult], assembly: Assembly,
+                         executor: ExecutorSpec, progress: Progress, finished: Callable[[SessionResult], None],
+                         complete: Callable[[], None], refs: Callable[[SessionResult], list[SampleRef]],
+                         on_progress: Callable[[Progress], None] | None) -> dict[int, WrittenShard]:
+    """Process the sessions and write the shards their samples complete, in one pool: sessions go out a
+    few at a time, so shard tasks run between them (and the segment files they leave are deleted) instead
+    of waiting behind every session. ``finished`` sees each session's result (``known`` ones first),
+    ``complete`` runs once all are in, before the last shards are planned. Returns the written shards
+    by their number in the plan."""
+    written: dict[int, WrittenShard] = {}
+    total, seen = len(jobs) + len(known), 0
+    with TaskPool(executor, inline=len(jobs) < 2) as pool:
+        def submit(tasks: list[ShardTask]) -> None:
+            for t in tasks:
+                pool.submit(assemble_shard, t, t, f"shard {t.number}")
+            progress.shards_total += len(tasks)
+
+        def add(r: SessionResult, prefix: str | None) -> None:
+            nonlocal seen
+            seen += 1
+            finished(r)
+            if prefix is not None:
+                submit(assembly.add(refs(r), prefix))
+            if seen == total:
+                complete()
+                submit(assembly.finish())
+
+        for r in known:
+            add(r, None)
+        waiting, in_flight = iter(jobs), 0
+        limit = 1 if pool.inline else len(jobs) if executor.kind == "ray" else executor.count + 2
+        while True:
+            while in_flight < limit and (job := next(waiting, None)) is not None:
+                pool.submit(process_session, job, None, f"session {job.session.rel}")
+                in_flight += 1
+            if not pool.pending:
+                return written
+            task, result = pool.next()
+            if task is None:  # a session
+                in_flight -= 1
+                add(result, key_prefix(result.session_id))
+            else:
+                written[task.number] = result
+                assembly.release(task.refs)
+                progress.shards_done += 1
+                if on_progress:
+                    on_progress(progress)
 
 
 def _refs(r: SessionResult, base: _Base | None, shards: dict[str, ShardRecord]) -> list[SampleRef]:

@@ -61,10 +61,10 @@ class Assembly:
     Samples known from the start (``known``: reused from the parent) and those of each pending session as
     it finishes (``add``) enter the sorted sequence once no unfinished session can hold an earlier key:
     every key starts with its session's prefix (``pending``), so everything below the smallest pending
-    prefix is final. Each shard the cutter closes is taken from the parent when its
-    exact samples (keys and hashes) form a healthy parent shard (``parent_shards``), else returned as a
-    task to run. Once every sample of a segment file is in a written or reused shard (``release``), the
-    file is deleted: a build stages a few sessions' samples on disk, not the whole version.
+    prefix is final. Each shard the cutter closes is taken from the parent when its exact samples (keys
+    and hashes) form a healthy parent shard (``parent_shards``), else returned as a task to run. Once
+    every sample of a segment file is in a written or reused shard (``release``), the file is deleted:
+    a build stages a few sessions' samples on disk, not the whole version.
     """
 
     def __init__(self, pending: Iterable[str], known: Iterable[SampleRef], fmt, format_name: str, target: int,

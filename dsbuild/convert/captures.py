@@ -3,6 +3,7 @@ ones whose ``session.json`` is unusable, and every holder of a duplicated sessio
 
 from __future__ import annotations
 
+import errno
 import shutil
 import tempfile
 from collections import defaultdict
@@ -12,7 +13,7 @@ from typing import Iterator
 
 from dsbuild.core.errors import CaptureError, UsageError
 from dsbuild.core.jsonio import printable
-from dsbuild.core.store import FsspecStore, cache_root, retry
+from dsbuild.core.store import FsspecStore, UnsafeKey, cache_root, check_capture_key, retry
 from dsbuild.formats.capture import Session, discover_sessions, read_session
 from dsbuild.lineage.manifest import Quarantined
 
@@ -50,9 +51,15 @@ def staged(url: str) -> Iterator[Path]:
     cannot write outside the folder; paths stay relative to the root, so the build is byte-identical
     to one from a local copy."""
     store = FsspecStore(url)
-    keys = store.list("")
+    keys = store.list("", every=True)  # (capture folders are named by people: spaces, accents)
     if not keys:
         raise UsageError(f"{url}: capture folder does not exist or is empty")
+    for key in keys:  # one that cannot be a local path is named, never skipped silently
+        try:
+            check_capture_key(key)
+        except UnsafeKey as e:
+            raise UsageError(f"{url}/{key[:200]}: cannot be staged as a local file: {e}",
+                             hint="rename or remove the object in the bucket") from None
     folders = {k[:i] for k in keys for i in range(len(k)) if k[i] == "/"}
     both = sorted(folders.intersection(keys))
     if both:  # an object store can hold `x` and `x/y`; a folder cannot
@@ -64,8 +71,14 @@ def staged(url: str) -> Iterator[Path]:
     try:
         for key in keys:
             local = tmp / key
-            local.parent.mkdir(parents=True, exist_ok=True)
-            retry(f"{url}/{key}", lambda: store.fs.get_file(f"{store.root}/{key}", str(local)))
+            try:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                retry(f"{url}/{key}", lambda: store.fs.get_file(f"{store.root}/{key}", str(local)))
+            except OSError as e:
+                if e.errno != errno.ENAMETOOLONG:
+                    raise
+                raise UsageError(f"{url}/{key[:200]}: cannot be staged as a local file (its path is too long "
+                                 "for this file system)", hint="rename the object in the bucket") from None
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

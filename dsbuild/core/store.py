@@ -59,6 +59,24 @@ def check_key(key: object) -> str:
     return key
 
 
+def check_capture_key(key: str) -> str:
+    """``key`` if it can be a relative path below a staging folder: any characters a file name may hold
+    (capture folders are named by people: spaces, accents), but no empty, '.' or '..' segment, no absolute
+    path, backslash or control character, and no segment longer than a file name may be (255 bytes).
+    UnsafeKey names what is wrong."""
+    shown = repr(key[:120])
+    if any(ord(c) < 32 or c == "\x7f" for c in key):
+        raise UnsafeKey(f"key {shown} contains a control character")
+    if not key or key.startswith("/") or "\\" in key or re.match(r"[A-Za-z]:", key):
+        raise UnsafeKey(f"key {shown} is empty or absolute, or has a backslash or drive letter")
+    for seg in key.split("/"):
+        if seg in ("", ".", ".."):
+            raise UnsafeKey(f"key {shown} has an empty, '.' or '..' segment")
+        if len(seg.encode("utf-8", "surrogateescape")) > 255:
+            raise UnsafeKey(f"key {shown} has a segment longer than a file name may be (255 bytes)")
+    return key
+
+
 def _file_url(text: str) -> bool:
     return text[:5].lower() == "file:"  # (a scheme is case-insensitive: FILE:///x, file:/x, file:///x)
 
@@ -341,7 +359,10 @@ class FsspecStore:
         stamp = info.get("LastModified") or info.get("mtime") or info.get("created")
         return stamp.timestamp() if hasattr(stamp, "timestamp") else float(stamp) if stamp else None
 
-    def list(self, prefix: str) -> list[str]:
+    def list(self, prefix: str, *, every: bool = False) -> list[str]:
+        """The keys below ``prefix``: those ``check_key`` accepts (a hostile key is never followed; the
+        catalog's checks name what is missing), or, with ``every``, all of them (staged captures check
+        their own)."""
         self.fs.invalidate_cache(self.root)  # other writers may have published since the last listing
         base = f"{self.root}/{prefix}".rstrip("/")
         try:
@@ -349,7 +370,7 @@ class FsspecStore:
         except FileNotFoundError:
             return []
         keys = (remote[len(self.root) + 1:] if remote.startswith(self.root + "/") else None for remote in found)
-        return sorted(k for k in keys if is_key(k))  # a hostile key is never followed; catalog checks name gaps
+        return sorted(k for k in keys if k is not None and (every or is_key(k)))
 
     def write(self, key: str, data: bytes) -> None:
         retry(f"{self.url}/{key}", lambda: self.fs.pipe_file(self._remote(key), data))

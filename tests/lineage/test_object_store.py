@@ -4,6 +4,7 @@ connection, push/pull between catalogs, and gc without locks."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -332,3 +333,25 @@ def test_a_cached_copy_damaged_on_local_disk_is_not_reported_as_damage_to_the_ve
     for command in ("verify", "validate"):
         p = cli(command, url, "--json")
         assert p.returncode == 0, (command, p.stdout[-600:], p.stderr[-300:])
+
+
+def test_capture_folders_named_with_spaces_or_accents_convert_from_s3_as_locally(s3, captures, tmp_path):
+    """Staging listed capture objects by the catalog's key rule ([A-Za-z0-9._-]): two of three sessions
+    named `dd 0 0001` and `kś-0-0000` vanished from an S3 convert, exit 0, nothing reported. A key that
+    cannot be a local path is refused, named."""
+    from tests.helpers import cli
+
+    mine = tmp_path / "caps"
+    shutil.copytree(captures, mine)
+    first, second = sorted(p for p in mine.iterdir() if p.is_dir())[:2]
+    first.rename(mine / "dd 0 0001")
+    second.rename(mine / "kś-0-0000")
+    local = convert(mine, tmp_path / "local", CONFIG, executor=ExecutorSpec(workers=1))
+    _fs().put(str(mine), "data/named-caps", recursive=True)
+    p = cli("convert", "s3://data/named-caps", tmp_path / "cat", "--clip-seconds", "2", "--shard-size", "300000",
+            "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["version_id"] == local.version_id
+    _fs().pipe("data/named-caps/" + "x" * 300 + "/session.json", b"{}")
+    p = cli("convert", "s3://data/named-caps", tmp_path / "cat", "--clip-seconds", "2")
+    assert p.returncode == 2 and "s3://data/named-caps/xxx" in p.stderr and "longer than a file name" in p.stderr

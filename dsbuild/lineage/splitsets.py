@@ -211,7 +211,8 @@ class SplitSet:
         rec = self.manifest.splits[split]
         key = f"{self.folder}/{rec.file}"
         try:
-            data = _read(self.catalog, key, MAX_SPLIT_FILE, proven=hashes_to(rec.sha256, rec.bytes))
+            # (no further than its recorded size: a file replaced by a larger one is refused unread)
+            data = _read(self.catalog, key, min(MAX_SPLIT_FILE, rec.bytes), proven=hashes_to(rec.sha256, rec.bytes))
         except FileNotFoundError:
             raise LineageError(f"{self.catalog.url}/{key}: missing") from None
         if len(data) != rec.bytes or sha256_bytes(data) != rec.sha256:

@@ -232,6 +232,12 @@ def test_check_catches_a_moved_sample_and_a_damaged_file(catalog, tmp_path):
     (folder / "val.parquet").write_bytes(b"garbage")
     result = check_split(cat, vid, "tamper")
     assert any("does not match the sha256" in p for p in result.problems)
+    # one replaced by a larger file is refused at its recorded size, unread (a 200 MB one was read whole)
+    (folder / "val.parquet").write_bytes(b"x" * (doc["splits"]["val"]["bytes"] * 50))
+    from dsbuild.core.errors import LineageError
+
+    with pytest.raises(LineageError, match=f"larger than the limit of {doc['splits']['val']['bytes']} bytes"):
+        load_split(cat, vid, "tamper/val")
 
 
 # -- groups, strata, pins --------------------------------------------------------------------------

@@ -239,4 +239,7 @@ def _ray_init(address: str | None, num_cpus: int | None):
         raise StorageError(f"{where}: cannot start or join a Ray cluster "
                            f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})",
                            hint="start one with `ray start --head`, or check the address") from None
+    except BaseException:  # Ctrl-C while Ray starts: stop what it started (its agents outlived the command)
+        ray.shutdown()
+        raise
     return ray, True

@@ -124,3 +124,18 @@ def test_a_ray_address_nothing_answers_at_is_refused_at_once(address):
 
     with pytest.raises(StorageError, match=f"--ray-address {re.escape(address)}: cannot connect"):
         _reachable(address)
+
+
+def test_an_interrupt_while_ray_starts_stops_what_it_started(monkeypatch):
+    """Ctrl-C in the first seconds of `--executor ray` left Ray's dashboard and runtime-env agents running
+    after the command exited 130: ray.init was interrupted and nothing stopped them."""
+    ray = pytest.importorskip("ray")
+    from dsbuild.core.executor import _ray_init
+
+    stopped = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(ray, "shutdown", lambda: stopped.append(True))
+    with pytest.raises(KeyboardInterrupt):
+        _ray_init(None, 1)
+    assert stopped == [True]

@@ -280,6 +280,15 @@ class Catalog:
         return self.store.local_root
 
     def _read(self, key: str, cap: int, *, proven: Callable[[bytes], bool] | None = None) -> bytes:
+        """A catalog file's bytes; one the store refuses (over ``cap``, a FIFO, a link out of the catalog) is
+        a damaged catalog (exit 3), named."""
+        try:
+            return self._read_raw(key, cap, proven=proven)
+        except FormatError as e:
+            raise _damaged(self.url, key, e) from None
+
+    def _read_raw(self, key: str, cap: int, *, proven: Callable[[bytes], bool] | None = None) -> bytes:
+        """``_read`` with the store's refusals left as FormatError (a pinned file says why itself)."""
         try:
             return self.store.read(key, cap, proven=proven)
         except FileNotFoundError:
@@ -340,7 +349,7 @@ class Catalog:
         """A file beside the manifest (index, sessions), proven against the manifest's pin."""
         key = f"versions/{version_id}/{pin.path}"
         try:  # never more than the pinned size (a forged 4 GiB object is refused before it is read)
-            data = self._read(key, min(cap, pin.bytes), proven=hashes_to(pin.sha256, pin.bytes))
+            data = self._read_raw(key, min(cap, pin.bytes), proven=hashes_to(pin.sha256, pin.bytes))
         except FileNotFoundError:
             raise LineageError(f"{self.url}/{key}: missing") from None
         except FormatError:
@@ -425,7 +434,8 @@ class Catalog:
         if data is None:
             return {}
         try:
-            doc = TagsFile.from_json(loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=TAGS), f"{self.url}/{TAGS}")
+            doc = TagsFile.from_json(loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=f"{self.url}/{TAGS}"),
+                                     f"{self.url}/{TAGS}")
         except FormatError as e:
             raise LineageError(str(e), hint=f"restore {TAGS} from a copy of the catalog") from None
         bad = [k for k, v in doc.tags.items() if not TAG_RE.fullmatch(k) or not VERSION_RE.fullmatch(v)]
@@ -454,6 +464,8 @@ class Catalog:
             return self.store.read_for_update(key, MAX_SMALL_FILE)
         except OSError as e:
             raise StorageError(f"{self.url}/{key}: cannot read ({e.strerror or e})") from None
+        except FormatError as e:
+            raise _damaged(self.url, key, e) from None
 
     def check_new_tag(self, name: str) -> None:
         """Refuse a tag this catalog would read as a version id (hex digits only: 7 or more, or a prefix of
@@ -681,6 +693,12 @@ def check_version_id(version_id: str) -> str:
     if not isinstance(version_id, str) or not VERSION_RE.fullmatch(version_id):
         raise UsageError(f"{str(version_id)[:80]!r} is not a version id")
     return version_id
+
+
+def _damaged(url: str, key: str, e: FormatError) -> LineageError:
+    why = str(e).removeprefix(f"{url}/{key}: ").removeprefix(f"{key}: ")
+    return LineageError(f"{url}/{key}: damaged catalog file ({why[:200]})",
+                        hint="restore it from a copy of the catalog (`dsbuild verify` names what else is damaged)")
 
 
 def parse_ref(ref: str) -> tuple[str, str | None]:

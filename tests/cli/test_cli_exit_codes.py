@@ -138,6 +138,16 @@ def test_a_damaged_catalog_is_a_storage_error_exit_3(private_catalog):
     one_line_error(run("info", cat, check=None), 3, "manifest", "hint: ")
 
 
+@pytest.mark.parametrize("name", ["tags.json", "commit.json"])
+def test_a_catalog_file_over_its_limit_is_damage_exit_3_named_with_a_hint(private_catalog, name):
+    """(It was exit 2, a usage error, without a hint; the same file malformed was exit 3.)"""
+    cat, vid = private_catalog
+    path = cat / name if name == "tags.json" else cat / "versions" / vid / name
+    path.write_bytes(b" " * (17 << 20))
+    one_line_error(run("log", cat, check=None), 3, f"{path}: damaged catalog file", "larger than the limit",
+                   "hint: restore it")
+
+
 def test_a_version_of_an_earlier_manifest_format_names_it_and_what_to_do(private_catalog):
     import hashlib
 

@@ -73,6 +73,16 @@ def _check_mapped(given: dict, sample, key: str) -> None:
                              hint="map may change values, not shapes or dtypes (batches are laid out before it runs)")
 
 
+def frame_step(fps: float, ts: np.ndarray) -> float:
+    """A clip's frame interval: its label's (1 / fps) unless the frames are spaced otherwise — a label
+    is the stream's nominal rate, and a variable-rate Matroska recording declares 60 fps while it
+    delivers 30 — then the frames' usual spacing (their median interval)."""
+    spacing = float(np.median(np.diff(ts))) if len(ts) > 1 else 0.0
+    if fps > 0 and (spacing <= 0 or abs(spacing * fps - 1) <= 0.25):
+        return 1.0 / fps
+    return spacing
+
+
 class Preparer:
     """Turns read samples of the loader's sources into batch-ready samples (thread-safe)."""
 
@@ -154,7 +164,7 @@ class Preparer:
         for, in seconds from its first frame (``origin``, in the session's clock). Each kept frame stands
         for frame_stride frames of the clip, up to its end: with stride 2 the audio of a 1-s clip stopped
         at 0.97 s."""
-        step = 1.0 / source.fps[i] if source.fps[i] > 0 else float(np.median(np.diff(ts))) if len(ts) > 1 else 0.0
+        step = frame_step(float(source.fps[i]), ts)
         end = min(ts[idx[-1]] - ts[0] + self.o.frame_stride * step, ts[-1] - ts[0] + step)
         return float(ts[idx[0]] - ts[0]), float(end), float(ts[0])
 

@@ -110,6 +110,23 @@ def test_strided_frames_keep_the_audio_of_the_whole_span(cat):
             assert abs(int(cut) - int(full)) <= 0.03 * 16000, (cut, full)  # within an audio frame or so
 
 
+def test_a_crops_audio_span_follows_the_frames_when_the_rate_label_is_nominal(cat):
+    """A variable-rate Matroska recording is labelled with its declared rate (60) while its frames come at
+    30: the span each kept frame stands for was taken from the label, and a strided crop's audio lost half
+    of its last frame's share."""
+    from dsbuild.loader.prepare import frame_step
+
+    ref, _ = cat
+    kw = dict(batch_size=4, seed=1, audio=True, resize=(8, 8), shuffle="none", frame_stride=2)
+    right = next(iter(Loader(ref, **kw)))
+    mislabelled = Loader(ref, **kw)
+    mislabelled.open().sources[0].fps[:] *= 2  # the nominal rate a container can declare
+    assert next(iter(mislabelled))["audio_lengths"].tolist() == right["audio_lengths"].tolist()
+    ts = np.arange(10) / 30
+    assert frame_step(30.0, ts) == 1 / 30 and frame_step(60.0, ts) == pytest.approx(1 / 30)
+    assert frame_step(29.97, ts) == 1 / 29.97 and frame_step(0.0, ts[:1]) == 0.0
+
+
 @pytest.mark.parametrize("options, message", [
     ({"audio_channels": 6}, r"audio_channels must be 1 \(mono\) or 2 \(stereo\)"),  # failed every sample as damage
     ({"device": "mps"}, "device must be"), ({"device": "gpu"}, "device must be"),  # (CPU tensors / a torch error)

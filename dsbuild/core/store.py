@@ -43,19 +43,13 @@ class UnsafeKey(FormatError):
 
 
 def check_key(key: object) -> str:
-    """``key`` if it is a safe relative key, else UnsafeKey naming what is wrong."""
+    """``key`` if it is a safe relative key (``check_capture_key``, each segment in [A-Za-z0-9._-]), else
+    UnsafeKey naming what is wrong."""
     if not isinstance(key, str) or not key:
         raise UnsafeKey(f"key {key!r} is empty or not a string")
-    shown = repr(key[:120])
-    if any(ord(c) < 32 or c == "\x7f" for c in key):
-        raise UnsafeKey(f"key {shown} contains a control character")
-    if key.startswith("/") or "\\" in key or re.match(r"[A-Za-z]:", key):
-        raise UnsafeKey(f"key {shown} is absolute or has a backslash or drive letter")
-    for seg in key.split("/"):
-        if seg in ("", ".", ".."):
-            raise UnsafeKey(f"key {shown} has an empty, '.' or '..' segment")
+    for seg in check_capture_key(key).split("/"):
         if not _SEGMENT.fullmatch(seg) or seg.endswith("."):
-            raise UnsafeKey(f"key {shown} has a segment with characters outside [A-Za-z0-9._-]")
+            raise UnsafeKey(f"key {key[:120]!r} has a segment with characters outside [A-Za-z0-9._-]")
     return key
 
 
@@ -65,10 +59,12 @@ def check_capture_key(key: str) -> str:
     path, backslash or control character, and no segment longer than a file name may be (255 bytes).
     UnsafeKey names what is wrong."""
     shown = repr(key[:120])
+    if not key:
+        raise UnsafeKey("key '' is empty")
     if any(ord(c) < 32 or c == "\x7f" for c in key):
         raise UnsafeKey(f"key {shown} contains a control character")
-    if not key or key.startswith("/") or "\\" in key or re.match(r"[A-Za-z]:", key):
-        raise UnsafeKey(f"key {shown} is empty or absolute, or has a backslash or drive letter")
+    if key.startswith("/") or "\\" in key or re.match(r"[A-Za-z]:", key):
+        raise UnsafeKey(f"key {shown} is absolute or has a backslash or drive letter")
     for seg in key.split("/"):
         if seg in ("", ".", ".."):
             raise UnsafeKey(f"key {shown} has an empty, '.' or '..' segment")

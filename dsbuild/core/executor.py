@@ -76,10 +76,10 @@ class TaskPool:
     finish — on local worker processes, in this process, or on Ray; ``next()`` returns one
     ``(tag, result)`` at a time in completion order (tasks finished together: in submission order).
 
-    ``inline`` (or one local worker) runs each task in this process when it is submitted. With ``fork``
-    the first submit starts every worker, with the modules already imported (the caller must run no other
-    threads until then); ``started()`` is called right after it, so a thread it starts runs beside the
-    workers without being forked into them. A worker that dies is ``WorkerDied`` naming its task; an
+    ``inline`` (or one local worker) runs each task in this process when it is submitted; ``started()``
+    is then called on entry. With ``fork`` the first submit starts every worker, with the modules already
+    imported (the caller must run no other threads until then); ``started()`` is called right after it,
+    so a thread it starts runs beside the workers without being forked into them. A worker that dies is ``WorkerDied`` naming its task; an
     interrupt kills the workers instead of waiting for a task stuck in a blocking call.
     """
 
@@ -101,6 +101,8 @@ class TaskPool:
     def __enter__(self) -> "TaskPool":
         if self.spec.kind == "ray":
             self._ray, self._ray_started = _ray_init(self.spec.ray_address, self.spec.workers or None)
+        elif self._inline and self._started:  # nothing will fork
+            self._started()
         return self
 
     @property
@@ -117,8 +119,6 @@ class TaskPool:
         first = self._seq == 0
         self._seq += 1
         if self._inline:
-            if first and self._started:
-                self._started()
             self._done.append((tag, fn(item)))
             return
         if self._ray is not None:
@@ -184,8 +184,6 @@ def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Call
     With one worker, or fewer items than ``inline_below``, the tasks run in this process (see
     ``TaskPool`` for ``start_method`` and ``started``).
     """
-    if not items and started:
-        started()  # (nothing to fork)
     with TaskPool(spec, workers=len(items), inline=len(items) < inline_below, start_method=start_method,
                   started=started) as pool:
         for i, item in enumerate(items):

@@ -233,6 +233,81 @@ def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
     return (obj["t"], names, values)
 
 
+# -- telemetry a run of lines at a time ------------------------------------------------------------------
+# Telemetry repeats one layout every line (a RAM dump and a few counters at 60 Hz). Consecutive lines of one
+# layout are converted together: one numpy conversion of the run instead of a dozen calls per line. A run
+# takes this road only where ``_telemetry`` would keep every field as it is; any line of it that would lose
+# or change a field sends the whole run line by line, so the events are the same either way (tested).
+RUN_LINES = 256  # lines converted at once: bounds the run's Python objects
+_BOOLS = (b"true", b"false")  # a bool parses as a number in numpy; a line whose bytes hold neither has none
+_RUN_LAYOUTS: dict[tuple, tuple | None] = {}
+
+
+def _layout_key(obj: dict) -> tuple:
+    """A line's layout: its keys in order and each list's length (-1: not a list)."""
+    return tuple(obj), tuple([len(v) if type(v) is list else -1 for v in obj.values()])
+
+
+def _run_layout(key: tuple) -> tuple | None:
+    """(channel names, list keys, flat keys) of a layout, or None when ``_telemetry`` would drop or
+    rename something whatever the values: a name empty or too long, a flat ``pos.0`` beside a list
+    ``pos`` (a collision)."""
+    if key in _RUN_LAYOUTS:
+        return _RUN_LAYOUTS[key]
+    keys, lens = key
+    lists = [(k, n) for k, n in zip(keys, lens) if n >= 0 and k != "t"]
+    flat = [k for k, n in zip(keys, lens) if n < 0 and k != "t"]
+    names = tuple(name for k, n in lists for name in _list_names(k, n)) + tuple(flat)
+    ok = all(k and len(k) <= MAX_NAME_CHARS for k in keys if k != "t") and len(set(names)) == len(names)
+    layout = (names, tuple(k for k, _ in lists), tuple(flat)) if ok else None
+    if len(_RUN_LAYOUTS) >= _LIST_NAMES_MAX:
+        _RUN_LAYOUTS.clear()
+    _RUN_LAYOUTS[key] = layout
+    return layout
+
+
+def _telemetry_run(run: list[tuple[bytes, dict]], layout: tuple | None, report: StreamReport | None) -> list[tuple]:
+    """The events of consecutive lines of one layout: converted at once when every value is a finite
+    number within float32's range (what ``_telemetry`` keeps unchanged), else line by line."""
+    text = b"\n".join(line for line, _ in run) if layout is not None and len(run) > 1 else b""
+    if text and not any(b in text for b in _BOOLS):
+        names, lists, flat = layout
+        rows = []
+        for _, obj in run:
+            row: list = []
+            for k in lists:
+                row += obj[k]
+            row += [obj[k] for k in flat]
+            rows.append(row)
+        try:  # numbers only: a string, null, object or nested list makes no numeric 2-D array
+            values = np.array(rows)
+        except (ValueError, OverflowError):
+            values = None
+        if values is not None and values.ndim == 2 and values.dtype.kind in "if":
+            values = values.astype(np.float64, copy=False)
+            if bool((np.abs(values) <= F32_MAX).all()):  # (NaN compares false)
+                return [(obj["t"], names, row) for (_, obj), row in zip(run, values)]
+    return [_telemetry(obj, report) for _, obj in run]
+
+
+def _telemetry_events(lines: Iterator[tuple[int, bytes]], report: StreamReport | None) -> Iterator[tuple]:
+    """``_telemetry`` of every valid line, in file order, a run of one layout at a time."""
+    run: list[tuple[bytes, dict]] = []
+    key = None
+    for lineno, line in lines:
+        obj = _parse(line, lineno, report)
+        if obj is None:
+            continue
+        k = _layout_key(obj)
+        if run and (k != key or len(run) >= RUN_LINES):
+            yield from _telemetry_run(run, _run_layout(key), report)
+            run = []
+        key = k
+        run.append((line, obj))
+    if run:
+        yield from _telemetry_run(run, _run_layout(key), report)
+
+
 def _lines(path: Path, root: Path | None, report: StreamReport | None) -> Iterator[tuple[int, bytes]]:
     with open_regular(path, root) as f:
         lineno = 0
@@ -255,12 +330,12 @@ def _lines(path: Path, root: Path | None, report: StreamReport | None) -> Iterat
 def events(path: Path, kind: str, root: Path | None = None, report: StreamReport | None = None) -> Iterator[tuple]:
     """Validated events of a stream in file order: (t, control, value), (t, channel names, float64
     values) or (t, speaker, text). Problems are counted in ``report`` when one is given."""
+    if kind == "telemetry":
+        yield from _telemetry_events(_lines(path, root, report), report)
+        return
     for lineno, line in _lines(path, root, report):
         obj = _parse(line, lineno, report)
         if obj is None:
-            continue
-        if kind == "telemetry":
-            yield _telemetry(obj, report)
             continue
         ev = (_action if kind == "actions" else _text)(obj, None)
         if isinstance(ev, str):
@@ -460,9 +535,16 @@ class TelemetryTrack:
             return np.repeat(self._state[None, :], len(frame_t), axis=0)
         times = np.array([e[0] for e in evs], dtype=np.float64)
         rows = np.full((len(evs), n), np.nan, dtype=np.float32)
-        for i, (_, names, values) in enumerate(evs):
+        i = 0
+        while i < len(evs):  # consecutive readings of one layout (one names tuple) are placed at once
+            names = evs[i][1]
+            j = i + 1
+            while j < len(evs) and evs[j][1] is names:
+                j += 1
             cols, known = self._layout(names)
-            rows[i, cols] = values if known is None else values[known]
+            values = np.array([e[2] for e in evs[i:j]]) if j - i > 1 else evs[i][2][None, :]
+            rows[i:j, cols] = values if known is None else values[:, known]
+            i = j
         # forward fill each channel from the state carried in from earlier clips
         seen = ~np.isnan(rows)
         last = np.where(seen, np.arange(len(evs))[:, None], -1)

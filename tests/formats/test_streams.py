@@ -13,10 +13,14 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from dsbuild.formats.streams import (
+    RUN_LINES,
     ActionTrack,
     EventStream,
+    StreamReport,
     TelemetryTrack,
     TextTrack,
+    _parse,
+    _telemetry,
     events,
     hold,
     scan,
@@ -77,6 +81,59 @@ def test_telemetry_track_holds_and_backfills_only_before_the_first_reading(tmp_p
             series = [(t, v) for _, (t, c, v) in ordered if c == ch]
             ref = _hold_reference(series, frame_t, series[0][1])
             assert out[:, j].tolist() == ref
+
+
+# Telemetry values that ``_telemetry`` keeps, changes or drops: the run conversion must tell them apart.
+_value_st = st.one_of(st.integers(-3, 3), st.floats(-2.5, 2.5), st.sampled_from(
+    [True, False, None, "7", 1e39, -1e39, 2 ** 53 + 1, 2 ** 63, 2 ** 64 + 3, -(2 ** 63) - 1, 10 ** 400, [1, 2], {}]))
+_layout_st = st.lists(st.tuples(st.sampled_from(["ram", "pos", "pos.0", "pos.1", "lives", "a" * 129, "", "is_true"]),
+                                st.one_of(st.integers(0, 4), st.none())), min_size=0, max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.booleans()), min_size=1, max_size=6),
+       st.lists(_layout_st, min_size=1, max_size=4), st.data())
+def test_telemetry_converted_a_run_at_a_time_equals_line_by_line(tmp_path_factory, runs, layouts, data):
+    """Lines of one layout are converted together; whatever their values (bools, strings, null, NaN and
+    huge or float32-overflowing numbers, nested lists, colliding or invalid names), the events and the
+    report are those of ``_telemetry`` applied line by line."""
+    lines, t = [], 0.0
+    for which, count, dirty in runs:
+        layout = layouts[which % len(layouts)]
+        for _ in range(count):
+            t += 0.05
+            obj = {}
+            for name, length in layout:
+                if length is None:
+                    obj[name] = data.draw(_value_st) if dirty else data.draw(st.integers(-3, 3))
+                else:
+                    obj[name] = [data.draw(_value_st) if dirty else data.draw(st.floats(-9, 9)) for _ in range(length)]
+            obj["t"] = t
+            lines.append(json.dumps(obj).replace("Infinity", "1e999"))
+    p = tmp_path_factory.mktemp("t") / "telemetry.jsonl"
+    p.write_text("".join(line + "\n" for line in lines))
+    ref_report, got_report = StreamReport(), StreamReport()
+    ref = []
+    for i, line in enumerate(lines, 1):
+        obj = _parse(line.encode(), i, ref_report)
+        if obj is not None:
+            ref.append(_telemetry(obj, ref_report))
+    got = list(events(p, "telemetry", report=got_report))
+    assert [(t, names, values.tolist()) for t, names, values in got] == \
+        [(t, names, values.tolist()) for t, names, values in ref]
+    assert all(values.dtype == np.float64 for _, _, values in got)
+    got_report.lines = ref_report.lines = 0  # (counted by the line reader, which the reference skips)
+    assert got_report == ref_report
+
+
+def test_long_telemetry_runs_are_cut_and_keep_file_order(tmp_path):
+    p = tmp_path / "telemetry.jsonl"
+    n = 2 * RUN_LINES + 7
+    _write(p, [{"t": i / 60, "ram": [i % 256] * 128, "lives": 3} for i in range(n)])
+    got = list(events(p, "telemetry"))
+    assert [e[0] for e in got] == [i / 60 for i in range(n)]
+    assert all(e[2].tolist() == [float(i % 256)] * 128 + [3.0] for i, e in enumerate(got))
+    assert got[0][1] == tuple(f"ram.{i}" for i in range(128)) + ("lives",)
 
 
 def test_a_sorted_stream_is_handed_out_without_buffering_the_session(tmp_path):

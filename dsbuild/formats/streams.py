@@ -14,6 +14,7 @@ Lines are read with a length bound, so one gigabyte-long line costs memory of th
 
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import math
@@ -240,7 +241,6 @@ def _telemetry(obj: dict, report: StreamReport | None) -> tuple:
 # or change a field sends the whole run line by line, so the events are the same either way (tested).
 RUN_LINES = 256  # lines converted at once: bounds the run's Python objects
 _BOOLS = (b"true", b"false")  # a bool parses as a number in numpy; a line whose bytes hold neither has none
-_RUN_LAYOUTS: dict[tuple, tuple | None] = {}
 
 
 def _layout_key(obj: dict) -> tuple:
@@ -248,29 +248,23 @@ def _layout_key(obj: dict) -> tuple:
     return tuple(obj), tuple([len(v) if type(v) is list else -1 for v in obj.values()])
 
 
+@functools.lru_cache(maxsize=_LIST_NAMES_MAX)  # (hostile streams with a new layout every line only refill it)
 def _run_layout(key: tuple) -> tuple | None:
     """(channel names, list keys, flat keys) of a layout, or None when ``_telemetry`` would drop or
     rename something whatever the values: a name empty or too long, a flat ``pos.0`` beside a list
     ``pos`` (a collision)."""
-    if key in _RUN_LAYOUTS:
-        return _RUN_LAYOUTS[key]
     keys, lens = key
     lists = [(k, n) for k, n in zip(keys, lens) if n >= 0 and k != "t"]
     flat = [k for k, n in zip(keys, lens) if n < 0 and k != "t"]
     names = tuple(name for k, n in lists for name in _list_names(k, n)) + tuple(flat)
     ok = all(k and len(k) <= MAX_NAME_CHARS for k in keys if k != "t") and len(set(names)) == len(names)
-    layout = (names, tuple(k for k, _ in lists), tuple(flat)) if ok else None
-    if len(_RUN_LAYOUTS) >= _LIST_NAMES_MAX:
-        _RUN_LAYOUTS.clear()
-    _RUN_LAYOUTS[key] = layout
-    return layout
+    return (names, tuple(k for k, _ in lists), tuple(flat)) if ok else None
 
 
 def _telemetry_run(run: list[tuple[bytes, dict]], layout: tuple | None, report: StreamReport | None) -> list[tuple]:
     """The events of consecutive lines of one layout: converted at once when every value is a finite
     number within float32's range (what ``_telemetry`` keeps unchanged), else line by line."""
-    text = b"\n".join(line for line, _ in run) if layout is not None and len(run) > 1 else b""
-    if text and not any(b in text for b in _BOOLS):
+    if layout is not None and len(run) > 1 and not _holds_bool(run):
         names, lists, flat = layout
         rows = []
         for _, obj in run:
@@ -288,6 +282,12 @@ def _telemetry_run(run: list[tuple[bytes, dict]], layout: tuple | None, report: 
             if bool((np.abs(values) <= F32_MAX).all()):  # (NaN compares false)
                 return [(obj["t"], names, row) for (_, obj), row in zip(run, values)]
     return [_telemetry(obj, report) for _, obj in run]
+
+
+def _holds_bool(run: list[tuple[bytes, dict]]) -> bool:
+    """Whether a run's lines may hold a bool (their bytes spell one: a key or string may, harmlessly)."""
+    text = b"\n".join(line for line, _ in run)
+    return any(b in text for b in _BOOLS)
 
 
 def _telemetry_events(lines: Iterator[tuple[int, bytes]], report: StreamReport | None) -> Iterator[tuple]:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsbuild.bench import Against, load_report  # noqa: E402
-from dsbuild.bench.gate import decide  # noqa: E402
+from dsbuild.bench import Against, load_report
+from dsbuild.bench.gate import decide
 
 # (flags, seconds): the rest at the defaults (5 rounds, 2 threads, 50 ms step, verify sample). Frames of 4 s
 # clips at up to 640x360 decode in ~0.5 s per batch of 4 per thread: 20 s hold 5 rounds of 3 measurements.
@@ -42,16 +42,21 @@ SCALED = ("median", "q1", "q3", "min", "max")
 
 
 def dsbuild(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from dsbuild.cli.app import main; main()", *map(str, args)],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-c", "from dsbuild.cli.app import main; main()", *map(str, args)],
+        capture_output=True,
+        text=True,
+    )
 
 
 def make_catalog(work: Path) -> str:
     caps, cat = work / "captures", work / "catalog"
     if not cat.exists():
         shutil.rmtree(caps, ignore_errors=True)  # `samples` refuses a folder that holds something
-        for args in (("samples", caps, "--sessions", 8, "--seconds", 20, "--seed", 7, "--quiet"),
-                     ("convert", caps, cat, "--clip-seconds", 4, "--quiet")):
+        for args in (
+            ("samples", caps, "--sessions", 8, "--seconds", 20, "--seed", 7, "--quiet"),
+            ("convert", caps, cat, "--clip-seconds", 4, "--quiet"),
+        ):
             p = dsbuild(*args)
             if p.returncode:
                 sys.exit(p.stderr)
@@ -60,17 +65,26 @@ def make_catalog(work: Path) -> str:
 
 def slower(report, k: float):
     """The report as if our loader had been ``k`` times as fast: every per-round ratio scaled by k."""
-    return dataclasses.replace(report, baselines=tuple(
-        dataclasses.replace(b, ratio=dataclasses.replace(b.ratio, **{f: getattr(b.ratio, f) * k for f in SCALED}))
-        if b.ratio else b for b in report.baselines))
+    return dataclasses.replace(
+        report,
+        baselines=tuple(
+            dataclasses.replace(b, ratio=dataclasses.replace(b.ratio, **{f: getattr(b.ratio, f) * k for f in SCALED}))
+            if b.ratio
+            else b
+            for b in report.baselines
+        ),
+    )
 
 
 def rules(saved, now) -> dict[str, bool]:
     """Each rule's verdict for one ordered pair: the gate (ours dropped against every baseline), the rule
     that fires on any one ratio, and medians alone (any ratio's median below FAIL_BELOW x saved)."""
     verdicts = Against(saved, "saved", FAIL_BELOW).judge(now, ()).verdicts
-    return {"gate": decide(verdicts), "any": any(v.dropped for v in verdicts),
-            "medians": any(v.now.median < FAIL_BELOW * v.saved.median for v in verdicts)}
+    return {
+        "gate": decide(verdicts),
+        "any": any(v.dropped for v in verdicts),
+        "medians": any(v.now.median < FAIL_BELOW * v.saved.median for v in verdicts),
+    }
 
 
 def measure(ref: str, name: str, runs: int, duration: float | None, work: Path) -> dict:
@@ -97,9 +111,19 @@ def measure(ref: str, name: str, runs: int, duration: float | None, work: Path) 
         for b in r.baselines:
             if b.ratio and b.name in ratios:
                 ratios[b.name].append(b.ratio.median)
-    return {"flags": " ".join(map(str, flags)), "gated": runs - 1, "cli_alarms": sum(codes[1:]), "pairs": len(pairs),
-            "alarms": alarms, "caught": caught, "ratios": ratios, "rounds": [r.time.rounds_done for r in reports],
-            "measured": [r.time.measured_s for r in reports], "wall": walls, "duration": duration}
+    return {
+        "flags": " ".join(map(str, flags)),
+        "gated": runs - 1,
+        "cli_alarms": sum(codes[1:]),
+        "pairs": len(pairs),
+        "alarms": alarms,
+        "caught": caught,
+        "ratios": ratios,
+        "rounds": [r.time.rounds_done for r in reports],
+        "measured": [r.time.measured_s for r in reports],
+        "wall": walls,
+        "duration": duration,
+    }
 
 
 def main() -> None:
@@ -113,22 +137,31 @@ def main() -> None:
     work = Path(a.work or tempfile.mkdtemp(prefix="dsbuild-false-alarms-"))
     work.mkdir(parents=True, exist_ok=True)
     ref = a.ref or make_catalog(work)
-    lines = [f"command: {' '.join(sys.argv)}", f"catalog: {ref}", "",
-             "| config | gated CLI runs that exited 1 | pairs judged | false alarms: the gate (every reference) | "
-             "any one ratio dropped | medians only | a 0.8x slower loader caught | 0.5x caught | rounds done | "
-             "measured s (budget) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"command: {' '.join(sys.argv)}",
+        f"catalog: {ref}",
+        "",
+        "| config | gated CLI runs that exited 1 | pairs judged | false alarms: the gate (every reference) | "
+        "any one ratio dropped | medians only | a 0.8x slower loader caught | 0.5x caught | rounds done | "
+        "measured s (budget) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     details = []
     for name in a.config or ["frames", "bytes"]:
         r = measure(ref, name, a.runs, a.duration, work)
         n = r["pairs"]
         share = lambda x: f"{x} ({x / n:.1%})"  # noqa: E731
-        lines.append(f"| `{r['flags']}` | {r['cli_alarms']} of {r['gated']} | {n} | {share(r['alarms']['gate'])} | "
-                     f"{share(r['alarms']['any'])} | {share(r['alarms']['medians'])} | {share(r['caught'][0.8])} | "
-                     f"{share(r['caught'][0.5])} | {min(r['rounds'])}-{max(r['rounds'])} | "
-                     f"{min(r['measured']):.1f}-{max(r['measured']):.1f} ({r['duration']:g}) |")
+        lines.append(
+            f"| `{r['flags']}` | {r['cli_alarms']} of {r['gated']} | {n} | {share(r['alarms']['gate'])} | "
+            f"{share(r['alarms']['any'])} | {share(r['alarms']['medians'])} | {share(r['caught'][0.8])} | "
+            f"{share(r['caught'][0.5])} | {min(r['rounds'])}-{max(r['rounds'])} | "
+            f"{min(r['measured']):.1f}-{max(r['measured']):.1f} ({r['duration']:g}) |"
+        )
         for base, values in r["ratios"].items():
-            details.append(f"- {name}, ours / {base}: per-run medians {min(values):.3g}-{max(values):.3g} "
-                           f"(spread {max(values) / min(values) - 1:.0%})")
+            details.append(
+                f"- {name}, ours / {base}: per-run medians {min(values):.3g}-{max(values):.3g} "
+                f"(spread {max(values) / min(values) - 1:.0%})"
+            )
         details.append(f"- {name}: command wall time {min(r['wall']):.1f}-{max(r['wall']):.1f} s per run")
     print("\n".join(lines + [""] + details))
     (work / "summary.json").write_text(json.dumps({"lines": lines, "details": details}, indent=1))

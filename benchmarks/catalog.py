@@ -89,9 +89,15 @@ def verify_vs_floor(cat: Path, rounds: int, threads: int) -> dict:
         b3.append(blake3_floor(files))
         verify.append(command(DSBUILD, "verify", str(cat), "--json")[0])
     med_f, med_b, med_v = statistics.median(floor), statistics.median(b3), statistics.median(verify)
-    return {"shards": len(files), "shard_bytes": size, "floor_seconds": med_f, "verify_seconds": med_v,
-            "ratio_verify_over_floor": med_f / med_v, "blake3_floor_seconds": med_b,
-            "all": {"floor": floor, "blake3_floor": b3, "verify": verify}}
+    return {
+        "shards": len(files),
+        "shard_bytes": size,
+        "floor_seconds": med_f,
+        "verify_seconds": med_v,
+        "ratio_verify_over_floor": med_f / med_v,
+        "blake3_floor_seconds": med_b,
+        "all": {"floor": floor, "blake3_floor": b3, "verify": verify},
+    }
 
 
 def index_of(cat: Path) -> Path:
@@ -101,15 +107,22 @@ def index_of(cat: Path) -> Path:
 
 
 def query_vs_duckdb(cat: Path, rounds: int) -> dict:
-    bare = (f"import duckdb; duckdb.sql(\"create view samples as select * from read_parquet('{index_of(cat)}')\"); "
-            f"print(duckdb.sql({SQL!r}).fetchall())")
+    bare = (
+        f"import duckdb; duckdb.sql(\"create view samples as select * from read_parquet('{index_of(cat)}')\"); "
+        f"print(duckdb.sql({SQL!r}).fetchall())"
+    )
     ours, theirs = [], []
     for _ in range(rounds):
         theirs.append(command(sys.executable, "-c", bare)[0])
         ours.append(command(DSBUILD, "query", str(cat), SQL, "--json")[0])
     info = json.loads(command(DSBUILD, "info", str(cat), "--json")[1].stdout)
-    return {"catalog": str(cat), "samples": info["stats"]["samples"], "query_seconds": statistics.median(ours),
-            "bare_duckdb_command_seconds": statistics.median(theirs), "all": {"query": ours, "duckdb": theirs}}
+    return {
+        "catalog": str(cat),
+        "samples": info["stats"]["samples"],
+        "query_seconds": statistics.median(ours),
+        "bare_duckdb_command_seconds": statistics.median(theirs),
+        "all": {"query": ours, "duckdb": theirs},
+    }
 
 
 def verify_missing(cat: Path, out: Path) -> dict:

@@ -52,6 +52,8 @@ def as_installed() -> None:
     import compileall
 
     compileall.compile_dir(ROOT / "dsbuild", quiet=1)
+
+
 SETS = {  # name -> (clip seconds, how to make it)
     "small": 1.0,
     "atari": 1.0,
@@ -75,9 +77,25 @@ def make_captures(root: Path, name: str) -> bool:
     elif name == "720p":
         _synthetic(root, 8, 6.0, VideoSpec(1280, 720, 30, 60), noise=40, seed=9)
     else:
-        proc = subprocess.run([DSBUILD, "samples", str(root), "--source", "atari",
-                               "--sessions", "3", "--seconds", "20", "--upscale", "2", "--seed", "3"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                DSBUILD,
+                "samples",
+                str(root),
+                "--source",
+                "atari",
+                "--sessions",
+                "3",
+                "--seconds",
+                "20",
+                "--upscale",
+                "2",
+                "--seed",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
             print(f"atari set skipped: {proc.stderr.strip()[-300:]}", file=sys.stderr)
             shutil.rmtree(root, ignore_errors=True)
@@ -122,9 +140,11 @@ def floor(src: Path, dst: Path, threads: int) -> float:
 # Linux records a process's peak RSS across exec: a child forked by this (large) script would report
 # this script's size. So the command runs under a bare interpreter (-S -I: ~10 MB) that reports its
 # child's peak; the launcher's start-up (~15 ms) counts in the wall time, against us.
-LAUNCH = ("import os, sys; pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ); "
-          "_, status, ru = os.wait4(pid, 0); sys.stderr.write(f'\\npeak_rss_kb {ru.ru_maxrss}\\n'); "
-          "sys.exit(os.waitstatus_to_exitcode(status))")
+LAUNCH = (
+    "import os, sys; pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ); "
+    "_, status, ru = os.wait4(pid, 0); sys.stderr.write(f'\\npeak_rss_kb {ru.ru_maxrss}\\n'); "
+    "sys.exit(os.waitstatus_to_exitcode(status))"
+)
 
 
 def launched(cmd: list[str]) -> list[str]:
@@ -236,12 +256,18 @@ def main() -> None:
         shutil.rmtree(out / name / "copy", ignore_errors=True)
         med_floor, med_wall = statistics.median(floors), statistics.median(walls)
         report["sets"][name] = {
-            "input_bytes": size, "sessions": result["sessions"], "samples": result["samples"],
-            "shards": result["shards"], "clip_seconds": clip,
-            "floor_seconds": med_floor, "convert_seconds": med_wall,
-            "floor_mb_per_s": size / med_floor / 1e6, "convert_mb_per_s": size / med_wall / 1e6,
+            "input_bytes": size,
+            "sessions": result["sessions"],
+            "samples": result["samples"],
+            "shards": result["shards"],
+            "clip_seconds": clip,
+            "floor_seconds": med_floor,
+            "convert_seconds": med_wall,
+            "floor_mb_per_s": size / med_floor / 1e6,
+            "convert_mb_per_s": size / med_wall / 1e6,
             "ratio_convert_over_floor": med_floor / med_wall,
-            "convert_cpu_seconds": statistics.median(cpus), "convert_peak_rss_bytes": peak,
+            "convert_cpu_seconds": statistics.median(cpus),
+            "convert_peak_rss_bytes": peak,
             "all": {"floor": floors, "convert": walls},
             "stages_seconds": stage_costs(src, out / name / "profiled", clip),
         }

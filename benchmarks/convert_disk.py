@@ -38,8 +38,20 @@ def tree_bytes(root: Path) -> int:
 def peak_of(captures: Path, out: Path, clip: float, shard_size: str) -> tuple[int, int, float]:
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
-    proc = subprocess.Popen([DSBUILD, "convert", str(captures), str(out), "--clip-seconds", str(clip),
-                             "--shard-size", shard_size, "--quiet"], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            DSBUILD,
+            "convert",
+            str(captures),
+            str(out),
+            "--clip-seconds",
+            str(clip),
+            "--shard-size",
+            shard_size,
+            "--quiet",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     peak = 0
     while proc.poll() is None:
         peak = max(peak, tree_bytes(out))
@@ -59,12 +71,26 @@ def main() -> None:
     for name in args.sets.split(","):
         if not make_captures(out / name / "captures", name):
             continue
-        peak, final, seconds = peak_of(out / name / "captures", out / name / "disk-catalog", SETS[name], args.shard_size)
-        results[name] = {"peak_bytes": peak, "catalog_bytes": final, "peak_over_catalog": round(peak / final, 3),
-                         "seconds": round(seconds, 2)}
+        peak, final, seconds = peak_of(
+            out / name / "captures", out / name / "disk-catalog", SETS[name], args.shard_size
+        )
+        results[name] = {
+            "peak_bytes": peak,
+            "catalog_bytes": final,
+            "peak_over_catalog": round(peak / final, 3),
+            "seconds": round(seconds, 2),
+        }
         shutil.rmtree(out / name / "disk-catalog", ignore_errors=True)
-    print(json.dumps({"shard_size": args.shard_size, "sets": results,
-                      "command": "benchmarks/convert_disk.py " + " ".join(sys.argv[1:])}, indent=2))
+    print(
+        json.dumps(
+            {
+                "shard_size": args.shard_size,
+                "sets": results,
+                "command": "benchmarks/convert_disk.py " + " ".join(sys.argv[1:]),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

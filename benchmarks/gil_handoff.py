@@ -85,8 +85,10 @@ def main() -> None:
                 two.append(rate(fn, 2, view, n))
             scale = statistics.median(b / a for a, b in zip(one, two))
             ideal = min(2.0, (hash_us + us) / us)
-            print(f"| {us:.0f} us | {fn.__name__} | {statistics.median(one):,.0f} | {statistics.median(two):,.0f} "
-                  f"| {scale:.2f} (rounds {', '.join(f'{b / a:.2f}' for a, b in zip(one, two))}) | {ideal:.2f} |")
+            print(
+                f"| {us:.0f} us | {fn.__name__} | {statistics.median(one):,.0f} | {statistics.median(two):,.0f} "
+                f"| {scale:.2f} (rounds {', '.join(f'{b / a:.2f}' for a, b in zip(one, two))}) | {ideal:.2f} |"
+            )
     print("\ncommand: .venv/bin/python benchmarks/gil_handoff.py " + " ".join(os.sys.argv[1:]))
 
 

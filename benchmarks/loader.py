@@ -41,12 +41,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsbuild.bench.baselines import PyAV, WebDatasetLib, raw, sha256  # noqa: E402
-from dsbuild.bench.dataset import describe  # noqa: E402
-from dsbuild.bench.measure import Meter  # noqa: E402
-from dsbuild.bench.peers import PEERS  # noqa: E402
-from dsbuild.loader import Loader  # noqa: E402
-from dsbuild.loader.decode import decode_pyav  # noqa: E402
+from dsbuild.bench.baselines import PyAV, WebDatasetLib, raw, sha256
+from dsbuild.bench.dataset import describe
+from dsbuild.bench.measure import Meter
+from dsbuild.bench.peers import PEERS
+from dsbuild.loader import Loader
+from dsbuild.loader.decode import decode_pyav
 
 
 def timed(fn, seconds: float) -> tuple[float, float]:
@@ -84,6 +84,7 @@ def warm(loader, count):
                 if dt >= seconds:
                     it.close()
                     return n / dt, nbytes / dt / 1e6
+
     return run
 
 
@@ -101,6 +102,7 @@ def baseline(b, frames: bool = False):
             r = m.result()
             n, nbytes, counted = n + (r.frames if frames else r.samples), nbytes + r.bytes, counted + r.seconds
         return n / counted, nbytes / counted / 1e6
+
     return run
 
 
@@ -117,8 +119,15 @@ class Data:
 def ours(data: Data, verify: str, threads: int, shuffle: str = "none", copy: bool = False):
     """Ours in bytes mode; ``copy``: the consumer copies every delivered clip into bytes of its own, as
     the peers' samples are (ours are views of the mapped shards: the copy is the read they do)."""
-    loader = Loader(data.ref, decode="bytes", batch_size=data.batch_size, shuffle=shuffle, num_workers=threads,
-                    verify=verify, prefetch=2 * threads + 2)
+    loader = Loader(
+        data.ref,
+        decode="bytes",
+        batch_size=data.batch_size,
+        shuffle=shuffle,
+        num_workers=threads,
+        verify=verify,
+        prefetch=2 * threads + 2,
+    )
     loader.open()
 
     def count(b):
@@ -126,6 +135,7 @@ def ours(data: Data, verify: str, threads: int, shuffle: str = "none", copy: boo
             for v in b["video"]:
                 bytes(v)
         return len(b["keys"]), data.bytes * len(b["keys"]) // data.n
+
     return warm(loader, count)
 
 
@@ -133,12 +143,14 @@ def torch_procs(data: Data, workers: int):
     import torch
 
     loader = Loader(data.ref, decode="bytes", batch_size=data.batch_size, shuffle="none", verify="shard")
-    dl = torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=workers,
-                                     persistent_workers=True, prefetch_factor=4)
+    dl = torch.utils.data.DataLoader(
+        loader.as_torch_dataset(), batch_size=None, num_workers=workers, persistent_workers=True, prefetch_factor=4
+    )
 
     def epoch():
         n = sum(len(b["keys"]) for b in dl)
         return n, data.bytes * n // data.n
+
     return lambda seconds: timed(epoch, seconds)  # persistent workers wait idle between epochs
 
 
@@ -159,12 +171,20 @@ class PyAVCopy(PyAV):
         with self._lock:
             at = self.at if self.at + n <= self.RING else 0
             self.at = at + n
-        self.ring[at:at + n] = frame.reshape(-1)
+        self.ring[at : at + n] = frame.reshape(-1)
 
 
 def frames_ours(ref: str, threads: int, resize, bucket):
-    loader = Loader(ref, batch_size=8, shuffle="none", num_workers=threads, resize=resize,
-                    bucket_by=bucket, verify="shard", prefetch=2 * threads + 2)
+    loader = Loader(
+        ref,
+        batch_size=8,
+        shuffle="none",
+        num_workers=threads,
+        resize=resize,
+        bucket_by=bucket,
+        verify="shard",
+        prefetch=2 * threads + 2,
+    )
     loader.open()
     return warm(loader, lambda b: (int(b["lengths"].sum()), len(b["keys"])))
 
@@ -180,8 +200,12 @@ def decode_gains(seconds: float) -> list[tuple[str, float]]:
     size = (128, 128)
     from_key = timed(lambda: (len(decode_pyav(clip, crop, size)), 0), seconds)[0]
     from_zero = timed(lambda: (len(decode_pyav(clip, np.arange(0, 108), size)[100:]), 0), seconds)[0]
-    rows.append(("crop of 8 of 120 frames at frame 100 (keyframes every 60), to 128x128: from keyframe / from frame 0",
-                 from_key / from_zero))
+    rows.append(
+        (
+            "crop of 8 of 120 frames at frame 100 (keyframes every 60), to 128x128: from keyframe / from frame 0",
+            from_key / from_zero,
+        )
+    )
     idx = np.arange(0, 120, 2)
     skip = timed(lambda: (len(decode_pyav(clip, idx, size, skip_nonref=True)), 0), seconds)[0]
     plain = timed(lambda: (len(decode_pyav(clip, idx, size, skip_nonref=False)), 0), seconds)[0]
@@ -204,9 +228,12 @@ def main() -> None:
     lines = [f"command: {' '.join(sys.argv)}", ""]
     for ref in a.refs:
         data = Data(ref)
-        runs = {"raw": baseline(raw(data.bench)), "raw_2t": baseline(raw(data.bench, 2)),
-                "sha256_2t": baseline(sha256(data.bench, 2)),
-                "webdataset": baseline(WebDatasetLib(data.bench))}
+        runs = {
+            "raw": baseline(raw(data.bench)),
+            "raw_2t": baseline(raw(data.bench, 2)),
+            "sha256_2t": baseline(sha256(data.bench, 2)),
+            "webdataset": baseline(WebDatasetLib(data.bench)),
+        }
         for v in ("none", "shard", "sample"):
             for t in (1, 2):
                 runs[f"ours_{v}_{t}t"] = ours(data, v, t)
@@ -226,29 +253,41 @@ def main() -> None:
         results = {k: [] for k in runs}
         names = list(runs)
         for r in range(a.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 results[name].append(runs[name](a.seconds))
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in results.items()}
 
         def ratio(x, y):
             return statistics.median(p[0] / q[0] for p, q in zip(results[x], results[y])) if y in results else None
 
-        lines += [f"### {ref}: {data.n} samples, {data.bytes / data.n / 1e3:.0f} KB each, "
-                  f"{data.bench.facts.shards} shards, batches of {data.batch_size}", "", "| run | samples/s | MB/s |", "|---|---|---|"]
+        lines += [
+            f"### {ref}: {data.n} samples, {data.bytes / data.n / 1e3:.0f} KB each, "
+            f"{data.bench.facts.shards} shards, batches of {data.batch_size}",
+            "",
+            "| run | samples/s | MB/s |",
+            "|---|---|---|",
+        ]
         lines += [f"| {k} | {v[0]:,.0f} | {v[1]:,.0f} |" for k, v in med.items()]
         lines += ["", "| ratio (median of per-round ratios) | value | target |", "|---|---|---|"]
-        for x, y, target in (("ours_none_2t", "litdata", "≥ 1.0"), ("ours_shard_2t", "litdata", "≥ 1.0"),
-                             ("ours_none_copied_2t", "litdata", "(a copy of every clip made by the consumer)"),
-                             ("ours_sample_2t", "litdata", "≥ 1.0"), ("ours_none_1t", "litdata", ""),
-                             ("ours_none_2t", "webdataset", "≥ 2"), ("ours_shard_2t", "webdataset", "≥ 2"),
-                             ("ours_none_2t", "mosaic", ""), ("ours_none_2t", "ours_none_1t", "≥ 1.6 (scaling)"),
-                             ("raw_2t", "raw", "(the machine's: a bare read)"),
-                             ("ours_sample_2t", "ours_sample_1t", "≥ 1.6 (scaling)"),
-                             ("ours_none_2t", "raw", "≥ 0.8 for clips ≥ 1 MB (a sequential read)"),
-                             ("ours_none_2t", "raw_2t", "(the read in as many threads as ours)"),
-                             ("ours_sample_2t", "sha256_2t", "≥ 0.8"),
-                             ("ours_shard_2t", "sha256_2t", ""), ("ours_global_shard_2t", "ours_shard_2t", ""),
-                             ("torch_procs_2", "ours_shard_2t", "(process workers vs threads)")):
+        for x, y, target in (
+            ("ours_none_2t", "litdata", "≥ 1.0"),
+            ("ours_shard_2t", "litdata", "≥ 1.0"),
+            ("ours_none_copied_2t", "litdata", "(a copy of every clip made by the consumer)"),
+            ("ours_sample_2t", "litdata", "≥ 1.0"),
+            ("ours_none_1t", "litdata", ""),
+            ("ours_none_2t", "webdataset", "≥ 2"),
+            ("ours_shard_2t", "webdataset", "≥ 2"),
+            ("ours_none_2t", "mosaic", ""),
+            ("ours_none_2t", "ours_none_1t", "≥ 1.6 (scaling)"),
+            ("raw_2t", "raw", "(the machine's: a bare read)"),
+            ("ours_sample_2t", "ours_sample_1t", "≥ 1.6 (scaling)"),
+            ("ours_none_2t", "raw", "≥ 0.8 for clips ≥ 1 MB (a sequential read)"),
+            ("ours_none_2t", "raw_2t", "(the read in as many threads as ours)"),
+            ("ours_sample_2t", "sha256_2t", "≥ 0.8"),
+            ("ours_shard_2t", "sha256_2t", ""),
+            ("ours_global_shard_2t", "ours_shard_2t", ""),
+            ("torch_procs_2", "ours_shard_2t", "(process workers vs threads)"),
+        ):
             value = ratio(x, y)
             if value is not None:
                 lines.append(f"| {x} / {y} | {value:.2f} | {target} |")
@@ -263,7 +302,7 @@ def main() -> None:
         results = {k: [] for k in runs}
         names = list(runs)
         for r in range(a.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 results[name].append(runs[name](a.seconds))
         what = f"resize {size}" if size else "native sizes, bucket_by=resolution"
         lines += [f"### frames mode on {ref} ({data.n} clips, {what})", "", "| run | frames/s |", "|---|---|"]

@@ -54,11 +54,21 @@ def main() -> None:
             ids.add(r.version_id)
     ray.shutdown()
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(json.dumps({"input_bytes": total, "rounds": args.rounds, "ray_startup_s": startup,
-                      "seconds_median": med, "seconds_all": times,
-                      "mb_per_s": {k: total / v / 1e6 for k, v in med.items()},
-                      "ratio_ray_over_local_w2": med["local"] / med["ray"],
-                      "same_version_id": len(ids) == 1}, indent=2))
+    print(
+        json.dumps(
+            {
+                "input_bytes": total,
+                "rounds": args.rounds,
+                "ray_startup_s": startup,
+                "seconds_median": med,
+                "seconds_all": times,
+                "mb_per_s": {k: total / v / 1e6 for k, v in med.items()},
+                "ratio_ray_over_local_w2": med["local"] / med["ray"],
+                "same_version_id": len(ids) == 1,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -59,11 +59,21 @@ def add_session(root: Path, i: int, video: Path) -> None:
     d = root / f"s{i // 1000:02d}" / f"s-{i:06d}"
     d.mkdir(parents=True, exist_ok=True)
     shutil.copy(video, d / "video.mp4")
-    (d / "actions.jsonl").write_text("".join(json.dumps({"t": t / 10, "control": "a", "value": float(t % 2)}) + "\n"
-                                             for t in range(i % 7 + 1)))
-    (d / "session.json").write_text(json.dumps({
-        "format": "capture/1", "session_id": f"s-{i:06d}", "title": f"Game {i % 5}", "player": f"p-{i % 97}",
-        "video": "video.mp4", "streams": {"actions": "actions.jsonl"}}))
+    (d / "actions.jsonl").write_text(
+        "".join(json.dumps({"t": t / 10, "control": "a", "value": float(t % 2)}) + "\n" for t in range(i % 7 + 1))
+    )
+    (d / "session.json").write_text(
+        json.dumps(
+            {
+                "format": "capture/1",
+                "session_id": f"s-{i:06d}",
+                "title": f"Game {i % 5}",
+                "player": f"p-{i % 97}",
+                "video": "video.mp4",
+                "streams": {"actions": "actions.jsonl"},
+            }
+        )
+    )
 
 
 def timed(*args: str, env: dict | None = None) -> tuple[float, str]:
@@ -92,13 +102,16 @@ def commands(cat: Path, repeat: int = 1) -> dict[str, float]:
     runs["query"] = ["query", str(cat), "select title, count(*) from samples group by title", "--json"]
     runs["verify"] = ["verify", str(cat), "--json"]
     out = {name: statistics.median(timed(*args)[0] for _ in range(repeat)) for name, args in runs.items()}
-    out["split"] = statistics.median(timed("split", str(cat), "--name", f"bench{len(entries)}-{k}", "--by", "player",
-                                           "--json")[0] for k in range(repeat))
+    out["split"] = statistics.median(
+        timed("split", str(cat), "--name", f"bench{len(entries)}-{k}", "--by", "player", "--json")[0]
+        for k in range(repeat)
+    )
 
     def first_batch() -> float:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", FIRST_BATCH, str(cat)], check=True, capture_output=True)
         return time.perf_counter() - t
+
     out["loader first batch"] = statistics.median(first_batch() for _ in range(repeat))
     return out
 
@@ -110,8 +123,11 @@ def main() -> None:
     ap.add_argument("--shard-size", default="4MB", help="small shards, so +1 session can touch few of them")
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "scale"))
     ap.add_argument("--repeat", type=int, default=1, help="runs of each read-side command (the median is shown)")
-    ap.add_argument("--measure-only", action="store_true",
-                    help="time the read-side commands on the catalog an earlier run left in --out; build nothing")
+    ap.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="time the read-side commands on the catalog an earlier run left in --out; build nothing",
+    )
     a = ap.parse_args()
     as_installed()
     out = Path(a.out)
@@ -134,28 +150,40 @@ def main() -> None:
     increments = []
     for v in range(1, a.versions):
         add_session(caps, a.sessions + v, video)
-        secs, stdout = timed("convert", str(caps), str(cat), "--clip-seconds", "2", "--shard-size", a.shard_size, "--json")
+        secs, stdout = timed(
+            "convert", str(caps), str(cat), "--clip-seconds", "2", "--shard-size", a.shard_size, "--json"
+        )
         r = json.loads(stdout)
         increments.append((secs, r["written_shards"], r["written_bytes"]))
     at_last = commands(cat)
     med = statistics.median
-    print(f"{a.sessions} sessions ({first['samples']} samples, {first['shards']} shards, "
-          f"{first['bytes'] / 1e6:.0f} MB), then {a.versions} versions adding one session each\n")
+    print(
+        f"{a.sessions} sessions ({first['samples']} samples, {first['shards']} shards, "
+        f"{first['bytes'] / 1e6:.0f} MB), then {a.versions} versions adding one session each\n"
+    )
     print("| what | at version 1 | at version %d |" % a.versions)
     print("|---|---|---|")
     print(f"| convert from scratch | {t:.1f} s | |")
     if increments:
-        print(f"| convert +1 session (median) | {med(x[0] for x in increments[:5]):.2f} s "
-              f"| {med(x[0] for x in increments[-5:]):.2f} s |")
-        print(f"| shards written for +1 session (median, max) | {med(x[1] for x in increments):.0f}, "
-              f"{max(x[1] for x in increments)} | |")
-        print(f"| bytes written for +1 session (median) | {med(x[2] for x in increments) / 1e3:.0f} kB "
-              f"(of {first['bytes'] / 1e6:.0f} MB) | |")
+        print(
+            f"| convert +1 session (median) | {med(x[0] for x in increments[:5]):.2f} s "
+            f"| {med(x[0] for x in increments[-5:]):.2f} s |"
+        )
+        print(
+            f"| shards written for +1 session (median, max) | {med(x[1] for x in increments):.0f}, "
+            f"{max(x[1] for x in increments)} | |"
+        )
+        print(
+            f"| bytes written for +1 session (median) | {med(x[2] for x in increments) / 1e3:.0f} kB "
+            f"(of {first['bytes'] / 1e6:.0f} MB) | |"
+        )
     for name in at_last:
         before = f"{at_first[name]:.2f} s" if name in at_first else "-"
         print(f"| {name} | {before} | {at_last[name]:.2f} s |")
-    print(f"\ncommand: .venv/bin/python benchmarks/scale.py --sessions {a.sessions} --versions {a.versions} "
-          f"--shard-size {a.shard_size}")
+    print(
+        f"\ncommand: .venv/bin/python benchmarks/scale.py --sessions {a.sessions} --versions {a.versions} "
+        f"--shard-size {a.shard_size}"
+    )
 
 
 if __name__ == "__main__":

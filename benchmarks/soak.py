@@ -46,15 +46,25 @@ ARGS = ["--clip-seconds", "1", "--shard-size", "300000"]
 
 def kills(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
     t = time.monotonic()
-    clean = json.loads(subprocess.run(CLI + ["convert", str(caps), str(out / "clean"), *ARGS, "--json"],
-                                      capture_output=True, text=True, check=True).stdout)["version_id"]
+    clean = json.loads(
+        subprocess.run(
+            CLI + ["convert", str(caps), str(out / "clean"), *ARGS, "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )["version_id"]
     duration = time.monotonic() - t
     cat, interrupted, checked, bad, orphans = out / "killed", 0, 0, 0, 0
     for _ in range(n):
         if (cat / "catalog.json").exists() and Catalog.open(cat).versions():
             shutil.rmtree(cat)
-        p = subprocess.Popen(CLI + ["convert", str(caps), str(cat), *ARGS, "--workers", "2"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(
+            CLI + ["convert", str(caps), str(cat), *ARGS, "--workers", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         time.sleep(rng.uniform(0, duration))
         if p.poll() is None:
             interrupted += 1
@@ -71,14 +81,29 @@ def kills(caps: Path, out: Path, n: int, rng: random.Random) -> dict:
             for v in Catalog.open(cat).versions():
                 checked += 1
                 bad += v.version_id != clean or not verify(Catalog.open(cat), v.version_id).ok
-    final = json.loads(subprocess.run(CLI + ["convert", str(caps), str(cat), *ARGS, "--json"],
-                                      capture_output=True, text=True, check=True).stdout)["version_id"]
-    return {"kills": n, "interrupted": interrupted, "orphaned_workers": orphans, "versions_checked": checked,
-            "bad_versions": bad, "rerun_matches_clean": final == clean}
+    final = json.loads(
+        subprocess.run(
+            CLI + ["convert", str(caps), str(cat), *ARGS, "--json"], capture_output=True, text=True, check=True
+        ).stdout
+    )["version_id"]
+    return {
+        "kills": n,
+        "interrupted": interrupted,
+        "orphaned_workers": orphans,
+        "versions_checked": checked,
+        "bad_versions": bad,
+        "rerun_matches_clean": final == clean,
+    }
 
 
-HOSTILE = ("fifo_commit", "symlink_commit", "forged_manifest", "duplicated_index_row", "escaping_tag_file",
-           "device_tags")
+HOSTILE = (
+    "fifo_commit",
+    "symlink_commit",
+    "forged_manifest",
+    "duplicated_index_row",
+    "escaping_tag_file",
+    "device_tags",
+)
 
 
 def _hostile_edit(cat: Path, vid: str, kind: str, secret: Path) -> None:
@@ -134,11 +159,11 @@ def hostile(caps: Path, out: Path, rounds: int) -> dict:
             if "Traceback" in r.stderr or r.returncode in (0, 70):
                 escaped += r.returncode == 70 or "Traceback" in r.stderr
                 # `log` lists history and never reads manifests; only `verify` is asked to judge them
-                accepted += r.returncode == 0 and args[0] == "verify" and kind in (
-                    "forged_manifest", "duplicated_index_row")
+                accepted += (
+                    r.returncode == 0 and args[0] == "verify" and kind in ("forged_manifest", "duplicated_index_row")
+                )
         shutil.rmtree(cat, ignore_errors=True)
-    return {"hostile_catalog_commands": tried, "hostile_escaped_errors": escaped,
-            "hostile_accepted_as_valid": accepted}
+    return {"hostile_catalog_commands": tried, "hostile_escaped_errors": escaped, "hostile_accepted_as_valid": accepted}
 
 
 def damaged(out: Path, n: int, rng: random.Random) -> dict:
@@ -152,7 +177,7 @@ def damaged(out: Path, n: int, rng: random.Random) -> dict:
             convert(caps, out / f"damaged-cat-{i}", ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
         except DsbuildError:
             refused += 1  # e.g. both holders of a duplicated id quarantined: nothing left, a clear exit 1
-        except Exception as e:  # noqa: BLE001 - a soak counts every escape
+        except Exception as e:
             crashed += 1
             print(f"{kind}: {type(e).__name__}: {e}", file=sys.stderr)
         shutil.rmtree(caps, ignore_errors=True)
@@ -191,12 +216,21 @@ def main() -> None:
     rng = random.Random(7)
     caps = out / "captures"
     generate(caps, sessions=6, seconds=6, seed=11)
-    report = {**kills(caps, out, args.kills, rng), **damaged(out, args.damaged, rng),
-              **flips(caps, out, args.flips, rng), **hostile(caps, out, args.hostile)}
-    report["data_lost"] = report["bad_versions"] + report["epochs_with_lost_or_repeated_samples"] + (
-        0 if report["rerun_matches_clean"] else 1) + report["escaped_errors"]
-    report["hygiene_failures"] = report["orphaned_workers"] + report["hostile_escaped_errors"] + report[
-        "hostile_accepted_as_valid"]
+    report = {
+        **kills(caps, out, args.kills, rng),
+        **damaged(out, args.damaged, rng),
+        **flips(caps, out, args.flips, rng),
+        **hostile(caps, out, args.hostile),
+    }
+    report["data_lost"] = (
+        report["bad_versions"]
+        + report["epochs_with_lost_or_repeated_samples"]
+        + (0 if report["rerun_matches_clean"] else 1)
+        + report["escaped_errors"]
+    )
+    report["hygiene_failures"] = (
+        report["orphaned_workers"] + report["hostile_escaped_errors"] + report["hostile_accepted_as_valid"]
+    )
     print(json.dumps(report, indent=2))
 
 

@@ -54,14 +54,36 @@ def make_session(folder: Path, minutes: float) -> int:
     with open(folder / "telemetry.jsonl", "w") as f:
         for i in range(n):
             ram[i % 128] = (ram[i % 128] + 1) % 256
-            f.write(json.dumps({"t": i / FPS, "ram": ram.tolist(), "score": i // 7, "lives": 3, "frame": i,
-                                "reward": i % 3, "episode": i // 5000}, separators=(",", ":")) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "t": i / FPS,
+                        "ram": ram.tolist(),
+                        "score": i // 7,
+                        "lives": 3,
+                        "frame": i,
+                        "reward": i % 3,
+                        "episode": i // 5000,
+                    },
+                    separators=(",", ":"),
+                )
+                + "\n"
+            )
     with open(folder / "actions.jsonl", "w") as f:
         for i in range(0, n, 7):
             f.write(json.dumps({"t": i / FPS, "control": "FIRE", "value": float(i % 2)}) + "\n")
-    (folder / "session.json").write_text(json.dumps({
-        "format": "capture/1", "session_id": "long-0001", "title": "Breakout", "player": "p-1",
-        "video": "video.mp4", "streams": {"actions": "actions.jsonl", "telemetry": "telemetry.jsonl"}}))
+    (folder / "session.json").write_text(
+        json.dumps(
+            {
+                "format": "capture/1",
+                "session_id": "long-0001",
+                "title": "Breakout",
+                "player": "p-1",
+                "video": "video.mp4",
+                "streams": {"actions": "actions.jsonl", "telemetry": "telemetry.jsonl"},
+            }
+        )
+    )
     marker.touch()
     return sum(p.stat().st_size for p in folder.iterdir())
 
@@ -80,13 +102,19 @@ def cut(src: Path, dst: Path, fraction: float) -> None:
 def peak_rss(captures: Path, out: Path) -> tuple[float, int, float]:
     """(peak RSS in MB, samples, seconds) of `dsbuild convert --workers 1` in its own process."""
     shutil.rmtree(out, ignore_errors=True)
-    code = ("import sys, json; from dsbuild.convert import convert, ConvertConfig; "
-            "from dsbuild.core.executor import ExecutorSpec; "
-            "r = convert(sys.argv[1], sys.argv[2], ConvertConfig(clip_seconds=8.0), executor=ExecutorSpec(workers=1)); "
-            "print(json.dumps({'samples': r.samples, 'quarantined': len(r.quarantined)}))")
+    code = (
+        "import sys, json; from dsbuild.convert import convert, ConvertConfig; "
+        "from dsbuild.core.executor import ExecutorSpec; "
+        "r = convert(sys.argv[1], sys.argv[2], ConvertConfig(clip_seconds=8.0), executor=ExecutorSpec(workers=1)); "
+        "print(json.dumps({'samples': r.samples, 'quarantined': len(r.quarantined)}))"
+    )
     t = time.perf_counter()
-    proc = subprocess.run(launched([sys.executable, "-c", code, str(captures), str(out)]), capture_output=True,
-                          text=True, env={**os.environ, "DSBUILD_HASH_CACHE": "0"})
+    proc = subprocess.run(
+        launched([sys.executable, "-c", code, str(captures), str(out)]),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DSBUILD_HASH_CACHE": "0"},
+    )
     if proc.returncode:
         raise SystemExit(f"convert failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     result = json.loads(proc.stdout)
@@ -108,8 +136,10 @@ def main() -> None:
     tel = (full / "telemetry.jsonl").stat().st_size
     rss_full, n_full, s_full = peak_rss(full.parent, out / "cat-full")
     rss_short, n_short, s_short = peak_rss(short.parent, out / "cat-short")
-    print(f"session: {a.minutes:g} min at {FPS} Hz, 133 telemetry channels, {tel / 1e6:.1f} MB telemetry JSONL, "
-          f"{size / 1e6:.1f} MB in all\n")
+    print(
+        f"session: {a.minutes:g} min at {FPS} Hz, 133 telemetry channels, {tel / 1e6:.1f} MB telemetry JSONL, "
+        f"{size / 1e6:.1f} MB in all\n"
+    )
     print("| streams | samples | peak RSS | seconds |")
     print("|---|---|---|---|")
     print(f"| full ({a.minutes:g} min) | {n_full} | {rss_full:.0f} MB | {s_full:.1f} |")

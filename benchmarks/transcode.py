@@ -86,12 +86,21 @@ def main() -> None:
         clips, _, source_frames = cuts[0]
         assert all(c[0] == clips for c in cuts), f"{spec}: clips differ between runs"  # determinism, for free
         runs = [decode_at(clips, SIZE) for _ in range(args.rounds)]
-        rows.append((spec or "remux (720p60 h264)", statistics.median(source_frames / c[1] for c in cuts),
-                     runs[0][0], statistics.median(n / s for n, s in runs), sum(map(len, clips))))
+        rows.append(
+            (
+                spec or "remux (720p60 h264)",
+                statistics.median(source_frames / c[1] for c in cuts),
+                runs[0][0],
+                statistics.median(n / s for n, s in runs),
+                sum(map(len, clips)),
+            )
+        )
     base = rows[0][3]
     load = f", load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores" if hasattr(os, "getloadavg") else ""
-    print(f"\n`{' '.join([Path(sys.executable).name, *sys.argv])}`  ({args.seconds:g} s of 720p60, 2 s clips, "
-          f"medians of {args.rounds} rounds{load})\n")
+    print(
+        f"\n`{' '.join([Path(sys.executable).name, *sys.argv])}`  ({args.seconds:g} s of 720p60, 2 s clips, "
+        f"medians of {args.rounds} rounds{load})\n"
+    )
     print("| clips | convert: source frames/s | frames | loader decode@128x128 frames/s | vs remux | bytes |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, enc, n, dec, size in rows:

@@ -93,7 +93,7 @@ def _decode(ranges: list) -> int:
 
 def floor_decode(ranges_file: str, workers: int) -> None:
     ranges = json.loads(Path(ranges_file).read_text())
-    chunks = [ranges[i::workers * 4] for i in range(workers * 4)]
+    chunks = [ranges[i :: workers * 4] for i in range(workers * 4)]
     with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
         print(sum(pool.map(_decode, chunks)))
 
@@ -103,8 +103,15 @@ def run_validate(catalog: str, level: str, workers: int) -> None:
     from dsbuild.validators import ValidateOptions, validate
 
     report = validate(catalog, None, options=ValidateOptions(level=level), executor=ExecutorSpec(workers=workers))
-    print(json.dumps({"verdict": report.verdict, "decoded_frames": report.summary.decoded_frames,
-                      "failed": [c.name for c in report.checks if c.failed]}))
+    print(
+        json.dumps(
+            {
+                "verdict": report.verdict,
+                "decoded_frames": report.summary.decoded_frames,
+                "failed": [c.name for c in report.checks if c.failed],
+            }
+        )
+    )
 
 
 # -- the harness -------------------------------------------------------------------------------------
@@ -165,8 +172,12 @@ def main() -> None:
             return [str(Path(PY).parent / "dsbuild"), "validate", str(cat), "--level", level, "--workers", w, "--json"]
         return [PY, ME, "validate", str(cat), level, w]
 
-    commands = {"sha256": [PY, ME, "sha256", str(b), w], "structural": ours(b, "structural"),
-                "decode": [PY, ME, "decode", str(ranges), w], "full": ours(a, "full")}
+    commands = {
+        "sha256": [PY, ME, "sha256", str(b), w],
+        "structural": ours(b, "structural"),
+        "decode": [PY, ME, "decode", str(ranges), w],
+        "full": ours(a, "full"),
+    }
     floor_sha256(str(b), 2)  # warm the page cache
     floor_sha256(str(a), 2)
     times: dict[str, list[float]] = {k: [] for k in commands}
@@ -179,27 +190,44 @@ def main() -> None:
             cpu[name].append(c)
     med = {k: statistics.median(v) for k, v in times.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
-    per_round = {pair: round(statistics.median(f / o for f, o in zip(times[pair[0]], times[pair[1]])), 3)
-                 for pair in (("sha256", "structural"), ("decode", "full"))}
+    per_round = {
+        pair: round(statistics.median(f / o for f, o in zip(times[pair[0]], times[pair[1]])), 3)
+        for pair in (("sha256", "structural"), ("decode", "full"))
+    }
     size = {cat: sum(p.stat().st_size for p in Path(cat, "shards").rglob("*") if p.is_file()) for cat in (a, b)}
     frames = int(outputs["decode"].split()[0])
-    rel = {"sha256": ("structural", size[b] / 1e6, "MB/s"), "structural": ("structural", size[b] / 1e6, "MB/s"),
-           "decode": ("full", frames, "frames/s"), "full": ("full", frames, "frames/s")}
-    print(f"validate benchmark: {len(json.loads(ranges.read_text()))} clips / {frames} frames of 720p30 in A "
-          f"({size[a] / 1e6:.0f} MB), {size[b] / 1e6:.0f} MB in B; {args.workers} workers; {args.rounds} rounds; "
-          f"verdicts {outputs['structural'].strip()} / {outputs['full'].strip()}\n")
-    print("| measurement | command | median wall s | rate | floor wall / our wall | median CPU s | floor CPU / our CPU |")
+    rel = {
+        "sha256": ("structural", size[b] / 1e6, "MB/s"),
+        "structural": ("structural", size[b] / 1e6, "MB/s"),
+        "decode": ("full", frames, "frames/s"),
+        "full": ("full", frames, "frames/s"),
+    }
+    print(
+        f"validate benchmark: {len(json.loads(ranges.read_text()))} clips / {frames} frames of 720p30 in A "
+        f"({size[a] / 1e6:.0f} MB), {size[b] / 1e6:.0f} MB in B; {args.workers} workers; {args.rounds} rounds; "
+        f"verdicts {outputs['structural'].strip()} / {outputs['full'].strip()}\n"
+    )
+    print(
+        "| measurement | command | median wall s | rate | floor wall / our wall | median CPU s | floor CPU / our CPU |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, cmd in commands.items():
         shown = " ".join(Path(x).name if x in (PY, ME) or x.startswith(str(out)) else x for x in cmd)
         level, amount, unit = rel[name]
-        ratio = "1 (floor)" if name in ("sha256", "decode") else (
-            f"**{med['sha256' if level == 'structural' else 'decode'] / med[name]:.3f}** "
-            f"(per-round median {per_round[('sha256', 'structural') if level == 'structural' else ('decode', 'full')]})")
+        ratio = (
+            "1 (floor)"
+            if name in ("sha256", "decode")
+            else (
+                f"**{med['sha256' if level == 'structural' else 'decode'] / med[name]:.3f}** "
+                f"(per-round median {per_round[('sha256', 'structural') if level == 'structural' else ('decode', 'full')]})"
+            )
+        )
         floor = "sha256" if level == "structural" else "decode"
         cpu_ratio = "1 (floor)" if name == floor else f"{cpu_med[floor] / cpu_med[name]:.3f}"
-        print(f"| {name} | `{shown}` | {med[name]:.3f} | {amount / med[name]:,.0f} {unit} | {ratio} | "
-              f"{cpu_med[name]:.2f} | {cpu_ratio} |")
+        print(
+            f"| {name} | `{shown}` | {med[name]:.3f} | {amount / med[name]:,.0f} {unit} | {ratio} | "
+            f"{cpu_med[name]:.2f} | {cpu_ratio} |"
+        )
     print("\nall rounds, wall s: " + json.dumps({k: [round(x, 3) for x in v] for k, v in times.items()}))
     print("all rounds, CPU s: " + json.dumps({k: [round(x, 2) for x in v] for k, v in cpu.items()}))
 

@@ -52,10 +52,16 @@ def _block(samples: list[tuple[str, Sample]], columns: tuple[str, ...]):
         out[:] = values
         return out
 
-    get = {"key": lambda h, s: s.key, "sha256": lambda h, s: h,
-           "meta": lambda h, s: canonical_json(s.meta.to_json()).decode(), "video": lambda h, s: bytes(s.video),
-           "actions": lambda h, s: s.actions, "telemetry": lambda h, s: s.telemetry,
-           "timestamps": lambda h, s: s.timestamps, "events": lambda h, s: bytes(s.events)}
+    get = {
+        "key": lambda h, s: s.key,
+        "sha256": lambda h, s: h,
+        "meta": lambda h, s: canonical_json(s.meta.to_json()).decode(),
+        "video": lambda h, s: bytes(s.video),
+        "actions": lambda h, s: s.actions,
+        "telemetry": lambda h, s: s.telemetry,
+        "timestamps": lambda h, s: s.timestamps,
+        "events": lambda h, s: bytes(s.events),
+    }
     return BlockAccessor.batch_to_block({c: objects([get[c](h, s) for h, s in samples]) for c in columns})
 
 
@@ -72,8 +78,7 @@ def _read_task(url: str, shard_format: str, items: list, columns: tuple[str, ...
         yield _block(batch, columns)
 
 
-def read_version(ref: str, split: str | None = None, columns: list[str] | None = None, *,
-                 ordered: bool = True):
+def read_version(ref: str, split: str | None = None, columns: list[str] | None = None, *, ordered: bool = True):
     """The samples of version ``ref`` (PATH[@VERSION]; ``split`` = NAME/SPLIT for one split) as a
     ``ray.data.Dataset`` with one read task per shard; ``ordered`` keeps key order through later maps."""
     ray = _ray()
@@ -98,10 +103,19 @@ def read_version(ref: str, split: str | None = None, columns: list[str] | None =
             tasks = []
             for part in chosen.parts:
                 items = [(part.shard, e) for e in part.entries]
-                meta = BlockMetadata(num_rows=len(items), size_bytes=sum(source.sizes[e.key] for e in part.entries),
-                                     input_files=None, exec_stats=None)
-                tasks.append(ReadTask(lambda items=items: _read_task(url, fmt, items, cols), meta,
-                                      per_task_row_limit=per_task_row_limit))
+                meta = BlockMetadata(
+                    num_rows=len(items),
+                    size_bytes=sum(source.sizes[e.key] for e in part.entries),
+                    input_files=None,
+                    exec_stats=None,
+                )
+                tasks.append(
+                    ReadTask(
+                        lambda items=items: _read_task(url, fmt, items, cols),
+                        meta,
+                        per_task_row_limit=per_task_row_limit,
+                    )
+                )
             return tasks
 
         def get_name(self) -> str:
@@ -120,19 +134,34 @@ def _sample(row: dict) -> DerivedSample:
     missing = sorted(WRITTEN - set(row))
     extra = sorted(set(row) - WRITTEN - {"sha256", "parent_key"})
     if missing or extra:
-        raise UsageError(f"write_version: rows need {', '.join(sorted(WRITTEN))} (and may have parent_key); "
-                         + (f"missing {', '.join(missing)}" if missing else f"unknown column(s) {', '.join(extra)}"),
-                         hint="drop helper columns with ds.drop_columns([...]) before writing")
+        raise UsageError(
+            f"write_version: rows need {', '.join(sorted(WRITTEN))} (and may have parent_key); "
+            + (f"missing {', '.join(missing)}" if missing else f"unknown column(s) {', '.join(extra)}"),
+            hint="drop helper columns with ds.drop_columns([...]) before writing",
+        )
     key = str(row["key"])
     meta = SampleMeta.from_json(loads_bounded(row["meta"], max_bytes=MAX_META_BYTES, what=f"{key} meta"), f"{key} meta")
-    sample = Sample(key, meta, bytes(row["video"]), np.asarray(row["actions"], np.float32),
-                    np.asarray(row["telemetry"], np.float32), np.asarray(row["timestamps"], np.float64),
-                    bytes(row["events"]))
+    sample = Sample(
+        key,
+        meta,
+        bytes(row["video"]),
+        np.asarray(row["actions"], np.float32),
+        np.asarray(row["telemetry"], np.float32),
+        np.asarray(row["timestamps"], np.float64),
+        bytes(row["events"]),
+    )
     return DerivedSample(sample, str(row.get("parent_key") or key))
 
 
-def write_version(ds, catalog: str | Path | Catalog, parent: str, transform: JsonValue, *,
-                  format: str | None = None, shard_size: int | None = None) -> DeriveResult:
+def write_version(
+    ds,
+    catalog: str | Path | Catalog,
+    parent: str,
+    transform: JsonValue,
+    *,
+    format: str | None = None,
+    shard_size: int | None = None,
+) -> DeriveResult:
     """Commit the rows of ``ds`` as a version derived from ``parent`` (a tag, id or prefix in
     ``catalog``). ``transform`` describes what was done (it is the version's config). Same rows => same
     version id."""
@@ -150,8 +179,11 @@ def write_version(ds, catalog: str | Path | Catalog, parent: str, transform: Jso
             self.encoded: list = []
 
         def write(self, blocks, ctx) -> list:
-            rows = (_sample(row) for block in blocks
-                    for row in BlockAccessor.for_block(block).iter_rows(public_row_format=False))
+            rows = (
+                _sample(row)
+                for block in blocks
+                for row in BlockAccessor.for_block(block).iter_rows(public_row_format=False)
+            )
             return encode_samples(rows, config, Path(self.folder) / f"ray-{ctx.task_idx:06d}.seg")
 
         def on_write_complete(self, write_result) -> None:

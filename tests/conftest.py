@@ -42,24 +42,36 @@ def captures(tmp_path_factory) -> Path:
 def wds_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
     """(catalog path, version id) of the clean captures as WebDataset shards, 3 s clips, ~400 kB shards."""
     out = tmp_path_factory.mktemp("wds") / "catalog"
-    r = convert(captures, out, ConvertConfig(format="webdataset", clip_seconds=3.0, shard_size=400_000), executor=ExecutorSpec(workers=1))
+    r = convert(
+        captures,
+        out,
+        ConvertConfig(format="webdataset", clip_seconds=3.0, shard_size=400_000),
+        executor=ExecutorSpec(workers=1),
+    )
     return out, r.version_id
 
 
 @pytest.fixture(scope="session")
 def parquet_catalog(captures, tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("pq") / "catalog"
-    r = convert(captures, out, ConvertConfig(format="parquet", clip_seconds=3.0, shard_size=400_000), executor=ExecutorSpec(workers=1))
+    r = convert(
+        captures,
+        out,
+        ConvertConfig(format="parquet", clip_seconds=3.0, shard_size=400_000),
+        executor=ExecutorSpec(workers=1),
+    )
     return out, r.version_id
 
 
 @pytest.fixture
 def copy_captures(captures, tmp_path):
     """A private, writable copy of the clean captures."""
+
     def make(name: str = "captures") -> Path:
         dst = tmp_path / name
         shutil.copytree(captures, dst, symlinks=True)
         return dst
+
     return make
 
 

@@ -29,8 +29,11 @@ def shard_files(catalog: Path, version_id: str) -> list[Path]:
 
 def tree_bytes(root: Path) -> dict[str, bytes]:
     """Every file under a catalog except commit records and scratch space, by relative path."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".tmp" not in p.parts and p.name != "commit.json"}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".tmp" not in p.parts and p.name != "commit.json"
+    }
 
 
 def cli_argv(*args) -> list[str]:
@@ -55,8 +58,9 @@ def unprivileged(code: str, *args) -> subprocess.CompletedProcess:
         if not shutil.which("setpriv"):
             pytest.skip("running as root without setpriv: permissions cannot be enforced")
         prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
-    return subprocess.run([*prefix, sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def children(pid: int) -> list[int]:
@@ -99,7 +103,9 @@ def with_index(catalog: Path, version_id: str, edit, older: tuple[str, ...] = ()
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd", store_schema=False)
     data = sink.getvalue().to_pybytes()
-    new = replace(m, schema=schema, shards=shards, index=FilePin(m.index.path, sha256_bytes(data), m.index.rows, len(data)))
+    new = replace(
+        m, schema=schema, shards=shards, index=FilePin(m.index.path, sha256_bytes(data), m.index.rows, len(data))
+    )
     vdir = Path(catalog) / "versions" / new.version_id
     vdir.mkdir()
     (vdir / m.index.path).write_bytes(data)
@@ -110,7 +116,8 @@ def with_index(catalog: Path, version_id: str, edit, older: tuple[str, ...] = ()
     return new.version_id
 
 
-def as_older_version(catalog: Path, version_id: str, remove: bool = False,
-                     older: tuple[str, ...] = ("index", "shards")) -> str:
+def as_older_version(
+    catalog: Path, version_id: str, remove: bool = False, older: tuple[str, ...] = ("index", "shards")
+) -> str:
     """The version as a dsbuild from before BLAKE3 was recorded wrote it (``older``: see ``with_index``)."""
     return with_index(catalog, version_id, lambda table: table, older=older, remove=remove)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 
 class DroppingProxy:
@@ -74,8 +74,13 @@ def s3_endpoint(cache: Path, bucket: str = "data") -> Iterator[DroppingProxy]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     proxy = DroppingProxy(server._server.server_port)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "DSBUILD_CACHE": str(cache)}
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "DSBUILD_CACHE": str(cache),
+    }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -19,5 +19,4 @@ from dsbuild.bench.report import BenchReport
 from dsbuild.bench.report import load as load_report
 from dsbuild.bench.run import BenchInterrupted, Event, run_bench
 
-__all__ = ["Against", "BenchInterrupted", "BenchOptions", "BenchReport", "Event", "enforce", "load_report",
-           "run_bench"]
+__all__ = ["Against", "BenchInterrupted", "BenchOptions", "BenchReport", "Event", "enforce", "load_report", "run_bench"]

@@ -31,8 +31,9 @@ CLIP_BUDGET = 256 << 20  # bytes of clips the pyav loop holds in memory (the spl
 
 def run_threads(work, threads: int, meter: Meter) -> None:
     """``work(meter)`` in ``threads`` threads until the meter is over; Ctrl-C stops them all promptly."""
-    pool = [threading.Thread(target=work, args=(meter,), name=f"dsbuild-bench-{i}", daemon=True)
-            for i in range(threads)]
+    pool = [
+        threading.Thread(target=work, args=(meter,), name=f"dsbuild-bench-{i}", daemon=True) for i in range(threads)
+    ]
     for t in pool:
         t.start()
     try:

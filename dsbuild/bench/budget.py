@@ -15,7 +15,7 @@ before the budget and is reported apart.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class Budget:

@@ -50,12 +50,15 @@ def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list, dict[st
     else:
         for name in o.compare:
             if name not in NAMES:
-                raise UsageError(f"--compare: unknown baseline {name!r}", hint=f"choose from {', '.join(NAMES)}, "
-                                                                               "auto or none")
+                raise UsageError(
+                    f"--compare: unknown baseline {name!r}", hint=f"choose from {', '.join(NAMES)}, auto or none"
+                )
             if name not in fits:
-                raise UsageError(f"--compare {name}: not comparable with --decode {o.decode}"
-                                 + (" --verify none" if name == "sha256" else ""),
-                                 hint=f"with these options the baselines are: {', '.join(fits)}")
+                raise UsageError(
+                    f"--compare {name}: not comparable with --decode {o.decode}"
+                    + (" --verify none" if name == "sha256" else ""),
+                    hint=f"with these options the baselines are: {', '.join(fits)}",
+                )
             if name in peers.PEERS:
                 peers.require(name)
         wanted = o.compare

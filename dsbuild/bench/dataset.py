@@ -73,11 +73,24 @@ def describe(ref: str, split: str | None) -> Dataset:
     mine = [e.key for e in (e for p in part.parts for e in p.entries)]
     if not mine:
         raise UsageError(f"{ref}{' split ' + split if split else ''}: no samples to measure")
-    shards = tuple(Shard(source.catalog.shard_file(p.shard, proven=True), p.shard.bytes, len(p.entries) + len(p.foreign),
-                         sum(source.sizes[e.key] for e in (*p.entries, *p.foreign))) for p in part.parts)
+    shards = tuple(
+        Shard(
+            source.catalog.shard_file(p.shard, proven=True),
+            p.shard.bytes,
+            len(p.entries) + len(p.foreign),
+            sum(source.sizes[e.key] for e in (*p.entries, *p.foreign)),
+        )
+        for p in part.parts
+    )
     facts = DatasetFacts(
-        version_id=source.version_id, split=split, shard_format=source.manifest.shard_format, samples=len(mine),
-        bytes=sum(source.sizes[k] for k in mine), frames=sum(frames[k] for k in mine), shards=len(shards),
+        version_id=source.version_id,
+        split=split,
+        shard_format=source.manifest.shard_format,
+        samples=len(mine),
+        bytes=sum(source.sizes[k] for k in mine),
+        frames=sum(frames[k] for k in mine),
+        shards=len(shards),
         shard_bytes=sum(s.bytes for s in shards),
-        resolutions=tuple(f"{w}x{h}" for w, h in sorted({shape[k] for k in mine})))
+        resolutions=tuple(f"{w}x{h}" for w, h in sorted({shape[k] for k in mine})),
+    )
     return Dataset(f"{parse_ref(ref)[0]}@{source.version_id}", facts, source, shards, dict(source.sizes), frames)

@@ -60,8 +60,10 @@ def judge(baseline: str, saved: Spread, now: Spread, fail_below: float) -> Verdi
     noise = max(saved.iqr, now.iqr)
     below, beyond = now.median < floor, drop > noise
     if below and beyond:
-        why = f"median {now.median:.3g} < {fail_below:g} x saved {saved.median:.3g}, and the drop {drop:.3g} " \
-              f"exceeds the spread of both runs ({noise:.3g})"
+        why = (
+            f"median {now.median:.3g} < {fail_below:g} x saved {saved.median:.3g}, and the drop {drop:.3g} "
+            f"exceeds the spread of both runs ({noise:.3g})"
+        )
     elif below:
         why = f"below {fail_below:g} x saved, but the drop {drop:.3g} is within the runs' spread ({noise:.3g})"
     else:
@@ -75,8 +77,11 @@ def decide(verdicts: tuple[Verdict, ...]) -> bool:
 
 
 def _differences(what: str, saved: dict, now: dict) -> list[str]:
-    return [f"{what} {k}: saved {saved.get(k)!r}, now {now.get(k)!r}"
-            for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    return [
+        f"{what} {k}: saved {saved.get(k)!r}, now {now.get(k)!r}"
+        for k in sorted(set(saved) | set(now))
+        if saved.get(k) != now.get(k)
+    ]
 
 
 def ratios(report) -> dict[str, Spread]:
@@ -95,38 +100,54 @@ class Against:
 
     def __post_init__(self) -> None:
         if not 0 < self.fail_below <= 1:
-            raise UsageError(f"--fail-below must be in (0, 1], not {self.fail_below!r}",
-                             hint="0.9 flags a drop below 90% of the saved ratio")
+            raise UsageError(
+                f"--fail-below must be in (0, 1], not {self.fail_below!r}",
+                hint="0.9 flags a drop below 90% of the saved ratio",
+            )
 
     def check(self, settings: dict, dataset: dict, measured: set[str], rounds: int) -> tuple[str, ...]:
         """Before measuring: the differences that make the runs incomparable (raises ``UsageError`` naming
         them unless allowed), too few rounds, or a saved report with nothing to compare."""
         saved = self.report
         if saved.time.rounds_done < MIN_ROUNDS or rounds < MIN_ROUNDS:
-            few = f"{self.source} has {saved.time.rounds_done} round(s)" if saved.time.rounds_done < MIN_ROUNDS \
+            few = (
+                f"{self.source} has {saved.time.rounds_done} round(s)"
+                if saved.time.rounds_done < MIN_ROUNDS
                 else f"--rounds {rounds}"
-            raise UsageError(f"--baseline: {few}; judging a regression needs at least {MIN_ROUNDS} rounds in both "
-                             "runs", hint="the default --rounds 5 is what the gate's false-alarm rate is measured with")
+            )
+            raise UsageError(
+                f"--baseline: {few}; judging a regression needs at least {MIN_ROUNDS} rounds in both runs",
+                hint="the default --rounds 5 is what the gate's false-alarm rate is measured with",
+            )
         if not ratios(saved):
-            raise UsageError(f"--baseline {self.source}: it measured no baseline, so it holds no ratio to compare",
-                             hint="save the baseline without --compare none")
+            raise UsageError(
+                f"--baseline {self.source}: it measured no baseline, so it holds no ratio to compare",
+                hint="save the baseline without --compare none",
+            )
         had = set(ratios(saved))
         diffs = _differences("setting", {**saved.options.settings(), **saved.resolved.to_json()}, settings)
         diffs += _differences("dataset", saved.dataset.to_json(), dataset)
         diffs += [f"baseline {n}: measured in the saved run only" for n in sorted(had - measured)]
         diffs += [f"baseline {n}: measured in this run only" for n in sorted(measured - had)]
         if diffs and not self.allow_different:
-            raise UsageError(f"--baseline {self.source} is not comparable: {'; '.join(diffs)}",
-                             hint="run with the same settings on the same data, or --allow-different to judge anyway")
+            raise UsageError(
+                f"--baseline {self.source} is not comparable: {'; '.join(diffs)}",
+                hint="run with the same settings on the same data, or --allow-different to judge anyway",
+            )
         return tuple(diffs)
 
     def judge(self, now, diffs: tuple[str, ...]) -> Gate:
         """After measuring: a verdict per ratio both runs measured."""
         a, b = ratios(self.report), ratios(now)
         verdicts = tuple(judge(name, a[name], b[name], self.fail_below) for name in sorted(set(a) & set(b)))
-        return Gate(self.source, self.fail_below, verdicts, diffs,
-                    tuple(_differences("machine", self.report.machine.to_json(), now.machine.to_json())),
-                    decide(verdicts))
+        return Gate(
+            self.source,
+            self.fail_below,
+            verdicts,
+            diffs,
+            tuple(_differences("machine", self.report.machine.to_json(), now.machine.to_json())),
+            decide(verdicts),
+        )
 
 
 def enforce(report, against: Against | None = None) -> None:
@@ -136,10 +157,14 @@ def enforce(report, against: Against | None = None) -> None:
     g = report.gate
     if against is not None and g is None:
         t = report.time
-        raise UsageError(f"--baseline: {t.rounds_done} of {t.rounds_planned} round(s) finished within --duration "
-                         f"{t.duration_s:g}; judging a regression needs at least {MIN_ROUNDS}: nothing was judged",
-                         hint="raise --duration, or lower --rounds (not below 3)")
+        raise UsageError(
+            f"--baseline: {t.rounds_done} of {t.rounds_planned} round(s) finished within --duration "
+            f"{t.duration_s:g}; judging a regression needs at least {MIN_ROUNDS}: nothing was judged",
+            hint="raise --duration, or lower --rounds (not below 3)",
+        )
     if g is not None and g.regressed:
         names = ", ".join(f"ours/{v.baseline} {v.now.median:.3g} (saved {v.saved.median:.3g})" for v in g.verdicts)
-        raise CheckFailed(f"regression against {g.baseline_file}: ours dropped against every baseline: {names}",
-                          hint="the report's gate section gives the spread each drop was weighed against")
+        raise CheckFailed(
+            f"regression against {g.baseline_file}: ours dropped against every baseline: {names}",
+            hint="the report's gate section gives the spread each drop was weighed against",
+        )

@@ -55,17 +55,28 @@ def short_epochs(batches: int, threads: int) -> list[str]:
     said more about the data than the loader)."""
     if batches >= SHORT_EPOCH * threads:
         return []
-    return [f"{batches} batch{'' if batches == 1 else 'es'} per epoch for {threads} threads: the pipeline reads "
-            "ahead into the next epoch only, so "
-            "threads idle at epoch ends and the figures understate steady throughput (use more samples or a "
-            "smaller --batch-size)"]
+    return [
+        f"{batches} batch{'' if batches == 1 else 'es'} per epoch for {threads} threads: the pipeline reads "
+        "ahead into the next epoch only, so "
+        "threads idle at epoch ends and the figures understate steady throughput (use more samples or a "
+        "smaller --batch-size)"
+    ]
 
 
 def loader_kwargs(o: BenchOptions, bucket_by: str | None, device: str | None, rank: int, world: int) -> dict:
-    return {"seed": o.seed, "batch_size": o.batch_size, "num_workers": o.threads, "decode": o.decode,
-            "decode_backend": o.decode_backend, "resize": tuple(o.resize) if o.resize else None,
-            "bucket_by": bucket_by if o.decode == "frames" and o.resize is None else None, "device": device,
-            "verify": o.verify, "rank": rank, "world_size": world}
+    return {
+        "seed": o.seed,
+        "batch_size": o.batch_size,
+        "num_workers": o.threads,
+        "decode": o.decode,
+        "decode_backend": o.decode_backend,
+        "resize": tuple(o.resize) if o.resize else None,
+        "bucket_by": bucket_by if o.decode == "frames" and o.resize is None else None,
+        "device": device,
+        "verify": o.verify,
+        "rank": rank,
+        "world_size": world,
+    }
 
 
 def endless(loader) -> Iterator[dict]:
@@ -82,8 +93,11 @@ def endless(loader) -> Iterator[dict]:
             it.close()
         empty = 0 if n else empty + 1
         if empty > 1:
-            raise UsageError("the loader delivered no batches to this rank for two epochs: an epoch holds fewer "
-                             "batches than there are ranks", hint="use fewer --ranks or a smaller --batch-size")
+            raise UsageError(
+                "the loader delivered no batches to this rank for two epochs: an epoch holds fewer "
+                "batches than there are ranks",
+                hint="use fewer --ranks or a smaller --batch-size",
+            )
 
 
 class Counter:
@@ -97,9 +111,22 @@ class Counter:
         meter.add(len(keys), int(batch["lengths"].sum()) if self.frames else 0, sum(self.sizes[k] for k in keys))
 
 
-def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[str, int], device: str | None,
-                 step, seconds: float, step_seconds: float, *, start_s: float = 0.0, round_: int = 0,
-                 rank: int = 0, world: int = 1, tick: Callable[[Meter], None] | None = None) -> OursRound:
+def measure_ours(
+    o: BenchOptions,
+    ref: str,
+    bucket_by: str | None,
+    sizes: dict[str, int],
+    device: str | None,
+    step,
+    seconds: float,
+    step_seconds: float,
+    *,
+    start_s: float = 0.0,
+    round_: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    tick: Callable[[Meter], None] | None = None,
+) -> OursRound:
     """One round (see the module docstring). ``step`` is a ``dsbuild.bench.step.Step``."""
     from dsbuild.loader import Loader
 
@@ -128,8 +155,14 @@ def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[s
             take()
         filled = time.perf_counter()
         # the slice also holds the resume below, which costs about what the first batch did
-        meter = Meter("ours", round_, start_s + filled - t0, max(0.0, seconds - (filled - t0) - first),
-                      decodes=o.decode == "frames", tick=tick)
+        meter = Meter(
+            "ours",
+            round_,
+            start_s + filled - t0,
+            max(0.0, seconds - (filled - t0) - first),
+            decodes=o.decode == "frames",
+            tick=tick,
+        )
         while not (meter.over and len(waits) % o.threads == 0):
             count(meter, take())
         throughput = meter.result()
@@ -137,8 +170,9 @@ def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[s
     finally:
         gen.close()
     # the consumer's phase runs from iteration start to the last batch; the workers' until the pipeline closed
-    throughput_stages = stages(before, loader.stats(), consumer, filled - opened + throughput.seconds,
-                               time.perf_counter() - opened)
+    throughput_stages = stages(
+        before, loader.stats(), consumer, filled - opened + throughput.seconds, time.perf_counter() - opened
+    )
     t = time.perf_counter()
     restored = Loader(ref, o.split, **kw)
     restored.load_state_dict(state)
@@ -146,21 +180,55 @@ def measure_ours(o: BenchOptions, ref: str, bucket_by: str | None, sizes: dict[s
     try:
         batch = next(gen)
         resume_s = time.perf_counter() - t
-        training = _training(restored, gen, batch, count, step, step_seconds, consumer,
-                             start_s + time.perf_counter() - t0, round_, o.decode, tick) if step.ms > 0 else None
+        training = (
+            _training(
+                restored,
+                gen,
+                batch,
+                count,
+                step,
+                step_seconds,
+                consumer,
+                start_s + time.perf_counter() - t0,
+                round_,
+                o.decode,
+                tick,
+            )
+            if step.ms > 0
+            else None
+        )
     finally:
         gen.close()
     corrupt = loader.stats()["corrupt"] + restored.stats()["corrupt"]
-    return OursRound(throughput=throughput, training=training[0] if training else None, open_s=opened - t0,
-                     first_batch_s=first, resume_s=resume_s, waits_ms=tuple(waits),
-                     step_waits_ms=training[1] if training else (), gpu_busy_s=training[2] if training else None,
-                     corrupt=corrupt, throughput_stages=throughput_stages,
-                     training_stages=training[3] if training else None,
-                     notes=tuple(dict.fromkeys([*loader.stats()["notes"], *short_epochs(per_epoch, o.threads)])))
+    return OursRound(
+        throughput=throughput,
+        training=training[0] if training else None,
+        open_s=opened - t0,
+        first_batch_s=first,
+        resume_s=resume_s,
+        waits_ms=tuple(waits),
+        step_waits_ms=training[1] if training else (),
+        gpu_busy_s=training[2] if training else None,
+        corrupt=corrupt,
+        throughput_stages=throughput_stages,
+        training_stages=training[3] if training else None,
+        notes=tuple(dict.fromkeys([*loader.stats()["notes"], *short_epochs(per_epoch, o.threads)])),
+    )
 
 
-def _training(loader, gen: Iterator[dict], batch: dict, count: Counter, step, seconds: float, consumer: str,
-              start_s: float, round_: int, decode: str, tick: Callable[[Meter], None] | None):
+def _training(
+    loader,
+    gen: Iterator[dict],
+    batch: dict,
+    count: Counter,
+    step,
+    seconds: float,
+    consumer: str,
+    start_s: float,
+    round_: int,
+    decode: str,
+    tick: Callable[[Meter], None] | None,
+):
     """Feed ``step`` from ``gen`` for ``seconds``: (Measured, per-step waits in ms, GPU busy s, Stages)."""
     before = loader.stats()
     busy0 = step.gpu_busy_s
@@ -179,5 +247,9 @@ def _training(loader, gen: Iterator[dict], batch: dict, count: Counter, step, se
         waits.append((time.perf_counter() - t) * 1000)
     measured = meter.result()
     gen.close()
-    return (measured, tuple(waits), step.gpu_busy_s - busy0 if step.cuda else None,
-            stages(before, loader.stats(), consumer, measured.seconds, meter.elapsed(), stepping))
+    return (
+        measured,
+        tuple(waits),
+        step.gpu_busy_s - busy0 if step.cuda else None,
+        stages(before, loader.stats(), consumer, measured.seconds, meter.elapsed(), stepping),
+    )

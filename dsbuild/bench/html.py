@@ -16,8 +16,16 @@ from dsbuild.bench import svg, tables
 from dsbuild.bench.measure import UNITS
 from dsbuild.bench.stats import percentiles, sampled_rates
 
-STAGE_COLOURS = {"wait": "#d62728", "h2d": "#9467bd", "step": "#2ca02c", "other": "#c7c7c7", "read": "#1f77b4",
-                 "decode": "#ff7f0e", "collate": "#17becf", "idle": "#e8e8e8"}
+STAGE_COLOURS = {
+    "wait": "#d62728",
+    "h2d": "#9467bd",
+    "step": "#2ca02c",
+    "other": "#c7c7c7",
+    "read": "#1f77b4",
+    "decode": "#ff7f0e",
+    "collate": "#17becf",
+    "idle": "#e8e8e8",
+}
 NAMES = {"ours": "ours", "ours+step": "ours, training loop"}
 
 
@@ -57,8 +65,9 @@ def _stages(rep) -> str:
             rows.append((f"{phase}: consumer", {k: getattr(st, k) / st.wall for k in ("wait", "h2d", "step", "other")}))
         for name, w in st.workers.items():
             if w.wall > 0:
-                rows.append((f"{phase}: {name}", {k: getattr(w, k) / w.wall
-                                                  for k in ("read", "decode", "collate", "idle")}))
+                rows.append(
+                    (f"{phase}: {name}", {k: getattr(w, k) / w.wall for k in ("read", "decode", "collate", "idle")})
+                )
     return svg.stacked(rows, STAGE_COLOURS, "stage decomposition")
 
 
@@ -67,31 +76,51 @@ def render(rep) -> str:
     ds, m = rep.dataset, rep.machine
     lines = "<br>".join(escape(x) for x in tables.headline(rep))
     packages = ", ".join(f"{k} {v}" for k, v in m.packages.items() if v)
-    machine = f"{m.cpu_count} CPUs ({m.cpu_model or 'unknown model'}), GPU {m.gpu or 'none'}, Python {m.python}; {packages}"
-    parts = [f"<h1>dsbuild bench</h1><p>version <code>{escape(ds.version_id)}</code> of "
-             f"<code>{escape(rep.options.ref)}</code>{escape(' split ' + ds.split if ds.split else '')}, "
-             f"started {escape(rep.started_at)}<br>{lines}<br>{escape(machine)}</p>"]
+    machine = (
+        f"{m.cpu_count} CPUs ({m.cpu_model or 'unknown model'}), GPU {m.gpu or 'none'}, Python {m.python}; {packages}"
+    )
+    parts = [
+        f"<h1>dsbuild bench</h1><p>version <code>{escape(ds.version_id)}</code> of "
+        f"<code>{escape(rep.options.ref)}</code>{escape(' split ' + ds.split if ds.split else '')}, "
+        f"started {escape(rep.started_at)}<br>{lines}<br>{escape(machine)}</p>"
+    ]
     if rep.ours is None:
         parts.append("<p>No round finished: there are no figures.</p>")
     else:
-        skipped = "".join(f"<li>{escape(b.name)}: skipped, {escape(b.skipped)}</li>" for b in rep.baselines if b.skipped)
-        described = "".join(f"<li><b>{escape(b.name)}</b>: {escape(b.description)}"
-                            f"{escape(' (' + b.version + ')') if b.version else ''}</li>"
-                            for b in rep.baselines if not b.skipped)
-        parts += [f"<h2>Figures ({escape(rep.unit)})</h2>", _table(tables.COMPARISON, tables.comparison_rows(rep)),
-                  f"<ul>{described}{skipped}</ul>", _table(tables.OURS, tables.ours_rows(rep))]
+        skipped = "".join(
+            f"<li>{escape(b.name)}: skipped, {escape(b.skipped)}</li>" for b in rep.baselines if b.skipped
+        )
+        described = "".join(
+            f"<li><b>{escape(b.name)}</b>: {escape(b.description)}"
+            f"{escape(' (' + b.version + ')') if b.version else ''}</li>"
+            for b in rep.baselines
+            if not b.skipped
+        )
+        parts += [
+            f"<h2>Figures ({escape(rep.unit)})</h2>",
+            _table(tables.COMPARISON, tables.comparison_rows(rep)),
+            f"<ul>{described}{skipped}</ul>",
+            _table(tables.OURS, tables.ours_rows(rep)),
+        ]
         if rep.gate is not None:
-            parts += [f"<h2>Gate against {escape(rep.gate.baseline_file)}</h2>",
-                      _table(tables.GATE, tables.gate_rows(rep.gate))]
-        parts += ["<h2>Throughput over time</h2><p>Sampled every second; each line is one reader, each segment "
-                  "one of its slices, placed where it ran in the interleaved rounds.</p>", _timeline(rep),
-                  "<h2>Ours against each baseline</h2><p>The median over rounds of ours / baseline, each ratio "
-                  "taken within one round; the whisker spans the ratios' q1-q3.</p>", _ratios(rep),
-                  f"<h2>Data wait</h2><p>Time the loop blocked on the loader, {escape(rep.waits_of)}.</p>",
-                  _waits(rep),
-                  "<h2>Where the time goes</h2><p>From the loader's own per-thread timestamps, summed over rounds: "
-                  "the consumer's wall time (wait, host-to-device copy, step, the rest) and each loader thread's "
-                  "(read, decode, collate, idle).</p>", _stages(rep)]
+            parts += [
+                f"<h2>Gate against {escape(rep.gate.baseline_file)}</h2>",
+                _table(tables.GATE, tables.gate_rows(rep.gate)),
+            ]
+        parts += [
+            "<h2>Throughput over time</h2><p>Sampled every second; each line is one reader, each segment "
+            "one of its slices, placed where it ran in the interleaved rounds.</p>",
+            _timeline(rep),
+            "<h2>Ours against each baseline</h2><p>The median over rounds of ours / baseline, each ratio "
+            "taken within one round; the whisker spans the ratios' q1-q3.</p>",
+            _ratios(rep),
+            f"<h2>Data wait</h2><p>Time the loop blocked on the loader, {escape(rep.waits_of)}.</p>",
+            _waits(rep),
+            "<h2>Where the time goes</h2><p>From the loader's own per-thread timestamps, summed over rounds: "
+            "the consumer's wall time (wait, host-to-device copy, step, the rest) and each loader thread's "
+            "(read, decode, collate, idle).</p>",
+            _stages(rep),
+        ]
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>dsbuild bench {escape(ds.version_id[:12])}</title>
 <style>body{{font-family:sans-serif;max-width:{svg.WIDTH + 40}px;margin:2em auto;color:#222}}

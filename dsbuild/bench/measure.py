@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from dsbuild.core.records import Record, spec
 
@@ -49,8 +49,17 @@ class Meter:
     """Counts work for ``seconds`` (thread-safe). ``over`` turns true when the slice is spent or ``stop()``
     was called (Ctrl-C); a reader always gets to report at least one unit of work."""
 
-    def __init__(self, name: str, round_: int, start_s: float, seconds: float, *, decodes: bool,
-                 tick: Callable[[Meter], None] | None = None, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        name: str,
+        round_: int,
+        start_s: float,
+        seconds: float,
+        *,
+        decodes: bool,
+        tick: Callable[[Meter], None] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.name, self.round, self.start_s, self.seconds = name, round_, start_s, seconds
         self.decodes, self.tick, self.clock = decodes, tick, clock
         self.samples = self.frames = self.bytes = 0.0
@@ -70,8 +79,9 @@ class Meter:
     def over(self) -> bool:
         """The slice is spent by the clock (what was left out of the measurement still took the run's
         time: a budget is wall time)."""
-        return self.stopped or (self.clock() - self._t0 >= self.seconds and (self.samples > 0 or self.bytes > 0
-                                                                            or self.frames > 0))
+        return self.stopped or (
+            self.clock() - self._t0 >= self.seconds and (self.samples > 0 or self.bytes > 0 or self.frames > 0)
+        )
 
     def stop(self) -> None:
         self.stopped = True
@@ -99,5 +109,13 @@ class Meter:
     def result(self) -> Measured:
         t = self.elapsed()
         points = [*self.points, (t, self.samples, self.frames, self.bytes)]
-        return Measured(self.name, self.round, self.start_s, t, self.samples, self.frames if self.decodes else None,
-                        self.bytes, tuple(points))
+        return Measured(
+            self.name,
+            self.round,
+            self.start_s,
+            t,
+            self.samples,
+            self.frames if self.decodes else None,
+            self.bytes,
+            tuple(points),
+        )

@@ -9,7 +9,6 @@ each round lasts, not what a round measures.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 from dsbuild.core.errors import UsageError
@@ -30,7 +29,9 @@ class BenchOptions(Record):
     ranks: int = field(default=1, metadata=spec(minimum=1, doc="simulated data-parallel ranks (processes)"))
     step_ms: float = field(default=50.0, metadata=spec(minimum=0, doc="a small model's step; 0: no training loop"))
     decode: str = "frames"  # frames (uint8 arrays) or bytes (encoded clips for a GPU decoder)
-    decode_backend: str = "pyav"  # the loader's default; auto picks the fastest measured (PyAV today: dsbuild.loader.backends)
+    decode_backend: str = (
+        "pyav"  # the loader's default; auto picks the fastest measured (PyAV today: dsbuild.loader.backends)
+    )
     resize: tuple[int, ...] | None = None  # (height, width); None keeps sizes and buckets by resolution
     verify: str = "sample"  # the loader's default: a hash of each sample read
     device: str = "auto"  # cuda when present, else cpu tensors; numpy when torch is missing
@@ -40,12 +41,21 @@ class BenchOptions(Record):
     seed: int = field(default=0, metadata=spec(minimum=0))
 
     def __post_init__(self) -> None:
-        for flag, value, allowed in (("--decode", self.decode, DECODES), ("--device", self.device, DEVICES),
-                                     ("--verify", self.verify, VERIFY), ("--decode-backend", self.decode_backend, BACKENDS)):
+        for flag, value, allowed in (
+            ("--decode", self.decode, DECODES),
+            ("--device", self.device, DEVICES),
+            ("--verify", self.verify, VERIFY),
+            ("--decode-backend", self.decode_backend, BACKENDS),
+        ):
             if value not in allowed:
                 raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
-        for flag, value, low in (("--batch-size", self.batch_size, 1), ("--threads", self.threads, 1),
-                                 ("--ranks", self.ranks, 1), ("--rounds", self.rounds, 1), ("--seed", self.seed, 0)):
+        for flag, value, low in (
+            ("--batch-size", self.batch_size, 1),
+            ("--threads", self.threads, 1),
+            ("--ranks", self.ranks, 1),
+            ("--rounds", self.rounds, 1),
+            ("--seed", self.seed, 0),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise UsageError(f"{flag} must be a whole number >= {low}, not {value!r}")
         if not 0 <= self.step_ms < math.inf:

@@ -105,8 +105,9 @@ class Mosaic(Peer):
         streaming_dataset()  # imports the package without its torchvision-importing __init__
         from streaming.base.format.mds.writer import MDSWriter
 
-        with MDSWriter(out=str(self.folder), columns={"key": "str", **{c: "bytes" for c in COLUMNS}},
-                       size_limit=1 << 26) as w:
+        with MDSWriter(
+            out=str(self.folder), columns={"key": "str", **dict.fromkeys(COLUMNS, "bytes")}, size_limit=1 << 26
+        ) as w:
             for key, columns in items:
                 w.write({"key": key, **columns})
 

@@ -35,8 +35,17 @@ from dsbuild.core.records import Record
 FRESH_LIMIT = 16  # processes started for fresh ranks per round; more ranks x rounds reuse one set
 MAX_LINE = 64 << 20  # one round's record (per-batch waits included) is far smaller
 STRAGGLER = 0.9  # a rank below 90% of the ranks' median throughput is named a straggler
-ERRORS = {c.__name__: c for c in (errors.UsageError, errors.FormatError, errors.StorageError, errors.LineageError,
-                                  errors.CorruptDataError, errors.CheckFailed)}
+ERRORS = {
+    c.__name__: c
+    for c in (
+        errors.UsageError,
+        errors.FormatError,
+        errors.StorageError,
+        errors.LineageError,
+        errors.CorruptDataError,
+        errors.CheckFailed,
+    )
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +76,9 @@ class RankGroup:
     def start(self) -> None:
         for r in range(self.world):
             log = tempfile.TemporaryFile()
-            p = subprocess.Popen([sys.executable, "-m", "dsbuild.bench.ranks"], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=log)
+            p = subprocess.Popen(
+                [sys.executable, "-m", "dsbuild.bench.ranks"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+            )
             self.procs.append(p)
             self.logs.append(log)
             self._send(p, {**self.setup, "rank": r, "world": self.world})
@@ -79,8 +89,10 @@ class RankGroup:
     def round(self, message: dict, tick=None) -> list[OursRound]:
         for p in self.procs:
             self._send(p, message)
-        return [OursRound.from_json(self._receive(r, tick if r == 0 else None), f"rank {r} round")
-                for r in range(self.world)]
+        return [
+            OursRound.from_json(self._receive(r, tick if r == 0 else None), f"rank {r} round")
+            for r in range(self.world)
+        ]
 
     def stop(self) -> None:
         for p in self.procs:
@@ -104,8 +116,9 @@ class RankGroup:
                 self.procs[r].wait()
                 self.logs[r].seek(0)
                 tail = self.logs[r].read()[-400:].decode(errors="replace").strip().splitlines()
-                raise errors.WorkerDied(f"bench rank {r} exited (code {self.procs[r].returncode})"
-                                        + (f": {tail[-1]}" if tail else ""))
+                raise errors.WorkerDied(
+                    f"bench rank {r} exited (code {self.procs[r].returncode})" + (f": {tail[-1]}" if tail else "")
+                )
             doc = loads_bounded(line, max_bytes=MAX_LINE, what=f"rank {r}")
             if "tick" in doc:
                 if tick is not None:
@@ -115,8 +128,9 @@ class RankGroup:
                 cls = ERRORS.get(doc.get("kind"))
                 message = f"rank {r}: {doc['error']}"
                 if doc.get("kind") == "MemoryError":  # (its message is empty) exit 3, as in this process
-                    raise errors.StorageError(f"rank {r}: out of memory",
-                                              hint="a smaller --resize or --batch-size, or fewer --ranks")
+                    raise errors.StorageError(
+                        f"rank {r}: out of memory", hint="a smaller --resize or --batch-size, or fewer --ranks"
+                    )
                 if cls is None:
                     raise RuntimeError(message)
                 raise cls(message, hint=doc.get("hint"))
@@ -161,25 +175,45 @@ def main() -> None:
         answer({"result": info.to_json()})
         for line in sys.stdin:
             msg = json.loads(line)
-            rec = measure_ours(o, data.ref, data.bucket_by, data.sizes, setup["device"], step, msg["seconds"],
-                               msg["step_seconds"], start_s=msg["start_s"], round_=msg["round"],
-                               rank=setup["rank"], world=setup["world"], tick=tick)
+            rec = measure_ours(
+                o,
+                data.ref,
+                data.bucket_by,
+                data.sizes,
+                setup["device"],
+                step,
+                msg["seconds"],
+                msg["step_seconds"],
+                start_s=msg["start_s"],
+                round_=msg["round"],
+                rank=setup["rank"],
+                world=setup["world"],
+                tick=tick,
+            )
             answer({"result": rec.to_json()})
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+    except Exception as e:
         answer({"error": str(e), "kind": type(e).__name__, "hint": getattr(e, "hint", None)})
 
 
 def _merge_points(parts: list[Measured]) -> tuple[tuple[float, ...], ...]:
     """Ranks' cumulative samples taken at about the same seconds, added up (as many as the shortest has)."""
     n = min(len(p.points) for p in parts)
-    return tuple((max(p.points[i][0] for p in parts), *(sum(p.points[i][k] for p in parts) for k in (1, 2, 3)))
-                 for i in range(n))
+    return tuple(
+        (max(p.points[i][0] for p in parts), *(sum(p.points[i][k] for p in parts) for k in (1, 2, 3))) for i in range(n)
+    )
 
 
 def _merge(parts: list[Measured]) -> Measured:
-    return Measured(parts[0].name, parts[0].round, min(p.start_s for p in parts), max(p.seconds for p in parts),
-                    sum(p.samples for p in parts), None if parts[0].frames is None else sum(p.frames for p in parts),
-                    sum(p.bytes for p in parts), _merge_points(parts))
+    return Measured(
+        parts[0].name,
+        parts[0].round,
+        min(p.start_s for p in parts),
+        max(p.seconds for p in parts),
+        sum(p.samples for p in parts),
+        None if parts[0].frames is None else sum(p.frames for p in parts),
+        sum(p.bytes for p in parts),
+        _merge_points(parts),
+    )
 
 
 def combine(rounds: list[OursRound]) -> OursRound:
@@ -188,24 +222,38 @@ def combine(rounds: list[OursRound]) -> OursRound:
     trained = [x.training for x in rounds if x.training is not None]
     busy = [x.gpu_busy_s for x in rounds]
     return OursRound(
-        throughput=_merge([x.throughput for x in rounds]), training=_merge(trained) if trained else None,
-        open_s=max(x.open_s for x in rounds), first_batch_s=max(x.first_batch_s for x in rounds),
-        resume_s=max(x.resume_s for x in rounds), waits_ms=tuple(w for x in rounds for w in x.waits_ms),
+        throughput=_merge([x.throughput for x in rounds]),
+        training=_merge(trained) if trained else None,
+        open_s=max(x.open_s for x in rounds),
+        first_batch_s=max(x.first_batch_s for x in rounds),
+        resume_s=max(x.resume_s for x in rounds),
+        waits_ms=tuple(w for x in rounds for w in x.waits_ms),
         step_waits_ms=tuple(w for x in rounds for w in x.step_waits_ms),
-        gpu_busy_s=None if None in busy else sum(busy), corrupt=sum(x.corrupt for x in rounds),
+        gpu_busy_s=None if None in busy else sum(busy),
+        corrupt=sum(x.corrupt for x in rounds),
         throughput_stages=total([x.throughput_stages for x in rounds], names),
         training_stages=total([x.training_stages for x in rounds if x.training_stages], names),
-        notes=tuple(dict.fromkeys(n for x in rounds for n in x.notes)), ranks=sum(x.ranks for x in rounds))
+        notes=tuple(dict.fromkeys(n for x in rounds for n in x.notes)),
+        ranks=sum(x.ranks for x in rounds),
+    )
 
 
 def rank_facts(per_rank: list[list[OursRound]], decode: str) -> Ranks:
     """Per-rank medians (``per_rank[r]`` = rank r's rounds), the skew (slowest / fastest) and the stragglers."""
-    facts = [RankFacts(r, summarise([x.throughput.figure(decode) for x in rounds]),
-                       summarise([x.first_batch_s for x in rounds])) for r, rounds in enumerate(per_rank)]
+    facts = [
+        RankFacts(
+            r, summarise([x.throughput.figure(decode) for x in rounds]), summarise([x.first_batch_s for x in rounds])
+        )
+        for r, rounds in enumerate(per_rank)
+    ]
     medians = [f.figure.median if f.figure else 0.0 for f in facts]
     mid = sorted(medians)[len(medians) // 2]
-    return Ranks(len(facts), tuple(facts), min(medians) / max(medians) if max(medians) > 0 else None,
-                 tuple(r for r, m in enumerate(medians) if m < STRAGGLER * mid))
+    return Ranks(
+        len(facts),
+        tuple(facts),
+        min(medians) / max(medians) if max(medians) > 0 else None,
+        tuple(r for r, m in enumerate(medians) if m < STRAGGLER * mid),
+    )
 
 
 if __name__ == "__main__":

@@ -135,8 +135,10 @@ class BenchReport(Record):
             if b.ratio is None:
                 continue
             again = summarise(paired_ratios(mine, by_round(b.name)))
-            if again is None or any(abs(x - y) > 1e-9 * max(1.0, abs(y)) for x, y in
-                                    zip(again.to_json().values(), b.ratio.to_json().values())):
+            if again is None or any(
+                abs(x - y) > 1e-9 * max(1.0, abs(y))
+                for x, y in zip(again.to_json().values(), b.ratio.to_json().values())
+            ):
                 raise FormatError(f"{what}: the ratio ours/{b.name} is not what its rounds give (an edited report?)")
 
 
@@ -166,15 +168,15 @@ def machine(gpu: str | None) -> Machine:
 
         packages["dsbuild"] = __version__
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return Machine(os.cpu_count() or 1, usable or 1, model, memory, platform.platform(), platform.python_version(),
-                   gpu, packages)
+    return Machine(
+        os.cpu_count() or 1, usable or 1, model, memory, platform.platform(), platform.python_version(), gpu, packages
+    )
 
 
 def load(path: str | Path) -> BenchReport:
     """A report saved with ``--save`` (a ``UsageError`` if unreadable, a ``FormatError`` if it is not one)."""
-    from dsbuild.core.jsonio import loads_bounded
-
     from dsbuild.core.files import read_capped
+    from dsbuild.core.jsonio import loads_bounded
 
     try:  # a regular file only (a FormatError naming it otherwise): a FIFO waited forever for a writer
         data = read_capped(Path(path), MAX_REPORT, what=f"--baseline {path}")

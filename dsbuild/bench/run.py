@@ -11,9 +11,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from dsbuild.bench.budget import Budget
 from dsbuild.bench.compare import choose
@@ -22,9 +22,9 @@ from dsbuild.bench.gate import MIN_ROUNDS, Against
 from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import UNITS, Measured, Meter
 from dsbuild.bench.options import BenchOptions
+from dsbuild.bench.ranks import FRESH_LIMIT, RankGroup, combine
 from dsbuild.bench.report import BenchReport, Resolved, RunTime, machine
 from dsbuild.bench.stats import rotate
-from dsbuild.bench.ranks import FRESH_LIMIT, RankGroup, combine
 from dsbuild.bench.step import H2D, StepInfo, h2d_bandwidth
 
 
@@ -58,13 +58,20 @@ def batch_bytes(o: BenchOptions, data: Dataset) -> int:
     per_sample = data.facts.bytes / data.facts.samples
     if o.decode == "bytes":
         return int(o.batch_size * per_sample)
-    w, h = (o.resize[1], o.resize[0]) if o.resize else max(
-        (tuple(map(int, r.split("x"))) for r in data.facts.resolutions), key=lambda s: s[0] * s[1])
+    w, h = (
+        (o.resize[1], o.resize[0])
+        if o.resize
+        else max((tuple(map(int, r.split("x"))) for r in data.facts.resolutions), key=lambda s: s[0] * s[1])
+    )
     return int(o.batch_size * data.facts.frames / data.facts.samples * h * w * 3)
 
 
-def run_bench(o: BenchOptions, progress: Progress | None = None, against: Against | None = None,
-              clock: Callable[[], float] = time.monotonic) -> BenchReport:
+def run_bench(
+    o: BenchOptions,
+    progress: Progress | None = None,
+    against: Against | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> BenchReport:
     """Measure (see the module docstring) and return the report; ``against`` gates it against a saved one
     (refusing, before measuring, runs that are not comparable). Our loader runs in processes started with
     ``python -m dsbuild.bench.ranks`` (see ``dsbuild.bench.ranks``); the baselines in this one."""
@@ -81,10 +88,14 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
     say("opening the version")
     data = describe(o.ref, o.split)
     device, _ = resolve_device(o.device)
-    backend = choose_backend(o.decode_backend, **dict(zip(("cuda", "installed"), probe()))) \
-        if o.decode == "frames" else None
-    resolved = Resolved(device or "numpy", backend.name if backend else None,
-                        data.bucket_by if o.decode == "frames" and o.resize is None else None)
+    backend = (
+        choose_backend(o.decode_backend, **dict(zip(("cuda", "installed"), probe()))) if o.decode == "frames" else None
+    )
+    resolved = Resolved(
+        device or "numpy",
+        backend.name if backend else None,
+        data.bucket_by if o.decode == "frames" and o.resize is None else None,
+    )
     gpu = None
     if device and device.startswith("cuda"):
         import torch
@@ -94,8 +105,13 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
     active, groups = [], []
     try:
         active, skipped = choose(o, data, scratch)
-        diffs = against.check({**o.settings(), **resolved.to_json()}, data.facts.to_json(),
-                              {b.name for b in active}, o.rounds) if against else ()
+        diffs = (
+            against.check(
+                {**o.settings(), **resolved.to_json()}, data.facts.to_json(), {b.name for b in active}, o.rounds
+            )
+            if against
+            else ()
+        )
         for b in active:
             say(f"preparing {b.name}")
             b.prepare()
@@ -129,16 +145,28 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
                     say(name, r, budget.elapsed())
                     if name == "ours":
                         group = groups[r if fresh else 0]
-                        parts = group.round({"round": r, "seconds": seconds, "start_s": budget.elapsed(),
-                                             "step_seconds": seconds if o.step_ms > 0 else 0.0},
-                                            lambda *a, r=r: tick(*a, round_=r))
+                        parts = group.round(
+                            {
+                                "round": r,
+                                "seconds": seconds,
+                                "start_s": budget.elapsed(),
+                                "step_seconds": seconds if o.step_ms > 0 else 0.0,
+                            },
+                            lambda *a, r=r: tick(*a, round_=r),
+                        )
                         if fresh:
                             group.stop()
                         mine = parts[0] if o.ranks == 1 else combine(parts)
                         budget.spend(1 + (o.step_ms > 0))
                     else:
-                        meter = Meter(name, r, budget.elapsed(), seconds, decodes=name == "pyav",
-                                      tick=lambda m: tick(m.name, m.elapsed(), m.frames, m.bytes, m.round))
+                        meter = Meter(
+                            name,
+                            r,
+                            budget.elapsed(),
+                            seconds,
+                            decodes=name == "pyav",
+                            tick=lambda m: tick(m.name, m.elapsed(), m.frames, m.bytes, m.round),
+                        )
                         by_name[name].run(meter)
                         got[name] = meter.result()
                         budget.spend()
@@ -150,10 +178,26 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
         except KeyboardInterrupt as e:
             interrupted = e
         measured_s = budget.elapsed()
-        h2d = H2D(0, None, None, "not measured: interrupted") if interrupted is not None else \
-            h2d_bandwidth(device, batch_bytes(o, data))
-        report = _report(o, data, resolved, machine(gpu), started, RunTime(o.duration, measured_s, startup_s, o.rounds,
-                         len(ours), interrupted is not None), ours, per_rank, measured, skipped, step_info, h2d, backend.note if backend else None)
+        h2d = (
+            H2D(0, None, None, "not measured: interrupted")
+            if interrupted is not None
+            else h2d_bandwidth(device, batch_bytes(o, data))
+        )
+        report = _report(
+            o,
+            data,
+            resolved,
+            machine(gpu),
+            started,
+            RunTime(o.duration, measured_s, startup_s, o.rounds, len(ours), interrupted is not None),
+            ours,
+            per_rank,
+            measured,
+            skipped,
+            step_info,
+            h2d,
+            backend.note if backend else None,
+        )
         if against is not None and len(ours) >= MIN_ROUNDS and interrupted is None:  # (fewer: ``enforce`` refuses)
             report = replace(report, gate=against.judge(report, diffs))
     finally:
@@ -167,17 +211,28 @@ def run_bench(o: BenchOptions, progress: Progress | None = None, against: Agains
     return report
 
 
-def _report(o, data, resolved, machine_facts, started, runtime, ours, per_rank, measured, skipped,
-            step_info, h2d, decoder_note) -> BenchReport:
+def _report(
+    o, data, resolved, machine_facts, started, runtime, ours, per_rank, measured, skipped, step_info, h2d, decoder_note
+) -> BenchReport:
     from dsbuild.bench import summary
     from dsbuild.bench.ranks import rank_facts
 
     waits, waits_of = summary.waits(ours)
     return BenchReport(
-        options=o, resolved=resolved, dataset=data.facts, machine=machine_facts,
-        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), time=runtime,
-        unit=summary.unit(o.decode), ours=summary.ours_figures(ours, o.decode, decoder_note),
+        options=o,
+        resolved=resolved,
+        dataset=data.facts,
+        machine=machine_facts,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        time=runtime,
+        unit=summary.unit(o.decode),
+        ours=summary.ours_figures(ours, o.decode, decoder_note),
         baselines=summary.baseline_results(ours, measured, skipped, o.decode, machine_facts),
-        training=summary.training(ours, step_info), stages=summary.stage_totals(ours), waits_ms=waits,
-        waits_of=waits_of, h2d=h2d, ranks=rank_facts([list(r) for r in zip(*per_rank)], o.decode) if per_rank else None,
-        rounds=summary.measurements(ours, measured))
+        training=summary.training(ours, step_info),
+        stages=summary.stage_totals(ours),
+        waits_ms=waits,
+        waits_of=waits_of,
+        h2d=h2d,
+        ranks=rank_facts([list(r) for r in zip(*per_rank)], o.decode) if per_rank else None,
+        rounds=summary.measurements(ours, measured),
+    )

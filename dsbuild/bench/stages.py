@@ -55,14 +55,25 @@ def stages(before: dict, after: dict, consumer: str, wall: float, workers_wall: 
     """The phase between two ``loader.stats()`` snapshots; ``consumer`` names the training loop's thread and
     ``wall`` is its time in the phase; ``workers_wall`` runs until the pipeline was shut down (batches in
     flight when the phase ended were finished, then dropped)."""
+
     def delta(name: str, key: str) -> float:
         return after["threads"].get(name, {}).get(key, 0) - before["threads"].get(name, {}).get(key, 0)
 
-    workers = {name: ThreadTime(*(delta(name, s) for s in WORKER_STAGES), wall=workers_wall,
-                                batches=int(delta(name, "batches")))
-               for name in sorted(after["threads"]) if name != consumer}
-    return Stages(wall, delta(consumer, "wait"), delta(consumer, "h2d"), step,
-                  *(sum(getattr(w, s) for w in workers.values()) for s in WORKER_STAGES), workers=workers)
+    workers = {
+        name: ThreadTime(
+            *(delta(name, s) for s in WORKER_STAGES), wall=workers_wall, batches=int(delta(name, "batches"))
+        )
+        for name in sorted(after["threads"])
+        if name != consumer
+    }
+    return Stages(
+        wall,
+        delta(consumer, "wait"),
+        delta(consumer, "h2d"),
+        step,
+        *(sum(getattr(w, s) for w in workers.values()) for s in WORKER_STAGES),
+        workers=workers,
+    )
 
 
 def total(parts: list[Stages], prefix: list[str] | None = None) -> Stages | None:
@@ -74,8 +85,15 @@ def total(parts: list[Stages], prefix: list[str] | None = None) -> Stages | None
         for name, w in p.workers.items():
             name = f"{prefix[k]}/{name}" if prefix else name
             old = workers.get(name)
-            workers[name] = w if old is None else ThreadTime(
-                *(getattr(old, s) + getattr(w, s) for s in WORKER_STAGES), wall=old.wall + w.wall,
-                batches=old.batches + w.batches)
-    return Stages(*(sum(getattr(p, f) for p in parts) for f in ("wall", "wait", "h2d", "step", *WORKER_STAGES)),
-                  workers=workers)
+            workers[name] = (
+                w
+                if old is None
+                else ThreadTime(
+                    *(getattr(old, s) + getattr(w, s) for s in WORKER_STAGES),
+                    wall=old.wall + w.wall,
+                    batches=old.batches + w.batches,
+                )
+            )
+    return Stages(
+        *(sum(getattr(p, f) for p in parts) for f in ("wall", "wait", "h2d", "step", *WORKER_STAGES)), workers=workers
+    )

@@ -36,8 +36,7 @@ class Spread(Record):
         """Quartiles of something measured: finite, not negative, in order (an edited report is refused)."""
         xs = [self.min, self.q1, self.median, self.q3, self.max]
         if not all(math.isfinite(x) and x >= 0 for x in xs) or xs != sorted(xs):
-            raise FormatError(f"{what}: min, q1, median, q3, max must be finite, not negative and in order, "
-                              f"not {xs}")
+            raise FormatError(f"{what}: min, q1, median, q3, max must be finite, not negative and in order, not {xs}")
 
 
 def summarise(values: list[float | None]) -> Spread | None:

@@ -25,25 +25,42 @@ def ours_figures(rounds: list[OursRound], decode: str, decoder_note: str | None)
         return None
     t = [r.throughput for r in rounds]
     frames = summarise([m.per_second("frames") for m in t])
-    return Ours(figure=summarise([m.figure(decode) for m in t]), samples_per_s=summarise([m.per_second("samples") for m in t]),
-                frames_per_s=frames, mb_per_s=summarise([m.figure("bytes") for m in t]),
-                open_s=summarise([r.open_s for r in rounds]), first_batch_s=summarise([r.first_batch_s for r in rounds]),
-                resume_s=summarise([r.resume_s for r in rounds]), corrupt=sum(r.corrupt for r in rounds),
-                decoder_note=decoder_note, notes=tuple(dict.fromkeys(n for r in rounds for n in r.notes)))
+    return Ours(
+        figure=summarise([m.figure(decode) for m in t]),
+        samples_per_s=summarise([m.per_second("samples") for m in t]),
+        frames_per_s=frames,
+        mb_per_s=summarise([m.figure("bytes") for m in t]),
+        open_s=summarise([r.open_s for r in rounds]),
+        first_batch_s=summarise([r.first_batch_s for r in rounds]),
+        resume_s=summarise([r.resume_s for r in rounds]),
+        corrupt=sum(r.corrupt for r in rounds),
+        decoder_note=decoder_note,
+        notes=tuple(dict.fromkeys(n for r in rounds for n in r.notes)),
+    )
 
 
-def baseline_results(ours: list[OursRound], measured: dict[str, list[Measured]], skipped: dict[str, str],
-                     decode: str, machine: Machine) -> tuple[BaselineResult, ...]:
+def baseline_results(
+    ours: list[OursRound], measured: dict[str, list[Measured]], skipped: dict[str, str], decode: str, machine: Machine
+) -> tuple[BaselineResult, ...]:
     """Each baseline's figure and the ratio ours / it, paired round by round; skipped ones with why."""
     mine = [r.throughput.figure(decode) for r in ours]
     out = []
     for name, rounds in measured.items():
-        theirs = [m.figure(decode) for m in rounds[:len(mine)]]
-        out.append(BaselineResult(name, DESCRIPTIONS[name], machine.packages.get(PACKAGE_OF.get(name, "")), None,
-                                  summarise(theirs), summarise(paired_ratios(mine, theirs))))
+        theirs = [m.figure(decode) for m in rounds[: len(mine)]]
+        out.append(
+            BaselineResult(
+                name,
+                DESCRIPTIONS[name],
+                machine.packages.get(PACKAGE_OF.get(name, "")),
+                None,
+                summarise(theirs),
+                summarise(paired_ratios(mine, theirs)),
+            )
+        )
     for name, why in skipped.items():
-        out.append(BaselineResult(name, DESCRIPTIONS[name], machine.packages.get(PACKAGE_OF.get(name, "")), why,
-                                  None, None))
+        out.append(
+            BaselineResult(name, DESCRIPTIONS[name], machine.packages.get(PACKAGE_OF.get(name, "")), why, None, None)
+        )
     return tuple(out)
 
 
@@ -54,14 +71,22 @@ def training(rounds: list[OursRound], step: StepInfo) -> Training | None:
     fractions = summarise([sum(r.step_waits_ms) / 1000 / (r.training.seconds * r.ranks) for r in runs])
     busy = [r.gpu_busy_s for r in runs]
     idle = summarise([max(0.0, 1 - b / r.training.seconds) for b, r in zip(busy, runs)]) if None not in busy else None
-    return Training(step=step, steps=sum(len(r.step_waits_ms) + 1 for r in runs), wait_fraction=fractions,
-                    fed=fractions.median < FED_BELOW, fed_below=FED_BELOW, gpu_idle_fraction=idle,
-                    gpu_idle_reason=None if idle else NO_GPU)
+    return Training(
+        step=step,
+        steps=sum(len(r.step_waits_ms) + 1 for r in runs),
+        wait_fraction=fractions,
+        fed=fractions.median < FED_BELOW,
+        fed_below=FED_BELOW,
+        gpu_idle_fraction=idle,
+        gpu_idle_reason=None if idle else NO_GPU,
+    )
 
 
 def stage_totals(rounds: list[OursRound]) -> dict[str, Stages]:
-    out = {"throughput": total([r.throughput_stages for r in rounds]),
-           "training": total([r.training_stages for r in rounds if r.training_stages is not None])}
+    out = {
+        "throughput": total([r.throughput_stages for r in rounds]),
+        "training": total([r.training_stages for r in rounds if r.training_stages is not None]),
+    }
     return {k: v for k, v in out.items() if v is not None}
 
 

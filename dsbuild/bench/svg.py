@@ -14,8 +14,10 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 
 def _svg(height: float, body: list[str], label: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{escape(label)}" width="{WIDTH}" '
-            f'height="{height:.0f}" {FONT}>' + "".join(body) + "</svg>")
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{escape(label)}" width="{WIDTH}" '
+        f'height="{height:.0f}" {FONT}>' + "".join(body) + "</svg>"
+    )
 
 
 def legend(items: list[tuple[str, str, str]], y: float, x0: float = 60) -> tuple[list[str], float]:
@@ -26,8 +28,11 @@ def legend(items: list[tuple[str, str, str]], y: float, x0: float = 60) -> tuple
         if x + w > WIDTH - 10 and x > x0:
             x, row = x0, row + 1
         yy = y + row * 18
-        mark = (f'<line x1="{x}" y1="{yy + 6}" x2="{x + 18}" y2="{yy + 6}" stroke="{colour}" stroke-width="3"/>'
-                if kind == "line" else f'<rect x="{x + 3}" y="{yy}" width="12" height="12" fill="{colour}"/>')
+        mark = (
+            f'<line x1="{x}" y1="{yy + 6}" x2="{x + 18}" y2="{yy + 6}" stroke="{colour}" stroke-width="3"/>'
+            if kind == "line"
+            else f'<rect x="{x + 3}" y="{yy}" width="12" height="12" fill="{colour}"/>'
+        )
         out.append(mark + f'<text x="{x + 24}" y="{yy + 10}">{escape(label)}</text>')
         x += w
     return out, (row + 1) * 18 + 4 if items else 0
@@ -52,19 +57,27 @@ class Plot:
         self.left, self.top, self.right, self.height = 70, 12, 20, height
         self.w, self.h = WIDTH - self.left - self.right, height - 40 - self.top
         self.xmax, self.ymax = xmax or 1.0, (ymax or 1.0) * 1.08
-        self.body = [f'<line x1="{self.left}" y1="{self.top + self.h}" x2="{self.left + self.w}" '
-                     f'y2="{self.top + self.h}" stroke="#333"/>',
-                     f'<line x1="{self.left}" y1="{self.top}" x2="{self.left}" y2="{self.top + self.h}" stroke="#333"/>']
+        self.body = [
+            f'<line x1="{self.left}" y1="{self.top + self.h}" x2="{self.left + self.w}" '
+            f'y2="{self.top + self.h}" stroke="#333"/>',
+            f'<line x1="{self.left}" y1="{self.top}" x2="{self.left}" y2="{self.top + self.h}" stroke="#333"/>',
+        ]
         for v in _ticks(self.ymax):
             y = self.y(v)
-            self.body.append(f'<line x1="{self.left}" y1="{y:.1f}" x2="{self.left + self.w}" y2="{y:.1f}" stroke="#eee"/>'
-                             f'<text x="{self.left - 5}" y="{y + 4:.1f}" text-anchor="end">{num(v)}</text>')
+            self.body.append(
+                f'<line x1="{self.left}" y1="{y:.1f}" x2="{self.left + self.w}" y2="{y:.1f}" stroke="#eee"/>'
+                f'<text x="{self.left - 5}" y="{y + 4:.1f}" text-anchor="end">{num(v)}</text>'
+            )
         for v in _ticks(self.xmax):
-            self.body.append(f'<text x="{self.x(v):.1f}" y="{self.top + self.h + 16}" text-anchor="middle">{num(v)}</text>')
-        self.body.append(f'<text x="{self.left + self.w / 2}" y="{self.top + self.h + 32}" text-anchor="middle">'
-                         f'{escape(xlabel)}</text>'
-                         f'<text transform="translate(14,{self.top + self.h / 2}) rotate(-90)" text-anchor="middle">'
-                         f'{escape(ylabel)}</text>')
+            self.body.append(
+                f'<text x="{self.x(v):.1f}" y="{self.top + self.h + 16}" text-anchor="middle">{num(v)}</text>'
+            )
+        self.body.append(
+            f'<text x="{self.left + self.w / 2}" y="{self.top + self.h + 32}" text-anchor="middle">'
+            f"{escape(xlabel)}</text>"
+            f'<text transform="translate(14,{self.top + self.h / 2}) rotate(-90)" text-anchor="middle">'
+            f"{escape(ylabel)}</text>"
+        )
 
     def x(self, v: float) -> float:
         return self.left + v / self.xmax * self.w
@@ -89,8 +102,10 @@ def lines(series: dict[str, list[list[tuple[float, float]]]], xlabel: str, ylabe
         entries.append((name, colour, "line"))
         for seg in segs:
             coords = " ".join(f"{plot.x(x):.1f},{plot.y(y):.1f}" for x, y in seg)
-            plot.body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}">'
-                             f'<title>{escape(name)}</title></polyline>')
+            plot.body.append(
+                f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}">'
+                f"<title>{escape(name)}</title></polyline>"
+            )
             for x, y in seg:
                 plot.body.append(f'<circle cx="{plot.x(x):.1f}" cy="{plot.y(y):.1f}" r="2.5" fill="{colour}"/>')
     return plot.svg(entries, label)
@@ -110,16 +125,26 @@ def ratio_bars(rows: list[tuple[str, float, float, float]], label: str) -> str:
     for i, (name, mid, q1, q3) in enumerate(rows):
         y = 8 + i * (bar_h + gap)
         colour = "#2ca02c" if mid >= 1 else "#d62728"
-        body.append(f'<text x="{left - 8}" y="{y + 16}" text-anchor="end">{escape(name)}</text>'
-                    f'<rect x="{left}" y="{y}" width="{x(mid) - left:.1f}" height="{bar_h}" fill="{colour}" '
-                    f'opacity="0.8"><title>ours / {escape(name)}: {mid:.3g}</title></rect>'
-                    f'<line x1="{x(q1):.1f}" y1="{y + bar_h / 2}" x2="{x(q3):.1f}" y2="{y + bar_h / 2}" '
-                    f'stroke="#222" stroke-width="2"/>'
-                    f'<text x="{x(max(mid, q3)) + 6:.1f}" y="{y + 16}">{mid:.3g}x</text>')
-    body.append(f'<line x1="{x(1):.1f}" y1="2" x2="{x(1):.1f}" y2="{height - 20}" stroke="#222" '
-                f'stroke-dasharray="4 3"/><text x="{x(1):.1f}" y="{height - 6}" text-anchor="middle">1x (parity)</text>')
-    marks, lh = legend([("ours faster (median >= 1)", "#2ca02c", "box"), ("ours slower", "#d62728", "box"),
-                        ("q1-q3 of per-round ratios", "#222", "line")], height + 4)
+        body.append(
+            f'<text x="{left - 8}" y="{y + 16}" text-anchor="end">{escape(name)}</text>'
+            f'<rect x="{left}" y="{y}" width="{x(mid) - left:.1f}" height="{bar_h}" fill="{colour}" '
+            f'opacity="0.8"><title>ours / {escape(name)}: {mid:.3g}</title></rect>'
+            f'<line x1="{x(q1):.1f}" y1="{y + bar_h / 2}" x2="{x(q3):.1f}" y2="{y + bar_h / 2}" '
+            f'stroke="#222" stroke-width="2"/>'
+            f'<text x="{x(max(mid, q3)) + 6:.1f}" y="{y + 16}">{mid:.3g}x</text>'
+        )
+    body.append(
+        f'<line x1="{x(1):.1f}" y1="2" x2="{x(1):.1f}" y2="{height - 20}" stroke="#222" '
+        f'stroke-dasharray="4 3"/><text x="{x(1):.1f}" y="{height - 6}" text-anchor="middle">1x (parity)</text>'
+    )
+    marks, lh = legend(
+        [
+            ("ours faster (median >= 1)", "#2ca02c", "box"),
+            ("ours slower", "#d62728", "box"),
+            ("q1-q3 of per-round ratios", "#222", "line"),
+        ],
+        height + 4,
+    )
     return _svg(height + lh + 6, body + marks, label)
 
 
@@ -136,13 +161,17 @@ def histogram(values: list[float], marks: dict[str, float], xlabel: str, label: 
     for i, c in enumerate(counts):
         if c:
             x0, x1 = plot.x(i * width), plot.x((i + 1) * width)
-            plot.body.append(f'<rect x="{x0:.1f}" y="{plot.y(c):.1f}" width="{max(1.0, x1 - x0 - 1):.1f}" '
-                             f'height="{plot.y(0) - plot.y(c):.1f}" fill="{PALETTE[0]}"><title>{c}</title></rect>')
+            plot.body.append(
+                f'<rect x="{x0:.1f}" y="{plot.y(c):.1f}" width="{max(1.0, x1 - x0 - 1):.1f}" '
+                f'height="{plot.y(0) - plot.y(c):.1f}" fill="{PALETTE[0]}"><title>{c}</title></rect>'
+            )
     entries = [("count per bin", PALETTE[0], "box")]
     for i, (name, v) in enumerate(marks.items()):
         colour = PALETTE[3 + i % 5]
-        plot.body.append(f'<line x1="{plot.x(v):.1f}" y1="{plot.top}" x2="{plot.x(v):.1f}" y2="{plot.y(0):.1f}" '
-                         f'stroke="{colour}" stroke-width="2" stroke-dasharray="5 3"/>')
+        plot.body.append(
+            f'<line x1="{plot.x(v):.1f}" y1="{plot.top}" x2="{plot.x(v):.1f}" y2="{plot.y(0):.1f}" '
+            f'stroke="{colour}" stroke-width="2" stroke-dasharray="5 3"/>'
+        )
         entries.append((f"{name} {num(v)}", colour, "line"))
     return plot.svg(entries, label)
 
@@ -162,11 +191,15 @@ def stacked(rows: list[tuple[str, dict[str, float]]], colours: dict[str, str], l
             pw = max(0.0, min(1.0, share)) * w
             if pw <= 0:
                 continue
-            body.append(f'<rect x="{x:.1f}" y="{y}" width="{pw:.1f}" height="{bar_h}" fill="{colours[part]}">'
-                        f'<title>{escape(part)}: {share * 100:.1f}%</title></rect>')
+            body.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{pw:.1f}" height="{bar_h}" fill="{colours[part]}">'
+                f"<title>{escape(part)}: {share * 100:.1f}%</title></rect>"
+            )
             if pw > 36:
-                body.append(f'<text x="{x + pw / 2:.1f}" y="{y + 15}" text-anchor="middle" fill="#111">'
-                            f'{share * 100:.0f}%</text>')
+                body.append(
+                    f'<text x="{x + pw / 2:.1f}" y="{y + 15}" text-anchor="middle" fill="#111">'
+                    f"{share * 100:.0f}%</text>"
+                )
             x += pw
     height = len(rows) * (bar_h + gap) + 8
     used = list(dict.fromkeys(p for _, parts in rows for p, s in parts.items() if s > 0))

@@ -34,25 +34,47 @@ def comparison_rows(rep) -> list[tuple[str, ...]]:
     rows = [("ours", _mid(f), _range(f, "q1", "q3"), _range(f, "min", "max"), "-", "-")]
     for b in rep.baselines:
         if b.skipped is None:
-            rows.append((b.name, _mid(b.figure), _range(b.figure, "q1", "q3"), _range(b.figure, "min", "max"),
-                         _mid(b.ratio), _range(b.ratio, "q1", "q3")))
+            rows.append(
+                (
+                    b.name,
+                    _mid(b.figure),
+                    _range(b.figure, "q1", "q3"),
+                    _range(b.figure, "min", "max"),
+                    _mid(b.ratio),
+                    _range(b.ratio, "q1", "q3"),
+                )
+            )
     return rows
 
 
 def ours_rows(rep) -> list[tuple[str, ...]]:
     """Our loader's other figures (each a median over rounds with its ranges)."""
     us = rep.ours
-    figures = [("samples/s", us.samples_per_s, 1.0), ("frames/s", us.frames_per_s, 1.0), ("MB/s", us.mb_per_s, 1.0),
-               ("time to first batch (s)", us.first_batch_s, 1.0), ("resume to first batch (s)", us.resume_s, 1.0),
-               ("open the version (s)", us.open_s, 1.0)]
+    figures = [
+        ("samples/s", us.samples_per_s, 1.0),
+        ("frames/s", us.frames_per_s, 1.0),
+        ("MB/s", us.mb_per_s, 1.0),
+        ("time to first batch (s)", us.first_batch_s, 1.0),
+        ("resume to first batch (s)", us.resume_s, 1.0),
+        ("open the version (s)", us.open_s, 1.0),
+    ]
     if rep.training:
         figures.append(("training loop waiting for data (%)", rep.training.wait_fraction, 100.0))
     return [(name, _mid(s, k), _range(s, "q1", "q3", k), _range(s, "min", "max", k)) for name, s, k in figures if s]
 
 
 def gate_rows(gate) -> list[tuple[str, ...]]:
-    return [(v.baseline, num(v.saved.median), num(v.now.median), num(v.floor), num(v.noise),
-             "dropped" if v.dropped else "held") for v in gate.verdicts]
+    return [
+        (
+            v.baseline,
+            num(v.saved.median),
+            num(v.now.median),
+            num(v.floor),
+            num(v.noise),
+            "dropped" if v.dropped else "held",
+        )
+        for v in gate.verdicts
+    ]
 
 
 GATE = ("ours / baseline", "saved median", "now median", "floor", "spread", "verdict")
@@ -62,11 +84,14 @@ def headline(rep) -> list[str]:
     """The lines that say what was measured, on what, and how the budget was kept."""
     ds, opt, t = rep.dataset, rep.options, rep.time
     decoder = f", decoder: {rep.ours.decoder_note}" if rep.ours and rep.ours.decoder_note else ""
-    return [f"{ds.samples} samples, {ds.bytes / 1e6:,.1f} MB in {ds.shards} shards ({ds.shard_format}), "
-            f"{', '.join(ds.resolutions)}",
-            f"{opt.decode} mode, {opt.threads} thread(s) x {opt.ranks} rank(s), batch {opt.batch_size}, resize "
-            f"{'x'.join(map(str, opt.resize)) if opt.resize else 'none'}, verify {opt.verify}, device "
-            f"{rep.resolved.device}{decoder}",
-            f"{t.rounds_done} of {t.rounds_planned} rounds in {t.measured_s:.1f} s of a {t.duration_s:g} s budget "
-            f"(+{t.startup_s:.1f} s start-up)" + (", interrupted" if t.interrupted else "")
-            + ("; one round: its ranges are one value, no spread" if t.rounds_done == 1 else "")]
+    return [
+        f"{ds.samples} samples, {ds.bytes / 1e6:,.1f} MB in {ds.shards} shards ({ds.shard_format}), "
+        f"{', '.join(ds.resolutions)}",
+        f"{opt.decode} mode, {opt.threads} thread(s) x {opt.ranks} rank(s), batch {opt.batch_size}, resize "
+        f"{'x'.join(map(str, opt.resize)) if opt.resize else 'none'}, verify {opt.verify}, device "
+        f"{rep.resolved.device}{decoder}",
+        f"{t.rounds_done} of {t.rounds_planned} rounds in {t.measured_s:.1f} s of a {t.duration_s:g} s budget "
+        f"(+{t.startup_s:.1f} s start-up)"
+        + (", interrupted" if t.interrupted else "")
+        + ("; one round: its ranges are one value, no spread" if t.rounds_done == 1 else ""),
+    ]

@@ -51,18 +51,39 @@ BROKEN_PIPE = 141
 TERMINATED = 143
 
 # One module per command, in the order of `dsbuild --help`; each exposes `register(app)`.
-COMMANDS = ("samples", "convert", "info", "log", "shards", "tag", "diff", "lineage", "verify", "query",
-            "split", "validate", "bench", "export", "push", "pull", "gc")
+COMMANDS = (
+    "samples",
+    "convert",
+    "info",
+    "log",
+    "shards",
+    "tag",
+    "diff",
+    "lineage",
+    "verify",
+    "query",
+    "split",
+    "validate",
+    "bench",
+    "export",
+    "push",
+    "pull",
+    "gc",
+)
 # What an interrupted command leaves behind (commits are atomic: a version, tag or split set appears
 # whole or not at all).
-KEPT = {"convert": "nothing was committed", "tag": "nothing was committed", "split": "nothing was committed",
-        "samples": "sessions written so far remain in the output folder",
-        "gc": "every version is whole; some unreferenced files may already be gone",
-        "validate": "each report file is the previous run's or this run's, whole (none is half-written)",
-        "bench": "the rounds finished before it were reported (and saved with --save); none during start-up",
-        "export": "run the same command again to finish the export",
-        "push": "nothing was published; run the same command again to resume",
-        "pull": "nothing was published; run the same command again to resume"}
+KEPT = {
+    "convert": "nothing was committed",
+    "tag": "nothing was committed",
+    "split": "nothing was committed",
+    "samples": "sessions written so far remain in the output folder",
+    "gc": "every version is whole; some unreferenced files may already be gone",
+    "validate": "each report file is the previous run's or this run's, whole (none is half-written)",
+    "bench": "the rounds finished before it were reported (and saved with --save); none during start-up",
+    "export": "run the same command again to finish the export",
+    "push": "nothing was published; run the same command again to resume",
+    "pull": "nothing was published; run the same command again to resume",
+}
 
 
 class Terminated(KeyboardInterrupt):
@@ -73,9 +94,9 @@ app = typer.Typer(
     name="dsbuild",
     help="Turn raw game captures into versioned, validated, deterministic training datasets.",
     epilog="\b\nExamples:\n  dsbuild samples caps --sessions 3\n  dsbuild convert caps catalog\n"
-           "  dsbuild log catalog\n\nEvery command has -h/--help with an example, --json and --quiet.\n"
-           "Exit codes: 0 ok, 1 check failed, 2 usage or input, 3 storage or environment, 70 internal "
-           "error, 130 interrupted, 143 terminated.",
+    "  dsbuild log catalog\n\nEvery command has -h/--help with an example, --json and --quiet.\n"
+    "Exit codes: 0 ok, 1 check failed, 2 usage or input, 3 storage or environment, 70 internal "
+    "error, 130 interrupted, 143 terminated.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain help: option texts like PATH[@VERSION] are never read as markup
@@ -132,10 +153,13 @@ def exit_code(e: BaseException) -> int:
     return INTERNAL
 
 
-_OS_HINTS = {errno.EROFS: "the file system is read-only; write somewhere else",
-             errno.ENOSPC: "free some space, then run the same command again",
-             errno.EACCES: "check the permissions of that path", errno.EPERM: "check the permissions of that path",
-             errno.ENOENT: "check the path"}
+_OS_HINTS = {
+    errno.EROFS: "the file system is read-only; write somewhere else",
+    errno.ENOSPC: "free some space, then run the same command again",
+    errno.EACCES: "check the permissions of that path",
+    errno.EPERM: "check the permissions of that path",
+    errno.ENOENT: "check the path",
+}
 
 
 def describe(e: BaseException, command: str | None) -> tuple[str, str | None]:
@@ -197,8 +221,11 @@ def report(e: BaseException, *, command: str | None, as_json: bool, debug: bool)
     else:
         from dsbuild.cli.render import clean
 
-        sys.stderr.write(f"error: {clean(_one_line(msg))}\n" if code not in (INTERRUPTED, TERMINATED)
-                         else f"{clean(_one_line(msg))}\n")
+        sys.stderr.write(
+            f"error: {clean(_one_line(msg))}\n"
+            if code not in (INTERRUPTED, TERMINATED)
+            else f"{clean(_one_line(msg))}\n"
+        )
         if hint:
             sys.stderr.write(f"hint: {clean(_one_line(hint))}\n")
     sys.stderr.flush()
@@ -283,7 +310,7 @@ def run(args: list[str], command=None, *, signals: bool = False) -> int:
     """Run ``dsbuild ARGS`` (with ``command``, the built click command, if the caller has it); return the
     exit code (never raises, never exits). ``signals`` (the executable): Ctrl-C and SIGTERM raise from here
     on, inside the one handler of every failure (``entry`` ended the process quietly while it loaded)."""
-    head = args[:args.index("--")] if "--" in args else args
+    head = args[: args.index("--")] if "--" in args else args
     debug, as_json = "--debug" in head, "--json" in head
     if debug:
         args = [a for i, a in enumerate(args) if not (a == "--debug" and i < len(head))]
@@ -312,7 +339,7 @@ def run(args: list[str], command=None, *, signals: bool = False) -> int:
     except NoArgsIsHelpError as e:  # bare `dsbuild`: the help, on stderr, and exit 2 (a command is required)
         sys.stderr.write(e.ctx.get_help() + "\n")
         return 2
-    except BaseException as e:  # noqa: BLE001 - this is the one place that maps every failure
+    except BaseException as e:
         if isinstance(e, OSError) and e.errno == errno.EPIPE:
             return _quiet_broken_pipe()
         e = _interrupt_behind(e) or e
@@ -343,8 +370,9 @@ def _whole_writes_to_stdout() -> None:
 
     out = sys.stdout
     if isinstance(getattr(out, "buffer", None), io.RawIOBase):
-        sys.stdout = io.TextIOWrapper(io.BufferedWriter(out.buffer), encoding=out.encoding, errors=out.errors,
-                                      line_buffering=True)
+        sys.stdout = io.TextIOWrapper(
+            io.BufferedWriter(out.buffer), encoding=out.encoding, errors=out.errors, line_buffering=True
+        )
 
 
 def main() -> None:

@@ -28,33 +28,46 @@ def _render(o: Out, rep) -> None:
         o.line(line)
     if rep.ours is None:
         return
-    o.table(list(tables.COMPARISON), tables.comparison_rows(rep),
-            title=f"{rep.unit} over rounds; ours / run is computed per round, then its median")
+    o.table(
+        list(tables.COMPARISON),
+        tables.comparison_rows(rep),
+        title=f"{rep.unit} over rounds; ours / run is computed per round, then its median",
+    )
     for b in rep.baselines:
         if b.skipped is not None:
             o.line(("skipped ", "yellow"), f"{b.name}: {b.skipped}")
     o.table(list(tables.OURS), tables.ours_rows(rep))
     tr = rep.training
     if tr is not None:
-        o.line(("fed", "green") if tr.fed else ("starved", "red"),
-               f": with a {tr.step.ms:g} ms step ({tr.step.kind}) the loop waited "
-               f"{tr.wait_fraction.median * 100:.1f}% of the time (fed below {tr.fed_below * 100:g}%)")
+        o.line(
+            ("fed", "green") if tr.fed else ("starved", "red"),
+            f": with a {tr.step.ms:g} ms step ({tr.step.kind}) the loop waited "
+            f"{tr.wait_fraction.median * 100:.1f}% of the time (fed below {tr.fed_below * 100:g}%)",
+        )
     stage = rep.stages.get("training") or rep.stages.get("throughput")
     busy = stage.read + stage.decode + stage.collate
     if busy > 0:
-        o.line("worker time: " + ", ".join(f"{s} {getattr(stage, s) / busy * 100:.0f}%" for s in ("read", "decode", "collate")))
+        o.line(
+            "worker time: "
+            + ", ".join(f"{s} {getattr(stage, s) / busy * 100:.0f}%" for s in ("read", "decode", "collate"))
+        )
     if stage.wall > 0:
-        o.line("consumer time: " + ", ".join(f"{s} {getattr(stage, s) / stage.wall * 100:.0f}%"
-                                             for s in ("wait", "h2d", "step", "other")))
+        o.line(
+            "consumer time: "
+            + ", ".join(f"{s} {getattr(stage, s) / stage.wall * 100:.0f}%" for s in ("wait", "h2d", "step", "other"))
+        )
     for note in rep.ours.notes:
         o.line(("note ", "yellow"), note)
     if rep.ours.corrupt:
         o.line(("corrupt ", "red"), f"{rep.ours.corrupt} damaged sample(s) were replaced")
     g = rep.gate
     if g is not None:
-        o.table(list(tables.GATE), tables.gate_rows(g),
-                title=f"gate against {g.baseline_file}: a ratio dropped when below {g.fail_below:g} x saved and by more "
-                      "than the spread (the larger IQR of the two runs); ours regressed if it dropped against all")
+        o.table(
+            list(tables.GATE),
+            tables.gate_rows(g),
+            title=f"gate against {g.baseline_file}: a ratio dropped when below {g.fail_below:g} x saved and by more "
+            "than the spread (the larger IQR of the two runs); ours regressed if it dropped against all",
+        )
         for d in g.differences:
             o.line(("allowed difference ", "yellow"), d)
         for d in g.machine_differences:
@@ -69,30 +82,64 @@ def bench(
     old_workers: int = typer.Option(None, "--workers", hidden=True),  # renamed: --workers always means processes
     ranks: int = typer.Option(1, "--ranks", min=1, metavar="N", help="Simulated data-parallel ranks (processes)."),
     step_ms: float = typer.Option(50.0, "--step-ms", min=0, metavar="MS", help="Simulated training step (0: none)."),
-    decode: str = typer.Option("frames", "--decode", metavar="frames|bytes", callback=choice("--decode", ("frames", "bytes")),
-                               help="Deliver decoded frames (compared with a bare PyAV loop) or encoded clips "
-                                    "(compared with raw reads, sha256, webdataset and the peers)."),
-    decode_backend: str = typer.Option("pyav", "--decode-backend", metavar="pyav|torchcodec|nvdec|auto",
-                                       callback=choice("--decode-backend", ("pyav", "torchcodec", "nvdec", "auto")),
-                                       help="Video decoder of frames mode (nvdec: the GPU through PyAV's FFmpeg; auto: the fastest measured, PyAV today)."),
+    decode: str = typer.Option(
+        "frames",
+        "--decode",
+        metavar="frames|bytes",
+        callback=choice("--decode", ("frames", "bytes")),
+        help="Deliver decoded frames (compared with a bare PyAV loop) or encoded clips "
+        "(compared with raw reads, sha256, webdataset and the peers).",
+    ),
+    decode_backend: str = typer.Option(
+        "pyav",
+        "--decode-backend",
+        metavar="pyav|torchcodec|nvdec|auto",
+        callback=choice("--decode-backend", ("pyav", "torchcodec", "nvdec", "auto")),
+        help="Video decoder of frames mode (nvdec: the GPU through PyAV's FFmpeg; auto: the fastest measured, PyAV today).",
+    ),
     resize: str = typer.Option(None, "--resize", metavar="HxW", help="Resize frames, e.g. 128x128."),
-    verify: str = typer.Option("sample", "--verify", metavar="sample|shard|none",
-                               callback=choice("--verify", ("sample", "shard", "none")),
-                               help="The loader's verification: a hash per sample read (BLAKE3), per shard once, or none."),
-    device: str = typer.Option("auto", "--device", metavar="auto|cuda|cpu", callback=choice("--device", ("auto", "cuda", "cpu")),
-                               help="Where batches go (auto: cuda if present, else cpu; numpy without torch)."),
-    duration: float = typer.Option(30.0, "--duration", min=0.1, metavar="S",
-                                   help="Wall seconds of all rounds and baselines together (start-up not included)."),
+    verify: str = typer.Option(
+        "sample",
+        "--verify",
+        metavar="sample|shard|none",
+        callback=choice("--verify", ("sample", "shard", "none")),
+        help="The loader's verification: a hash per sample read (BLAKE3), per shard once, or none.",
+    ),
+    device: str = typer.Option(
+        "auto",
+        "--device",
+        metavar="auto|cuda|cpu",
+        callback=choice("--device", ("auto", "cuda", "cpu")),
+        help="Where batches go (auto: cuda if present, else cpu; numpy without torch).",
+    ),
+    duration: float = typer.Option(
+        30.0,
+        "--duration",
+        min=0.1,
+        metavar="S",
+        help="Wall seconds of all rounds and baselines together (start-up not included).",
+    ),
     rounds: int = typer.Option(5, "--rounds", min=1, metavar="N", help="Interleaved rounds (the gate needs >= 3)."),
-    compare: str = typer.Option("auto", "--compare", metavar="auto|none|A,B",
-                                help="Baselines: pyav (frames); raw, sha256, webdataset, litdata, mosaic (bytes)."),
+    compare: str = typer.Option(
+        "auto",
+        "--compare",
+        metavar="auto|none|A,B",
+        help="Baselines: pyav (frames); raw, sha256, webdataset, litdata, mosaic (bytes).",
+    ),
     seed: int = seed_option("The loader's seed."),
-    baseline: str = typer.Option(None, "--baseline", metavar="FILE", help="A report saved with --save to gate against."),
-    fail_below: float = typer.Option(None, "--fail-below", metavar="R",
-                                     help="With --baseline: exit 1 when a ratio's median falls below R x the saved "
-                                          "one by more than the runs' spread (default 0.9)."),
-    allow_different: bool = typer.Option(False, "--allow-different",
-                                         help="With --baseline: judge even if settings or data differ (noted)."),
+    baseline: str = typer.Option(
+        None, "--baseline", metavar="FILE", help="A report saved with --save to gate against."
+    ),
+    fail_below: float = typer.Option(
+        None,
+        "--fail-below",
+        metavar="R",
+        help="With --baseline: exit 1 when a ratio's median falls below R x the saved "
+        "one by more than the runs' spread (default 0.9).",
+    ),
+    allow_different: bool = typer.Option(
+        False, "--allow-different", help="With --baseline: judge even if settings or data differ (noted)."
+    ),
     save: str = typer.Option(None, "--save", metavar="FILE", help="Write the JSON report to FILE."),
     html: str = typer.Option(None, "--html", metavar="FILE", help="Write a self-contained HTML page to FILE."),
     as_json: bool = JSON,
@@ -114,24 +161,50 @@ def bench(
 
     o = Out(as_json, quiet)
     if old_workers is not None:
-        raise UsageError("bench --workers is now --threads (loader threads per rank)",
-                         hint="--workers always means worker processes; use --threads N here")
-    options = BenchOptions(ref=ref, split=split, batch_size=batch_size, threads=threads, ranks=ranks, step_ms=step_ms,
-                           decode=decode, decode_backend=decode_backend, resize=parse_resize(resize), verify=verify,
-                           device=device, duration=duration, rounds=rounds, compare=parse_compare(compare), seed=seed)
+        raise UsageError(
+            "bench --workers is now --threads (loader threads per rank)",
+            hint="--workers always means worker processes; use --threads N here",
+        )
+    options = BenchOptions(
+        ref=ref,
+        split=split,
+        batch_size=batch_size,
+        threads=threads,
+        ranks=ranks,
+        step_ms=step_ms,
+        decode=decode,
+        decode_backend=decode_backend,
+        resize=parse_resize(resize),
+        verify=verify,
+        device=device,
+        duration=duration,
+        rounds=rounds,
+        compare=parse_compare(compare),
+        seed=seed,
+    )
     if not baseline and (fail_below is not None or allow_different):  # (were ignored without a word)
-        raise UsageError(f"{'--fail-below' if fail_below is not None else '--allow-different'} needs --baseline FILE",
-                         hint="save a baseline with --save FILE first, then gate against it")
-    against = Against(load_report(baseline), baseline, 0.9 if fail_below is None else fail_below,
-                      allow_different) if baseline else None
+        raise UsageError(
+            f"{'--fail-below' if fail_below is not None else '--allow-different'} needs --baseline FILE",
+            hint="save a baseline with --save FILE first, then gate against it",
+        )
+    against = (
+        Against(load_report(baseline), baseline, 0.9 if fail_below is None else fail_below, allow_different)
+        if baseline
+        else None
+    )
     files = report_files({"--save": save, "--html": html}, catalog=parse_ref(ref)[0])
     save, html = files["--save"], files["--html"]
     interrupted = None
     with Progress("bench", o) as bar:
+
         def progress(e) -> None:
             stage = f"round {e.round + 1}/{e.rounds}: {e.what}" if e.round is not None else f"start-up: {e.what}"
-            bar.update(round(e.elapsed, 1), e.duration, stage=stage,
-                       detail=f"{num(e.rate)} {e.unit}" if e.rate is not None else "")
+            bar.update(
+                round(e.elapsed, 1),
+                e.duration,
+                stage=stage,
+                detail=f"{num(e.rate)} {e.unit}" if e.rate is not None else "",
+            )
 
         try:
             rep = run_bench(options, progress=progress, against=against)
@@ -149,8 +222,10 @@ def bench(
 
         replace_atomically(Path(html), render(rep).encode())
     if interrupted is not None:
-        o.note(f"kept {rep.time.rounds_done} finished round(s) of {rep.time.rounds_planned}"
-               + (f"; saved to {save}" if save else ""))
+        o.note(
+            f"kept {rep.time.rounds_done} finished round(s) of {rep.time.rounds_planned}"
+            + (f"; saved to {save}" if save else "")
+        )
         raise interrupted.signal  # Ctrl-C: exit 130; SIGTERM: 143
     enforce(rep, against)
     if rep.gate is not None:

@@ -17,8 +17,12 @@ def diff(
     a: str = typer.Argument(..., metavar="REF_A", help="PATH[@VERSION] of the old version."),
     b: str = typer.Argument(..., metavar="REF_B", help="PATH[@VERSION] of the new version (any catalog)."),
     limit: int = typer.Option(20, "--limit", min=0, metavar="N", help="Keys listed per kind of change."),
-    split_set: list[str] = typer.Option([], "--split-set", metavar="NAME",
-                                        help="Compare split sets instead: NAME for both, or give it twice (A, then B)."),
+    split_set: list[str] = typer.Option(
+        [],
+        "--split-set",
+        metavar="NAME",
+        help="Compare split sets instead: NAME for both, or give it twice (A, then B).",
+    ),
     as_json: bool = JSON,
     quiet: bool = QUIET,
 ) -> None:
@@ -41,8 +45,10 @@ def diff(
         if as_json:
             return o.json(d)
         g = d["groups"]
-        o.line(f"split sets {na}@{o.id(va)} -> {nb}@{o.id(vb)}: groups moved {len(g['moved'])}, "
-               f"added {len(g['added'])}, removed {len(g['removed'])}")
+        o.line(
+            f"split sets {na}@{o.id(va)} -> {nb}@{o.id(vb)}: groups moved {len(g['moved'])}, "
+            f"added {len(g['added'])}, removed {len(g['removed'])}"
+        )
         o.table(["group", "from", "to"], [(grp, x, y) for grp, (x, y) in list(g["moved"].items())[:limit]])
         return
     from dsbuild.lineage.diff import diff_versions

@@ -32,20 +32,26 @@ def gc(
     if as_json:
         return o.json(g)
     verb = "would remove" if dry_run else "removed"
-    o.table(["action", "kind", "what", "bytes"],
-            [(verb, "shard", s["path"], s["bytes"]) for s in g["shards"]]
-            + [(verb, "stale build", b, "") for b in g["stale_builds"]]
-            + [(verb, "unpublished", k, "") for k in g["unpublished_files"]]
-            + [(verb, "replaced split set", k, "") for k in g["replaced_split_files"]]
-            + [(verb, "interrupted write", k, "") for k in g["interrupted_writes"]]
-            + [("kept (younger than the grace period)", "shard", k, "") for k in g["kept_young_shards"]]
-            + [("kept (a push in progress holds it)", "shard", k, "") for k in g["kept_held_shards"]]
-            + [("kept its split sets (unreadable: which one is live?)", "split set pointer", k, "")
-               for k in g["unreadable_split_pointers"]])
-    o.line(f"{len(g['shards'])} shards ({g['bytes']:,} bytes), {len(g['stale_builds'])} stale build folders, "
-           f"{len(g['unpublished_files'])} unpublished, {len(g['replaced_split_files'])} replaced split set and "
-           f"{len(g['interrupted_writes'])} interrupted-write files "
-           f"{'to remove' if dry_run else 'removed'}")
+    o.table(
+        ["action", "kind", "what", "bytes"],
+        [(verb, "shard", s["path"], s["bytes"]) for s in g["shards"]]
+        + [(verb, "stale build", b, "") for b in g["stale_builds"]]
+        + [(verb, "unpublished", k, "") for k in g["unpublished_files"]]
+        + [(verb, "replaced split set", k, "") for k in g["replaced_split_files"]]
+        + [(verb, "interrupted write", k, "") for k in g["interrupted_writes"]]
+        + [("kept (younger than the grace period)", "shard", k, "") for k in g["kept_young_shards"]]
+        + [("kept (a push in progress holds it)", "shard", k, "") for k in g["kept_held_shards"]]
+        + [
+            ("kept its split sets (unreadable: which one is live?)", "split set pointer", k, "")
+            for k in g["unreadable_split_pointers"]
+        ],
+    )
+    o.line(
+        f"{len(g['shards'])} shards ({g['bytes']:,} bytes), {len(g['stale_builds'])} stale build folders, "
+        f"{len(g['unpublished_files'])} unpublished, {len(g['replaced_split_files'])} replaced split set and "
+        f"{len(g['interrupted_writes'])} interrupted-write files "
+        f"{'to remove' if dry_run else 'removed'}"
+    )
 
 
 def register(app: typer.Typer) -> None:

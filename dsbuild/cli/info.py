@@ -15,7 +15,9 @@ Examples:
 
 def info(
     ref: str = REF,
-    no_trunc: bool = typer.Option(False, "--no-trunc", help="Whole ids on a terminal too (piped output always has them)."),
+    no_trunc: bool = typer.Option(
+        False, "--no-trunc", help="Whole ids on a terminal too (piped output always has them)."
+    ),
     as_json: bool = JSON,
     quiet: bool = QUIET,
 ) -> None:
@@ -31,16 +33,31 @@ def info(
     if quiet:
         return o.value(version)
     st = d["stats"]
-    o.pairs([("version", o.id(d["version_id"])), ("content id", o.id(d["content_id"])), ("catalog", d["catalog"]),
-             ("tags", ", ".join(d["tags"]) or "-"), ("created", d["created_at"] or "-"), ("parent", o.id(d["parent"])),
-             ("format", d["format"]), ("tool", f"dsbuild {d['tool_version']}"),
-             ("config", ", ".join(f"{k}={v}" for k, v in sorted(d["config"].items()))),
-             ("config hash", o.id(d["config_hash"])), ("sessions", st["sessions"]), ("samples", st["samples"]),
-             ("shards", st["shards"]), ("bytes", o.size(st["bytes"])), ("frames", st["frames"]),
-             ("hours", f"{st['hours']:.3f}"), ("long clips", st["long_clips"]),
-             ("repaired sessions", st["repaired_sessions"]), ("quarantined", st["quarantined"]),
-             ("controls", ", ".join(d["vocabulary"]["controls"]) or "-"),
-             ("telemetry", ", ".join(d["vocabulary"]["telemetry"]) or "-")])
+    o.pairs(
+        [
+            ("version", o.id(d["version_id"])),
+            ("content id", o.id(d["content_id"])),
+            ("catalog", d["catalog"]),
+            ("tags", ", ".join(d["tags"]) or "-"),
+            ("created", d["created_at"] or "-"),
+            ("parent", o.id(d["parent"])),
+            ("format", d["format"]),
+            ("tool", f"dsbuild {d['tool_version']}"),
+            ("config", ", ".join(f"{k}={v}" for k, v in sorted(d["config"].items()))),
+            ("config hash", o.id(d["config_hash"])),
+            ("sessions", st["sessions"]),
+            ("samples", st["samples"]),
+            ("shards", st["shards"]),
+            ("bytes", o.size(st["bytes"])),
+            ("frames", st["frames"]),
+            ("hours", f"{st['hours']:.3f}"),
+            ("long clips", st["long_clips"]),
+            ("repaired sessions", st["repaired_sessions"]),
+            ("quarantined", st["quarantined"]),
+            ("controls", ", ".join(d["vocabulary"]["controls"]) or "-"),
+            ("telemetry", ", ".join(d["vocabulary"]["telemetry"]) or "-"),
+        ]
+    )
     o.table(["title", "samples"], sorted(st["samples_per_title"].items()))
     for q in d["quarantined"]:
         o.line(("quarantined ", "yellow"), q["session"], ": ", q["path"], ": ", q["reason"])

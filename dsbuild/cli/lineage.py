@@ -32,14 +32,24 @@ def lineage(
         return o.json(d)
     w, loc, s = d["window"], d["location"], d["session"]
     o.line((key, "bold"), f" in version {o.id(version)} (sample sha256 {d['sample_sha256']})")
-    o.pairs([("session", s["session_id"]), ("title", s["title"]), ("player", s["player"]),
-             ("platform", s["platform"]), ("build", s["build"]),
-             ("window", f"{w['t_start']:.3f} s - {w['t_end']:.3f} s, {w['frames']} frames (clip {w['clip_index']})"),
-             ("config", f"{d['config_hash']} (dsbuild {d['tool_version']})"),
-             ("shard", loc["shard"]),
-             ("location", ", ".join(f"{k} {v}" for k, v in loc.items() if k != "shard" and v is not None))])
-    o.table(["role", "path", "sha256", "bytes"], [(x["role"], x["path"], x["sha256"], x["bytes"]) for x in d["sources"]],
-            wide=("sha256",))
+    o.pairs(
+        [
+            ("session", s["session_id"]),
+            ("title", s["title"]),
+            ("player", s["player"]),
+            ("platform", s["platform"]),
+            ("build", s["build"]),
+            ("window", f"{w['t_start']:.3f} s - {w['t_end']:.3f} s, {w['frames']} frames (clip {w['clip_index']})"),
+            ("config", f"{d['config_hash']} (dsbuild {d['tool_version']})"),
+            ("shard", loc["shard"]),
+            ("location", ", ".join(f"{k} {v}" for k, v in loc.items() if k != "shard" and v is not None)),
+        ]
+    )
+    o.table(
+        ["role", "path", "sha256", "bytes"],
+        [(x["role"], x["path"], x["sha256"], x["bytes"]) for x in d["sources"]],
+        wide=("sha256",),
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -16,7 +16,9 @@ Examples:
 
 def log(
     path: str = CATALOG,
-    no_trunc: bool = typer.Option(False, "--no-trunc", help="Whole ids on a terminal too (piped output always has them)."),
+    no_trunc: bool = typer.Option(
+        False, "--no-trunc", help="Whole ids on a terminal too (piped output always has them)."
+    ),
     as_json: bool = JSON,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the version ids, one per line."),
 ) -> None:
@@ -38,10 +40,24 @@ def log(
     for e in entries:
         c = e["change"]
         change = f"+{c.get('added', 0)} -{c.get('removed', 0)} ~{c.get('changed', 0)}" if c else "-"
-        rows.append((o.id(e["version_id"]), ",".join(e["tags"]), o.when(e["created_at"]), e["format"], e["samples"],
-                     o.size(e["bytes"]), o.id(e["parent"]), change, ",".join(s["name"] for s in e["split_sets"])))
-    o.table(["version", "tags", "created", "format", "samples", "bytes", "parent", "change", "split sets"], rows,
-            wide=("version", "samples", "bytes", "parent", "change"))
+        rows.append(
+            (
+                o.id(e["version_id"]),
+                ",".join(e["tags"]),
+                o.when(e["created_at"]),
+                e["format"],
+                e["samples"],
+                o.size(e["bytes"]),
+                o.id(e["parent"]),
+                change,
+                ",".join(s["name"] for s in e["split_sets"]),
+            )
+        )
+    o.table(
+        ["version", "tags", "created", "format", "samples", "bytes", "parent", "change", "split sets"],
+        rows,
+        wide=("version", "samples", "bytes", "parent", "change"),
+    )
 
 
 def register(app: typer.Typer) -> None:

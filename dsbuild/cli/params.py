@@ -34,24 +34,40 @@ def choice(flag: str, values):
             import difflib
 
             close = difflib.get_close_matches(value, allowed, n=1)
-            raise typer.BadParameter(f"{value!r} is not one of {', '.join(allowed)}"
-                                     + (f"; did you mean {close[0]!r}?" if close else ""), param_hint=flag)
+            raise typer.BadParameter(
+                f"{value!r} is not one of {', '.join(allowed)}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                param_hint=flag,
+            )
         return value
 
     return check
 
 
-EXECUTOR = typer.Option("local", "--executor", metavar="local|ray", callback=choice("--executor", EXECUTORS),
-                        help="local worker processes, or a Ray cluster (pip install 'dsbuild[ray]').")
-RAY_ADDRESS = typer.Option(None, "--ray-address", metavar="ADDRESS",
-                           help="Join this Ray cluster ('auto' or ray://HOST:10001); default: start a local Ray.")
-REF = typer.Argument(..., metavar="REF", help="PATH[@VERSION]: a catalog folder or fsspec URL (s3://...), and a "
-                                              "version id, unique id prefix or tag (default: the newest).")
+EXECUTOR = typer.Option(
+    "local",
+    "--executor",
+    metavar="local|ray",
+    callback=choice("--executor", EXECUTORS),
+    help="local worker processes, or a Ray cluster (pip install 'dsbuild[ray]').",
+)
+RAY_ADDRESS = typer.Option(
+    None,
+    "--ray-address",
+    metavar="ADDRESS",
+    help="Join this Ray cluster ('auto' or ray://HOST:10001); default: start a local Ray.",
+)
+REF = typer.Argument(
+    ...,
+    metavar="REF",
+    help="PATH[@VERSION]: a catalog folder or fsspec URL (s3://...), and a "
+    "version id, unique id prefix or tag (default: the newest).",
+)
 CATALOG = typer.Argument(..., metavar="CATALOG", help="Catalog folder or fsspec URL (s3://bucket/catalog).")
 
 
-def report_files(paths: dict[str, str | None], *, inputs: dict[str, str | None] | None = None,
-                 catalog: str | None = None) -> dict[str, str | None]:
+def report_files(
+    paths: dict[str, str | None], *, inputs: dict[str, str | None] | None = None, catalog: str | None = None
+) -> dict[str, str | None]:
     """Each report option's file, checked before any work: a folder that does not exist (a typo), a path
     that is a folder, a device, a FIFO or a link to one, one file given to two options, a file the command
     reads (``inputs``: option -> path) and a file inside the ``catalog`` it judges are exit 2 now, not
@@ -76,21 +92,29 @@ def report_files(paths: dict[str, str | None], *, inputs: dict[str, str | None] 
         if target.is_dir():
             raise UsageError(f"{option} {path}: is a folder; give a file name")
         if target.exists() and not target.is_file():
-            raise UsageError(f"{option} {path}: is not a regular file (a device, a FIFO or a link to one); "
-                             "give a file name")
+            raise UsageError(
+                f"{option} {path}: is not a regular file (a device, a FIFO or a link to one); give a file name"
+            )
         if not target.parent.is_dir():
             folder = Path(path).parent
-            raise UsageError(f"{option} {path}: folder {folder} does not exist", hint=f"mkdir -p {shlex.quote(str(folder))}")
+            raise UsageError(
+                f"{option} {path}: folder {folder} does not exist", hint=f"mkdir -p {shlex.quote(str(folder))}"
+            )
         if not os.access(target.parent, os.W_OK | os.X_OK):
             raise StorageError(f"{option} {path}: cannot write in {target.parent} (permission denied)")
         twice = [o for o, p in out.items() if p == str(target)]
         if twice:
             raise UsageError(f"{option} {path}: is also the file of {twice[0]}; give each report its own file")
         if str(target) in read:
-            raise UsageError(f"{option} {path}: is the file of {read[str(target)]}, which this command reads; "
-                             "a report never replaces its input", hint="give the report another file name")
+            raise UsageError(
+                f"{option} {path}: is the file of {read[str(target)]}, which this command reads; "
+                "a report never replaces its input",
+                hint="give the report another file name",
+            )
         if root is not None and (target == root or root in target.parents):
-            raise UsageError(f"{option} {path}: is inside the catalog {catalog}; a report there would change "
-                             "the catalog it judges", hint="write reports outside the catalog")
+            raise UsageError(
+                f"{option} {path}: is inside the catalog {catalog}; a report there would change the catalog it judges",
+                hint="write reports outside the catalog",
+            )
         out[option] = str(target)
     return out

@@ -15,8 +15,9 @@ Run the same command again to resume an interrupted pull."""
 
 def pull(
     ref: str = REF,
-    dest: str = typer.Argument(..., metavar="DEST_CATALOG", help="Local (or any) catalog to copy into, created if "
-                                                                 "needed."),
+    dest: str = typer.Argument(
+        ..., metavar="DEST_CATALOG", help="Local (or any) catalog to copy into, created if needed."
+    ),
     tags: bool = typer.Option(False, "--tags", help="Also copy the tags pointing at the version."),
     splits: bool = typer.Option(False, "--splits", help="Also copy the version's split sets."),
     as_json: bool = JSON,

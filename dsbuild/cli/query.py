@@ -17,8 +17,12 @@ for your own queries on your own machine; never for SQL taken from a pull reques
 
 def query(
     ref: str = REF,
-    sql: str = typer.Argument(..., metavar="SQL", help="SQL over the views samples, shards, sources, lineage, versions."),
-    unsafe: bool = typer.Option(False, "--unsafe", help="Allow file access (read_csv, COPY TO, ATTACH): your own SQL only."),
+    sql: str = typer.Argument(
+        ..., metavar="SQL", help="SQL over the views samples, shards, sources, lineage, versions."
+    ),
+    unsafe: bool = typer.Option(
+        False, "--unsafe", help="Allow file access (read_csv, COPY TO, ATTACH): your own SQL only."
+    ),
     as_csv: bool = typer.Option(False, "--csv", help="Print rows as CSV with a header."),
     as_json: bool = JSON,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Rows only, tab-separated, no header."),
@@ -36,9 +40,11 @@ def query(
     if as_json:
         twice = sorted({c for c in columns if columns.count(c) > 1})
         if twice:  # a JSON row is an object: one value a name
-            raise UsageError(f"the result names {len(twice)} column(s) more than once ({', '.join(twice)}): a JSON "
-                             "row would keep one value of each", hint="name them apart with AS, e.g. "
-                             "select s.bytes as sample_bytes, sh.bytes as shard_bytes ...")
+            raise UsageError(
+                f"the result names {len(twice)} column(s) more than once ({', '.join(twice)}): a JSON "
+                "row would keep one value of each",
+                hint="name them apart with AS, e.g. select s.bytes as sample_bytes, sh.bytes as shard_bytes ...",
+            )
         o.json([dict(zip(columns, r)) for r in rows])
     elif as_csv:
         o.csv(columns, rows)

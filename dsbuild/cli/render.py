@@ -23,14 +23,15 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from functools import cache
-from typing import Iterable, Sequence
 
 from dsbuild.core.jsonio import clean  # (text from a catalog or capture never drives the terminal)
 
 SHORT_ID = 12
 NO_TRUNC_WIDTH = 1000  # columns a --no-trunc table may take (the terminal wraps what it cannot show)
 PLAIN_EVERY = 2.0  # seconds between progress lines when stderr is not a terminal
+
 
 @cache
 def err():
@@ -100,8 +101,7 @@ def _finite(obj: object) -> object:
 
 def json_text(obj: object, indent: int | None = 2) -> str:
     """Strict JSON (NaN and infinities become null; dates, decimals and bytes become strings)."""
-    return json.dumps(_finite(obj), indent=indent, sort_keys=True, default=str, ensure_ascii=False,
-                      allow_nan=False)
+    return json.dumps(_finite(obj), indent=indent, sort_keys=True, default=str, ensure_ascii=False, allow_nan=False)
 
 
 class Out:
@@ -179,8 +179,15 @@ class Out:
         else:
             sys.stdout.write(plain(*parts) + "\n")
 
-    def table(self, columns: Sequence[str], rows: Iterable[Sequence[object]], *, title: str | None = None,
-              wide: Sequence[str] = (), styles: dict[str, str] | None = None) -> None:
+    def table(
+        self,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[object]],
+        *,
+        title: str | None = None,
+        wide: Sequence[str] = (),
+        styles: dict[str, str] | None = None,
+    ) -> None:
         """A table: rich on a terminal (``wide`` columns never wrap), tab-separated lines under a header line
         otherwise (the header alone when there are no rows: a script reads "none", not "no output")."""
         rows = [[_cell(c) for c in row] for row in rows]
@@ -196,11 +203,22 @@ class Out:
         from rich.table import Table
         from rich.text import Text
 
-        t = Table(title=clean(title) if title else None, box=None, padding=(0, 1, 0, 1), pad_edge=False, highlight=False,
-                  header_style="bold underline")
+        t = Table(
+            title=clean(title) if title else None,
+            box=None,
+            padding=(0, 1, 0, 1),
+            pad_edge=False,
+            highlight=False,
+            header_style="bold underline",
+        )
         for name in columns:
-            t.add_column(name, no_wrap=name in wide, overflow="fold", min_width=None if name in wide else 4,
-                         style=(styles or {}).get(name, ""))
+            t.add_column(
+                name,
+                no_wrap=name in wide,
+                overflow="fold",
+                min_width=None if name in wide else 4,
+                style=(styles or {}).get(name, ""),
+            )
         for row in rows:
             t.add_row(*(Text(c) if isinstance(c, str) else c for c in row))
         if not self.no_trunc:
@@ -264,9 +282,16 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
 
-            self._bar = Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=err(),
-                            auto_refresh=False, transient=True)
+            self._bar = Bar(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[detail]}"),
+                TimeElapsedColumn(),
+                console=err(),
+                auto_refresh=False,
+                transient=True,
+            )
             self._bar.__enter__()
         return self
 
@@ -293,7 +318,9 @@ class Progress:
                 except OSError:
                     mute_stderr()
                 return
-            text = f"{description}: {done}/{total if total is not None else '?'}" + (f", {clean(detail)}" if detail else "")
+            text = f"{description}: {done}/{total if total is not None else '?'}" + (
+                f", {clean(detail)}" if detail else ""
+            )
             now = time.monotonic()
             finished = total is not None and done >= total
             if finished or now - self._last_line >= PLAIN_EVERY:

@@ -29,28 +29,36 @@ def _fresh_folder(out: str) -> None:
 
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"{out}: is a file" if path.is_file() else f"{out}: is not a folder",
-                         hint="name a new folder")
+        raise UsageError(f"{out}: is a file" if path.is_file() else f"{out}: is not a folder", hint="name a new folder")
     if path.is_dir() and any(path.iterdir()):
         raise UsageError(f"{out}: the folder is not empty", hint="choose a new folder or remove it")
 
 
 def samples(
     out: str = typer.Argument(..., metavar="FOLDER", help="A new (or empty) local folder to write sessions into."),
-    source: str = typer.Option("synthetic", "--source", metavar="synthetic|atari",
-                               callback=choice("--source", ("synthetic", "atari")),
-                               help="synthetic (generated) or atari (real gameplay recorded with ale-py)."),
+    source: str = typer.Option(
+        "synthetic",
+        "--source",
+        metavar="synthetic|atari",
+        callback=choice("--source", ("synthetic", "atari")),
+        help="synthetic (generated) or atari (real gameplay recorded with ale-py).",
+    ),
     sessions: int = typer.Option(3, "--sessions", min=1, metavar="N", help="Sessions (per game with --source atari)."),
-    seconds: float = typer.Option(10.0, "--seconds", min=0.5, max=MAX_SECONDS, metavar="S",
-                                  help="Length of each session."),
+    seconds: float = typer.Option(
+        10.0, "--seconds", min=0.5, max=MAX_SECONDS, metavar="S", help="Length of each session."
+    ),
     seed: int = seed_option("The same seed gives byte-identical captures."),
-    damage: list[str] = typer.Option([], "--damage", metavar="[INDEX=]KIND",
-                                     help="Damage session INDEX (default: its position in the list) in one way; "
-                                          "repeatable. Kinds: see the README."),
+    damage: list[str] = typer.Option(
+        [],
+        "--damage",
+        metavar="[INDEX=]KIND",
+        help="Damage session INDEX (default: its position in the list) in one way; repeatable. Kinds: see the README.",
+    ),
     noise: int = typer.Option(0, "--noise", min=0, max=255, metavar="0-255", help="Grain for realistic bitrates."),
     games: str = typer.Option(None, "--games", metavar="A,B", help="atari: games (default Breakout,Pong,MsPacman)."),
-    policy: str = typer.Option(None, "--policy", metavar="P[,P]",
-                               help="atari: random, sticky or scripted, or a list cycled over sessions."),
+    policy: str = typer.Option(
+        None, "--policy", metavar="P[,P]", help="atari: random, sticky or scripted, or a list cycled over sessions."
+    ),
     upscale: int = typer.Option(None, "--upscale", min=1, max=8, metavar="1-8", help="atari: pixel upscale factor."),
     as_json: bool = JSON,
     quiet: bool = QUIET,
@@ -77,9 +85,14 @@ def samples(
             raise UsageError("--damage and --noise work with --source synthetic only")
         from dsbuild.samples.atari import DEFAULT_GAMES, AtariOptions, record
 
-        options = AtariOptions(games=_csv(games) if games is not None else DEFAULT_GAMES, sessions=sessions,
-                               seconds=seconds, policies=_csv(policy) if policy is not None else ("sticky",),
-                               seed=seed, upscale=upscale or 1)
+        options = AtariOptions(
+            games=_csv(games) if games is not None else DEFAULT_GAMES,
+            sessions=sessions,
+            seconds=seconds,
+            policies=_csv(policy) if policy is not None else ("sticky",),
+            seed=seed,
+            upscale=upscale or 1,
+        )
         paths, plan = [r.path for r in record(Path(out), options)], {}
     else:
         if games is not None or policy is not None or upscale is not None:

@@ -16,8 +16,12 @@ Examples:
 
 def shards(
     ref: str = REF,
-    split: str = typer.Option(None, "--split", metavar="NAME/SPLIT",
-                              help="Only shards holding samples of this split (shards may also hold other splits)."),
+    split: str = typer.Option(
+        None,
+        "--split",
+        metavar="NAME/SPLIT",
+        help="Only shards holding samples of this split (shards may also hold other splits).",
+    ),
     urls: bool = typer.Option(False, "--urls", help="Print URLs (file:// for a local catalog) instead of paths."),
     as_json: bool = JSON,
     quiet: bool = QUIET,
@@ -33,14 +37,22 @@ def shards(
     catalog, version = open_ref(ref)
     found = shard_locations(catalog, version, split=split)
     if as_json:
-        return o.json({"version_id": version, "split": split, "shards": [s.to_json() for s in found],
-                       "shardlist": [{"url": s.url, "nsamples": s.samples} for s in found]})
+        return o.json(
+            {
+                "version_id": version,
+                "split": split,
+                "shards": [s.to_json() for s in found],
+                "shardlist": [{"url": s.url, "nsamples": s.samples} for s in found],
+            }
+        )
     for s in found:
         o.value(s.url if urls or s.path is None else s.path)
     mixed = sum(s.in_split < s.samples for s in found)
     if split and mixed and not quiet:
-        o.note(f"note: {mixed} of {len(found)} shards also hold samples of other splits; keep only the keys of "
-               f"{split} (e.g. from `dsbuild query`) when reading them")
+        o.note(
+            f"note: {mixed} of {len(found)} shards also hold samples of other splits; keep only the keys of "
+            f"{split} (e.g. from `dsbuild query`) when reading them"
+        )
 
 
 def register(app: typer.Typer) -> None:

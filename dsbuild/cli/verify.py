@@ -33,20 +33,39 @@ def verify(
     o = Out(as_json, quiet)
     catalog, version = open_ref(ref)
     with Progress("verify", o) as bar:
-        r = run_verify(catalog, version, sample=sample, seed=seed, threads=threads,
-                       progress=lambda done, total: bar.update(done, total, stage="shards"))
+        r = run_verify(
+            catalog,
+            version,
+            sample=sample,
+            seed=seed,
+            threads=threads,
+            progress=lambda done, total: bar.update(done, total, stage="shards"),
+        )
     if as_json:
         o.json(r.to_json())
     else:
-        o.line(f"version {o.id(version)}: {r.shards_checked} shards, {r.bytes_checked:,} bytes, "
-               f"{r.samples_checked} samples checked: ", ("OK", "green") if r.ok else (f"{len(r.problems)} problem(s)", "red"))
-        o.table(["problem", "where", "detail"],
-                [(p["problem"], p.get("shard") or p.get("sample") or p.get("index") or p.get("version"),
-                  (f"sample {p['sample']}: " if p.get("sample") and p.get("shard") else "") + str(p.get("detail", "")))
-                 for p in r.problems])
+        o.line(
+            f"version {o.id(version)}: {r.shards_checked} shards, {r.bytes_checked:,} bytes, "
+            f"{r.samples_checked} samples checked: ",
+            ("OK", "green") if r.ok else (f"{len(r.problems)} problem(s)", "red"),
+        )
+        o.table(
+            ["problem", "where", "detail"],
+            [
+                (
+                    p["problem"],
+                    p.get("shard") or p.get("sample") or p.get("index") or p.get("version"),
+                    (f"sample {p['sample']}: " if p.get("sample") and p.get("shard") else "")
+                    + str(p.get("detail", "")),
+                )
+                for p in r.problems
+            ],
+        )
     if not r.ok:
-        raise CheckFailed(f"version {version[:12]} of {catalog.url}: {len(r.problems)} problem(s)",
-                          hint=f"heal with: {r.heal}" if r.heal else None)
+        raise CheckFailed(
+            f"version {version[:12]} of {catalog.url}: {len(r.problems)} problem(s)",
+            hint=f"heal with: {r.heal}" if r.heal else None,
+        )
 
 
 def register(app: typer.Typer) -> None:

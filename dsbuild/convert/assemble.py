@@ -14,9 +14,9 @@ import heapq
 import itertools
 import os
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from dsbuild.core.errors import FormatError, LineageError
 from dsbuild.formats import Entry, Segment, get_format
@@ -67,8 +67,17 @@ class Assembly:
     a build stages a few sessions' samples on disk, not the whole version.
     """
 
-    def __init__(self, pending: Iterable[str], known: Iterable[SampleRef], fmt, format_name: str, target: int,
-                 parent_shards: dict[tuple, ShardRecord], out_dir: Path, shard_file: Callable[[ShardRecord], Path]):
+    def __init__(
+        self,
+        pending: Iterable[str],
+        known: Iterable[SampleRef],
+        fmt,
+        format_name: str,
+        target: int,
+        parent_shards: dict[tuple, ShardRecord],
+        out_dir: Path,
+        shard_file: Callable[[ShardRecord], Path],
+    ):
         self._fmt, self._format, self._out_dir, self._shard_file = fmt, format_name, out_dir, shard_file
         self._parent_shards = parent_shards
         self._cutter = ShardCutter(target, fmt.max_overhead)
@@ -104,8 +113,11 @@ class Assembly:
         while self._held and (bound is None or self._held[0][0] < bound):
             ref = heapq.heappop(self._held)[2]
             self._sequence.append(ref)
-            tasks += [t for r in self._cutter.add(ref.key, self._fmt.planned_size(ref.member_bytes))
-                      if (t := self._close(r)) is not None]
+            tasks += [
+                t
+                for r in self._cutter.add(ref.key, self._fmt.planned_size(ref.member_bytes))
+                if (t := self._close(r)) is not None
+            ]
         return tasks
 
     def finish(self) -> list[ShardTask]:
@@ -124,8 +136,13 @@ class Assembly:
             self.release(group)
             return None
         parents = {r.parent.path: r.parent for r in group if r.parent is not None}
-        return ShardTask(number, self._format, group, self._out_dir / f"shard-{number:06d}.{self._fmt.ext}.part",
-                         tuple(sorted((k, self._shard_file(rec)) for k, rec in parents.items())))
+        return ShardTask(
+            number,
+            self._format,
+            group,
+            self._out_dir / f"shard-{number:06d}.{self._fmt.ext}.part",
+            tuple(sorted((k, self._shard_file(rec)) for k, rec in parents.items())),
+        )
 
     def release(self, group: tuple[SampleRef, ...]) -> None:
         """The group's samples are in their shard: delete each segment file none of whose samples wait."""
@@ -161,9 +178,10 @@ def _segments(task: ShardTask):
             try:
                 yield reader.verified_segment(ref.entry, fmt)
             except FormatError as e:
-                raise LineageError(f"{ref.parent.path}: {e}",
-                                   hint="run the convert again with --rehash: damaged shards are then "
-                                        "rewritten from the captures") from None
+                raise LineageError(
+                    f"{ref.parent.path}: {e}",
+                    hint="run the convert again with --rehash: damaged shards are then rewritten from the captures",
+                ) from None
     finally:
         for r in readers.values():
             r.close()

@@ -15,19 +15,19 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from dsbuild import __version__
 from dsbuild.convert.assemble import Assembly, SampleRef, ShardTask, assemble_shard
 from dsbuild.convert.captures import read_sessions, staged
 from dsbuild.convert.config import ConvertConfig
 from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_roles, source_set
-from dsbuild.core.hashcache import lookup
 from dsbuild.core.errors import CheckFailed, LineageError, UsageError
 from dsbuild.core.executor import ExecutorSpec, TaskPool
+from dsbuild.core.hashcache import lookup
 from dsbuild.core.hashing import sha256_bytes, sha256_json
 from dsbuild.core.jsonio import printable
 from dsbuild.core.records import Record
@@ -38,9 +38,9 @@ from dsbuild.formats.shards import WrittenShard
 from dsbuild.lineage.catalog import Catalog, CommitRecord, catalog_to_fill
 from dsbuild.lineage.index import INDEX_COLUMNS, INDEX_FILE, IndexRow, index_bytes, rows_from_table, table_from_bytes
 from dsbuild.lineage.manifest import (
+    SESSIONS_FILE,
     FilePin,
     Manifest,
-    SESSIONS_FILE,
     Quarantined,
     SessionRecord,
     SessionTable,
@@ -93,8 +93,9 @@ class ConvertResult(Record):
 
 QUARANTINE_SHOWN = 5  # sessions whose reasons an all-quarantined build names (then "and N more")
 # per-session counts of volume (not of anything repaired or dropped), and how a codec was carried
-_NOT_REPAIRS = frozenset({"lines", "events", "packets", "tracks", "clips_with_audio", "long_clips",
-                          "reencoded_from", "examples"})
+_NOT_REPAIRS = frozenset(
+    {"lines", "events", "packets", "tracks", "clips_with_audio", "long_clips", "reencoded_from", "examples"}
+)
 
 
 def repair_totals(sessions: list[dict]) -> dict[str, dict[str, int]]:
@@ -138,19 +139,26 @@ def reusable_parent(catalog: Catalog, config: ConvertConfig, onto: str | None) -
     same, current = _reusable(m, config)
     if not same:
         theirs = m.config if isinstance(m.config, dict) else {}
-        changed = (sorted(k for k, v in config.to_json().items() if json.dumps(theirs.get(k)) != json.dumps(v))
-                   + (["tool version"] if m.tool_version != __version__ else [])
-                   + ([] if current else ["index columns or shard hashes"]))
-        raise UsageError(f"--onto {onto}: version {parent[:12]} was built with other settings "
-                         f"({', '.join(changed)})", hint="convert without --onto for a fresh build")
+        changed = (
+            sorted(k for k, v in config.to_json().items() if json.dumps(theirs.get(k)) != json.dumps(v))
+            + (["tool version"] if m.tool_version != __version__ else [])
+            + ([] if current else ["index columns or shard hashes"])
+        )
+        raise UsageError(
+            f"--onto {onto}: version {parent[:12]} was built with other settings ({', '.join(changed)})",
+            hint="convert without --onto for a fresh build",
+        )
     return parent, m
 
 
 def _reusable(m: Manifest, config: ConvertConfig) -> tuple[bool, bool]:
     """(whether a version's samples can be reused by a build with ``config``, whether its index columns and
     shard hashes are the current ones)."""
-    current = (isinstance(m.schema, dict) and m.schema.get("index_columns") == list(INDEX_COLUMNS)
-               and all(s.blake3 for s in m.shards))
+    current = (
+        isinstance(m.schema, dict)
+        and m.schema.get("index_columns") == list(INDEX_COLUMNS)
+        and all(s.blake3 for s in m.shards)
+    )
     return m.config_hash == sha256_json(config.to_json()) and m.tool_version == __version__ and current, current
 
 
@@ -181,7 +189,7 @@ def _shard_healthy(catalog: Catalog, rec: ShardRecord, rehash: bool) -> bool:
     try:
         with open(catalog.shard_file(rec), "rb") as f:
             return rec.proof().feed(f).ok()
-    except Exception:  # noqa: BLE001 - any failure to prove it means: rewrite it from the captures
+    except Exception:
         return False
 
 
@@ -226,31 +234,61 @@ def parent_base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, thread
     sources = defaultdict(list)
     for s in table.sources:
         sources[s.session].append(s)
-    return _Base(m, {s.session_id: s for s in table.sessions}, rows, {k: source_set(v) for k, v in sources.items()},
-                 compositions, broken,
-                 frozenset(rec.path for rec, ok in health.items() if not ok))
+    return _Base(
+        m,
+        {s.session_id: s for s in table.sessions},
+        rows,
+        {k: source_set(v) for k, v in sources.items()},
+        compositions,
+        broken,
+        frozenset(rec.path for rec, ok in health.items() if not ok),
+    )
 
 
-def convert(captures: str | Path, out: str | Path, config: ConvertConfig, *, executor: ExecutorSpec = ExecutorSpec(),
-            onto: str | None = None, rehash: bool = False,
-            on_progress: Callable[[Progress], None] | None = None) -> ConvertResult:
+def convert(
+    captures: str | Path,
+    out: str | Path,
+    config: ConvertConfig,
+    *,
+    executor: ExecutorSpec = ExecutorSpec(),
+    onto: str | None = None,
+    rehash: bool = False,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> ConvertResult:
     """Build a version of ``captures`` into the catalog ``out`` (local paths or fsspec URLs).
     Same inputs + config => same version id, for any executor and worker count."""
     if is_url(captures):
         with staged(str(captures)) as local:
             return _build(local, str(captures), out, config, executor, onto, rehash, on_progress)
-    return _build(local_path(captures), printable(str(local_path(captures).resolve())), out, config, executor, onto,
-                  rehash, on_progress)
+    return _build(
+        local_path(captures),
+        printable(str(local_path(captures).resolve())),
+        out,
+        config,
+        executor,
+        onto,
+        rehash,
+        on_progress,
+    )
 
 
-def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, executor: ExecutorSpec,
-           onto: str | None, rehash: bool, on_progress: Callable[[Progress], None] | None) -> ConvertResult:
+def _build(
+    captures: Path,
+    origin: str,
+    out: str | Path,
+    config: ConvertConfig,
+    executor: ExecutorSpec,
+    onto: str | None,
+    rehash: bool,
+    on_progress: Callable[[Progress], None] | None,
+) -> ConvertResult:
     """``convert`` of a local capture root; ``origin`` is where the captures really are (a URL for
     captures staged from an object store), recorded so `verify` can name the command that heals."""
     started = time.monotonic()
     if not captures.is_dir():
-        raise UsageError(f"{captures}: capture folder does not exist" if not captures.exists()
-                         else f"{captures}: is not a folder")
+        raise UsageError(
+            f"{captures}: capture folder does not exist" if not captures.exists() else f"{captures}: is not a folder"
+        )
     sessions, quarantined = read_sessions(captures)
     if not sessions and not quarantined:
         raise UsageError(f"{captures}: no sessions found (no session.json in it or below it)")
@@ -273,9 +311,16 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
                     jobs.append(SessionJob(s, captures, area.path, config, parent_set))
             jobs.sort(key=lambda j: key_prefix(j.session.session_id))  # the order their samples enter shards
             shards_of = {s.path: s for s in base.manifest.shards} if base else {}
-            assembly = Assembly([key_prefix(j.session.session_id) for j in jobs],
-                                [ref for r in known for ref in _refs(r, base, shards_of)], fmt, config.format,
-                                config.shard_size, base.compositions if base else {}, area.path, catalog.shard_file)
+            assembly = Assembly(
+                [key_prefix(j.session.session_id) for j in jobs],
+                [ref for r in known for ref in _refs(r, base, shards_of)],
+                fmt,
+                config.format,
+                config.shard_size,
+                base.compositions if base else {},
+                area.path,
+                catalog.shard_file,
+            )
 
             def finished(r: SessionResult) -> None:
                 results.append(r)
@@ -286,39 +331,87 @@ def _build(captures: Path, origin: str, out: str | Path, config: ConvertConfig, 
                 if on_progress:
                     on_progress(progress)
 
-            written = _sessions_and_shards(jobs, known, assembly, executor, progress, finished,
-                                           lambda: _refuse_all_quarantined(results, quarantined),
-                                           lambda r: _refs(r, base, shards_of), on_progress)
+            written = _sessions_and_shards(
+                jobs,
+                known,
+                assembly,
+                executor,
+                progress,
+                finished,
+                lambda: _refuse_all_quarantined(results, quarantined),
+                lambda r: _refs(r, base, shards_of),
+                on_progress,
+            )
             results.sort(key=lambda r: r.session_id)
             quarantined += [r.quarantine for r in results if r.quarantine]
             good = [r for r in results if r.quarantine is None]
-            manifest, pinned, moves, sessions = _assemble(config, fmt.ext, good, base, assembly.plan, written,
-                                                          quarantined)
-            new_bytes = sum(rec.bytes for _, rec in moves if catalog.store.size(rec.path) != rec.bytes
-                            or (base and rec.path in base.broken_shards))
-            commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, origin,
-                                  config.format, manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
-                                  change_counts(catalog, parent, pinned[INDEX_FILE]))
-            version_id, existed = catalog.commit(area, moves, manifest, pinned, commit,
-                                                 damaged=base.broken_shards if base else frozenset())
+            manifest, pinned, moves, sessions = _assemble(
+                config, fmt.ext, good, base, assembly.plan, written, quarantined
+            )
+            new_bytes = sum(
+                rec.bytes
+                for _, rec in moves
+                if catalog.store.size(rec.path) != rec.bytes or (base and rec.path in base.broken_shards)
+            )
+            commit = CommitRecord(
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                0,
+                parent,
+                origin,
+                config.format,
+                manifest.stats.samples,
+                manifest.stats.bytes,
+                manifest.content_id,
+                change_counts(catalog, parent, pinned[INDEX_FILE]),
+            )
+            version_id, existed = catalog.commit(
+                area, moves, manifest, pinned, commit, damaged=base.broken_shards if base else frozenset()
+            )
         if existed:  # its own commit names its parent (the base reused may be the version itself)
             parent = getattr(catalog.commit_record(version_id), "parent", None)
         st = manifest.stats
         return ConvertResult(
-            version_id=version_id, content_id=manifest.content_id, existed=existed, catalog=catalog.url,
-            format=config.format, samples=st.samples, shards=st.shards, bytes=st.bytes, sessions=st.sessions,
-            quarantined=manifest.quarantined, long_clips=st.long_clips, repaired_sessions=st.repaired_sessions,
-            parent=parent, reused_sessions=sum(r.reused for r in good),
-            healed_sessions=sum(1 for r in good if base and not r.reused and r.session_id in base.broken
-                                and source_set(r.sources) == base.sources.get(r.session_id)),  # (unchanged ones)
-            written_shards=len(written), reused_shards=st.shards - len(written), written_bytes=new_bytes,
-            seconds=round(time.monotonic() - started, 3), repairs=repair_totals([r.repairs for r in sessions]))
+            version_id=version_id,
+            content_id=manifest.content_id,
+            existed=existed,
+            catalog=catalog.url,
+            format=config.format,
+            samples=st.samples,
+            shards=st.shards,
+            bytes=st.bytes,
+            sessions=st.sessions,
+            quarantined=manifest.quarantined,
+            long_clips=st.long_clips,
+            repaired_sessions=st.repaired_sessions,
+            parent=parent,
+            reused_sessions=sum(r.reused for r in good),
+            healed_sessions=sum(
+                1
+                for r in good
+                if base
+                and not r.reused
+                and r.session_id in base.broken
+                and source_set(r.sources) == base.sources.get(r.session_id)
+            ),  # (unchanged ones)
+            written_shards=len(written),
+            reused_shards=st.shards - len(written),
+            written_bytes=new_bytes,
+            seconds=round(time.monotonic() - started, 3),
+            repairs=repair_totals([r.repairs for r in sessions]),
+        )
 
 
-def _sessions_and_shards(jobs: list[SessionJob], known: list[SessionResult], assembly: Assembly,
-                         executor: ExecutorSpec, progress: Progress, finished: Callable[[SessionResult], None],
-                         complete: Callable[[], None], refs: Callable[[SessionResult], list[SampleRef]],
-                         on_progress: Callable[[Progress], None] | None) -> dict[int, WrittenShard]:
+def _sessions_and_shards(
+    jobs: list[SessionJob],
+    known: list[SessionResult],
+    assembly: Assembly,
+    executor: ExecutorSpec,
+    progress: Progress,
+    finished: Callable[[SessionResult], None],
+    complete: Callable[[], None],
+    refs: Callable[[SessionResult], list[SampleRef]],
+    on_progress: Callable[[Progress], None] | None,
+) -> dict[int, WrittenShard]:
     """Process the sessions and write the shards their samples complete, in one pool: sessions go out a
     few at a time, so shard tasks run between them (and the segment files they leave are deleted) instead
     of waiting behind every session. ``finished`` sees each session's result (``known`` ones first),
@@ -327,6 +420,7 @@ def _sessions_and_shards(jobs: list[SessionJob], known: list[SessionResult], ass
     written: dict[int, WrittenShard] = {}
     total, seen = len(jobs) + len(known), 0
     with TaskPool(executor, inline=len(jobs) < 2) as pool:
+
         def submit(tasks: list[ShardTask]) -> None:
             for t in tasks:
                 pool.submit(assemble_shard, t, t, f"shard {t.number}")
@@ -367,10 +461,13 @@ def _sessions_and_shards(jobs: list[SessionJob], known: list[SessionResult], ass
 def _refs(r: SessionResult, base: _Base | None, shards: dict[str, ShardRecord]) -> list[SampleRef]:
     """Where a session's samples are: its fresh segments, or the parent's shards (reused)."""
     if r.reused:
-        return [SampleRef(row.key, row.sha256, row.member_bytes, parent=shards[row.shard], entry=row.entry())
-                for row in base.rows[r.session_id]]
-    return [SampleRef(s.row.key, s.row.sha256, s.member_bytes, r.seg_path, s.seg_offset, s.seg_length)
-            for s in r.samples]
+        return [
+            SampleRef(row.key, row.sha256, row.member_bytes, parent=shards[row.shard], entry=row.entry())
+            for row in base.rows[r.session_id]
+        ]
+    return [
+        SampleRef(s.row.key, s.row.sha256, s.member_bytes, r.seg_path, s.seg_offset, s.seg_length) for s in r.samples
+    ]
 
 
 def _refuse_all_quarantined(results: list[SessionResult], quarantined: list[Quarantined]) -> None:
@@ -380,11 +477,20 @@ def _refuse_all_quarantined(results: list[SessionResult], quarantined: list[Quar
     every = quarantined + [r.quarantine for r in sorted(results, key=lambda r: r.session_id)]  # (finish order varies)
     shown = "; ".join(f"{q.path}: {q.reason}" for q in every[:QUARANTINE_SHOWN])
     more = len(every) - QUARANTINE_SHOWN
-    raise CheckFailed(f"all {len(every)} sessions were quarantined: {shown}" + (f"; and {more} more" if more > 0 else ""))
+    raise CheckFailed(
+        f"all {len(every)} sessions were quarantined: {shown}" + (f"; and {more} more" if more > 0 else "")
+    )
 
 
-def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], base: _Base | None, shard_plan,
-              written: dict, quarantined: list[Quarantined]):
+def _assemble(
+    config: ConvertConfig,
+    ext: str,
+    results: list[SessionResult],
+    base: _Base | None,
+    shard_plan,
+    written: dict,
+    quarantined: list[Quarantined],
+):
     """Manifest, index bytes, shard moves and session records from the session results and the shard
     plan (bookkeeping)."""
     rows_by_key = {s.row.key: s.row for r in results if not r.reused for s in r.samples}
@@ -410,16 +516,24 @@ def _assemble(config: ConvertConfig, ext: str, results: list[SessionResult], bas
     sources, sessions = [], []
     for r in results:
         sources += r.sources
-        sessions.append(base.sessions[r.session_id] if r.reused else
-                        SessionRecord(r.session_id, r.rel, len(r.samples), r.controls, r.channels, r.repairs))
-    manifest, pinned = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions,
-                                        quarantined)
+        sessions.append(
+            base.sessions[r.session_id]
+            if r.reused
+            else SessionRecord(r.session_id, r.rel, len(r.samples), r.controls, r.channels, r.repairs)
+        )
+    manifest, pinned = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions, quarantined)
     return manifest, pinned, moves, sessions
 
 
-def version_manifest(config: dict, shard_format: str, shards: list[ShardRecord], rows: list[IndexRow],
-                     sources: list[SourceRecord], sessions: list[SessionRecord],
-                     quarantined: list[Quarantined]) -> tuple[Manifest, dict[str, bytes]]:
+def version_manifest(
+    config: dict,
+    shard_format: str,
+    shards: list[ShardRecord],
+    rows: list[IndexRow],
+    sources: list[SourceRecord],
+    sessions: list[SessionRecord],
+    quarantined: list[Quarantined],
+) -> tuple[Manifest, dict[str, bytes]]:
     """The manifest of a version and the files it pins (name -> bytes: index, sessions), from its located
     rows and its sessions' records (shared by convert and derived versions)."""
     controls, channels, titles = set(), set(), Counter()
@@ -435,16 +549,28 @@ def version_manifest(config: dict, shard_format: str, shards: list[ShardRecord],
     index = index_bytes(rows)
     table = SessionTable(tuple(sessions), tuple(sorted(sources, key=lambda s: s.path))).to_bytes()
     manifest = Manifest(
-        tool_version=__version__, config=config, config_hash=sha256_json(config), shard_format=shard_format,
-        shards=tuple(shards), quarantined=tuple(sorted(quarantined, key=lambda q: (q.path, q.session))),
+        tool_version=__version__,
+        config=config,
+        config_hash=sha256_json(config),
+        shard_format=shard_format,
+        shards=tuple(shards),
+        quarantined=tuple(sorted(quarantined, key=lambda q: (q.path, q.session))),
         index=FilePin(INDEX_FILE, sha256_bytes(index), len(rows), len(index)),
         sessions=FilePin(SESSIONS_FILE, sha256_bytes(table), len(sessions), len(table)),
         schema={"sample_format": SAMPLE_FORMAT, "members": list(MEMBERS), "index_columns": list(INDEX_COLUMNS)},
         vocabulary=Vocabulary(tuple(sorted(controls)), tuple(sorted(channels))),
-        stats=Stats(samples=len(rows), shards=len(shards), bytes=sum(s.bytes for s in shards),
-                    frames=sum(r.frames for r in rows), hours=round(sum(r.t_end - r.t_start for r in rows) / 3600, 6),
-                    sessions=len(sessions), quarantined=len(quarantined), long_clips=long_clips,
-                    repaired_sessions=repaired, samples_per_title=dict(sorted(titles.items()))),
+        stats=Stats(
+            samples=len(rows),
+            shards=len(shards),
+            bytes=sum(s.bytes for s in shards),
+            frames=sum(r.frames for r in rows),
+            hours=round(sum(r.t_end - r.t_start for r in rows) / 3600, 6),
+            sessions=len(sessions),
+            quarantined=len(quarantined),
+            long_clips=long_clips,
+            repaired_sessions=repaired,
+            samples_per_title=dict(sorted(titles.items())),
+        ),
         content_id=content_id([(r.key, r.sha256) for r in rows]),
     )
     return manifest, {INDEX_FILE: index, SESSIONS_FILE: table}
@@ -463,15 +589,28 @@ def change_counts(catalog: Catalog, parent: str | None, index: bytes) -> dict[st
         old = pairs(catalog.index(parent, ["key", "sha256"]))
     except LineageError:  # the parent's index is missing or damaged: no counts, never a failed build
         return {}
-    return {"added": len(new.keys() - old.keys()), "removed": len(old.keys() - new.keys()),
-            "changed": sum(1 for k in new.keys() & old.keys() if new[k] != old[k])}
+    return {
+        "added": len(new.keys() - old.keys()),
+        "removed": len(old.keys() - new.keys()),
+        "changed": sum(1 for k in new.keys() & old.keys() if new[k] != old[k]),
+    }
 
 
 def _is_repaired(repairs: dict) -> bool:
-    streams = any(isinstance(repairs.get(k), dict) and (repairs[k].get("malformed") or repairs[k].get("out_of_order")
-                  or repairs[k].get("dropped_fields") or repairs[k].get("duplicate_keys")
-                  or repairs[k].get("collisions") or repairs[k].get("missing") or repairs[k].get("unreadable"))
-                  for k in ("actions", "telemetry", "text"))
+    streams = any(
+        isinstance(repairs.get(k), dict)
+        and (
+            repairs[k].get("malformed")
+            or repairs[k].get("out_of_order")
+            or repairs[k].get("dropped_fields")
+            or repairs[k].get("duplicate_keys")
+            or repairs[k].get("collisions")
+            or repairs[k].get("missing")
+            or repairs[k].get("unreadable")
+        )
+        for k in ("actions", "telemetry", "text")
+    )
     video = repairs.get("video") or {}
-    return bool(streams or video.get("truncated") or video.get("dropped_undecodable")
-                or video.get("restamped_duplicate_pts"))
+    return bool(
+        streams or video.get("truncated") or video.get("dropped_undecodable") or video.get("restamped_duplicate_pts")
+    )

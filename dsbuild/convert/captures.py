@@ -7,9 +7,9 @@ import errno
 import shutil
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from dsbuild.core.errors import CaptureError, UsageError
 from dsbuild.core.jsonio import printable
@@ -36,8 +36,9 @@ def read_sessions(root: Path) -> tuple[list[Session], list[Quarantined]]:
         twins = by_id[s.session_id]
         if len(twins) > 1:
             others = ", ".join(t.rel for t in twins if t is not s)
-            quarantined.append(Quarantined(s.session_id, s.rel_of("session.json"),
-                                           f"duplicate session_id (also in {others})"))
+            quarantined.append(
+                Quarantined(s.session_id, s.rel_of("session.json"), f"duplicate session_id (also in {others})")
+            )
         else:
             kept.append(s)
     return kept, quarantined
@@ -58,13 +59,18 @@ def staged(url: str) -> Iterator[Path]:
         try:
             check_capture_key(key)
         except UnsafeKey as e:
-            raise UsageError(f"{url}/{key[:200]}: cannot be staged as a local file: {e}",
-                             hint="rename or remove the object in the bucket") from None
+            raise UsageError(
+                f"{url}/{key[:200]}: cannot be staged as a local file: {e}",
+                hint="rename or remove the object in the bucket",
+            ) from None
     folders = {k[:i] for k in keys for i in range(len(k)) if k[i] == "/"}
     both = sorted(folders.intersection(keys))
     if both:  # an object store can hold `x` and `x/y`; a folder cannot
-        raise UsageError(f"{url}/{both[0]}: is both an object and a folder ({both[0]}/... exists); a capture "
-                         "folder cannot hold both", hint="rename or remove one of them in the bucket")
+        raise UsageError(
+            f"{url}/{both[0]}: is both an object and a folder ({both[0]}/... exists); a capture "
+            "folder cannot hold both",
+            hint="rename or remove one of them in the bucket",
+        )
     base = cache_root()
     base.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="dsbuild-captures-", dir=base))
@@ -77,8 +83,10 @@ def staged(url: str) -> Iterator[Path]:
             except OSError as e:
                 if e.errno != errno.ENAMETOOLONG:
                     raise
-                raise UsageError(f"{url}/{key[:200]}: cannot be staged as a local file (its path is too long "
-                                 "for this file system)", hint="rename the object in the bucket") from None
+                raise UsageError(
+                    f"{url}/{key[:200]}: cannot be staged as a local file (its path is too long for this file system)",
+                    hint="rename the object in the bucket",
+                ) from None
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
 from dataclasses import dataclass
+from fractions import Fraction
 
 from dsbuild.core.errors import UsageError
 from dsbuild.core.records import JsonValue, Record
@@ -13,8 +13,18 @@ from dsbuild.formats import format_names
 
 _SIZE_RE = re.compile(r"^\s*(\d{1,20}(?:\.\d{1,20})?)\s*((?:[KMGT]i?)?B?)\s*$", re.IGNORECASE)
 MAX_SIZE = 1 << 60  # bytes: an exbibyte; anything larger is a typo
-_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "KI": 2**10,
+    "MI": 2**20,
+    "GI": 2**30,
+    "TI": 2**40,
+}
 
 
 def parse_size(text: str, flag: str = "--shard-size") -> int:
@@ -53,8 +63,11 @@ class ConvertConfig(Record):
     def __post_init__(self) -> None:
         if self.format not in format_names():
             raise UsageError(f"--format must be one of {', '.join(format_names())}, not {self.format!r}")
-        if not (isinstance(self.clip_seconds, (int, float)) and math.isfinite(self.clip_seconds)
-                and 0.5 <= self.clip_seconds <= 3600):
+        if not (
+            isinstance(self.clip_seconds, (int, float))
+            and math.isfinite(self.clip_seconds)
+            and 0.5 <= self.clip_seconds <= 3600
+        ):
             raise UsageError(f"--clip-seconds must be between 0.5 and 3600, not {self.clip_seconds}")
         # 1 and 1.0 are one setting: hashed as given, they named two versions of the same build
         object.__setattr__(self, "clip_seconds", float(self.clip_seconds))

@@ -15,9 +15,9 @@ the same samples give the same version id however they were produced or partitio
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable
 
 from dsbuild.convert.assemble import Assembly, SampleRef, assemble_shard
 from dsbuild.convert.build import change_counts, version_manifest
@@ -25,9 +25,9 @@ from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.executor import ExecutorSpec, run_tasks
 from dsbuild.core.records import SHA256, JsonValue, Record, spec
 from dsbuild.formats import format_names, get_format
+from dsbuild.formats.capture import parse_started_at
 from dsbuild.formats.sample import Sample, members_blake3, members_sha256
 from dsbuild.lineage.catalog import BuildArea, Catalog, CommitRecord
-from dsbuild.formats.capture import parse_started_at
 from dsbuild.lineage.index import INDEX_FILE, IndexRow
 from dsbuild.lineage.manifest import ShardRecord, shard_key
 
@@ -75,14 +75,19 @@ class Encoded:
     row: IndexRow
 
 
-def derive_config(catalog: Catalog, parent: str, transform: JsonValue, *, format: str | None = None,
-                  shard_size: int | None = None) -> DeriveConfig:
+def derive_config(
+    catalog: Catalog, parent: str, transform: JsonValue, *, format: str | None = None, shard_size: int | None = None
+) -> DeriveConfig:
     """Options for a version derived from ``parent`` (a resolved id): the parent's format and shard size
     unless given."""
     m = catalog.manifest(parent)
     inherited = m.config.get("shard_size") if isinstance(m.config, dict) else None
-    return DeriveConfig(parent, transform, format or m.shard_format,
-                        shard_size or (inherited if isinstance(inherited, int) else DEFAULT_SHARD_SIZE))
+    return DeriveConfig(
+        parent,
+        transform,
+        format or m.shard_format,
+        shard_size or (inherited if isinstance(inherited, int) else DEFAULT_SHARD_SIZE),
+    )
 
 
 def _check(s: Sample) -> None:
@@ -90,9 +95,11 @@ def _check(s: Sample) -> None:
     if m.key != s.key:
         raise FormatError(f"{s.key}: its metadata names key {m.key!r}")
     frames = m.clip.frames
-    shapes = {"actions": (s.actions.shape, (frames, len(m.controls))),
-              "telemetry": (s.telemetry.shape, (frames, len(m.telemetry_channels))),
-              "timestamps": (s.timestamps.shape, (frames,))}
+    shapes = {
+        "actions": (s.actions.shape, (frames, len(m.controls))),
+        "telemetry": (s.telemetry.shape, (frames, len(m.telemetry_channels))),
+        "timestamps": (s.timestamps.shape, (frames,)),
+    }
     for name, (got, want) in shapes.items():
         if tuple(got) != want:
             raise FormatError(f"{s.key}: {name} has shape {tuple(got)}, its metadata says {want}")
@@ -101,15 +108,37 @@ def _check(s: Sample) -> None:
 def _row(s: Sample, sha256: str, blake3: str, size: int, parent_version: str, parent_key: str) -> IndexRow:
     m = s.meta
     ses, clip, video = m.session, m.clip, m.video
-    return IndexRow(key=s.key, sha256=sha256, shard="", session_id=ses.session_id, title=ses.title,
-                    player=ses.player, platform=ses.platform, build=ses.build,
-                    started_at=parse_started_at(ses.started_at), conditions=tuple(sorted(ses.conditions.items())),
-                    clip_index=clip.index, t_start=clip.t_start, t_end=clip.t_end, frames=clip.frames,
-                    fps=video.fps, width=video.width, height=video.height, codec=video.codec,
-                    has_audio=video.has_audio, n_controls=len(m.controls), n_channels=len(m.telemetry_channels),
-                    video_bytes=len(s.video), bytes=size, action_events=m.action_events, text_events=len(m.text),
-                    source_video_sha256=m.sources.get("video", ""), parent_version=parent_version,
-                    parent_key=parent_key, blake3=blake3)
+    return IndexRow(
+        key=s.key,
+        sha256=sha256,
+        shard="",
+        session_id=ses.session_id,
+        title=ses.title,
+        player=ses.player,
+        platform=ses.platform,
+        build=ses.build,
+        started_at=parse_started_at(ses.started_at),
+        conditions=tuple(sorted(ses.conditions.items())),
+        clip_index=clip.index,
+        t_start=clip.t_start,
+        t_end=clip.t_end,
+        frames=clip.frames,
+        fps=video.fps,
+        width=video.width,
+        height=video.height,
+        codec=video.codec,
+        has_audio=video.has_audio,
+        n_controls=len(m.controls),
+        n_channels=len(m.telemetry_channels),
+        video_bytes=len(s.video),
+        bytes=size,
+        action_events=m.action_events,
+        text_events=len(m.text),
+        source_video_sha256=m.sources.get("video", ""),
+        parent_version=parent_version,
+        parent_key=parent_key,
+        blake3=blake3,
+    )
 
 
 def encode_samples(samples: Iterable[DerivedSample], config: DeriveConfig, seg_path: Path) -> list[Encoded]:
@@ -124,9 +153,19 @@ def encode_samples(samples: Iterable[DerivedSample], config: DeriveConfig, seg_p
             digest = members_sha256(members)
             seg = fmt.encode(s.key, digest, members)
             f.write(seg.data)
-            out.append(Encoded(SampleRef(s.key, digest, seg.member_bytes, seg_path, offset, len(seg.data)),
-                               _row(s, digest, members_blake3(members), sum(len(p) for _, p in members),
-                                    config.derived_from, d.parent_key)))
+            out.append(
+                Encoded(
+                    SampleRef(s.key, digest, seg.member_bytes, seg_path, offset, len(seg.data)),
+                    _row(
+                        s,
+                        digest,
+                        members_blake3(members),
+                        sum(len(p) for _, p in members),
+                        config.derived_from,
+                        d.parent_key,
+                    ),
+                )
+            )
             offset += len(seg.data)
     return out
 
@@ -142,8 +181,10 @@ def _lineage(catalog: Catalog, parent: str, encoded: list[Encoded]):
         if r.parent_key not in session_of:
             raise UsageError(f"{r.key}: parent key {str(r.parent_key)[:100]!r} is not in version {parent[:12]}")
         if session_of[r.parent_key] != r.session_id:
-            raise UsageError(f"{r.key}: session {r.session_id!r} is not its parent sample's "
-                             f"({session_of[r.parent_key]!r}); a derived sample keeps its parent's session")
+            raise UsageError(
+                f"{r.key}: session {r.session_id!r} is not its parent sample's "
+                f"({session_of[r.parent_key]!r}); a derived sample keeps its parent's session"
+            )
         counts[r.session_id] = counts.get(r.session_id, 0) + 1
     table = catalog.sessions(parent)
     sessions = [replace(s, samples=counts[s.session_id]) for s in table.sessions if s.session_id in counts]
@@ -151,8 +192,14 @@ def _lineage(catalog: Catalog, parent: str, encoded: list[Encoded]):
     return sessions, sources
 
 
-def commit_derived(catalog: Catalog, area: BuildArea, config: DeriveConfig, encoded: list[Encoded], *,
-                   executor: ExecutorSpec = ExecutorSpec(workers=1)) -> DeriveResult:
+def commit_derived(
+    catalog: Catalog,
+    area: BuildArea,
+    config: DeriveConfig,
+    encoded: list[Encoded],
+    *,
+    executor: ExecutorSpec = ExecutorSpec(workers=1),
+) -> DeriveResult:
     """Assemble the encoded samples into shards and commit the derived version (manifest last)."""
     keys = [e.row.key for e in encoded]
     if not keys:
@@ -163,11 +210,13 @@ def commit_derived(catalog: Catalog, area: BuildArea, config: DeriveConfig, enco
     parent = config.derived_from
     sessions, sources = _lineage(catalog, parent, encoded)
     fmt = get_format(config.format)
-    tasks = Assembly((), [e.ref for e in encoded], fmt, config.format, config.shard_size, {}, area.path,
-                     catalog.shard_file).finish()
+    tasks = Assembly(
+        (), [e.ref for e in encoded], fmt, config.format, config.shard_size, {}, area.path, catalog.shard_file
+    ).finish()
     written: dict[int, object] = {}
-    run_tasks(assemble_shard, tasks, executor, lambda i, w: written.__setitem__(i, w),
-              describe=lambda t: f"shard {t.number}")
+    run_tasks(
+        assemble_shard, tasks, executor, lambda i, w: written.__setitem__(i, w), describe=lambda t: f"shard {t.number}"
+    )
     rows_by_key = {e.row.key: e.row for e in encoded}
     shards, rows, moves = [], [], []
     for i in range(len(tasks)):
@@ -177,17 +226,39 @@ def commit_derived(catalog: Catalog, area: BuildArea, config: DeriveConfig, enco
         moves.append((w.tmp_path, rec))
         rows += [rows_by_key[e.key].located(rec.path, e) for e in w.entries]
     manifest, pinned = version_manifest(config.to_json(), config.format, shards, rows, sources, sessions, [])
-    commit = CommitRecord(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), 0, parent, None, config.format,
-                          manifest.stats.samples, manifest.stats.bytes, manifest.content_id,
-                          change_counts(catalog, parent, pinned[INDEX_FILE]))
+    commit = CommitRecord(
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        0,
+        parent,
+        None,
+        config.format,
+        manifest.stats.samples,
+        manifest.stats.bytes,
+        manifest.content_id,
+        change_counts(catalog, parent, pinned[INDEX_FILE]),
+    )
     vid, existed = catalog.commit(area, moves, manifest, pinned, commit)
     st = manifest.stats
-    return DeriveResult(version_id=vid, parent=parent, existed=existed, content_id=manifest.content_id,
-                        samples=st.samples, shards=st.shards, bytes=st.bytes)
+    return DeriveResult(
+        version_id=vid,
+        parent=parent,
+        existed=existed,
+        content_id=manifest.content_id,
+        samples=st.samples,
+        shards=st.shards,
+        bytes=st.bytes,
+    )
 
 
-def derive(catalog: Catalog, parent: str, samples: Iterable[DerivedSample], transform: JsonValue, *,
-           format: str | None = None, shard_size: int | None = None) -> DeriveResult:
+def derive(
+    catalog: Catalog,
+    parent: str,
+    samples: Iterable[DerivedSample],
+    transform: JsonValue,
+    *,
+    format: str | None = None,
+    shard_size: int | None = None,
+) -> DeriveResult:
     """Commit a version of ``samples`` derived from version ``parent`` (a ref), in this process."""
     vid = catalog.resolve(parent)
     config = derive_config(catalog, vid, transform, format=format, shard_size=shard_size)

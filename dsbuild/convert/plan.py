@@ -84,5 +84,9 @@ def plan_convert(captures: str, out: str, config: ConvertConfig, onto: str | Non
     for rec in base.sessions if base else ():
         if rec.session_id not in present and rec.session_id not in kept:
             plans.append(SessionPlan(rec.session_id, rec.path, "removed"))
-    return ConvertPlan(catalog.url if catalog is not None else str(out), parent, reusable is not None,
-                       tuple(sorted(plans, key=lambda p: (p.path, p.session))))
+    return ConvertPlan(
+        catalog.url if catalog is not None else str(out),
+        parent,
+        reusable is not None,
+        tuple(sorted(plans, key=lambda p: (p.path, p.session))),
+    )

@@ -19,7 +19,7 @@ from dsbuild.core.files import UnsafeFile
 from dsbuild.core.hashcache import hashed
 from dsbuild.core.jsonio import canonical_json, clip_text
 from dsbuild.formats import get_format
-from dsbuild.formats.capture import SESSION_FILE, Session
+from dsbuild.formats.capture import SESSION_FILE, Session, parse_started_at
 from dsbuild.formats.sample import (
     ClipAudio,
     ClipVideo,
@@ -34,7 +34,6 @@ from dsbuild.formats.sample import (
 )
 from dsbuild.formats.streams import ActionTrack, TelemetryTrack, TextTrack, scan
 from dsbuild.formats.video import DemuxReport, VideoSource
-from dsbuild.formats.capture import parse_started_at
 from dsbuild.lineage.index import IndexRow
 from dsbuild.lineage.manifest import Quarantined, SourceRecord
 
@@ -136,9 +135,11 @@ def _check_unchanged(session: Session, seen: dict[Path, tuple], before: dict[Pat
         except OSError:
             now = None
         if not now == hashed_as == before.get(path, hashed_as):
-            raise CaptureError(session.rel_of(path.relative_to(session.directory).as_posix()),
-                               "changed while reading (size or modification time differ from when it was "
-                               "read or hashed); convert again once the capture is complete")
+            raise CaptureError(
+                session.rel_of(path.relative_to(session.directory).as_posix()),
+                "changed while reading (size or modification time differ from when it was "
+                "read or hashed); convert again once the capture is complete",
+            )
 
 
 def source_set(sources: list[SourceRecord]) -> frozenset[tuple]:
@@ -170,8 +171,10 @@ def process_session(job: SessionJob) -> SessionResult:
             except OSError as e:
                 if isinstance(e, PermissionError) or e.filename not in (None, str(seg_path)):
                     raise
-                raise StorageError(f"cannot write {seg_path}: {e.strerror or e}",
-                                   hint="check free space and permissions, then run the command again") from None
+                raise StorageError(
+                    f"cannot write {seg_path}: {e.strerror or e}",
+                    hint="check free space and permissions, then run the command again",
+                ) from None
         result.seg_path = seg_path
     except StorageError:
         seg_path.unlink(missing_ok=True)
@@ -197,10 +200,22 @@ def _reason(session: Session, e: Exception) -> tuple[str, str]:
 def _clip_video(info, clip) -> ClipVideo:
     """The clip's encoding for its metadata; audio placement relative to the clip's first video frame."""
     a = clip.audio
-    audio = None if a is None else ClipAudio(a.codec, a.sample_rate, a.channels,
-                                             start=a.t_start - float(clip.frame_t[0]), duration=a.t_end - a.t_start)
-    return ClipVideo(info.codec, clip.width, clip.height, info.fps, codec_tag=info.codec_tag,
-                     has_audio=audio is not None, audio=audio)
+    audio = (
+        None
+        if a is None
+        else ClipAudio(
+            a.codec, a.sample_rate, a.channels, start=a.t_start - float(clip.frame_t[0]), duration=a.t_end - a.t_start
+        )
+    )
+    return ClipVideo(
+        info.codec,
+        clip.width,
+        clip.height,
+        info.fps,
+        codec_tag=info.codec_tag,
+        has_audio=audio is not None,
+        audio=audio,
+    )
 
 
 def _stream(session: Session, kind: str, root: Path):
@@ -222,12 +237,20 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future, befor
     text = TextTrack(scans["text"], root)
     result.controls, result.channels = actions.controls, telemetry.channels
     compressor = zstandard.ZstdCompressor(level=config.zstd_level, write_checksum=True)
-    fields = SessionFields(session.session_id, session.title, session.player, session.platform, session.build,
-                           session.started_at, dict(session.conditions))
+    fields = SessionFields(
+        session.session_id,
+        session.title,
+        session.player,
+        session.platform,
+        session.build,
+        session.started_at,
+        dict(session.conditions),
+    )
     demux = DemuxReport()
     try:
-        video_source = VideoSource(session.path_of(session.video), audio=config.audio,
-                                   transcode=config.transcode).__enter__()
+        video_source = VideoSource(
+            session.path_of(session.video), audio=config.audio, transcode=config.transcode
+        ).__enter__()
     except FormatError as e:
         raise CaptureError(session.rel_of(session.video), str(e)) from None
     source_list, seen = None, None
@@ -242,32 +265,67 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future, befor
             dense, raw = actions.clip(frame_t, clip.t_start, clip.t_end)
             texts = text.clip(clip.t_start, clip.t_end)
             meta = SampleMeta(
-                key=key, session=fields,
+                key=key,
+                session=fields,
                 clip=ClipWindow(clip.index, clip.t_start, clip.t_end, len(frame_t), clip.t_end - clip.t_start),
                 video=_clip_video(info, clip),
-                controls=actions.controls, telemetry_channels=telemetry.channels,
+                controls=actions.controls,
+                telemetry_channels=telemetry.channels,
                 text=tuple(TextEvent(e["t"], e["text"], e["speaker"]) for e in texts),
-                action_events=len(raw), sources={s.role: s.sha256 for s in source_list})
-            sample = Sample(key, meta, video, dense, telemetry.clip(frame_t, clip.t_start, clip.t_end), frame_t,
-                            _events_blob(raw, actions.controls, compressor))
+                action_events=len(raw),
+                sources={s.role: s.sha256 for s in source_list},
+            )
+            sample = Sample(
+                key,
+                meta,
+                video,
+                dense,
+                telemetry.clip(frame_t, clip.t_start, clip.t_end),
+                frame_t,
+                _events_blob(raw, actions.controls, compressor),
+            )
             members = sample.members()
             digest = members_sha256(members)
             segment = fmt.encode(key, digest, members)
             offset = seg.tell()
             seg.write(segment.data)
             result.video_bytes += len(video)
-            result.samples.append(SampleOut(
-                IndexRow(key=key, sha256=digest, shard="", session_id=session.session_id, title=session.title,
-                         player=session.player, platform=session.platform, build=session.build,
-                         started_at=parse_started_at(session.started_at),
-                         conditions=tuple(sorted(session.conditions.items())), clip_index=clip.index,
-                         t_start=clip.t_start, t_end=clip.t_end, frames=len(frame_t), fps=info.fps,
-                         width=clip.width, height=clip.height, codec=info.codec, has_audio=clip.audio is not None,
-                         n_controls=len(actions.controls), n_channels=len(telemetry.channels),
-                         video_bytes=len(video), bytes=sum(len(p) for _, p in members),
-                         action_events=len(raw), text_events=len(texts),
-                         source_video_sha256=meta.sources["video"], blake3=members_blake3(members)),
-                offset, len(segment.data), segment.member_bytes))
+            result.samples.append(
+                SampleOut(
+                    IndexRow(
+                        key=key,
+                        sha256=digest,
+                        shard="",
+                        session_id=session.session_id,
+                        title=session.title,
+                        player=session.player,
+                        platform=session.platform,
+                        build=session.build,
+                        started_at=parse_started_at(session.started_at),
+                        conditions=tuple(sorted(session.conditions.items())),
+                        clip_index=clip.index,
+                        t_start=clip.t_start,
+                        t_end=clip.t_end,
+                        frames=len(frame_t),
+                        fps=info.fps,
+                        width=clip.width,
+                        height=clip.height,
+                        codec=info.codec,
+                        has_audio=clip.audio is not None,
+                        n_controls=len(actions.controls),
+                        n_channels=len(telemetry.channels),
+                        video_bytes=len(video),
+                        bytes=sum(len(p) for _, p in members),
+                        action_events=len(raw),
+                        text_events=len(texts),
+                        source_video_sha256=meta.sources["video"],
+                        blake3=members_blake3(members),
+                    ),
+                    offset,
+                    len(segment.data),
+                    segment.member_bytes,
+                )
+            )
     finally:
         video_source.__exit__(None, None, None)
     if not result.samples:

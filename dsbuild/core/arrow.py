@@ -8,11 +8,11 @@ conversions make (tests hold them equal on every type used here), without the de
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 _OFFSET_LIMIT = (1 << 31) - 1  # 32-bit offsets: a string, binary, list or map column holds less than this
 
@@ -57,15 +57,27 @@ def array(values, type):
 
 # What a column of each kind accepts (stricter than pyarrow, which truncates 1.5 into an int column and
 # encodes a str into a binary one).
-_ACCEPTS = {str: (str,), bytes: (bytes, bytearray, memoryview), bool: (bool, np.bool_),
-            int: (int, np.integer), float: (int, float, np.integer, np.floating), datetime: (datetime,)}
+_ACCEPTS = {
+    str: (str,),
+    bytes: (bytes, bytearray, memoryview),
+    bool: (bool, np.bool_),
+    int: (int, np.integer),
+    float: (int, float, np.integer, np.floating),
+    datetime: (datetime,),
+}
 
 
 def _kind(type):
     import pyarrow as pa
 
-    for test, kind in ((pa.types.is_string, str), (pa.types.is_binary, bytes), (pa.types.is_boolean, bool),
-                       (pa.types.is_timestamp, datetime), (pa.types.is_integer, int), (pa.types.is_floating, float)):
+    for test, kind in (
+        (pa.types.is_string, str),
+        (pa.types.is_binary, bytes),
+        (pa.types.is_boolean, bool),
+        (pa.types.is_timestamp, datetime),
+        (pa.types.is_integer, int),
+        (pa.types.is_floating, float),
+    ):
         if test(type):
             return kind
     raise TypeError(f"no builder for {type}")
@@ -73,8 +85,10 @@ def _kind(type):
 
 def _check(values: list, kind, type) -> None:
     accepts = _ACCEPTS[kind]
-    bad = next((v for v in values if v is not None and (not isinstance(v, accepts) or
-                                                         (kind is int and isinstance(v, bool)))), None)
+    bad = next(
+        (v for v in values if v is not None and (not isinstance(v, accepts) or (kind is int and isinstance(v, bool)))),
+        None,
+    )
     if bad is not None:
         raise TypeError(f"a {type} column cannot hold {bad!r:.60} ({bad.__class__.__name__})")
 
@@ -116,9 +130,12 @@ def _nested(values: list, type, valid: list[bool], nulls: int):
         entries = [[] if v is None else list(v.items() if isinstance(v, dict) else v) for v in values]
     else:
         entries = [np.zeros(0) if v is None else v for v in values]
-    offsets = pa.Array.from_buffers(pa.int32(), n + 1, [_bitmap(valid + [True]) if nulls else None,
-                                                         pa.py_buffer(_offsets([len(e) for e in entries]))],
-                                    null_count=nulls)
+    offsets = pa.Array.from_buffers(
+        pa.int32(),
+        n + 1,
+        [_bitmap(valid + [True]) if nulls else None, pa.py_buffer(_offsets([len(e) for e in entries]))],
+        null_count=nulls,
+    )
     if pa.types.is_map(type):
         keys = array([k for e in entries for k, _ in e], type.key_type)
         items = array([x for e in entries for _, x in e], type.item_type)
@@ -157,7 +174,7 @@ def _offsets(lengths: list[int]) -> np.ndarray:
 
 def _micros(t: datetime) -> int:
     """Microseconds since the epoch, exactly (a naive time is UTC)."""
-    return ((t if t.tzinfo else t.replace(tzinfo=timezone.utc)) - EPOCH) // _MICRO
+    return ((t if t.tzinfo else t.replace(tzinfo=UTC)) - EPOCH) // _MICRO
 
 
 def to_numpy(column, null=None) -> np.ndarray:
@@ -203,7 +220,7 @@ def _bits(buffer, offset: int, n: int) -> np.ndarray:
     """n bits of an Arrow bitmap from ``offset``, as bools."""
     if n == 0:
         return np.zeros(0, bool)
-    return np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")[offset:offset + n].astype(bool)
+    return np.unpackbits(np.frombuffer(buffer, np.uint8), bitorder="little")[offset : offset + n].astype(bool)
 
 
 def check_expansion(pf, columns, row_groups, limit: int, what: str) -> None:

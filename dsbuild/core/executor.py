@@ -18,11 +18,11 @@ import os
 import signal
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Callable, Sequence
 
 from dsbuild.core.errors import MissingDependency, StorageError, UsageError, WorkerDied
 from dsbuild.core.files import PARENT_ONLY_FDS
@@ -60,6 +60,7 @@ def _die_with_parent(parent: int, close_fds: tuple[int, ...]) -> None:
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
             raise OSError(ctypes.get_errno(), "prctl")
     except (OSError, AttributeError):
+
         def watch() -> None:
             while os.getppid() == parent:
                 threading.Event().wait(1.0)
@@ -83,8 +84,15 @@ class TaskPool:
     interrupt kills the workers instead of waiting for a task stuck in a blocking call.
     """
 
-    def __init__(self, spec: ExecutorSpec, *, workers: int | None = None, inline: bool = False,
-                 start_method: str = "fork", started: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        spec: ExecutorSpec,
+        *,
+        workers: int | None = None,
+        inline: bool = False,
+        start_method: str = "fork",
+        started: Callable[[], None] | None = None,
+    ):
         self.spec, self._started = spec, started
         self._workers = min(spec.count, workers or spec.count)
         self._inline = spec.kind == "local" and (inline or self._workers <= 1)
@@ -98,7 +106,7 @@ class TaskPool:
         self._seq = 0
         self._interrupted = False
 
-    def __enter__(self) -> "TaskPool":
+    def __enter__(self) -> TaskPool:
         if self.spec.kind == "ray":
             self._ray, self._ray_started = _ray_init(self.spec.ray_address, self.spec.workers or None)
         elif self._inline and self._started:  # nothing will fork
@@ -129,8 +137,11 @@ class TaskPool:
         else:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(
-                    max_workers=self._workers, mp_context=get_context(self._start_method),
-                    initializer=_die_with_parent, initargs=(os.getpid(), tuple(PARENT_ONLY_FDS)))
+                    max_workers=self._workers,
+                    mp_context=get_context(self._start_method),
+                    initializer=_die_with_parent,
+                    initargs=(os.getpid(), tuple(PARENT_ONLY_FDS)),
+                )
             self._running[self._pool.submit(fn, item)] = (self._seq, tag, describe)  # (the first forks them all)
         if first and self._started:
             self._started()
@@ -154,9 +165,11 @@ class TaskPool:
         broken = [f for f in done if isinstance(f.exception(), BrokenProcessPool)]
         if broken:
             names = ", ".join(self._running[f][2] for f in broken[:4]) + (", ..." if len(broken) > 4 else "")
-            raise WorkerDied(f"a worker process died (killed by the OOM killer or a signal?) while working on "
-                             f"one of: {names}; nothing was committed",
-                             hint="run again, with fewer --workers if memory is short")
+            raise WorkerDied(
+                f"a worker process died (killed by the OOM killer or a signal?) while working on "
+                f"one of: {names}; nothing was committed",
+                hint="run again, with fewer --workers if memory is short",
+            )
         for fut in done:
             _, tag, _ = self._running.pop(fut)
             self._done.append((tag, fut.result()))
@@ -176,16 +189,25 @@ class TaskPool:
                 self._ray.shutdown()
 
 
-def run_tasks(fn: Callable, items: Sequence, spec: ExecutorSpec, on_result: Callable[[int, object], None], *,
-              start_method: str = "fork", describe: Callable[[object], str] = str,
-              inline_below: int = 2, started: Callable[[], None] | None = None) -> None:
+def run_tasks(
+    fn: Callable,
+    items: Sequence,
+    spec: ExecutorSpec,
+    on_result: Callable[[int, object], None],
+    *,
+    start_method: str = "fork",
+    describe: Callable[[object], str] = str,
+    inline_below: int = 2,
+    started: Callable[[], None] | None = None,
+) -> None:
     """``fn(item)`` for every item; ``on_result(index, result)`` as each finishes (in completion order).
 
     With one worker, or fewer items than ``inline_below``, the tasks run in this process (see
     ``TaskPool`` for ``start_method`` and ``started``).
     """
-    with TaskPool(spec, workers=len(items), inline=len(items) < inline_below, start_method=start_method,
-                  started=started) as pool:
+    with TaskPool(
+        spec, workers=len(items), inline=len(items) < inline_below, start_method=start_method, started=started
+    ) as pool:
         for i, item in enumerate(items):
             pool.submit(fn, item, i, describe(item))
         while pool.pending:
@@ -207,8 +229,10 @@ def _reachable(address: str) -> None:
         port_number = int(port) if port else RAY_PORTS.get(scheme, 6379)
         socket.create_connection((host.strip("[]") or "127.0.0.1", port_number), timeout=RAY_CONNECT_TIMEOUT).close()
     except (OSError, ValueError) as e:
-        raise StorageError(f"--ray-address {address}: cannot connect ({getattr(e, 'strerror', None) or e})",
-                           hint="start the cluster (`ray start --head`), or check the address") from None
+        raise StorageError(
+            f"--ray-address {address}: cannot connect ({getattr(e, 'strerror', None) or e})",
+            hint="start the cluster (`ray start --head`), or check the address",
+        ) from None
 
 
 def _ray_init(address: str | None, num_cpus: int | None):
@@ -226,17 +250,24 @@ def _ray_init(address: str | None, num_cpus: int | None):
         _reachable(address)
     try:
         joins = address not in (None, "", "local")  # (`local` starts a new instance: --workers applies)
-        ray.init(address=address, num_cpus=None if joins else (num_cpus or os.cpu_count()),
-                 include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=address,
+            num_cpus=None if joins else (num_cpus or os.cpu_count()),
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     except ValueError as e:
         if "ray[client]" in str(e):
             raise MissingDependency(f"--ray-address {address}", "ray") from None
         raise
     except (ConnectionError, RuntimeError) as e:  # e.g. "auto" with no cluster running on this node
         where = f"--ray-address {address}" if address else "--executor ray"
-        raise StorageError(f"{where}: cannot start or join a Ray cluster "
-                           f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})",
-                           hint="start one with `ray start --head`, or check the address") from None
+        raise StorageError(
+            f"{where}: cannot start or join a Ray cluster "
+            f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__})",
+            hint="start one with `ray start --head`, or check the address",
+        ) from None
     except BaseException:  # Ctrl-C while Ray starts: stop what it started (its agents outlived the command)
         ray.shutdown()
         raise

@@ -35,8 +35,8 @@ def inside(path: Path, root: Path) -> bool:
     Lexically inside with no symlink on the way (one lstat per component below ``root``: the common
     case) settles it without resolving; anything else is resolved in full."""
     path, root = os.path.abspath(path), os.path.abspath(root)
-    if path.startswith(root.rstrip(os.sep) + os.sep) and ".." not in path[len(root):].split(os.sep):
-        rest, probe = path[len(root):].strip(os.sep).split(os.sep), root
+    if path.startswith(root.rstrip(os.sep) + os.sep) and ".." not in path[len(root) :].split(os.sep):
+        rest, probe = path[len(root) :].strip(os.sep).split(os.sep), root
         try:
             for part in rest:
                 probe = os.path.join(probe, part)
@@ -63,9 +63,15 @@ def open_regular(path: Path, root: Path | None = None):
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if (
-                stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) else "a folder" if stat.S_ISDIR(
-                st.st_mode) else "not a regular file"
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(st.st_mode)
+                else "a device"
+                if (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode))
+                else "a folder"
+                if stat.S_ISDIR(st.st_mode)
+                else "not a regular file"
+            )
             raise UnsafeFile(f"{path}: is {kind}, not a regular file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
@@ -80,8 +86,9 @@ def read_capped(path: Path, cap: int, *, root: Path | None = None, what: str | N
     return read_capped_stat(path, cap, root=root, what=what)[0]
 
 
-def read_capped_stat(path: Path, cap: int, *, root: Path | None = None,
-                     what: str | None = None) -> tuple[bytes, os.stat_result]:
+def read_capped_stat(
+    path: Path, cap: int, *, root: Path | None = None, what: str | None = None
+) -> tuple[bytes, os.stat_result]:
     """``read_capped``, and the file's status as it was opened (for a reader that must later tell whether
     the file it read is still the one on disk)."""
     with open_regular(path, root) as f:
@@ -123,5 +130,7 @@ def replace_atomically(path: Path, data: bytes) -> None:
         fsync_dir(path.parent)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise StorageError(f"{path}: cannot write ({e.strerror or e})",
-                           hint="check free space and permissions, then run the command again") from None
+        raise StorageError(
+            f"{path}: cannot write ({e.strerror or e})",
+            hint="check free space and permissions, then run the command again",
+        ) from None

@@ -40,8 +40,10 @@ def _db() -> sqlite3.Connection | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("CREATE TABLE IF NOT EXISTS sources (dev INTEGER, ino INTEGER, size INTEGER, mtime INTEGER, "
-                     "ctime INTEGER, sha256 TEXT, PRIMARY KEY (dev, ino, size, mtime, ctime))")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS sources (dev INTEGER, ino INTEGER, size INTEGER, mtime INTEGER, "
+            "ctime INTEGER, sha256 TEXT, PRIMARY KEY (dev, ino, size, mtime, ctime))"
+        )
     except sqlite3.Error:
         return None  # an accelerator only: without it, everything is hashed
     _LOCAL.conn = (os.getpid(), path, conn)
@@ -54,8 +56,9 @@ def lookup(st: os.stat_result) -> str | None:
     if db is None:
         return None
     try:
-        row = db.execute("SELECT sha256 FROM sources WHERE dev=? AND ino=? AND size=? AND mtime=? AND ctime=?",
-                         _identity(st)).fetchone()
+        row = db.execute(
+            "SELECT sha256 FROM sources WHERE dev=? AND ino=? AND size=? AND mtime=? AND ctime=?", _identity(st)
+        ).fetchone()
     except sqlite3.Error:
         return None
     return row[0] if row else None

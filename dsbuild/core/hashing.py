@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from blake3 import blake3
 
@@ -53,7 +54,7 @@ def _blake3_threads() -> int:
     global _POOL_OWNER
     if _POOL_OWNER is None:
         _POOL_OWNER = os.getpid()
-    return blake3.AUTO if _POOL_OWNER == os.getpid() else 1
+    return blake3.AUTO if os.getpid() == _POOL_OWNER else 1
 
 
 class FileProof:
@@ -75,7 +76,7 @@ class FileProof:
         for _, h, _ in self._checks:
             h.update(chunk)  # both release the GIL on large chunks
 
-    def feed(self, f: BinaryIO, after_each: Callable[[], None] | None = None) -> "FileProof":
+    def feed(self, f: BinaryIO, after_each: Callable[[], None] | None = None) -> FileProof:
         """Hash the rest of ``f`` in ``CHUNK`` reads, calling ``after_each`` after every one (a caller's
         stop check)."""
         while chunk := f.read(CHUNK):
@@ -89,8 +90,11 @@ class FileProof:
 
     def mismatch(self) -> str:
         """What does not match ("" when everything does)."""
-        return "; ".join(f"{name} {digest[:16]}…, expected {expected[:16]}…" for name, h, expected in self._checks
-                         if (digest := h.hexdigest()) != expected)
+        return "; ".join(
+            f"{name} {digest[:16]}…, expected {expected[:16]}…"
+            for name, h, expected in self._checks
+            if (digest := h.hexdigest()) != expected
+        )
 
 
 class HashingWriter:

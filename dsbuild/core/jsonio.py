@@ -34,7 +34,7 @@ def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
 def _within(v: dict | list, left: int) -> bool:
     if left < 0:
         return False
-    for c in (v.values() if type(v) is dict else v):
+    for c in v.values() if type(v) is dict else v:
         if type(c) in _CONTAINERS and not _within(c, left - 1):
             return False
     return True

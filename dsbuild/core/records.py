@@ -20,7 +20,8 @@ import functools
 import re
 import types
 import typing
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import depth_ok
@@ -30,13 +31,24 @@ SHA256 = r"[0-9a-f]{64}"
 _MAX_STR = 1 << 20  # no single string field of a record is a megabyte; longer is hostile
 
 
-def spec(*, pattern: str | None = None, minimum: float | None = None, maximum: float | None = None,
-         doc: str = "", absent_when_none: bool = False) -> dict:
+def spec(
+    *,
+    pattern: str | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    doc: str = "",
+    absent_when_none: bool = False,
+) -> dict:
     """Field metadata: ``field(metadata=spec(pattern=SHA256, doc="..."))``. ``absent_when_none``: a field
     added later is left out of the JSON while None, so a record reads and writes back as the format
     before it did (same bytes, same hashes)."""
-    return {"pattern": pattern, "minimum": minimum, "maximum": maximum, "doc": doc,
-            "absent_when_none": absent_when_none}
+    return {
+        "pattern": pattern,
+        "minimum": minimum,
+        "maximum": maximum,
+        "doc": doc,
+        "absent_when_none": absent_when_none,
+    }
 
 
 def _hints(cls) -> dict[str, Any]:
@@ -65,8 +77,11 @@ class Record:
 
     # -- writing ----------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        out = {f.name: _dump(v) for f in dataclasses.fields(self)
-               if (v := getattr(self, f.name)) is not None or not f.metadata.get("absent_when_none")}
+        out = {
+            f.name: _dump(v)
+            for f in dataclasses.fields(self)
+            if (v := getattr(self, f.name)) is not None or not f.metadata.get("absent_when_none")
+        }
         if self.FORMAT is not None:
             out["format"] = self.FORMAT
         return out
@@ -116,13 +131,18 @@ class Record:
         return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plan(cls) -> tuple[list[tuple[str, Callable, bool]], frozenset[str]]:
     """Per record class: (field name, its compiled loader, whether it is required), and the names."""
     hints = _hints(cls)
-    plan = [(f.name, _loader(hints[f.name], tuple(sorted(f.metadata.items())) if f.metadata else ()),
-             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-            for f in dataclasses.fields(cls)]
+    plan = [
+        (
+            f.name,
+            _loader(hints[f.name], tuple(sorted(f.metadata.items())) if f.metadata else ()),
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+    ]
     return plan, frozenset(name for name, _, _ in plan)
 
 
@@ -136,7 +156,7 @@ def _dump(v: Any) -> Any:
     return v
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _loader(tp: Any, meta: tuple) -> Callable[[Any, str], Any]:
     """A validating loader for one annotation, built once per (type, constraints): reading a manifest
     with tens of thousands of records then costs a few function calls per value, not type analysis."""
@@ -148,10 +168,12 @@ def _loader(tp: Any, meta: tuple) -> Callable[[Any, str], Any]:
         load_inner = _loader(inner[0], meta)
         return lambda v, where: None if v is None else load_inner(v, where)
     if tp is JsonValue:
+
         def load_json(v, where):
             if not depth_ok(v):
                 raise FormatError(f"{where}: nested too deeply")
             return v
+
         return load_json
     if _is_record(tp):
         return tp.from_json
@@ -164,6 +186,7 @@ def _loader(tp: Any, meta: tuple) -> Callable[[Any, str], Any]:
             if type(v) is not list:
                 raise FormatError(f"{where}: expected a list, found {type(v).__name__}")
             return tuple(load_item(x, f"{where}[{i}]") for i, x in enumerate(v))
+
         return load_tuple
     if origin is dict:
         load_value = _loader(typing.get_args(tp)[1], ())
@@ -172,6 +195,7 @@ def _loader(tp: Any, meta: tuple) -> Callable[[Any, str], Any]:
             if type(v) is not dict:
                 raise FormatError(f"{where}: expected an object, found {type(v).__name__}")
             return {k: load_value(x, where) for k, x in v.items()}
+
         return load_dict
     check = _SCALARS.get(tp)
     if check is None:
@@ -194,11 +218,17 @@ def _loader(tp: Any, meta: tuple) -> Callable[[Any, str], Any]:
         elif hi is not None and v > hi:
             raise FormatError(f"{where}: {v} is above {hi}")
         return float(v) if tp is float else v
+
     return load_scalar
 
 
-_SCALARS = {str: lambda v: type(v) is str, bool: lambda v: type(v) is bool, type(None): lambda v: v is None,
-            int: lambda v: type(v) is int, float: lambda v: type(v) is float or type(v) is int}
+_SCALARS = {
+    str: lambda v: type(v) is str,
+    bool: lambda v: type(v) is bool,
+    type(None): lambda v: v is None,
+    int: lambda v: type(v) is int,
+    float: lambda v: type(v) is float or type(v) is int,
+}
 
 
 def _schema(tp: Any, meta: typing.Mapping) -> dict:

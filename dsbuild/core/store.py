@@ -22,8 +22,9 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from dsbuild.core.errors import FormatError, LineageError, MissingDependency, StorageError, UsageError
 from dsbuild.core.files import inside, open_regular, read_capped, replace_atomically
@@ -104,12 +105,14 @@ def is_key(key: object) -> bool:
 
 def parses(parse: Callable[[bytes], object]) -> Callable[[bytes], bool]:
     """A ``read(..., proven=)`` check from a parser: bytes it accepts (raising no FormatError)."""
+
     def proven(data: bytes) -> bool:
         try:
             parse(data)
         except FormatError:
             return False
         return True
+
     return proven
 
 
@@ -215,15 +218,18 @@ def _fsspec(url: str):
         raise MissingDependency(url, "s3", "fsspec") from None
     scheme = url.split("://", 1)[0]
     if scheme not in fsspec.available_protocols():
-        raise UsageError(f"{url[:200]}: no file system is known for {scheme[:20]!r}://",
-                         hint="a local folder, or an fsspec URL such as s3://bucket/catalog")
+        raise UsageError(
+            f"{url[:200]}: no file system is known for {scheme[:20]!r}://",
+            hint="a local folder, or an fsspec URL such as s3://bucket/catalog",
+        )
     try:
         fs, path = fsspec.core.url_to_fs(url, **_options(scheme))
     except ImportError as e:  # a known protocol whose package is not installed (gcsfs for gs://, ...)
         if scheme in ("s3", "s3a"):
             raise MissingDependency(f"{url} ({e})", "s3") from None
-        raise StorageError(f"{url[:200]}: {str(e)[:200]}",
-                           hint="install the package it names (the s3 extra covers only s3://)") from None
+        raise StorageError(
+            f"{url[:200]}: {str(e)[:200]}", hint="install the package it names (the s3 extra covers only s3://)"
+        ) from None
     except ValueError as e:
         raise UsageError(f"{url[:200]}: {str(e)[:200]}") from None
     if scheme in ("s3", "s3a"):
@@ -237,8 +243,13 @@ def _options(scheme: str) -> dict:
     that accepts connections and never answers for many minutes."""
     if scheme not in ("s3", "s3a"):
         return {}
-    return {"config_kwargs": {"connect_timeout": CONNECT_TIMEOUT, "read_timeout": READ_TIMEOUT,
-                              "retries": {"total_max_attempts": 1}}}
+    return {
+        "config_kwargs": {
+            "connect_timeout": CONNECT_TIMEOUT,
+            "read_timeout": READ_TIMEOUT,
+            "retries": {"total_max_attempts": 1},
+        }
+    }
 
 
 def _network_cause(e: FileNotFoundError) -> OSError | None:
@@ -260,7 +271,9 @@ def _precondition_failed(e: OSError) -> bool:
     """s3fs's error for an S3 conditional write whose condition did not hold (HTTP 412)."""
     response = getattr(e.__cause__, "response", None)
     return isinstance(response, dict) and response.get("Error", {}).get("Code") in (
-        "PreconditionFailed", "ConditionalRequestConflict")
+        "PreconditionFailed",
+        "ConditionalRequestConflict",
+    )
 
 
 def retry(what: str, fn: Callable):
@@ -279,11 +292,16 @@ def retry(what: str, fn: Callable):
             if "NoSuchKey" in type(e).__name__:
                 raise FileNotFoundError(what) from None
             failure = e
-        if attempt == RETRIES - 1 or time.monotonic() - started > DEADLINE or \
-                isinstance(failure, (FormatError, PermissionError)):
-            raise StorageError(f"{what}: {type(failure).__name__}: {str(failure)[:200]}",
-                               hint="check the URL, credentials and network, then run again") from None
-        time.sleep(0.05 * 2 ** attempt)
+        if (
+            attempt == RETRIES - 1
+            or time.monotonic() - started > DEADLINE
+            or isinstance(failure, (FormatError, PermissionError))
+        ):
+            raise StorageError(
+                f"{what}: {type(failure).__name__}: {str(failure)[:200]}",
+                hint="check the URL, credentials and network, then run again",
+            ) from None
+        time.sleep(0.05 * 2**attempt)
 
 
 class FsspecStore:
@@ -327,8 +345,10 @@ class FsspecStore:
                 p.parent.mkdir(parents=True, exist_ok=True)
                 replace_atomically(p, data)
             except OSError as e:  # the local cache, not the store: say so (it named the remote key)
-                raise StorageError(f"{self.cache}: cannot write the local cache ({e.strerror or e})",
-                                   hint="DSBUILD_CACHE must name a writable folder with free space") from None
+                raise StorageError(
+                    f"{self.cache}: cannot write the local cache ({e.strerror or e})",
+                    hint="DSBUILD_CACHE must name a writable folder with free space",
+                ) from None
         return data
 
     def exists(self, key: str) -> bool:
@@ -365,7 +385,7 @@ class FsspecStore:
             found = retry(self.url, lambda: self.fs.find(base))
         except FileNotFoundError:
             return []
-        keys = (remote[len(self.root) + 1:] if remote.startswith(self.root + "/") else None for remote in found)
+        keys = (remote[len(self.root) + 1 :] if remote.startswith(self.root + "/") else None for remote in found)
         return sorted(k for k in keys if k is not None and (every or is_key(k)))
 
     def write(self, key: str, data: bytes) -> None:
@@ -402,6 +422,7 @@ class FsspecStore:
                     return False
                 raise
             return True
+
         return retry(f"{self.url}/{key}", put)
 
     def put(self, local: Path, key: str) -> None:
@@ -493,12 +514,16 @@ class ShardCache:
                 return local, fd
             remote = self.store.size(key)
             if remote != size:  # the catalog's data is damaged (a LineageError), not the way to it
-                raise LineageError(f"{self.store.url}/{key}: " + ("missing" if remote is None else
-                                   f"{remote} bytes, the manifest says {size}"),
-                                   hint=f"run `dsbuild verify {self.store.url}` to see what is damaged")
+                raise LineageError(
+                    f"{self.store.url}/{key}: "
+                    + ("missing" if remote is None else f"{remote} bytes, the manifest says {size}"),
+                    hint=f"run `dsbuild verify {self.store.url}` to see what is damaged",
+                )
             if size > self.limit:
-                raise StorageError(f"{self.store.url}/{key}: {size} bytes do not fit the shard cache "
-                                   f"({self.limit} bytes)", hint="raise DSBUILD_CACHE_BYTES")
+                raise StorageError(
+                    f"{self.store.url}/{key}: {size} bytes do not fit the shard cache ({self.limit} bytes)",
+                    hint="raise DSBUILD_CACHE_BYTES",
+                )
             self._evict(size)
             tmp = local.with_name(f".{local.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.part")
             h = hashlib.sha256()
@@ -510,8 +535,10 @@ class ShardCache:
                         f.write(chunk)
                     written = f.tell()
                 if written != size or h.hexdigest() != sha256:
-                    raise StorageError(f"{self.store.url}/{key}: downloaded bytes do not match the manifest's "
-                                       "sha256", hint=f"run `dsbuild verify {self.store.url}` to see what is damaged")
+                    raise StorageError(
+                        f"{self.store.url}/{key}: downloaded bytes do not match the manifest's sha256",
+                        hint=f"run `dsbuild verify {self.store.url}` to see what is damaged",
+                    )
                 fd = os.open(tmp, _READ_FLAGS)  # before it is in place, where another process may evict it
                 try:
                     os.replace(tmp, local)

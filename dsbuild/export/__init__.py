@@ -18,8 +18,8 @@ and resumable: an interrupted export finishes when run again. Writers need none 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dsbuild.core.errors import UsageError
 from dsbuild.core.store import is_url, local_path
@@ -38,8 +38,15 @@ TARGET_BYTES = 256_000_000
 __all__ = ["TARGET_BYTES", "TOOLS", "ExportReport", "export"]
 
 
-def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, target_bytes: int = TARGET_BYTES,
-           progress: Callable[[int, int], None] | None = None) -> ExportReport:
+def export(
+    ref: str,
+    dest: str | Path,
+    to: str,
+    split: str | None = None,
+    *,
+    target_bytes: int = TARGET_BYTES,
+    progress: Callable[[int, int], None] | None = None,
+) -> ExportReport:
     """Write version ``ref`` (PATH[@VERSION]) into the folder ``dest`` for the tool ``to``.
 
     ``split``: a split set NAME (each of its splits becomes one of the tool's splits) or NAME/SPLIT (that
@@ -51,15 +58,27 @@ def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, tar
     if target_bytes < 1 << 16:
         raise UsageError(f"target size must be at least 64KiB, not {target_bytes}")
     if is_url(dest):  # (it was written to a local folder named like the URL, and reported as a success)
-        raise UsageError(f"{str(dest)[:200]}: an export is a local folder (it links catalog shards and lands by "
-                         "rename)", hint="export to a local folder, then copy it to the object store")
+        raise UsageError(
+            f"{str(dest)[:200]}: an export is a local folder (it links catalog shards and lands by rename)",
+            hint="export to a local folder, then copy it to the object store",
+        )
     dest = local_path(dest)  # (file:///x is /x, not a folder "file:" here)
     source = open_source(ref, split)
     if to in CHECKS:
         CHECKS[to](source)
     splits = {s.name: s.samples for s in source.splits}
-    folder = ExportFolder(dest, ExportMarker(to, source.version_id, split, source.split_hash,
-                                                  dict(sorted(splits.items())), False, target_bytes=target_bytes))
+    folder = ExportFolder(
+        dest,
+        ExportMarker(
+            to,
+            source.version_id,
+            split,
+            source.split_hash,
+            dict(sorted(splits.items())),
+            False,
+            target_bytes=target_bytes,
+        ),
+    )
     try:
         existed = folder.claim()
         if not existed:
@@ -67,9 +86,22 @@ def export(ref: str, dest: str | Path, to: str, split: str | None = None, *, tar
             folder.finish()
     finally:
         folder.release()
-    return ExportReport(tool=to, version_id=source.version_id, dest=str(dest), split=split, splits=splits,
-                        samples=source.samples, files_written=folder.written, bytes_written=folder.bytes,
-                        files_kept=folder.kept, linked_shards=folder.linked, existed=existed,
-                        repaired=folder.repaired,
-                        warnings=tuple(f"split {name!r} is empty: {to} cannot open it"  # the tools refuse to
-                                       for name, n in splits.items() if not n))  # open an empty split
+    return ExportReport(
+        tool=to,
+        version_id=source.version_id,
+        dest=str(dest),
+        split=split,
+        splits=splits,
+        samples=source.samples,
+        files_written=folder.written,
+        bytes_written=folder.bytes,
+        files_kept=folder.kept,
+        linked_shards=folder.linked,
+        existed=existed,
+        repaired=folder.repaired,
+        warnings=tuple(
+            f"split {name!r} is empty: {to} cannot open it"  # the tools refuse to
+            for name, n in splits.items()
+            if not n
+        ),
+    )  # open an empty split

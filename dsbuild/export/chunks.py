@@ -45,8 +45,10 @@ class OffsetTableFile:
         for size in self.sizes:
             offsets.append(offsets[-1] + size)
         if offsets[-1] > LIMIT:
-            raise UsageError(f"a file of {offsets[-1]} bytes does not fit the 4 GiB limit of its format",
-                             hint="export with a smaller target size")
+            raise UsageError(
+                f"a file of {offsets[-1]} bytes does not fit the 4 GiB limit of its format",
+                hint="export with a smaller target size",
+            )
         with open(self.scratch, "wb") as out, open(body, "rb") as src:
             out.write(struct.pack("<I", n) + struct.pack(f"<{n + 1}I", *offsets) + self.header)
             shutil.copyfileobj(src, out, 1 << 20)

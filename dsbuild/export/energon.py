@@ -50,8 +50,10 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
             folder.put(f"{t.rel}.idx", _idx(t))
     exclude = sorted(f"{t.rel}/{key}" for t in tars for key in t.foreign)
     folder.put(".nv-meta/split.json", pretty_json({"exclude": exclude, "split_parts": parts}))
-    folder.put(".nv-meta/.info.json", pretty_json({"energon_version": ENERGON_VERSION,
-                                                   "shard_counts": {t.rel: len(t.samples) for t in tars}}))
+    folder.put(
+        ".nv-meta/.info.json",
+        pretty_json({"energon_version": ENERGON_VERSION, "shard_counts": {t.rel: len(t.samples) for t in tars}}),
+    )
     folder.put(".nv-meta/dataset.yaml", DATASET_YAML)
     db = folder.temp("index.sqlite")
     _sqlite(db, tars)
@@ -85,9 +87,13 @@ def _sqlite(path, tars: list[TarFile]) -> None:
                 if e.key in t.foreign:
                     continue
                 con.execute("INSERT INTO samples VALUES (?, ?, ?, ?, ?)", (tar_id, e.key, i, e.offset, e.length))
-                con.executemany("INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)", [
-                    (tar_id, i, name, e.offset + at, size)
-                    for name, at, size in zip(MEMBERS, payload_offsets(e.member_bytes), e.member_bytes)])
+                con.executemany(
+                    "INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)",
+                    [
+                        (tar_id, i, name, e.offset + at, size)
+                        for name, at, size in zip(MEMBERS, payload_offsets(e.member_bytes), e.member_bytes)
+                    ],
+                )
         con.executescript("""
             CREATE INDEX idx_samples_by_tar_and_idx ON samples (tar_file_id, sample_index);
             CREATE INDEX idx_sample_parts_seq ON sample_parts (tar_file_id, sample_index, content_byte_offset);

@@ -50,8 +50,13 @@ class ExportMarker(Record):
     target_bytes: int | None = None  # the size of the files written; None before 2026-12 (any is accepted)
 
     def describe(self) -> str:
-        split = f" split {self.split} (set {self.split_hash[:12]})" if self.split and self.split_hash else \
-            f" split {self.split}" if self.split else ""
+        split = (
+            f" split {self.split} (set {self.split_hash[:12]})"
+            if self.split and self.split_hash
+            else f" split {self.split}"
+            if self.split
+            else ""
+        )
         size = f" in files of {self.target_bytes:,} bytes" if self.target_bytes else ""
         return f"a {self.tool} export of version {self.version_id[:12]}{split}{size}"
 
@@ -91,12 +96,14 @@ def _mount_point(folder: Path) -> bool:
         return True
     try:
         with open("/proc/self/mountinfo", "rb") as f:
-            points = {_MOUNTINFO_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), line.split()[4])
-                      for line in f if len(line.split()) > 4}
+            points = {
+                _MOUNTINFO_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), line.split()[4])
+                for line in f
+                if len(line.split()) > 4
+            }
     except OSError:
         return False
     return os.fsencode(folder) in points
-
 
 
 def _holds_cwd(folder: Path) -> bool:
@@ -152,12 +159,16 @@ class ExportFolder:
             (d / LOCK).unlink(missing_ok=True)  # (one an interrupt left between the rename and its removal)
             return True
         if d.is_dir() and _mount_point(d):
-            raise UsageError(f"{d}: is a mount point; an export is built beside its folder and moved in with one "
-                             "rename, which cannot replace a mount point",
-                             hint=f"export into a new folder inside it, e.g. {d / 'export'}")
+            raise UsageError(
+                f"{d}: is a mount point; an export is built beside its folder and moved in with one "
+                "rename, which cannot replace a mount point",
+                hint=f"export into a new folder inside it, e.g. {d / 'export'}",
+            )
         if d.is_dir() and _holds_cwd(d):
-            raise UsageError(f"{d}: is the current folder; the finished export replaces it (a shell there would "
-                             "see it empty)", hint="export into a new folder, e.g. ./export")
+            raise UsageError(
+                f"{d}: is the current folder; the finished export replaces it (a shell there would see it empty)",
+                hint="export into a new folder, e.g. ./export",
+            )
         if damaged:
             self._reopen(d, damaged)
         staged = self._mine(w, read_marker(w))
@@ -181,8 +192,10 @@ class ExportFolder:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StorageError(f"{self.dest}: another export into it is running",
-                               hint="wait for it to finish; the same command then finds the export complete") from None
+            raise StorageError(
+                f"{self.dest}: another export into it is running",
+                hint="wait for it to finish; the same command then finds the export complete",
+            ) from None
         self._lock = fd
 
     def _reopen(self, d: Path, damaged: list[str]) -> None:
@@ -200,11 +213,16 @@ class ExportFolder:
     def _mine(self, where: Path, marker: ExportMarker | None) -> ExportMarker | None:
         """``marker`` if any, refusing the folder when it is another export's."""
         # (a marker written before it recorded file sizes and target accepts any)
-        if marker is not None and replace(marker, complete=False, files=None,
-                                          target_bytes=marker.target_bytes or self.marker.target_bytes
-                                          ) != self.marker:
-            raise UsageError(f"{where}: holds {marker.describe()}, not {self.marker.describe()}; "
-                             "choose an empty folder")
+        if (
+            marker is not None
+            and replace(
+                marker, complete=False, files=None, target_bytes=marker.target_bytes or self.marker.target_bytes
+            )
+            != self.marker
+        ):
+            raise UsageError(
+                f"{where}: holds {marker.describe()}, not {self.marker.describe()}; choose an empty folder"
+            )
         return marker
 
     def path(self, rel: str) -> Path:
@@ -236,8 +254,7 @@ class ExportFolder:
         """A relative symlink ``rel`` -> ``target`` (the catalog's shard: bytes shared, not copied)."""
         where = self.work / rel
         tmp = self.temp(rel.replace("/", "__"))
-        self._land(rel, lambda: os.symlink(os.path.relpath(Path(target).resolve(), where.parent.resolve()), tmp),
-                   tmp)
+        self._land(rel, lambda: os.symlink(os.path.relpath(Path(target).resolve(), where.parent.resolve()), tmp), tmp)
         self.linked += 1
 
     def _land(self, rel: str, make, tmp: Path) -> None:
@@ -247,8 +264,10 @@ class ExportFolder:
             make()
             os.replace(tmp, where)
         except OSError as e:
-            raise StorageError(f"{where}: cannot write ({e.strerror or e})",
-                               hint="check free space and permissions, then run the export again") from None
+            raise StorageError(
+                f"{where}: cannot write ({e.strerror or e})",
+                hint="check free space and permissions, then run the export again",
+            ) from None
         self.written += 1
 
     def finish(self) -> None:
@@ -264,9 +283,12 @@ class ExportFolder:
             os.rename(w, self.dest)  # replaces DEST only if it is an empty folder
         except OSError as e:
             busy = e.errno == errno.EBUSY  # (a mount point, or a folder another process holds as its root)
-            raise StorageError(f"{self.dest}: cannot move the finished export there from {w} ({e.strerror or e})",
-                               hint=f"export into a folder inside it, e.g. {self.dest / 'export'}" if busy else
-                               "empty or remove the folder, then run the export again") from None
+            raise StorageError(
+                f"{self.dest}: cannot move the finished export there from {w} ({e.strerror or e})",
+                hint=f"export into a folder inside it, e.g. {self.dest / 'export'}"
+                if busy
+                else "empty or remove the folder, then run the export again",
+            ) from None
         fsync_dir(self.dest.parent)
         # (still held: a run that opened it meanwhile finds the export complete, and may remove it first)
         (self.dest / LOCK).unlink(missing_ok=True)

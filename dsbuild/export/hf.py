@@ -34,20 +34,35 @@ def _schema():
     import pyarrow as pa
 
     floats = pa.list_(pa.list_(pa.float32()))
-    return pa.schema([
-        ("key", pa.string()), ("session_id", pa.string()), ("title", pa.string()), ("player", pa.string()),
-        ("platform", pa.string()), ("build", pa.string()), ("started_at", pa.string()),
-        ("conditions", pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))),
-        ("clip_index", pa.int64()), ("t_start", pa.float64()), ("t_end", pa.float64()), ("frames", pa.int64()),
-        ("fps", pa.float64()), ("width", pa.int64()), ("height", pa.int64()), ("codec", pa.string()),
-        ("mp4", pa.binary()),  # the MP4 clip, as the version holds it
-        ("controls", pa.list_(pa.string())), ("actions", floats),  # actions[frame][j] is controls[j]
-        ("telemetry_channels", pa.list_(pa.string())), ("telemetry", floats),
-        ("timestamps", pa.list_(pa.float64())),
-        ("events", pa.binary()),  # zstd JSONL of the raw action events
-        ("json", pa.string()),  # the sample's full metadata document (text events, sources...)
-        ("sha256", pa.string()),  # the sample hash in the version
-    ])
+    return pa.schema(
+        [
+            ("key", pa.string()),
+            ("session_id", pa.string()),
+            ("title", pa.string()),
+            ("player", pa.string()),
+            ("platform", pa.string()),
+            ("build", pa.string()),
+            ("started_at", pa.string()),
+            ("conditions", pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))),
+            ("clip_index", pa.int64()),
+            ("t_start", pa.float64()),
+            ("t_end", pa.float64()),
+            ("frames", pa.int64()),
+            ("fps", pa.float64()),
+            ("width", pa.int64()),
+            ("height", pa.int64()),
+            ("codec", pa.string()),
+            ("mp4", pa.binary()),  # the MP4 clip, as the version holds it
+            ("controls", pa.list_(pa.string())),
+            ("actions", floats),  # actions[frame][j] is controls[j]
+            ("telemetry_channels", pa.list_(pa.string())),
+            ("telemetry", floats),
+            ("timestamps", pa.list_(pa.float64())),
+            ("events", pa.binary()),  # zstd JSONL of the raw action events
+            ("json", pa.string()),  # the sample's full metadata document (text events, sources...)
+            ("sha256", pa.string()),  # the sample hash in the version
+        ]
+    )
 
 
 _STORED_AS_IS = ("mp4", "events")  # video and zstd gain nothing from another pass
@@ -75,25 +90,38 @@ def _feature(t) -> dict:
             return {"list": [{"name": f.name, **_feature(f.type)} for f in inner]}
         sub = _feature(inner)
         return {"list": sub.get("dtype", sub)}
-    names = {pa.string(): "string", pa.binary(): "binary", pa.int64(): "int64", pa.float64(): "float64",
-             pa.float32(): "float32"}
+    names = {
+        pa.string(): "string",
+        pa.binary(): "binary",
+        pa.int64(): "int64",
+        pa.float64(): "float64",
+        pa.float32(): "float32",
+    }
     return {"dtype": names[t]}
 
 
 def _card(source: ExportSource) -> bytes:
     info = {
         "dataset_info": {"features": [{"name": f.name, **_feature(f.type)} for f in _schema()]},
-        "configs": [{"config_name": "default", "data_files": [
-            {"split": s.name, "path": f"data/{s.name}-*.parquet"} for s in source.splits if s.samples]}],
+        "configs": [
+            {
+                "config_name": "default",
+                "data_files": [
+                    {"split": s.name, "path": f"data/{s.name}-*.parquet"} for s in source.splits if s.samples
+                ],
+            }
+        ],
     }
     split = f", split {source.split_set}" if source.split_set else ""
     empty = [s.name for s in source.splits if not s.samples]
     if empty:  # a split without files in the card: `datasets` refuses to load any split then
         split += f" (empty split(s) {', '.join(empty)} left out: no sample to export)"
-    body = (f"# dsbuild version {source.version_id[:12]}\n\n"
-            f"Exported by `dsbuild export --to hf` from version `{source.version_id}`{split}.\n"
-            "Each row is one clip: `mp4` holds the video, `actions`/`telemetry` are per-frame arrays whose "
-            "columns are named by `controls`/`telemetry_channels`, and `json` is the full sample metadata.\n")
+    body = (
+        f"# dsbuild version {source.version_id[:12]}\n\n"
+        f"Exported by `dsbuild export --to hf` from version `{source.version_id}`{split}.\n"
+        "Each row is one clip: `mp4` holds the video, `actions`/`telemetry` are per-frame arrays whose "
+        "columns are named by `controls`/`telemetry_channels`, and `json` is the full sample metadata.\n"
+    )
     return b"---\n" + pretty_json(info) + b"---\n\n" + body.encode()
 
 
@@ -103,10 +131,12 @@ def _nested(arrays: list[np.ndarray]):
     import pyarrow as pa
 
     rows = [a.shape[0] for a in arrays]
-    widths = np.concatenate([np.full(a.shape[0], a.shape[1], np.int64) for a in arrays]) if arrays else \
-        np.zeros(0, np.int64)
-    values = pa.array(np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, np.float32),
-                      pa.float32())
+    widths = (
+        np.concatenate([np.full(a.shape[0], a.shape[1], np.int64) for a in arrays]) if arrays else np.zeros(0, np.int64)
+    )
+    values = pa.array(
+        np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, np.float32), pa.float32()
+    )
     inner = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(widths)]), pa.int32()), values)
     return pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(rows)]), pa.int32()), inner)
 
@@ -129,17 +159,34 @@ def _table(samples: list[tuple[str, Sample]]):
         m = s.meta
         ses, clip, video = m.session, m.clip, m.video
         for name, value in (
-                ("key", s.key), ("session_id", ses.session_id), ("title", ses.title), ("player", ses.player),
-                ("platform", ses.platform), ("build", ses.build), ("started_at", ses.started_at),
-                ("conditions", [{"key": k, "value": v} for k, v in sorted(ses.conditions.items())]),
-                ("clip_index", clip.index), ("t_start", clip.t_start), ("t_end", clip.t_end),
-                ("frames", clip.frames), ("fps", video.fps), ("width", video.width), ("height", video.height),
-                ("codec", video.codec), ("mp4", bytes(s.video)), ("controls", list(m.controls)),
-                ("telemetry_channels", list(m.telemetry_channels)), ("timestamps", s.timestamps),
-                ("events", bytes(s.events)), ("json", canonical_json(m.to_json()).decode()), ("sha256", digest)):
+            ("key", s.key),
+            ("session_id", ses.session_id),
+            ("title", ses.title),
+            ("player", ses.player),
+            ("platform", ses.platform),
+            ("build", ses.build),
+            ("started_at", ses.started_at),
+            ("conditions", [{"key": k, "value": v} for k, v in sorted(ses.conditions.items())]),
+            ("clip_index", clip.index),
+            ("t_start", clip.t_start),
+            ("t_end", clip.t_end),
+            ("frames", clip.frames),
+            ("fps", video.fps),
+            ("width", video.width),
+            ("height", video.height),
+            ("codec", video.codec),
+            ("mp4", bytes(s.video)),
+            ("controls", list(m.controls)),
+            ("telemetry_channels", list(m.telemetry_channels)),
+            ("timestamps", s.timestamps),
+            ("events", bytes(s.events)),
+            ("json", canonical_json(m.to_json()).decode()),
+            ("sha256", digest),
+        ):
             cols[name].append(value)
-    arrays = {name: pa.array(cols[name], schema.field(name).type) for name in cols
-              if name not in ("actions", "telemetry")}
+    arrays = {
+        name: pa.array(cols[name], schema.field(name).type) for name in cols if name not in ("actions", "telemetry")
+    }
     arrays["actions"] = _nested([s.actions for _, s in samples])
     arrays["telemetry"] = _nested([s.telemetry for _, s in samples])
     return pa.table([arrays[f.name] for f in schema], schema=schema)
@@ -149,24 +196,32 @@ def check(source: ExportSource) -> None:
     """Refuse what HF cannot load, before the export folder is claimed."""
     bad = [s.name for s in source.splits if not SPLIT_RE.fullmatch(s.name)]
     if bad:
-        raise UsageError(f"split {bad[0]!r}: HF datasets accepts split names of letters, digits and '_' only",
-                         hint="make the split set with such names (`dsbuild split --ratios train=...,val=...`)")
+        raise UsageError(
+            f"split {bad[0]!r}: HF datasets accepts split names of letters, digits and '_' only",
+            hint="make the split set with such names (`dsbuild split --ratios train=...,val=...`)",
+        )
 
 
 def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
     import pyarrow.parquet as pq
 
-    compression = {leaf: "NONE" if f.name in _STORED_AS_IS else "ZSTD" for f in _schema()
-                   for leaf in _leaves(f.name, f.type)}
+    compression = {
+        leaf: "NONE" if f.name in _STORED_AS_IS else "ZSTD" for f in _schema() for leaf in _leaves(f.name, f.type)
+    }
     for split in source.splits:
         for n, group in enumerate(source.chunks(split.entries(), target)):
             rel = f"data/{split.name}-{n:05d}.parquet"
             if not folder.has(rel):
                 rows = [(e.sha256, _sample(e.key, pairs)) for e, pairs in source.members(group)]
                 tmp = folder.temp(rel.replace("/", "__"))
-                pq.write_table(_table(rows), tmp, row_group_size=ROW_GROUP, compression=compression,
-                               use_dictionary=["controls.list.element", "telemetry_channels.list.element"],
-                               store_schema=False)
+                pq.write_table(
+                    _table(rows),
+                    tmp,
+                    row_group_size=ROW_GROUP,
+                    compression=compression,
+                    use_dictionary=["controls.list.element", "telemetry_channels.list.element"],
+                    store_schema=False,
+                )
                 folder.adopt(rel, tmp)
             tick(len(group))
     folder.put("README.md", _card(source))

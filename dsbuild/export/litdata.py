@@ -27,13 +27,21 @@ LEAVES = {KEY: "str", "json": "json", **{m: "bytes" for m in MEMBERS if m != "js
 def _data_spec() -> str:
     """torch's ``treespec_dumps`` of a flat dict with these keys (what LitData's writer records)."""
     leaf = {"type": None, "context": None, "children_spec": []}
-    return json.dumps([1, {"type": "builtins.dict", "context": json.dumps(list(LEAVES)),
-                           "children_spec": [leaf] * len(LEAVES)}])
+    return json.dumps(
+        [1, {"type": "builtins.dict", "context": json.dumps(list(LEAVES)), "children_spec": [leaf] * len(LEAVES)}]
+    )
 
 
 def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
-    config = {"chunk_bytes": target, "chunk_size": None, "compression": None, "encryption": None,
-              "data_format": list(LEAVES.values()), "data_spec": _data_spec(), "item_loader": "PyTreeLoader"}
+    config = {
+        "chunk_bytes": target,
+        "chunk_size": None,
+        "compression": None,
+        "encryption": None,
+        "data_format": list(LEAVES.values()),
+        "data_spec": _data_spec(),
+        "item_loader": "PyTreeLoader",
+    }
     for split in source.splits:
         chunks = []
         for n, group in enumerate(source.chunks(split.entries(), target)):
@@ -42,11 +50,24 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
             if not folder.has(rel):
                 folder.adopt(rel, sample_file(source, group, list(LEAVES), folder.temp(f"{split.name}-{name}")))
             tick(len(group))
-            chunks.append({"chunk_bytes": folder.path(rel).stat().st_size, "chunk_size": len(group), "dim": None,
-                           "filename": name})
+            chunks.append(
+                {
+                    "chunk_bytes": folder.path(rel).stat().st_size,
+                    "chunk_size": len(group),
+                    "dim": None,
+                    "filename": name,
+                }
+            )
         # LitData names its local cache of a remote dataset by ``updated_at`` (its writer records the time):
         # one that stays the same across two publishes at one URL is served stale from that cache. Ours
         # names what the chunks hold, so the same export keeps its cache and another one never reuses it.
-        updated = sha256_json({"version": source.version_id, "split_hash": source.split_hash, "split": split.name,
-                               "chunk_bytes": target, "dsbuild": __version__})[:20]
+        updated = sha256_json(
+            {
+                "version": source.version_id,
+                "split_hash": source.split_hash,
+                "split": split.name,
+                "chunk_bytes": target,
+                "dsbuild": __version__,
+            }
+        )[:20]
         folder.put(f"{split.name}/index.json", pretty_json({"chunks": chunks, "config": config, "updated_at": updated}))

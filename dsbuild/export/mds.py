@@ -27,9 +27,16 @@ COLUMNS = sorted(ENCODINGS)  # MDS lists columns sorted by name
 
 
 def _config(target: int) -> dict:
-    return {"column_encodings": [ENCODINGS[c] for c in COLUMNS], "column_names": COLUMNS,
-            "column_sizes": [None] * len(COLUMNS), "compression": None, "format": "mds", "hashes": [],
-            "size_limit": target, "version": 2}
+    return {
+        "column_encodings": [ENCODINGS[c] for c in COLUMNS],
+        "column_names": COLUMNS,
+        "column_sizes": [None] * len(COLUMNS),
+        "compression": None,
+        "format": "mds",
+        "hashes": [],
+        "size_limit": target,
+        "version": 2,
+    }
 
 
 def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
@@ -43,9 +50,14 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
             if not folder.has(rel):
                 folder.adopt(rel, sample_file(source, group, COLUMNS, folder.temp(f"{split.name}-{name}"), header))
             tick(len(group))
-            shards.append({**config, "raw_data": {"basename": name, "bytes": folder.path(rel).stat().st_size,
-                                                  "hashes": {}},
-                           "samples": len(group), "zip_data": None})
+            shards.append(
+                {
+                    **config,
+                    "raw_data": {"basename": name, "bytes": folder.path(rel).stat().st_size, "hashes": {}},
+                    "samples": len(group),
+                    "zip_data": None,
+                }
+            )
         folder.put(f"{split.name}/index.json", pretty_json({"shards": shards, "version": 2}))
 
 

@@ -42,9 +42,15 @@ RECORDS = {
 
 def schema_documents() -> dict[str, dict]:
     """File name -> JSON Schema document, for every published record."""
-    return {f"{stem}.schema.json": {"$schema": DIALECT, "title": cls.__name__, "$comment": f"Found in {where}.",
-                                    **cls.json_schema()}
-            for stem, (cls, where) in RECORDS.items()}
+    return {
+        f"{stem}.schema.json": {
+            "$schema": DIALECT,
+            "title": cls.__name__,
+            "$comment": f"Found in {where}.",
+            **cls.json_schema(),
+        }
+        for stem, (cls, where) in RECORDS.items()
+    }
 
 
 def write_schemas(folder: str | Path) -> list[Path]:

@@ -9,8 +9,8 @@ keys in order too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from dsbuild.core.errors import CorruptDataError, FormatError, UsageError
 from dsbuild.formats import Entry, get_format
@@ -73,7 +73,7 @@ class ExportSource:
         """Cut key-ordered samples into files of about ``target`` bytes (content-defined boundaries, as
         shards are: the same samples always give the same files)."""
         keys = [e.key for _, e in items]
-        return [items[r.start:r.stop] for r in plan_shards(keys, [self.sizes[k] for k in keys], target)]
+        return [items[r.start : r.stop] for r in plan_shards(keys, [self.sizes[k] for k in keys], target)]
 
 
 def open_source(ref: str, split: str | None) -> ExportSource:
@@ -107,14 +107,16 @@ def open_source(ref: str, split: str | None) -> ExportSource:
             entries = by_shard.get(rec.path, [])
             mine = tuple(e for e in entries if assigned is None or assigned.get(e.key) == s)
             if mine:
-                parts.append(ShardPart(rec, mine, tuple(e for e in entries if assigned is not None
-                                                        and assigned.get(e.key) != s)))
+                parts.append(
+                    ShardPart(rec, mine, tuple(e for e in entries if assigned is not None and assigned.get(e.key) != s))
+                )
         splits.append(Split(s, tuple(parts)))
     return ExportSource(catalog, vid, m, split, split_hash, tuple(splits), sizes)
 
 
-def proven_members(catalog: Catalog, shard_format: str,
-                   items: list[tuple[ShardRecord, Entry]]) -> Iterator[tuple[Entry, Members]]:
+def proven_members(
+    catalog: Catalog, shard_format: str, items: list[tuple[ShardRecord, Entry]]
+) -> Iterator[tuple[Entry, Members]]:
     """Each sample of ``items`` (in their order) as its canonical members, proven against its sample
     hash: an export never ships bytes the version does not vouch for."""
     fmt = get_format(shard_format)

@@ -33,8 +33,9 @@ class TarFile:
     foreign: frozenset[str]
 
 
-def split_tars(source: ExportSource, split: Split, folder: ExportFolder, tick: Ticker, *, partial: str,
-               target: int) -> list[TarFile]:
+def split_tars(
+    source: ExportSource, split: Split, folder: ExportFolder, tick: Ticker, *, partial: str, target: int
+) -> list[TarFile]:
     """The tars holding ``split``, in key order (an index-based reader's sample i is the split's i-th):
     catalog shards linked where possible, the samples between them written into tars of their own.
     ``partial`` is "link" (the tool skips foreign samples) or "write"."""
@@ -80,8 +81,10 @@ def _share(source: ExportSource, shard, folder: ExportFolder, rel: str) -> None:
             size = None
         if size != shard.bytes:  # a link to it would export damage, or point at nothing
             what = "is missing" if size is None else f"holds {size} bytes, its record says {shard.bytes}"
-            raise StorageError(f"{target}: the shard {what}",
-                               hint=f"`dsbuild verify {source.catalog.url}` names the command that heals it")
+            raise StorageError(
+                f"{target}: the shard {what}",
+                hint=f"`dsbuild verify {source.catalog.url}` names the command that heals it",
+            )
         folder.link(rel, target)
         return
     tmp = folder.temp(shard.sha256)

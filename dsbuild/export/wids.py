@@ -22,7 +22,10 @@ from dsbuild.export.tars import split_tars
 def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
     for split in source.splits:
         tars = split_tars(source, split, folder, tick, partial="write", target=target)
-        doc = {"__kind__": "wids-shard-index-v1", "wids_version": 1,
-               "name": f"{source.version_id[:12]}-{split.name}",
-               "shardlist": [{"url": t.rel, "nsamples": len(t.samples)} for t in tars]}
+        doc = {
+            "__kind__": "wids-shard-index-v1",
+            "wids_version": 1,
+            "name": f"{source.version_id[:12]}-{split.name}",
+            "shardlist": [{"url": t.rel, "nsamples": len(t.samples)} for t in tars],
+        }
         folder.put(f"{split.name}.json", pretty_json(doc))

@@ -97,8 +97,13 @@ class _CopiedCut:
         self.tb = template.time_base
         self.packets = packets
         first, last = packets[0], packets[-1]
-        self.audio = AudioSpan(info.codec, info.sample_rate, info.channels, float(first.pts * self.tb - origin),
-                               float((last.pts + last.duration) * self.tb - origin))
+        self.audio = AudioSpan(
+            info.codec,
+            info.sample_rate,
+            info.channels,
+            float(first.pts * self.tb - origin),
+            float((last.pts + last.duration) * self.tb - origin),
+        )
         self.frame_seconds = float(max(p.duration for p in packets) * self.tb)  # its longest packet
 
     def add_to(self, writer: Mp4Writer):
@@ -140,7 +145,7 @@ class _EncodedCut:
         offset = round((self.start - base) * rate)
         block = stream.codec_context.frame_size
         for i in range(0, len(self.samples), block):
-            chunk = np.ascontiguousarray(self.samples[i:i + block])
+            chunk = np.ascontiguousarray(self.samples[i : i + block])
             frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout=self.layout)
             frame.rate, frame.pts, frame.time_base = rate, offset + i, Fraction(1, rate)
             for p in stream.encode(frame):
@@ -250,8 +255,9 @@ class AudioTrack:
         for pts, rec, frames in self._take(hi):
             if self._last is not None and pts < self._last.pts:  # a second recording's audio would be mixed in
                 t = float(pts * self._stream.time_base - self.origin)
-                self.report.error = (f"audio timestamps go back at {t:.3f} s (the recording restarted); the rest "
-                                     "is not carried")
+                self.report.error = (
+                    f"audio timestamps go back at {t:.3f} s (the recording restarted); the rest is not carried"
+                )
                 break
             self._last = rec
             if pts < start:
@@ -316,7 +322,7 @@ class _Samples:
         elif drift > self.SLACK:
             self._add(np.zeros((round(drift * self.rate), self.channels), np.int16))
         elif drift < -self.SLACK:
-            samples = samples[min(len(samples), round(-drift * self.rate)):]
+            samples = samples[min(len(samples), round(-drift * self.rate)) :]
         self._add(samples)
 
     def _add(self, samples: np.ndarray) -> None:

@@ -9,9 +9,10 @@ validate, the loader and export all ask ``get_format(name)``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, ClassVar, Iterable
+from typing import BinaryIO, ClassVar
 
 from dsbuild.core.errors import FormatError
 from dsbuild.formats.sample import Sample, members_sha256, sample_from_members
@@ -64,13 +65,12 @@ class ShardReader(ABC):
         """The typed sample at ``entry``."""
         return sample_from_members(entry.key, dict(self.members(entry)))
 
-    def verified_segment(self, entry: Entry, fmt: "ShardFormat") -> Segment:
+    def verified_segment(self, entry: Entry, fmt: ShardFormat) -> Segment:
         """The sample as a segment for a new shard, proven against its sample hash first (an older
         shard's bytes are reused only if they are still exactly what was hashed)."""
         members = self.members(entry)
         if members_sha256(members) != entry.sha256:
-            raise FormatError(f"{entry.key}: bytes in {self.path.name} no longer match the sample hash "
-                              "(damaged shard)")
+            raise FormatError(f"{entry.key}: bytes in {self.path.name} no longer match the sample hash (damaged shard)")
         return fmt.encode(entry.key, entry.sha256, members)
 
     @abstractmethod
@@ -96,7 +96,7 @@ class ShardReader(ABC):
     def close(self) -> None:
         """Release the file (readers may hold it open between calls)."""
 
-    def __enter__(self) -> "ShardReader":
+    def __enter__(self) -> ShardReader:
         return self
 
     def __exit__(self, *exc) -> None:

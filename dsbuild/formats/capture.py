@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from dsbuild.core.errors import CaptureError, FormatError
@@ -85,9 +85,13 @@ def discover_sessions(root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
         for name in dirnames:
             link = Path(dirpath, name)
             if link.is_symlink() and _sessions_outside(link, root):
-                unreadable.append((printable(link.relative_to(root).as_posix()),
-                                   "a symbolic link to a folder outside the capture folder that holds sessions: not "
-                                   "followed (copy or move them into the capture folder)"))
+                unreadable.append(
+                    (
+                        printable(link.relative_to(root).as_posix()),
+                        "a symbolic link to a folder outside the capture folder that holds sessions: not "
+                        "followed (copy or move them into the capture folder)",
+                    )
+                )
         if SESSION_FILE in filenames:
             found.append(Path(dirpath))
     return sorted(found, key=lambda p: p.relative_to(root).as_posix()), sorted(unreadable)
@@ -117,8 +121,7 @@ def _string(doc: dict, key: str, path: str, *, required: bool) -> str | None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_FIELD_CHARS:
         shown = f" (found {clip_text(value, 40)!r})" if isinstance(value, str) and value else ""
-        raise CaptureError(path, f"field '{key}' must be a non-empty string of at most {MAX_FIELD_CHARS} chars"
-                                 + shown)
+        raise CaptureError(path, f"field '{key}' must be a non-empty string of at most {MAX_FIELD_CHARS} chars" + shown)
     return value
 
 
@@ -130,7 +133,9 @@ def safe_member(directory: Path, name: object, path: str, what: str) -> str:
         raise CaptureError(path, f"{what} path contains a control character")
     pure = Path(name)
     if pure.is_absolute() or name.startswith(("/", "\\")):
-        raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} is absolute; it must be inside the session folder")
+        raise CaptureError(
+            path, f"{what} path {clip_text(name, 80)!r} is absolute; it must be inside the session folder"
+        )
     if ".." in pure.parts:
         raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} escapes the session folder")
     if not inside(directory / pure, directory):
@@ -147,7 +152,7 @@ def parse_started_at(text: str | None) -> datetime | None:
         t = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).astimezone(UTC)
 
 
 def _object_field(doc: dict, key: str, where: str, what: str) -> dict:
@@ -198,8 +203,9 @@ def read_session(directory: Path, root: Path) -> Session:
     streams = _object_field(doc, "streams", where, "an object")
     started_at = _string(doc, "started_at", where, required=False)
     if started_at is not None and parse_started_at(started_at) is None:
-        raise CaptureError(where, f"started_at {clip_text(started_at, 64)!r} is not an ISO 8601 time "
-                                  "(e.g. 2026-11-01T10:00:00Z)")
+        raise CaptureError(
+            where, f"started_at {clip_text(started_at, 64)!r} is not an ISO 8601 time (e.g. 2026-11-01T10:00:00Z)"
+        )
     checked_streams = {}
     for kind, name in streams.items():
         if kind not in STREAM_KINDS:

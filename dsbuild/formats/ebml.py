@@ -22,7 +22,7 @@ def _vint(data: bytes, at: int, keep_marker: bool) -> tuple[int | None, int]:
     length = 9 - first.bit_length()
     if len(data) < at + length:
         raise IndexError(at)
-    raw = int.from_bytes(data[at:at + length], "big")
+    raw = int.from_bytes(data[at : at + length], "big")
     if keep_marker:
         return raw, at + length
     value = raw & ((1 << (7 * length)) - 1)

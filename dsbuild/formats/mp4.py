@@ -23,8 +23,16 @@ from dsbuild.core.errors import FormatError
 _KEEP_TAGS = {"h264": ("avc1", "avc3"), "hevc": ("hvc1", "hev1")}
 # The tag of every other clip. hvc1 for untagged HEVC (Matroska, MPEG-TS): Apple players require it, and
 # FFmpeg would pick hev1. The others are what FFmpeg's MP4 muxer writes (listed so metadata can name them).
-_DEFAULT_TAGS = {"h264": "avc1", "hevc": "hvc1", "av1": "av01", "vp9": "vp09", "mpeg4": "mp4v",
-                 "mpeg2video": "mp4v", "mpeg1video": "mp4v", "mjpeg": "mp4v"}
+_DEFAULT_TAGS = {
+    "h264": "avc1",
+    "hevc": "hvc1",
+    "av1": "av01",
+    "vp9": "vp09",
+    "mpeg4": "mp4v",
+    "mpeg2video": "mp4v",
+    "mpeg1video": "mp4v",
+    "mjpeg": "mp4v",
+}
 _SET_TAGS = frozenset(_KEEP_TAGS)  # codecs whose tag we set; the muxer picks the rest
 MUX_OPTIONS = {"fflags": "+bitexact"}
 
@@ -80,7 +88,7 @@ def sequence_header(data: bytes, codec: str) -> bytes | None:
     capture card whose input switched) without decoding a frame. Only for streams ``in_band_headers``."""
     if codec == "mpeg2video":
         at = data.find(b"\x00\x00\x01\xb3")
-        return None if at < 0 else data[at + 4:at + 8]
+        return None if at < 0 else data[at + 4 : at + 8]
     kind = _SEQUENCE_NALS.get(codec)
     if kind is None or not (data.startswith(b"\x00\x00\x01") or data.startswith(b"\x00\x00\x00\x01")):
         return None
@@ -98,8 +106,11 @@ def monotonic_dts(packets: list[PacketRecord]) -> list[int]:
     the first ``delay`` packets step back from the first pts by the smallest frame interval.
     """
     dts = [p.dts for p in packets]
-    if all(d is not None for d in dts) and all(a < b for a, b in zip(dts, dts[1:])) and all(
-            d <= p.pts for d, p in zip(dts, packets)):
+    if (
+        all(d is not None for d in dts)
+        and all(a < b for a, b in zip(dts, dts[1:]))
+        and all(d <= p.pts for d, p in zip(dts, packets))
+    ):
         return dts
     pts = [p.pts for p in packets]
     order = sorted(pts)
@@ -160,7 +171,7 @@ class Mp4Writer:
             self._closed = True
             try:
                 self._out.close()
-            except Exception:  # noqa: BLE001 - the clip is discarded; the first error is what matters
+            except Exception:
                 pass
 
 
@@ -173,8 +184,10 @@ def check_mp4_video(template, codec: str, container: str, tag: str | None) -> No
         w.copy_stream(template, tag)
         w.start()
     except (av.error.FFmpegError, ValueError) as e:
-        raise FormatError(f"video codec {codec} (from {container}) cannot be stored in MP4 without re-encoding "
-                          f"({why(e)}); convert with a transcode spec such as 'h264' to keep it") from None
+        raise FormatError(
+            f"video codec {codec} (from {container}) cannot be stored in MP4 without re-encoding "
+            f"({why(e)}); convert with a transcode spec such as 'h264' to keep it"
+        ) from None
     finally:
         w.abort()
 

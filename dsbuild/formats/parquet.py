@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Iterable
+from typing import TYPE_CHECKING, BinaryIO
 
 from dsbuild.core.arrow import check_expansion
 from dsbuild.core.errors import FormatError, StorageError
@@ -32,30 +33,47 @@ ROW_GROUP_SAMPLES = 8  # small groups: a single-sample read decodes at most a fe
 def _schema():
     import pyarrow as pa
 
-    return pa.schema([
-        ("key", pa.string()),
-        ("sha256", pa.string()),
-        ("meta", pa.string()),  # the sample's metadata document (JSON), as the tar's <key>.json
-        ("video", pa.binary()),  # MP4 clip
-        ("frames", pa.int32()),
-        ("controls", pa.list_(pa.string())),
-        ("actions", pa.list_(pa.float32())),  # row-major [frames, len(controls)]
-        ("telemetry_channels", pa.list_(pa.string())),
-        ("telemetry", pa.list_(pa.float32())),  # row-major [frames, len(telemetry_channels)]
-        ("timestamps", pa.list_(pa.float64())),
-        ("events", pa.binary()),  # zstd JSONL of the raw action events, as the tar member
-    ])
+    return pa.schema(
+        [
+            ("key", pa.string()),
+            ("sha256", pa.string()),
+            ("meta", pa.string()),  # the sample's metadata document (JSON), as the tar's <key>.json
+            ("video", pa.binary()),  # MP4 clip
+            ("frames", pa.int32()),
+            ("controls", pa.list_(pa.string())),
+            ("actions", pa.list_(pa.float32())),  # row-major [frames, len(controls)]
+            ("telemetry_channels", pa.list_(pa.string())),
+            ("telemetry", pa.list_(pa.float32())),  # row-major [frames, len(telemetry_channels)]
+            ("timestamps", pa.list_(pa.float64())),
+            ("events", pa.binary()),  # zstd JSONL of the raw action events, as the tar member
+        ]
+    )
 
 
-COLUMNS = ("key", "sha256", "meta", "video", "frames", "controls", "actions", "telemetry_channels",
-           "telemetry", "timestamps", "events")
+COLUMNS = (
+    "key",
+    "sha256",
+    "meta",
+    "video",
+    "frames",
+    "controls",
+    "actions",
+    "telemetry_channels",
+    "telemetry",
+    "timestamps",
+    "events",
+)
 # Column paths as Parquet names them (a list's values are "<name>.list.element").
 _STORED_AS_IS = ("video", "events")
 _FLOATS = ("actions.list.element", "telemetry.list.element", "timestamps.list.element")
 _DICTIONARY = ("controls.list.element", "telemetry_channels.list.element")  # names repeat in every row
-COMPRESSION = {**{c: "ZSTD" for c in ("key", "sha256", "meta", "frames", "controls.list.element",
-                                      "telemetry_channels.list.element", *_FLOATS)},
-               **{c: "NONE" for c in _STORED_AS_IS}}
+COMPRESSION = {
+    **dict.fromkeys(
+        ("key", "sha256", "meta", "frames", "controls.list.element", "telemetry_channels.list.element", *_FLOATS),
+        "ZSTD",
+    ),
+    **dict.fromkeys(_STORED_AS_IS, "NONE"),
+}
 
 
 def _frame(payloads: Iterable[bytes]) -> bytes:
@@ -66,7 +84,7 @@ def _unframe(data: bytes) -> list[memoryview]:
     view, out, pos = memoryview(data), [], 0
     while pos < len(view):
         (n,) = struct.unpack_from("<Q", view, pos)
-        out.append(view[pos + 8:pos + 8 + n])
+        out.append(view[pos + 8 : pos + 8 + n])
         pos += 8 + n
     if len(out) != len(MEMBERS):
         raise FormatError(f"parquet segment holds {len(out)} members, expected {len(MEMBERS)}")
@@ -102,7 +120,9 @@ class ParquetReader(ShardReader):
         if g is None or r is None or not 0 <= g < pf.num_row_groups:
             raise FormatError(f"{entry.key}: row group {g} does not exist")
         if self._group is None or self._group[0] != g:
-            check_expansion(pf, COLUMNS, [g], MAX_EXPANSION * self._size + EXPANSION_FLOOR, f"{entry.key}: row group {g}")
+            check_expansion(
+                pf, COLUMNS, [g], MAX_EXPANSION * self._size + EXPANSION_FLOOR, f"{entry.key}: row group {g}"
+            )
             try:
                 self._group = (g, pf.read_row_group(g, columns=list(COLUMNS)))
             except (OSError, pa.ArrowException, KeyError) as e:
@@ -137,16 +157,28 @@ class ParquetReader(ShardReader):
     def members(self, entry: Entry) -> Members:
         row = self._row(entry)
         actions, telemetry, timestamps = self._arrays(row)
-        return list(zip(MEMBERS, (row["meta"].encode("utf-8", "surrogatepass"), row["video"],
-                                  npy_bytes(actions), npy_bytes(telemetry), npy_bytes(timestamps), row["events"])))
+        return list(
+            zip(
+                MEMBERS,
+                (
+                    row["meta"].encode("utf-8", "surrogatepass"),
+                    row["video"],
+                    npy_bytes(actions),
+                    npy_bytes(telemetry),
+                    npy_bytes(timestamps),
+                    row["events"],
+                ),
+            )
+        )
 
     def read(self, entry: Entry) -> Sample:
         from dsbuild.core.jsonio import loads_bounded
         from dsbuild.formats.sample import MAX_META_BYTES
 
         row = self._row(entry)
-        meta = SampleMeta.from_json(loads_bounded(row["meta"], max_bytes=MAX_META_BYTES, what=f"{entry.key}.json"),
-                                    f"{entry.key}.json")
+        meta = SampleMeta.from_json(
+            loads_bounded(row["meta"], max_bytes=MAX_META_BYTES, what=f"{entry.key}.json"), f"{entry.key}.json"
+        )
         return Sample(entry.key, meta, row["video"], *self._arrays(row), row["events"])
 
     def check(self, entry: Entry, size: int) -> None:
@@ -168,8 +200,12 @@ class ParquetReader(ShardReader):
         starts = [sum(groups[:g]) for g in range(len(groups))]
         out = []
         for e in entries:
-            if e.row_group is None or e.row is None or not 0 <= e.row_group < len(groups) \
-                    or not 0 <= e.row < groups[e.row_group]:
+            if (
+                e.row_group is None
+                or e.row is None
+                or not 0 <= e.row_group < len(groups)
+                or not 0 <= e.row < groups[e.row_group]
+            ):
                 out.append((e.key, f"row {e.row_group}/{e.row} does not exist"))
                 continue
             i = starts[e.row_group] + e.row
@@ -189,8 +225,11 @@ class ParquetReader(ShardReader):
         except (FormatError, OSError, pa.ArrowException):
             return []  # unreadable: reported by the shard hash and the per-sample checks
         out = [(f"{self.path.name}:{c[:80]}", "column not in the shard schema") for c in names if c not in COLUMNS]
-        out += [(f"{self.path.name}:{str(k)[:80]}", "row belongs to no sample in the index")
-                for k in stored if k not in keys]
+        out += [
+            (f"{self.path.name}:{str(k)[:80]}", "row belongs to no sample in the index")
+            for k in stored
+            if k not in keys
+        ]
         return out
 
     def close(self) -> None:
@@ -219,21 +258,42 @@ class ParquetFormat(ShardFormat):
             meta, video, a, t, ts, events = _unframe(seg.data)
             doc = parse(bytes(meta))
             actions, telemetry = npy_load(bytes(a)), npy_load(bytes(t))
-            for col, value in (("key", seg.key), ("sha256", seg.sha256), ("meta", bytes(meta).decode()),
-                               ("video", bytes(video)), ("frames", len(actions)),
-                               ("controls", doc["controls"]), ("actions", actions.reshape(-1)),
-                               ("telemetry_channels", doc["telemetry_channels"]),
-                               ("telemetry", telemetry.reshape(-1)), ("timestamps", npy_load(bytes(ts))),
-                               ("events", bytes(events))):
+            for col, value in (
+                ("key", seg.key),
+                ("sha256", seg.sha256),
+                ("meta", bytes(meta).decode()),
+                ("video", bytes(video)),
+                ("frames", len(actions)),
+                ("controls", doc["controls"]),
+                ("actions", actions.reshape(-1)),
+                ("telemetry_channels", doc["telemetry_channels"]),
+                ("telemetry", telemetry.reshape(-1)),
+                ("timestamps", npy_load(bytes(ts))),
+                ("events", bytes(events)),
+            ):
                 rows[col].append(value)
-            entries.append(Entry(seg.key, seg.sha256, row_group=n // self.row_group_samples,
-                                 row=n % self.row_group_samples, member_bytes=seg.member_bytes))
+            entries.append(
+                Entry(
+                    seg.key,
+                    seg.sha256,
+                    row_group=n // self.row_group_samples,
+                    row=n % self.row_group_samples,
+                    member_bytes=seg.member_bytes,
+                )
+            )
         schema = _schema()
         table = pa.table({c: array(rows[c], schema.field(c).type) for c in COLUMNS}, schema=schema)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, row_group_size=self.row_group_samples, compression=COMPRESSION,
-                       use_dictionary=list(_DICTIONARY), use_byte_stream_split=list(_FLOATS),
-                       write_statistics=["key"], store_schema=False)
+        pq.write_table(
+            table,
+            sink,
+            row_group_size=self.row_group_samples,
+            compression=COMPRESSION,
+            use_dictionary=list(_DICTIONARY),
+            use_byte_stream_split=list(_FLOATS),
+            write_statistics=["key"],
+            store_schema=False,
+        )
         out.write(sink.getvalue().to_pybytes())
         return entries
 

@@ -60,9 +60,16 @@ class AudioProbe:
     error: str | None  # why its decoding failed, if it did
 
     def to_json(self) -> dict:
-        return {"codec": self.codec, "sample_rate": self.sample_rate, "channels": self.channels,
-                "start": self.start, "end": self.end, "frame_seconds": self.frame_seconds,
-                "packets": self.packets, "error": self.error}
+        return {
+            "codec": self.codec,
+            "sample_rate": self.sample_rate,
+            "channels": self.channels,
+            "start": self.start,
+            "end": self.end,
+            "frame_seconds": self.frame_seconds,
+            "packets": self.packets,
+            "error": self.error,
+        }
 
 
 @dataclass(frozen=True)
@@ -150,9 +157,15 @@ def probe_clip(data: bytes, on_frame=None) -> ClipProbe:
         first = float(t[0]) if len(t) else 0.0
         cc = vs.codec_context
         return ClipProbe(
-            frames=len(times), frame_t=t - first, last_duration=last_duration, sizes=tuple(sorted(sizes)),
-            codec=cc.codec.canonical_name, codec_tag=(vs.codec_tag or "").strip("\0") or None, error=error,
-            audio=None if audio is None else _audio_probe(audio, audio_spans, first, audio_error))
+            frames=len(times),
+            frame_t=t - first,
+            last_duration=last_duration,
+            sizes=tuple(sorted(sizes)),
+            codec=cc.codec.canonical_name,
+            codec_tag=(vs.codec_tag or "").strip("\0") or None,
+            error=error,
+            audio=None if audio is None else _audio_probe(audio, audio_spans, first, audio_error),
+        )
 
 
 class _Damaged(Exception):
@@ -181,10 +194,15 @@ def _audio_probe(stream, spans: list, first: float, error: str | None) -> AudioP
     cc = stream.codec_context
     frame = max((b - a for a, b in spans), default=0.0)
     return AudioProbe(
-        codec=cc.codec.canonical_name, sample_rate=cc.sample_rate, channels=cc.channels,
+        codec=cc.codec.canonical_name,
+        sample_rate=cc.sample_rate,
+        channels=cc.channels,
         start=min(a for a, _ in spans) - first if spans else None,
         end=max(b for _, b in spans) - first if spans else None,
-        frame_seconds=frame, packets=len(spans), error=error)
+        frame_seconds=frame,
+        packets=len(spans),
+        error=error,
+    )
 
 
 def _failed(error: str) -> ClipProbe:

@@ -230,8 +230,9 @@ def sample_from_members(key: str, members: dict[str, bytes]) -> Sample:
     missing = [m for m in MEMBERS if m not in members]
     if missing:
         raise FormatError(f"{key}: missing member(s) {', '.join('.' + m for m in missing)}")
-    meta = SampleMeta.from_json(loads_bounded(bytes(members["json"]), max_bytes=MAX_META_BYTES,
-                                              what=f"{key}.json"), f"{key}.json")
+    meta = SampleMeta.from_json(
+        loads_bounded(bytes(members["json"]), max_bytes=MAX_META_BYTES, what=f"{key}.json"), f"{key}.json"
+    )
     try:
         arrays = [npy_load(bytes(members[m])) for m in ARRAY_MEMBERS]
     except (ValueError, OSError, EOFError) as e:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from dsbuild.core.errors import StorageError
 from dsbuild.core.hashing import HashingWriter
@@ -35,7 +35,7 @@ BOUNDARY_SALT = b"dsbuild.shards/1"
 def boundary_hash(key: str) -> float:
     """The keyed hash of a sample key as a number in [0, 1)."""
     digest = hashlib.sha256(BOUNDARY_SALT + key.encode()).digest()
-    return int.from_bytes(digest[:8], "little") / 2.0 ** 64
+    return int.from_bytes(digest[:8], "little") / 2.0**64
 
 
 class ShardCutter:
@@ -91,7 +91,8 @@ def write_shard(fmt: ShardFormat, segments: Iterable[Segment], path: Path) -> Wr
             os.fsync(f.fileno())
     except OSError as e:
         path.unlink(missing_ok=True)
-        raise StorageError(f"cannot write shard {path}: {e.strerror or e}",
-                           hint="check free space and permissions, then run the command again") from None
+        raise StorageError(
+            f"cannot write shard {path}: {e.strerror or e}",
+            hint="check free space and permissions, then run the command again",
+        ) from None
     return WrittenShard(path, out.hexdigest(), out.blake3_hexdigest(), out.tell_bytes, tuple(entries))
-

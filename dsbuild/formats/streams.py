@@ -19,9 +19,9 @@ import heapq
 import json
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import orjson
@@ -63,16 +63,31 @@ class StreamReport:
             self.examples.append(f"line {lineno}: {clip_text(reason, 160)}")
 
     def to_json(self) -> dict:
-        return {"lines": self.lines, "events": self.events, "malformed": self.malformed,
-                "out_of_order": self.out_of_order, "dropped_fields": self.dropped_fields,
-                "duplicate_keys": self.duplicate_keys, "collisions": self.collisions,
-                "outside_video": self.outside_video, "missing": self.missing,
-                "unreadable": self.unreadable, "examples": list(self.examples)}
+        return {
+            "lines": self.lines,
+            "events": self.events,
+            "malformed": self.malformed,
+            "out_of_order": self.out_of_order,
+            "dropped_fields": self.dropped_fields,
+            "duplicate_keys": self.duplicate_keys,
+            "collisions": self.collisions,
+            "outside_video": self.outside_video,
+            "missing": self.missing,
+            "unreadable": self.unreadable,
+            "examples": list(self.examples),
+        }
 
     @property
     def repaired(self) -> bool:
-        return bool(self.malformed or self.out_of_order or self.dropped_fields or self.duplicate_keys
-                    or self.collisions or self.missing or self.unreadable)
+        return bool(
+            self.malformed
+            or self.out_of_order
+            or self.dropped_fields
+            or self.duplicate_keys
+            or self.collisions
+            or self.missing
+            or self.unreadable
+        )
 
 
 # -- lines -> validated events --------------------------------------------------------------------------
@@ -107,6 +122,7 @@ def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None
 
     Depth and duplicate keys are decided by counting bytes where that settles it (no more brackets
     than the depth limit; no more ``":`` than keys), and by walking the object only when it does not."""
+
     def bad(reason: str) -> None:
         if report is not None:
             report.bad(lineno, reason)

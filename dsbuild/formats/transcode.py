@@ -96,8 +96,11 @@ class TranscodeSpec:
         if self.width:
             parts.append(f"{self.width}x{self.height}")
         if self.fps:
-            parts.append(f"{self.fps.numerator}/{self.fps.denominator}fps" if self.fps.denominator != 1
-                         else f"{self.fps.numerator}fps")
+            parts.append(
+                f"{self.fps.numerator}/{self.fps.denominator}fps"
+                if self.fps.denominator != 1
+                else f"{self.fps.numerator}fps"
+            )
         parts += [f"gop{self.gop}", f"crf{self.crf}"] + ([f"bf{self.bf}"] if self.bf else [])
         return ":".join(parts + [self.pix_fmt])
 
@@ -108,12 +111,27 @@ class TranscodeSpec:
         if self.codec == "h264":
             # mbtree=0: x264's macroblock-tree rate control reads memory it never wrote when a clip ends
             # inside its lookahead; with it, 1-2% of encodes of the same frames differed (measured).
-            opts.update(crf=str(self.crf), g=gop, keyint_min=gop, sc_threshold="0", bf=str(self.bf),
-                        flags="+cgop", threads="1", **{"x264-params": "mbtree=0"})
+            opts.update(
+                crf=str(self.crf),
+                g=gop,
+                keyint_min=gop,
+                sc_threshold="0",
+                bf=str(self.bf),
+                flags="+cgop",
+                threads="1",
+                **{"x264-params": "mbtree=0"},
+            )
         elif self.codec == "hevc":
-            opts.update(crf=str(self.crf), g=gop, **{"x265-params": (
-                f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:bframes={self.bf}:info=0:"
-                "pools=none:frame-threads=1:wpp=0:log-level=error")})
+            opts.update(
+                crf=str(self.crf),
+                g=gop,
+                **{
+                    "x265-params": (
+                        f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:bframes={self.bf}:info=0:"
+                        "pools=none:frame-threads=1:wpp=0:log-level=error"
+                    )
+                },
+            )
         elif self.codec == "av1":
             opts.update(crf=str(self.crf), g=gop, **{"svtav1-params": "scd=0:lp=1"})
         elif self.codec == "vp9":
@@ -126,16 +144,30 @@ class TranscodeSpec:
         """JSON-safe identity of the encoding: spec, encoder, options and library versions."""
         import av
 
-        return {"spec": str(self), "encoder": self.encoder.name, "options": self.encoder_options(),
-                "pix_fmt": self.pix_fmt, "scale_flags": SCALE_FLAGS, "pyav": av.__version__,
-                "ffmpeg": av.ffmpeg_version_info,
-                "libraries": {k: ".".join(map(str, v)) for k, v in sorted(av.library_versions.items())},
-                "encoder_library": _library_version(self.encoder.name)}
+        return {
+            "spec": str(self),
+            "encoder": self.encoder.name,
+            "options": self.encoder_options(),
+            "pix_fmt": self.pix_fmt,
+            "scale_flags": SCALE_FLAGS,
+            "pyav": av.__version__,
+            "ffmpeg": av.ffmpeg_version_info,
+            "libraries": {k: ".".join(map(str, v)) for k, v in sorted(av.library_versions.items())},
+            "encoder_library": _library_version(self.encoder.name),
+        }
 
     def to_json(self) -> dict:
-        return {"spec": str(self), "codec": self.codec, "width": self.width, "height": self.height,
-                "fps": str(self.fps) if self.fps else None, "gop": self.gop, "crf": self.crf, "bf": self.bf,
-                "pix_fmt": self.pix_fmt}
+        return {
+            "spec": str(self),
+            "codec": self.codec,
+            "width": self.width,
+            "height": self.height,
+            "fps": str(self.fps) if self.fps else None,
+            "gop": self.gop,
+            "crf": self.crf,
+            "bf": self.bf,
+            "pix_fmt": self.pix_fmt,
+        }
 
 
 def parse_transcode(text: str) -> TranscodeSpec:
@@ -162,8 +194,10 @@ def parse_transcode(text: str) -> TranscodeSpec:
         elif part in _pix_fmts(enc.name):
             key, value = "pix_fmt", part
         else:
-            raise bad(f"cannot read {part!r}; options are WxH, <rate>fps, gop<N>, crf<N>, bf<N> or a pixel "
-                      f"format {enc.name} takes ({', '.join(_pix_fmts(enc.name))})")
+            raise bad(
+                f"cannot read {part!r}; options are WxH, <rate>fps, gop<N>, crf<N>, bf<N> or a pixel "
+                f"format {enc.name} takes ({', '.join(_pix_fmts(enc.name))})"
+            )
         if key in fields:
             raise bad(f"{part!r} sets {key} a second time")
         fields[key] = value
@@ -180,14 +214,14 @@ def parse_transcode(text: str) -> TranscodeSpec:
     return TranscodeSpec(codec, w, h, fields.get("fps"), gop, crf, bf, fields.get("pix_fmt"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pix_fmts(encoder: str) -> tuple[str, ...]:
     import av
 
     return tuple(f.name for f in av.Codec(encoder, "w").video_formats or ())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _library_version(encoder: str) -> str | None:
     """The encoder library's own version where its bitstream states it (x264, x265), else None: the
     PyAV and FFmpeg versions then identify the bundled library."""
@@ -200,8 +234,9 @@ def _library_version(encoder: str) -> str | None:
     return m[1].decode() if m else None
 
 
-def _open_encoder(writer, spec: TranscodeSpec, width: int, height: int, rate: Fraction | None, time_base: Fraction,
-                 info: bool = False):
+def _open_encoder(
+    writer, spec: TranscodeSpec, width: int, height: int, rate: Fraction | None, time_base: Fraction, info: bool = False
+):
     """An encoder stream in ``writer`` for ``spec`` at the output size and clock (``info``: let x265 write
     its version SEI, only to read the version)."""
     import av
@@ -240,8 +275,12 @@ class _Scaler:
         if key != self._key:
             g = av.filter.Graph()
             g.threads = 1
-            src = g.add_buffer(width=frame.width, height=frame.height, format=frame.format,
-                               time_base=frame.time_base or Fraction(1, 1000))
+            src = g.add_buffer(
+                width=frame.width,
+                height=frame.height,
+                format=frame.format,
+                time_base=frame.time_base or Fraction(1, 1000),
+            )
             scale = g.add("scale", f"{self.size[0]}:{self.size[1]}:flags={SCALE_FLAGS}")
             fmt = g.add("format", self.spec.pix_fmt)
             sink = g.add("buffersink")
@@ -288,8 +327,9 @@ class ClipEncoder:
     """The video stream of one transcoded clip: add it to the writer first (before any other stream is
     written), then ``encode`` the window's decoded frames."""
 
-    def __init__(self, writer, spec: TranscodeSpec, size: tuple[int, int], source_rate: Fraction | None,
-                 source_tb: Fraction):
+    def __init__(
+        self, writer, spec: TranscodeSpec, size: tuple[int, int], source_rate: Fraction | None, source_tb: Fraction
+    ):
         self.writer, self.spec, self.source_tb = writer, spec, source_tb
         rate, tb = (spec.fps, 1 / spec.fps) if spec.fps else (source_rate, source_tb)
         self.stream = _open_encoder(writer, spec, size[0], size[1], rate, tb)
@@ -318,7 +358,7 @@ class ClipEncoder:
 
     def _mux(self, packets) -> None:
         for p in packets:
-            for q in (self._bsf.filter(p) if self._bsf else [p]):
+            for q in self._bsf.filter(p) if self._bsf else [p]:
                 q.stream = self.stream
                 self.writer.mux(q)
 

@@ -26,10 +26,10 @@ open unless a ``transcode`` spec re-encodes the video (``formats.transcode``).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -37,8 +37,17 @@ from dsbuild.core.errors import FormatError
 from dsbuild.core.files import UnsafeFile, open_regular
 from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, covers, open_audio
 from dsbuild.formats.ebml import HEAD_BYTES, segment_end
-from dsbuild.formats.mp4 import (Mp4Writer, PacketRecord, check_mp4_video, demux_only, in_band_headers,
-                                 monotonic_dts, mp4_tag, sequence_header, why)
+from dsbuild.formats.mp4 import (
+    Mp4Writer,
+    PacketRecord,
+    check_mp4_video,
+    demux_only,
+    in_band_headers,
+    monotonic_dts,
+    mp4_tag,
+    sequence_header,
+    why,
+)
 from dsbuild.formats.sample import GAP_SECONDS, VIDEO_EXT
 from dsbuild.formats.transcode import ClipEncoder, TranscodeSpec, parse_transcode
 
@@ -67,8 +76,12 @@ def _moving(container) -> list:
     codec's track) is not, however large; all of them when every one is a picture."""
     from av.stream import Disposition
 
-    moving = [s for s in container.streams.video if not s.disposition & Disposition.attached_pic
-              and (s.codec_context is None or s.codec_context.name not in PICTURE_CODECS)]
+    moving = [
+        s
+        for s in container.streams.video
+        if not s.disposition & Disposition.attached_pic
+        and (s.codec_context is None or s.codec_context.name not in PICTURE_CODECS)
+    ]
     return moving or list(container.streams.video)
 
 
@@ -181,7 +194,7 @@ class VideoSource:
         self._picture: tuple[int, int] = (0, 0)  # their picture size
         self.info: VideoInfo | None = None
 
-    def __enter__(self) -> "VideoSource":
+    def __enter__(self) -> VideoSource:
         import av
 
         try:
@@ -233,8 +246,13 @@ class VideoSource:
         else:
             s = self.spec
             vs.thread_type = "AUTO"  # decoding is bit-exact whatever the threads
-            out = dict(codec=s.codec, codec_tag=mp4_tag(s.codec, None), width=s.width or cc.width + cc.width % 2,
-                       height=s.height or cc.height + cc.height % 2, fps=float(s.fps) if s.fps else fps)
+            out = dict(
+                codec=s.codec,
+                codec_tag=mp4_tag(s.codec, None),
+                width=s.width or cc.width + cc.width % 2,
+                height=s.height or cc.height + cc.height % 2,
+                fps=float(s.fps) if s.fps else fps,
+            )
         self._audio_report.tracks = len(c.streams.audio)
         audio = self._open_audio() if self._want_audio and c.streams.audio else None
         tb = 1 / self.spec.fps if self.spec is not None and self.spec.fps else vs.time_base
@@ -264,8 +282,13 @@ class VideoSource:
         for seg in self._segments(clip_seconds, report):
             if prev is not None:
                 lead = seg.first_leading_pts
-                yield self._clip(index, prev, self._window_end(prev, seg.key_pts if lead is None else
-                                                               min(lead, seg.key_pts), report), clip_seconds, report)
+                yield self._clip(
+                    index,
+                    prev,
+                    self._window_end(prev, seg.key_pts if lead is None else min(lead, seg.key_pts), report),
+                    clip_seconds,
+                    report,
+                )
                 index += 1
             prev = seg
         if prev is not None:
@@ -273,11 +296,17 @@ class VideoSource:
             if report.truncated or self._tail_unproven(packets):
                 packets = self._decodable(packets, report)
                 if len(packets) < len(prev.packets) and not report.truncated:
-                    report.truncated = (f"its last {len(prev.packets) - len(packets)} frame(s) do not decode: the "
-                                        "file was cut short")
+                    report.truncated = (
+                        f"its last {len(prev.packets) - len(packets)} frame(s) do not decode: the file was cut short"
+                    )
             if packets:
-                yield self._clip(index, _Segment(packets, prev.key_pts, header=prev.header), self._frames_end(packets),
-                                 clip_seconds, report)
+                yield self._clip(
+                    index,
+                    _Segment(packets, prev.key_pts, header=prev.header),
+                    self._frames_end(packets),
+                    clip_seconds,
+                    report,
+                )
 
     def _tail_unproven(self, packets: list[PacketRecord]) -> bool:
         """Whether the file may end inside its last frame with nothing saying so: its container declares
@@ -320,9 +349,11 @@ class VideoSource:
                 # A keyframe earlier than the open clip's: the clock went back (two recordings in one file,
                 # a capture card that restarted). Open-GOP leading frames are never keyframes. What follows
                 # would overlap the timeline: the session ends here, its final clip decode-checked.
-                report.truncated = (f"timestamps go back at packet {report.packets} ({self._t(p.pts):.3f} s "
-                                    f"after {self._t(seg.key_pts):.3f} s): the recording restarted; the rest "
-                                    "is not converted")
+                report.truncated = (
+                    f"timestamps go back at packet {report.packets} ({self._t(p.pts):.3f} s "
+                    f"after {self._t(seg.key_pts):.3f} s): the recording restarted; the rest "
+                    "is not converted"
+                )
                 report.dropped_after_restart += 1
                 continue
             if self._t0 is None:
@@ -338,8 +369,14 @@ class VideoSource:
             header = seg.header if seg is not None else None
             if p.keyframe and self._in_band:
                 header = sequence_header(p.data, self.info.codec) or header
-            if p.keyframe and seg is not None and (should_cut(self._t(seg.key_pts), self._t(p.pts), clip_seconds)
-                                                   or (seg.header is not None and header != seg.header)):
+            if (
+                p.keyframe
+                and seg is not None
+                and (
+                    should_cut(self._t(seg.key_pts), self._t(p.pts), clip_seconds)
+                    or (seg.header is not None and header != seg.header)
+                )
+            ):
                 yield seg
                 seg = None
             if seg is None:
@@ -350,8 +387,8 @@ class VideoSource:
                 seg.first_leading_pts = p.pts if lead is None else min(lead, p.pts)
                 continue
             elif p.pts in seg.seen:  # two frames stamped alike (a recorder's millisecond clock): the later
-                pts = p.pts              # one moves to the next free tick (dropped, it broke every frame after
-                while pts in seg.seen:   # it that references it: decoded pictures shifted, silently)
+                pts = p.pts  # one moves to the next free tick (dropped, it broke every frame after
+                while pts in seg.seen:  # it that references it: decoded pictures shifted, silently)
                     pts += 1
                 p = replace(p, pts=pts)
                 report.restamped_duplicate_pts += 1
@@ -389,8 +426,10 @@ class VideoSource:
         if declared and report.packets < declared:
             report.truncated = f"container declares {declared} frames, {report.packets} were readable"
         elif self._declared_end is not None and self._declared_end > size:  # a finished Matroska file cut short
-            report.truncated = (f"the file ends {self._declared_end - size} bytes before the end its Matroska "
-                                "header declares: it was cut short")
+            report.truncated = (
+                f"the file ends {self._declared_end - size} bytes before the end its Matroska "
+                "header declares: it was cut short"
+            )
 
     def _decodable(self, packets: list[PacketRecord], report: DemuxReport) -> list[PacketRecord]:
         """The final packets of a truncated file (or of one whose container cannot tell), trimmed until
@@ -504,8 +543,10 @@ class VideoSource:
         except (av.error.FFmpegError, ValueError) as e:
             why_not = why(e)
         if why_not and strict:
-            raise FormatError(f"{self.info.source}: the clip at {self._t(packets[0].pts):.3f} s does not decode "
-                              f"for transcoding after {n} frames ({why_not})")
+            raise FormatError(
+                f"{self.info.source}: the clip at {self._t(packets[0].pts):.3f} s does not decode "
+                f"for transcoding after {n} frames ({why_not})"
+            )
 
 
 def decoded_frame_count(data: bytes) -> int:

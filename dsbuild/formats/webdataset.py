@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO
 
 from dsbuild.core.errors import FormatError
 from dsbuild.formats.base import Entry, Members, Segment, ShardFormat, ShardReader, register_format
@@ -37,7 +38,7 @@ def _header(name: str, size: int) -> bytes:
     """A USTAR header, byte-identical to what ``tarfile`` writes for a regular file with mtime 0, uid/gid 0,
     mode 0644 and no owner names (tested against it), at a tenth of its cost."""
     raw = name.encode()
-    if len(raw) > 100 or size >= 8 ** 11:
+    if len(raw) > 100 or size >= 8**11:
         raise FormatError(f"tar member {name[:120]!r} does not fit a USTAR header")
     head = raw + b"\0" * (100 - len(raw)) + _HEAD + b"%011o\x00" % size + _MID
     check = sum(raw) + sum(b"%011o" % size) + _BLANK_SUM
@@ -86,7 +87,7 @@ def parse_members(buf: bytes | memoryview, key: str | None = None, *, views: boo
     out = []
     pos = 0
     while pos + BLOCK <= len(view):
-        block = bytes(view[pos:pos + BLOCK])
+        block = bytes(view[pos : pos + BLOCK])
         if block == b"\0" * BLOCK:
             break
         info = _member(block, pos, key)
@@ -127,8 +128,10 @@ class TarReader(ShardReader):
         pairs = parse_members(self._range(entry), entry.key, views=views)
         names = tuple(ext for ext, _ in pairs)
         if names != MEMBERS:
-            raise FormatError(f"{entry.key}: members {', '.join('.' + n for n in names)} are not the "
-                              f"canonical {', '.join('.' + n for n in MEMBERS)}")
+            raise FormatError(
+                f"{entry.key}: members {', '.join('.' + n for n in names)} are not the "
+                f"canonical {', '.join('.' + n for n in MEMBERS)}"
+            )
         if entry.member_bytes is not None and tuple(len(p) for _, p in pairs) != tuple(entry.member_bytes):
             raise FormatError(f"{entry.key}: member sizes differ from the index")
         return pairs
@@ -142,10 +145,9 @@ class TarReader(ShardReader):
         offsets = payload_offsets(entry.member_bytes)
         if offsets[-1] + entry.member_bytes[-1] > len(data):
             raise FormatError(f"{entry.key}: member sizes overrun the sample's byte range")
-        members = [(ext, data[o:o + n]) for ext, o, n in zip(MEMBERS, offsets, entry.member_bytes)]
+        members = [(ext, data[o : o + n]) for ext, o, n in zip(MEMBERS, offsets, entry.member_bytes)]
         if members_sha256(members) != entry.sha256:
-            raise FormatError(f"{entry.key}: bytes in {self.path.name} no longer match the sample hash "
-                              "(damaged shard)")
+            raise FormatError(f"{entry.key}: bytes in {self.path.name} no longer match the sample hash (damaged shard)")
         return fmt.encode(entry.key, entry.sha256, members)
 
     def check(self, entry: Entry, size: int) -> None:
@@ -161,8 +163,9 @@ class TarReader(ShardReader):
             sizes.append(info.size)
             pos += BLOCK + info.size + (-info.size % BLOCK)
         if pos != entry.offset + entry.length or not sizes:
-            raise FormatError(f"index range {entry.offset}+{entry.length} does not end on a member boundary "
-                              f"of {entry.key}")
+            raise FormatError(
+                f"index range {entry.offset}+{entry.length} does not end on a member boundary of {entry.key}"
+            )
         if entry.member_bytes is not None and tuple(sizes) != tuple(entry.member_bytes):
             raise FormatError(f"member sizes {sizes} differ from the index's {list(entry.member_bytes)}")
 
@@ -175,7 +178,7 @@ class TarReader(ShardReader):
         export hands the shard to tools that extract it."""
         out = []
         pos = 0
-        ordered = sorted(entries, key=lambda e: (e.offset if e.offset is not None else -1))
+        ordered = sorted(entries, key=lambda e: e.offset if e.offset is not None else -1)
         for e in ordered:
             if e.offset is None or e.length is None or e.member_bytes is None:
                 out.append((e.key, "the index gives no byte range or member sizes"))
@@ -187,9 +190,10 @@ class TarReader(ShardReader):
                 out.append((e.key, f"length {e.length} is not its {len(e.member_bytes)} members' framed size"))
             pos = e.offset + e.length
         tail = size - pos
-        if ordered and not (2 * BLOCK <= tail and tail % BLOCK == 0 and (size % RECORD == 0)):
-            out.append((ordered[-1].key, f"shard does not end with tar padding after the last sample "
-                                         f"({tail} bytes left)"))
+        if ordered and not (tail >= 2 * BLOCK and tail % BLOCK == 0 and (size % RECORD == 0)):
+            out.append(
+                (ordered[-1].key, f"shard does not end with tar padding after the last sample ({tail} bytes left)")
+            )
         flagged = {k for k, _ in out}
         for e in ordered:
             if e.key not in flagged:
@@ -208,8 +212,9 @@ class TarReader(ShardReader):
                     if why:
                         out.append((f"{self.path.name}:{info.name[:120]}", "; ".join(why)))
         except (tarfile.TarError, OSError, EOFError) as e:
-            out.append((self.path.name, f"tar structure unreadable ({str(e)[:120]}); its members cannot be "
-                                        "proven safe"))
+            out.append(
+                (self.path.name, f"tar structure unreadable ({str(e)[:120]}); its members cannot be proven safe")
+            )
         return out
 
     def close(self) -> None:
@@ -222,8 +227,15 @@ def _member_problems(info: tarfile.TarInfo, keys: set[str]) -> list[str]:
     name = info.name
     out = []
     if not info.isreg():
-        kind = ("symlink" if info.issym() else "hard link" if info.islnk()
-                else "directory" if info.isdir() else "special file")
+        kind = (
+            "symlink"
+            if info.issym()
+            else "hard link"
+            if info.islnk()
+            else "directory"
+            if info.isdir()
+            else "special file"
+        )
         out.append(f"{kind} member (only regular files are allowed)")
     if "/" in name or "\\" in name or name.startswith(".") or ".." in name:
         out.append("member name has a path")
@@ -255,8 +267,7 @@ class WebDatasetFormat(ShardFormat):
         entries, pos = [], 0
         for seg in segments:
             out.write(seg.data)
-            entries.append(Entry(seg.key, seg.sha256, offset=pos, length=len(seg.data),
-                                 member_bytes=seg.member_bytes))
+            entries.append(Entry(seg.key, seg.sha256, offset=pos, length=len(seg.data), member_bytes=seg.member_bytes))
             pos += len(seg.data)
         end = pos + 2 * BLOCK
         out.write(b"\0" * (2 * BLOCK + (-end % RECORD)))

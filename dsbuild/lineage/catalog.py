@@ -28,10 +28,10 @@ import shutil
 import stat
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
 
 from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
 from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, UnsafeFile, fsync_dir, read_capped, write_durably
@@ -40,8 +40,14 @@ from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
 from dsbuild.core.store import Store, cache_root, is_key, open_store, parses
 from dsbuild.lineage.index import INDEX_FILE, MAX_INDEX_BYTES, table_from_bytes
-from dsbuild.lineage.manifest import (MAX_MANIFEST_BYTES, MAX_SESSIONS_BYTES, FilePin, Manifest, SessionTable,
-                                      ShardRecord)
+from dsbuild.lineage.manifest import (
+    MAX_MANIFEST_BYTES,
+    MAX_SESSIONS_BYTES,
+    FilePin,
+    Manifest,
+    SessionTable,
+    ShardRecord,
+)
 
 CATALOG_FORMAT = "dsbuild.catalog/2"
 MARKER = "catalog.json"
@@ -100,7 +106,7 @@ class BuildArea:
         self.path = path
         self._lock = None
 
-    def __enter__(self) -> "BuildArea":
+    def __enter__(self) -> BuildArea:
         self.path.mkdir(parents=True)
         self._lock = open(self.path / "lock", "wb")
         fcntl.flock(self._lock, fcntl.LOCK_EX)
@@ -130,11 +136,15 @@ def real_folder(path: Path) -> Path:
         path.mkdir(exist_ok=True)
         is_dir = stat.S_ISDIR(path.lstat().st_mode)
     except OSError as e:
-        raise StorageError(f"{path}: cannot create a folder ({e.strerror or e})",
-                           hint="check free space and permissions of the catalog") from None
+        raise StorageError(
+            f"{path}: cannot create a folder ({e.strerror or e})",
+            hint="check free space and permissions of the catalog",
+        ) from None
     if not is_dir:
-        raise StorageError(f"{path}: is not a folder (a symlink?); dsbuild keeps its build folders there",
-                           hint="remove it: dsbuild creates it again")
+        raise StorageError(
+            f"{path}: is not a folder (a symlink?); dsbuild keeps its build folders there",
+            hint="remove it: dsbuild creates it again",
+        )
     return path
 
 
@@ -166,8 +176,10 @@ def flocked(path: Path, what: str) -> Iterator[None]:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NO_FOLLOW, 0o644)
     except OSError as e:
-        raise StorageError(f"{what} ({e.strerror or e})", hint="is the catalog read-only? check its permissions; "
-                                                               f"a {path.name} that is not a file must be removed") from None
+        raise StorageError(
+            f"{what} ({e.strerror or e})",
+            hint=f"is the catalog read-only? check its permissions; a {path.name} that is not a file must be removed",
+        ) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise StorageError(f"{path}: is not a file", hint="remove it: dsbuild creates it again")
@@ -224,7 +236,7 @@ class Catalog:
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
-    def open(cls, location: str | Path, *, create: bool = False) -> "Catalog":
+    def open(cls, location: str | Path, *, create: bool = False) -> Catalog:
         store = open_store(location)
         cat = cls(store)
         root = store.local_root
@@ -236,15 +248,20 @@ class Catalog:
             raise StorageError(f"{store.url}: cannot read the catalog ({e})") from None
         if not present:
             if (root / MARKER).is_dir() if root is not None else store.list(MARKER):
-                raise UsageError(f"{store.url}/{MARKER}: is a folder, not the catalog's marker file; "
-                                 "not a dsbuild catalog")
+                raise UsageError(
+                    f"{store.url}/{MARKER}: is a folder, not the catalog's marker file; not a dsbuild catalog"
+                )
             _refuse_a_ref(str(location))
             if not create:
-                raise UsageError(f"{store.url}: not a dsbuild catalog (no {MARKER})",
-                                 hint="create one with `dsbuild convert CAPTURES CATALOG`")
+                raise UsageError(
+                    f"{store.url}: not a dsbuild catalog (no {MARKER})",
+                    hint="create one with `dsbuild convert CAPTURES CATALOG`",
+                )
             if parse_ref(str(location))[1] is not None:  # every command would read it as a version of another
-                raise UsageError(f"{location}: a catalog's name cannot hold '@' (PATH@VERSION names a version)",
-                                 hint="choose a name without '@'")
+                raise UsageError(
+                    f"{location}: a catalog's name cannot hold '@' (PATH@VERSION names a version)",
+                    hint="choose a name without '@'",
+                )
             if root is not None and root.exists():
                 for p in root.iterdir():
                     if INTERRUPTED_WRITE.match(p.name) and p.is_file():
@@ -254,8 +271,7 @@ class Catalog:
                             p.unlink(missing_ok=True)
                     elif p.name not in ("shards", "versions", ".tmp", MARKER):  # (the marker: another process
                         # creating this catalog right now wrote it since it was looked for: the same bytes)
-                        raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; "
-                                         "choose a new folder")
+                        raise UsageError(f"{root}: folder is not empty and not a dsbuild catalog; choose a new folder")
             try:
                 store.write(MARKER, pretty_json({"format": CATALOG_FORMAT}))
             except OSError as e:
@@ -264,8 +280,10 @@ class Catalog:
             doc = loads_bounded(cat._read(MARKER, 1 << 16), max_bytes=1 << 16, what=f"{store.url}/{MARKER}")
             fmt = doc.get("format") if isinstance(doc, dict) else None
             if fmt != CATALOG_FORMAT:
-                raise UsageError(f"{store.url}: catalog format {str(fmt)[:40]!r} is not {CATALOG_FORMAT}",
-                                 hint="it was made by another dsbuild version; convert the captures again")
+                raise UsageError(
+                    f"{store.url}: catalog format {str(fmt)[:40]!r} is not {CATALOG_FORMAT}",
+                    hint="it was made by another dsbuild version; convert the captures again",
+                )
         if root is not None:
             (root / ".tmp").mkdir(exist_ok=True)
         return cat
@@ -306,8 +324,9 @@ class Catalog:
                 continue
             out.append(VersionInfo(parts[1], self.commit_record(parts[1])))
         # The commit sequence (assigned under the commit lock) orders versions made within one second.
-        return sorted(out, key=lambda v: (v.commit.sequence if v.commit else 0, v.created_at, v.version_id),
-                      reverse=True)
+        return sorted(
+            out, key=lambda v: (v.commit.sequence if v.commit else 0, v.created_at, v.version_id), reverse=True
+        )
 
     def commit_record(self, version_id: str) -> CommitRecord | None:
         key = f"versions/{version_id}/commit.json"
@@ -322,8 +341,10 @@ class Catalog:
         try:
             return parse(data)
         except FormatError as e:
-            raise LineageError(f"{self.url}/{e}", hint=f"restore {key} or delete it (the version stays intact; "
-                                                       "only its date and parent are lost)") from None
+            raise LineageError(
+                f"{self.url}/{e}",
+                hint=f"restore {key} or delete it (the version stays intact; only its date and parent are lost)",
+            ) from None
 
     def manifest(self, version_id: str) -> Manifest:
         """The version's manifest, proven: its sha256 must be the version id."""
@@ -335,13 +356,18 @@ class Catalog:
         except FileNotFoundError:
             raise LineageError(f"{self.url}: version {version_id[:12]} has no manifest") from None
         if sha256_bytes(data) != version_id:
-            raise LineageError(f"{self.url}/{key}: sha256 is {sha256_bytes(data)[:16]}…, not the version id: "
-                               "the manifest was edited or damaged", hint="restore it from a copy of the catalog")
+            raise LineageError(
+                f"{self.url}/{key}: sha256 is {sha256_bytes(data)[:16]}…, not the version id: "
+                "the manifest was edited or damaged",
+                hint="restore it from a copy of the catalog",
+            )
         try:
             m = Manifest.from_bytes(data, f"{self.url}/{key}")
         except FormatError as e:
-            raise LineageError(str(e), hint="a version written by another dsbuild: read it with that one, or "
-                                            "convert the captures again") from None
+            raise LineageError(
+                str(e),
+                hint="a version written by another dsbuild: read it with that one, or convert the captures again",
+            ) from None
         self._manifests[version_id] = m
         return m
 
@@ -355,15 +381,19 @@ class Catalog:
         except FormatError:
             data = b""  # larger than pinned: damaged, said below
         if len(data) != pin.bytes or sha256_bytes(data) != pin.sha256:
-            raise LineageError(f"{self.url}/{key}: does not match the sha256 pinned in the manifest "
-                               "(altered or damaged)", hint="restore it from a copy of the catalog")
+            raise LineageError(
+                f"{self.url}/{key}: does not match the sha256 pinned in the manifest (altered or damaged)",
+                hint="restore it from a copy of the catalog",
+            )
         return data
 
     def pinned_files(self, version_id: str) -> dict[str, bytes]:
         """Every file the manifest pins (name -> bytes), each proven: what a copy of the version needs."""
         m = self.manifest(version_id)
-        return {m.index.path: self.index_data(version_id),
-                m.sessions.path: self.pinned_file(version_id, m.sessions, MAX_SESSIONS_BYTES)}
+        return {
+            m.index.path: self.index_data(version_id),
+            m.sessions.path: self.pinned_file(version_id, m.sessions, MAX_SESSIONS_BYTES),
+        }
 
     def index_data(self, version_id: str) -> bytes:
         """The index file's bytes, proven against the manifest's pin."""
@@ -371,8 +401,7 @@ class Catalog:
 
     def index(self, version_id: str, columns: list[str] | None = None):
         """The version's index as an Arrow table (all or some columns), proven against its pin."""
-        return table_from_bytes(self.index_data(version_id), f"{self.url}/versions/{version_id}/{INDEX_FILE}",
-                                columns)
+        return table_from_bytes(self.index_data(version_id), f"{self.url}/versions/{version_id}/{INDEX_FILE}", columns)
 
     def sessions(self, version_id: str) -> SessionTable:
         """The version's per-session records and their source files, proven against the manifest's pin
@@ -385,8 +414,10 @@ class Catalog:
             except FormatError as e:
                 raise LineageError(str(e)) from None
             if len(table.sessions) != pin.rows:
-                raise LineageError(f"{self.url}/versions/{version_id}/{pin.path}: {len(table.sessions)} sessions, "
-                                   f"the manifest says {pin.rows}")
+                raise LineageError(
+                    f"{self.url}/versions/{version_id}/{pin.path}: {len(table.sessions)} sessions, "
+                    f"the manifest says {pin.rows}"
+                )
             self._sessions[version_id] = table
         return self._sessions[version_id]
 
@@ -434,8 +465,9 @@ class Catalog:
         if data is None:
             return {}
         try:
-            doc = TagsFile.from_json(loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=f"{self.url}/{TAGS}"),
-                                     f"{self.url}/{TAGS}")
+            doc = TagsFile.from_json(
+                loads_bounded(data, max_bytes=MAX_SMALL_FILE, what=f"{self.url}/{TAGS}"), f"{self.url}/{TAGS}"
+            )
         except FormatError as e:
             raise LineageError(str(e), hint=f"restore {TAGS} from a copy of the catalog") from None
         bad = [k for k, v in doc.tags.items() if not TAG_RE.fullmatch(k) or not VERSION_RE.fullmatch(v)]
@@ -456,8 +488,11 @@ class Catalog:
                 target = self._change_tag(tags, name, ref, force, delete)
                 if self._write_if(TAGS, pretty_json(TagsFile(dict(sorted(tags.items()))).to_json()), token):
                     return target
-        raise StorageError(f"{self.url}/{TAGS}: changed by others {TAG_TRIES} times while this tag change was "
-                           "made; nothing was changed", hint="run the command again")
+        raise StorageError(
+            f"{self.url}/{TAGS}: changed by others {TAG_TRIES} times while this tag change was "
+            "made; nothing was changed",
+            hint="run the command again",
+        )
 
     def _read_for_update(self, key: str) -> tuple[bytes | None, str | None]:
         try:
@@ -470,10 +505,13 @@ class Catalog:
     def check_new_tag(self, name: str) -> None:
         """Refuse a tag this catalog would read as a version id (hex digits only: 7 or more, or a prefix of
         one of its versions): it would hide the version it names."""
-        if re.fullmatch(r"[0-9a-fA-F]+", name) and (len(name) >= 7 or any(
-                v.version_id.startswith(name.lower()) for v in self.versions())):
-            raise UsageError(f"tag {name!r} reads as a version id (hex digits only): it would hide the "
-                             "version it names", hint=f"add a letter outside a-f, e.g. v-{name}")
+        if re.fullmatch(r"[0-9a-fA-F]+", name) and (
+            len(name) >= 7 or any(v.version_id.startswith(name.lower()) for v in self.versions())
+        ):
+            raise UsageError(
+                f"tag {name!r} reads as a version id (hex digits only): it would hide the version it names",
+                hint=f"add a letter outside a-f, e.g. v-{name}",
+            )
 
     def _change_tag(self, tags: dict[str, str], name: str, ref: str | None, force: bool, delete: bool) -> str | None:
         """``tags`` with the change made (in place); the version the tag points at now."""
@@ -499,13 +537,18 @@ class Catalog:
         tags = self.tags()
         if ref in tags:
             return tags[ref]
-        matches = [v.version_id for v in versions if v.version_id.startswith(ref.lower())] \
-            if re.fullmatch(r"[0-9a-fA-F]{1,64}", ref) else []
+        matches = (
+            [v.version_id for v in versions if v.version_id.startswith(ref.lower())]
+            if re.fullmatch(r"[0-9a-fA-F]{1,64}", ref)
+            else []
+        )
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            raise UsageError(f"{self.url}: no version or tag {ref[:80]!r}" + _suggest(ref, tags),
-                             hint="`dsbuild log` lists versions and tags")
+            raise UsageError(
+                f"{self.url}: no version or tag {ref[:80]!r}" + _suggest(ref, tags),
+                hint="`dsbuild log` lists versions and tags",
+            )
         raise UsageError(f"{self.url}: {ref!r} is ambiguous ({len(matches)} versions)", hint="give more characters")
 
     # -- writing --------------------------------------------------------------------------------
@@ -517,8 +560,10 @@ class Catalog:
         try:
             return self.store.write_if(key, data, token)
         except OSError as e:
-            raise StorageError(f"{self.url}/{key}: cannot write ({e.strerror or e})",
-                               hint="check free space and permissions, then run the command again") from None
+            raise StorageError(
+                f"{self.url}/{key}: cannot write ({e.strerror or e})",
+                hint="check free space and permissions, then run the command again",
+            ) from None
 
     def builds_folder(self) -> Path:
         """Where this catalog's build areas live: inside a local catalog (same file system, so renames
@@ -544,8 +589,10 @@ class Catalog:
             try:
                 area = BuildArea(folder / uuid.uuid4().hex).__enter__()
             except OSError as e:
-                raise StorageError(f"{self.url}: cannot create a build folder ({e.strerror or e})",
-                                   hint="check free space and permissions of the catalog") from None
+                raise StorageError(
+                    f"{self.url}: cannot create a build folder ({e.strerror or e})",
+                    hint="check free space and permissions of the catalog",
+                ) from None
         try:
             yield area
         finally:
@@ -597,9 +644,16 @@ class Catalog:
         with flocked(real_folder(self.root / ".tmp") / "commit.lock", f"{self.root}: cannot lock the catalog"):
             yield
 
-    def commit(self, area: BuildArea, shards: list[tuple[Path, ShardRecord]], manifest: Manifest,
-               pinned: dict[str, bytes], commit: CommitRecord, *,
-               damaged: frozenset[str] = frozenset()) -> tuple[str, bool]:
+    def commit(
+        self,
+        area: BuildArea,
+        shards: list[tuple[Path, ShardRecord]],
+        manifest: Manifest,
+        pinned: dict[str, bytes],
+        commit: CommitRecord,
+        *,
+        damaged: frozenset[str] = frozenset(),
+    ) -> tuple[str, bool]:
         """Put shards in place, prove every shard the manifest names is there, then publish the version:
         the files it pins (``pinned``: name -> bytes), then the manifest. Returns (version id, existed):
         an identical version is not an error.
@@ -611,11 +665,20 @@ class Catalog:
             with self.lock():
                 return self._commit(area, shards, manifest, pinned, commit, damaged)
         except OSError as e:
-            raise StorageError(f"{self.url}: commit failed, nothing was committed ({e.strerror or e})",
-                               hint="fix the cause (free space, permissions) and run the same command again") from None
+            raise StorageError(
+                f"{self.url}: commit failed, nothing was committed ({e.strerror or e})",
+                hint="fix the cause (free space, permissions) and run the same command again",
+            ) from None
 
-    def _commit(self, area: BuildArea, shards, manifest: Manifest, pinned: dict[str, bytes], commit: CommitRecord,
-                damaged: frozenset[str]) -> tuple[str, bool]:
+    def _commit(
+        self,
+        area: BuildArea,
+        shards,
+        manifest: Manifest,
+        pinned: dict[str, bytes],
+        commit: CommitRecord,
+        damaged: frozenset[str],
+    ) -> tuple[str, bool]:
         for tmp_path, rec in shards:
             if self.root is None and rec.path not in damaged and self.store.size(rec.path) == rec.bytes:
                 tmp_path.unlink()  # same name = same sha256 = same bytes: no upload needed
@@ -625,13 +688,17 @@ class Catalog:
             self.store.put(tmp_path, rec.path)
         missing = [s.path for s in manifest.shards if self.store.size(s.path) != s.bytes]
         if missing:
-            raise LineageError(f"{self.url}: refusing to commit a version whose shard {missing[0]} is missing "
-                               f"or has the wrong size ({len(missing)} shard(s))",
-                               hint="run the same convert again: it rewrites missing shards from the captures")
+            raise LineageError(
+                f"{self.url}: refusing to commit a version whose shard {missing[0]} is missing "
+                f"or has the wrong size ({len(missing)} shard(s))",
+                hint="run the same convert again: it rewrites missing shards from the captures",
+            )
         for pin in (manifest.index, manifest.sessions):
             if pin.path not in pinned or sha256_bytes(pinned[pin.path]) != pin.sha256:
-                raise LineageError(f"{self.url}: refusing to commit a version whose {pin.path} is not the file its "
-                                   "manifest pins (a bug: please report it)")
+                raise LineageError(
+                    f"{self.url}: refusing to commit a version whose {pin.path} is not the file its "
+                    "manifest pins (a bug: please report it)"
+                )
         manifest_bytes = manifest.to_bytes()
         vid = sha256_bytes(manifest_bytes)
         if self.store.exists(f"versions/{vid}/manifest.json"):
@@ -639,8 +706,9 @@ class Catalog:
             return vid, True
         seq = 1 + max((v.commit.sequence for v in self.versions() if v.commit), default=0)
         record = replace(commit, sequence=seq)
-        self.publish(vid, {**pinned, "commit.json": pretty_json(record.to_json()), "manifest.json": manifest_bytes},
-                     area.path)
+        self.publish(
+            vid, {**pinned, "commit.json": pretty_json(record.to_json()), "manifest.json": manifest_bytes}, area.path
+        )
         return vid, False
 
     def restore_pins(self, vid: str, manifest: Manifest, pinned: dict[str, bytes]) -> None:
@@ -697,8 +765,10 @@ def check_version_id(version_id: str) -> str:
 
 def _damaged(url: str, key: str, e: FormatError) -> LineageError:
     why = str(e).removeprefix(f"{url}/{key}: ").removeprefix(f"{key}: ")
-    return LineageError(f"{url}/{key}: damaged catalog file ({why[:200]})",
-                        hint="restore it from a copy of the catalog (`dsbuild verify` names what else is damaged)")
+    return LineageError(
+        f"{url}/{key}: damaged catalog file ({why[:200]})",
+        hint="restore it from a copy of the catalog (`dsbuild verify` names what else is damaged)",
+    )
 
 
 def parse_ref(ref: str) -> tuple[str, str | None]:
@@ -720,9 +790,11 @@ def _refuse_a_ref(location: str) -> None:
         with suppress(OSError, FormatError, StorageError, UsageError):  # not a catalog: what it is stays to say
             catalog = open_store(head).exists(MARKER)
     if catalog:
-        raise UsageError(f"{location}: names a version ({tail!r}) of a catalog where a catalog is expected "
-                         "(a command that takes a catalog, or a second '@' in CATALOG@VERSION)",
-                         hint=f"give the catalog: {head}, or one version of it: {head}@VERSION")
+        raise UsageError(
+            f"{location}: names a version ({tail!r}) of a catalog where a catalog is expected "
+            "(a command that takes a catalog, or a second '@' in CATALOG@VERSION)",
+            hint=f"give the catalog: {head}, or one version of it: {head}@VERSION",
+        )
 
 
 def open_catalog(location: str | Path, *, create: bool = False) -> Catalog:

@@ -8,8 +8,20 @@ import pyarrow.compute as pc
 
 from dsbuild.lineage.catalog import Catalog
 
-STAT_COLUMNS = ["key", "sha256", "title", "frames", "fps", "width", "height", "t_start", "t_end",
-                "action_events", "text_events", "video_bytes"]
+STAT_COLUMNS = [
+    "key",
+    "sha256",
+    "title",
+    "frames",
+    "fps",
+    "width",
+    "height",
+    "t_start",
+    "t_end",
+    "action_events",
+    "text_events",
+    "video_bytes",
+]
 
 
 def version_stats(table) -> dict:
@@ -44,16 +56,23 @@ def diff_versions(catalog_a: Catalog, a: str, catalog_b: Catalog, b: str, *, lim
     changed = sorted(k for k in ha.keys() & hb.keys() if ha[k] != hb[k])
     sa, sb = version_stats(ta), version_stats(tb)
     titles = sorted(set(sa["samples_per_title"]) | set(sb["samples_per_title"]))
-    drift = {k: {"a": sa[k], "b": sb[k], "delta": round(sb[k] - sa[k], 6)}
-             for k in ("samples", "hours", "mean_duration_s", "frames", "action_events_per_s", "text_events",
-                       "video_bytes")}
+    drift = {
+        k: {"a": sa[k], "b": sb[k], "delta": round(sb[k] - sa[k], 6)}
+        for k in ("samples", "hours", "mean_duration_s", "frames", "action_events_per_s", "text_events", "video_bytes")
+    }
     return {
-        "a": a, "b": b,
-        "added": len(added), "removed": len(removed), "changed": len(changed),
+        "a": a,
+        "b": b,
+        "added": len(added),
+        "removed": len(removed),
+        "changed": len(changed),
         "unchanged": len(ha.keys() & hb.keys()) - len(changed),
-        "added_keys": added[:limit], "removed_keys": removed[:limit], "changed_keys": changed[:limit],
-        "per_title": {t: {"a": sa["samples_per_title"].get(t, 0), "b": sb["samples_per_title"].get(t, 0)}
-                      for t in titles},
+        "added_keys": added[:limit],
+        "removed_keys": removed[:limit],
+        "changed_keys": changed[:limit],
+        "per_title": {
+            t: {"a": sa["samples_per_title"].get(t, 0), "b": sb["samples_per_title"].get(t, 0)} for t in titles
+        },
         "drift": drift,
         "resolution": {"a": sa["resolution"], "b": sb["resolution"]},
         "fps": {"a": sa["fps"], "b": sb["fps"]},

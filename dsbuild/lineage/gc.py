@@ -50,10 +50,19 @@ def collect(catalog: Catalog, *, dry_run: bool = False, grace: float = GRACE, no
                 catalog.store.delete(key)
         builds = catalog.clean_stale_builds(dry_run=dry_run)
         writes = catalog.interrupted_writes(older_than=INTERRUPTED_GRACE, now=now, dry_run=dry_run)
-    return {"shards": [{"path": k, "bytes": b} for k, b in garbage], "bytes": sum(b for _, b in garbage),
-            "kept_young_shards": young, "kept_held_shards": kept_held, "unpublished_files": unpublished, "replaced_split_files": splits,
-            "unreadable_split_pointers": unreadable,
-            "stale_builds": builds, "interrupted_writes": writes, "dry_run": dry_run, "grace_seconds": grace if catalog.root is None else None}
+    return {
+        "shards": [{"path": k, "bytes": b} for k, b in garbage],
+        "bytes": sum(b for _, b in garbage),
+        "kept_young_shards": young,
+        "kept_held_shards": kept_held,
+        "unpublished_files": unpublished,
+        "replaced_split_files": splits,
+        "unreadable_split_pointers": unreadable,
+        "stale_builds": builds,
+        "interrupted_writes": writes,
+        "dry_run": dry_run,
+        "grace_seconds": grace if catalog.root is None else None,
+    }
 
 
 def _unpublished(catalog: Catalog, now: float, grace: float) -> list[str]:

@@ -27,14 +27,31 @@ def log_entries(catalog: Catalog) -> list[dict]:
         c = v.commit
         if c is None:
             m = catalog.manifest(v.version_id)
-            summary = {"samples": m.stats.samples, "bytes": m.stats.bytes, "format": m.shard_format,
-                       "content_id": m.content_id, "change": None}
+            summary = {
+                "samples": m.stats.samples,
+                "bytes": m.stats.bytes,
+                "format": m.shard_format,
+                "content_id": m.content_id,
+                "change": None,
+            }
         else:
-            summary = {"samples": c.samples, "bytes": c.bytes, "format": c.shard_format, "content_id": c.content_id,
-                       "change": dict(c.change) if c.parent else None}
-        out.append({"version_id": v.version_id, "tags": tags.get(v.version_id, []), "created_at": v.created_at,
-                    "parent": v.parent, **summary,
-                    "split_sets": split_set_summaries(catalog, v.version_id)})
+            summary = {
+                "samples": c.samples,
+                "bytes": c.bytes,
+                "format": c.shard_format,
+                "content_id": c.content_id,
+                "change": dict(c.change) if c.parent else None,
+            }
+        out.append(
+            {
+                "version_id": v.version_id,
+                "tags": tags.get(v.version_id, []),
+                "created_at": v.created_at,
+                "parent": v.parent,
+                **summary,
+                "split_sets": split_set_summaries(catalog, v.version_id),
+            }
+        )
     return out
 
 
@@ -43,11 +60,18 @@ def version_info(catalog: Catalog, version_id: str) -> dict:
     m = catalog.manifest(version_id)
     commit = catalog.commit_record(version_id)
     return {
-        "version_id": version_id, "content_id": m.content_id, "catalog": catalog.url,
+        "version_id": version_id,
+        "content_id": m.content_id,
+        "catalog": catalog.url,
         "tags": sorted(t for t, v in catalog.tags().items() if v == version_id),
-        "created_at": commit.created_at if commit else None, "parent": commit.parent if commit else None,
-        "format": m.shard_format, "tool_version": m.tool_version, "config": m.config, "config_hash": m.config_hash,
-        "stats": m.stats.to_json(), "vocabulary": m.vocabulary.to_json(),
+        "created_at": commit.created_at if commit else None,
+        "parent": commit.parent if commit else None,
+        "format": m.shard_format,
+        "tool_version": m.tool_version,
+        "config": m.config,
+        "config_hash": m.config_hash,
+        "stats": m.stats.to_json(),
+        "vocabulary": m.vocabulary.to_json(),
         "quarantined": [q.to_json() for q in m.quarantined],
         "split_sets": split_set_summaries(catalog, version_id),
     }
@@ -64,18 +88,26 @@ def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
     table = catalog.index(version_id)
     hit = table.filter(pc.equal(table["key"], key)) if KEY_RE.fullmatch(key) else table.slice(0, 0)
     if hit.num_rows == 0:  # (a key no sample could have, e.g. an argument that was not UTF-8: none)
-        raise UsageError(f"{catalog.url}@{version_id[:12]}: no sample with key {key[:100]!r}",
-                         hint="`dsbuild query REF \"select key from samples\"` lists keys")
+        raise UsageError(
+            f"{catalog.url}@{version_id[:12]}: no sample with key {key[:100]!r}",
+            hint='`dsbuild query REF "select key from samples"` lists keys',
+        )
     row = {name: values[0] for name, values in table_columns(hit.slice(0, 1)).items()}
     return {
         "key": key,
         "version_id": version_id,
         "sample_sha256": row["sha256"],
         "session": {k: row[k] for k in ("session_id", "title", "player", "platform", "build")},
-        "window": {"t_start": row["t_start"], "t_end": row["t_end"], "frames": row["frames"],
-                   "clip_index": row["clip_index"]},
-        "sources": [{"role": s.role, "path": s.path, "sha256": s.sha256, "bytes": s.bytes}
-                    for s in catalog.sessions(version_id).sources_of(row["session_id"])],
+        "window": {
+            "t_start": row["t_start"],
+            "t_end": row["t_end"],
+            "frames": row["frames"],
+            "clip_index": row["clip_index"],
+        },
+        "sources": [
+            {"role": s.role, "path": s.path, "sha256": s.sha256, "bytes": s.bytes}
+            for s in catalog.sessions(version_id).sources_of(row["session_id"])
+        ],
         "config": m.config,
         "config_hash": m.config_hash,
         "tool_version": m.tool_version,
@@ -132,6 +164,14 @@ def shard_locations(catalog: Catalog, version_id: str, split: str | None = None)
             with suppress(FileNotFoundError):  # (listed: its reader says it is missing)
                 catalog.shard_file(s)  # a regular file inside the catalog: never another file's path
         url = local.resolve().as_uri() if local is not None else f"{catalog.url.rstrip('/')}/{s.path}"
-        out.append(ShardLocation(url, str(local) if local is not None else None, s.sha256, s.bytes, s.samples,
-                                 counts.get(s.path, 0) if counts is not None else s.samples))
+        out.append(
+            ShardLocation(
+                url,
+                str(local) if local is not None else None,
+                s.sha256,
+                s.bytes,
+                s.samples,
+                counts.get(s.path, 0) if counts is not None else s.samples,
+            )
+        )
     return out

@@ -72,9 +72,16 @@ INDEX_COLUMNS = tuple(name for name, _ in _SCHEMA)
 def index_schema():
     import pyarrow as pa
 
-    types = {"string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64(),
-             "bool": pa.bool_(), "list<int64>": pa.list_(pa.int64()),
-             "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"), "map<string, string>": pa.map_(pa.string(), pa.string())}
+    types = {
+        "string": pa.string(),
+        "int64": pa.int64(),
+        "int32": pa.int32(),
+        "float64": pa.float64(),
+        "bool": pa.bool_(),
+        "list<int64>": pa.list_(pa.int64()),
+        "timestamp[us, UTC]": pa.timestamp("us", tz="UTC"),
+        "map<string, string>": pa.map_(pa.string(), pa.string()),
+    }
     return pa.schema([(name, types[t]) for name, t in _SCHEMA])
 
 
@@ -122,12 +129,20 @@ class IndexRow:
     blake3: str | None = None  # NULL in versions made before it was recorded
 
     def entry(self) -> Entry:
-        return Entry(self.key, self.sha256, self.byte_offset, self.byte_length, self.row_group, self.row_index,
-                     self.member_bytes)
+        return Entry(
+            self.key, self.sha256, self.byte_offset, self.byte_length, self.row_group, self.row_index, self.member_bytes
+        )
 
-    def located(self, shard: str, e: Entry) -> "IndexRow":
-        return replace(self, shard=shard, byte_offset=e.offset, byte_length=e.length, row_group=e.row_group,
-                       row_index=e.row, member_bytes=e.member_bytes)
+    def located(self, shard: str, e: Entry) -> IndexRow:
+        return replace(
+            self,
+            shard=shard,
+            byte_offset=e.offset,
+            byte_length=e.length,
+            row_group=e.row_group,
+            row_index=e.row,
+            member_bytes=e.member_bytes,
+        )
 
 
 def index_bytes(rows: list[IndexRow]) -> bytes:
@@ -178,8 +193,10 @@ def table_columns(table) -> dict[str, list]:
     pyarrow converts a timezone-aware timestamp column by importing pandas (0.2 s of a command's start-up)."""
     from dsbuild.core.arrow import datetimes
 
-    return {name: datetimes(table.column(name)) if name == "started_at" else table.column(name).to_pylist()
-            for name in table.column_names}
+    return {
+        name: datetimes(table.column(name)) if name == "started_at" else table.column(name).to_pylist()
+        for name in table.column_names
+    }
 
 
 def rows_from_table(table) -> list[IndexRow]:
@@ -202,6 +219,15 @@ def entries_by_shard(table) -> dict[str, list[Entry]]:
     out: dict[str, list[Entry]] = defaultdict(list)
     for i, shard in enumerate(cols["shard"]):
         mb = cols["member_bytes"][i]
-        out[shard].append(Entry(cols["key"][i], cols["sha256"][i], cols["byte_offset"][i], cols["byte_length"][i],
-                                cols["row_group"][i], cols["row_index"][i], tuple(mb) if mb is not None else None))
+        out[shard].append(
+            Entry(
+                cols["key"][i],
+                cols["sha256"][i],
+                cols["byte_offset"][i],
+                cols["byte_length"][i],
+                cols["row_group"][i],
+                cols["row_index"][i],
+                tuple(mb) if mb is not None else None,
+            )
+        )
     return out

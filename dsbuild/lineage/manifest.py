@@ -38,9 +38,14 @@ class ShardRecord(Record):
     sha256: str = field(metadata=spec(pattern=SHA256))
     bytes: int = field(metadata=spec(minimum=0))
     samples: int = field(metadata=spec(minimum=0))
-    blake3: str | None = field(default=None, metadata=spec(
-        pattern=SHA256, doc="BLAKE3 of the same bytes, what checks prove them with; absent before it was recorded",
-        absent_when_none=True))
+    blake3: str | None = field(
+        default=None,
+        metadata=spec(
+            pattern=SHA256,
+            doc="BLAKE3 of the same bytes, what checks prove them with; absent before it was recorded",
+            absent_when_none=True,
+        ),
+    )
 
     def proof(self, *, named: bool = False) -> FileProof:
         """What proves the shard's bytes; ``named``: its name (sha256) too, for bytes stored under it."""
@@ -97,7 +102,7 @@ class SessionTable(Record):
         return canonical_json(self.to_json())
 
     @classmethod
-    def from_bytes(cls, data: bytes, what: str) -> "SessionTable":
+    def from_bytes(cls, data: bytes, what: str) -> SessionTable:
         return cls.from_json(loads_bounded(data, max_bytes=MAX_SESSIONS_BYTES, what=what, max_depth=None), what)
 
     def sources_of(self, session: str) -> list[SourceRecord]:
@@ -160,7 +165,7 @@ class Manifest(Record):
         return sha256_bytes(self.to_bytes())
 
     @classmethod
-    def from_bytes(cls, data: bytes, what: str) -> "Manifest":
+    def from_bytes(cls, data: bytes, what: str) -> Manifest:
         return cls.from_json(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=what, max_depth=None), what)
 
 

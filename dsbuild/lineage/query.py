@@ -18,9 +18,9 @@ import difflib
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog
@@ -82,8 +82,13 @@ def _views(con, catalog: Catalog, version_id: str, needed: set[str]) -> None:
     if "shards" in needed:
         con.register("shards", _arrow([s.to_json() for s in m.shards], ["path", "sha256", "bytes", "samples"]))
     if "sources" in needed:
-        con.register("sources", _arrow([s.to_json() for s in catalog.sessions(version_id).sources],
-                                       ["session", "role", "path", "sha256", "bytes"]))
+        con.register(
+            "sources",
+            _arrow(
+                [s.to_json() for s in catalog.sessions(version_id).sources],
+                ["session", "role", "path", "sha256", "bytes"],
+            ),
+        )
     if "lineage" in needed:
         con.execute(f"""CREATE VIEW lineage AS
             SELECT s.key, s.sha256 AS sample_sha256, s.session_id, s.t_start, s.t_end, s.shard, s.byte_offset,
@@ -92,8 +97,12 @@ def _views(con, catalog: Catalog, version_id: str, needed: set[str]) -> None:
                    {_literal(m.tool_version)} AS tool_version
             FROM samples s JOIN sources src ON src.session = s.session_id""")
     if "versions" in needed:
-        con.register("versions", _arrow(log_entries(catalog), ["version_id", "content_id", "created_at", "parent",
-                                                               "format", "samples", "bytes"]))
+        con.register(
+            "versions",
+            _arrow(
+                log_entries(catalog), ["version_id", "content_id", "created_at", "parent", "format", "samples", "bytes"]
+            ),
+        )
 
 
 def _unknown_table_hint(error: str) -> str | None:
@@ -119,14 +128,17 @@ def run_query(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = Fal
                 raise KeyboardInterrupt from None
             raise
         except duckdb.PermissionException as e:
-            raise UsageError(f"query refused: {str(e).splitlines()[0][:200]}",
-                             hint="queries run sandboxed (no file access); --unsafe lifts that for your own "
-                                  "queries") from None
+            raise UsageError(
+                f"query refused: {str(e).splitlines()[0][:200]}",
+                hint="queries run sandboxed (no file access); --unsafe lifts that for your own queries",
+            ) from None
         except duckdb.Error as e:
             first = (str(e).splitlines() or [""])[0]
             raise UsageError(f"query failed: {first[:200]}", hint=_unknown_table_hint(first)) from None
         if cur is None:  # nothing but comments: duckdb ran no statement
-            raise UsageError("the query has no statement", hint='e.g. "select title, count(*) from samples group by title"')
+            raise UsageError(
+                "the query has no statement", hint='e.g. "select title, count(*) from samples group by title"'
+            )
         if cur.description is None:
             return [], []
         return [d[0] for d in cur.description], cur.fetchall()

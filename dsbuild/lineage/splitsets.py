@@ -159,7 +159,7 @@ class SplitManifest(Record):
         doc.pop("hash")
         return sha256_json(doc)
 
-    def sealed(self) -> "SplitManifest":
+    def sealed(self) -> SplitManifest:
         return replace(self, hash=self.computed_hash())
 
 
@@ -206,8 +206,11 @@ class SplitSet:
             import difflib
 
             close = difflib.get_close_matches(split, self.splits, n=1)
-            raise UsageError(f"split set {self.name!r} has no split {split[:40]!r}"
-                             + (f"; did you mean {close[0]!r}?" if close else "") + f" (it has {', '.join(self.splits)})")
+            raise UsageError(
+                f"split set {self.name!r} has no split {split[:40]!r}"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+                + f" (it has {', '.join(self.splits)})"
+            )
         rec = self.manifest.splits[split]
         key = f"{self.folder}/{rec.file}"
         try:
@@ -236,10 +239,22 @@ class SplitSet:
 
     def summary(self) -> dict:
         m = self.manifest
-        return {"name": self.name, "version_id": self.version_id, "hash": self.hash, "path": self.path,
-                "parameters": m.parameters.to_json(),
-                "splits": {s: {"groups": r.groups, "samples": r.samples, "ratio_groups": r.ratio_groups,
-                               "ratio_samples": r.ratio_samples} for s, r in sorted(m.splits.items())}}
+        return {
+            "name": self.name,
+            "version_id": self.version_id,
+            "hash": self.hash,
+            "path": self.path,
+            "parameters": m.parameters.to_json(),
+            "splits": {
+                s: {
+                    "groups": r.groups,
+                    "samples": r.samples,
+                    "ratio_groups": r.ratio_groups,
+                    "ratio_samples": r.ratio_samples,
+                }
+                for s, r in sorted(m.splits.items())
+            },
+        }
 
 
 def _pointer_key(version_id: str, name: str) -> str:
@@ -253,8 +268,10 @@ def _read(catalog: Catalog, key: str, cap: int, **kw) -> bytes:
         return catalog.store.read(key, cap, **kw)
     except FormatError as e:
         why = str(e).removeprefix(f"{catalog.url}/{key}: ").removeprefix(f"{key}: ")
-        raise LineageError(f"{catalog.url}/{key}: damaged split set file ({why[:200]})",
-                           hint="make the split set again with `dsbuild split ... --force`") from None
+        raise LineageError(
+            f"{catalog.url}/{key}: damaged split set file ({why[:200]})",
+            hint="make the split set again with `dsbuild split ... --force`",
+        ) from None
 
 
 def _read_pointer(catalog: Catalog, version_id: str, name: str) -> str | None:
@@ -267,8 +284,10 @@ def _read_pointer(catalog: Catalog, version_id: str, name: str) -> str | None:
         return SplitPointer.from_json(loads_bounded(data, max_bytes=1 << 16, what=key), f"{catalog.url}/{key}").hash
     except FormatError as e:  # a damaged catalog (exit 3), not the user's input
         why = str(e).removeprefix(f"{catalog.url}/{key}: ").removeprefix(f"{key}: ")
-        raise LineageError(f"{catalog.url}/{key}: damaged split set pointer ({why[:200]})",
-                           hint=f"make the split set again with `dsbuild split ... --name {name} --force`") from None
+        raise LineageError(
+            f"{catalog.url}/{key}: damaged split set pointer ({why[:200]})",
+            hint=f"make the split set again with `dsbuild split ... --name {name} --force`",
+        ) from None
 
 
 def _load(catalog: Catalog, version_id: str, name: str, digest: str) -> SplitSet:
@@ -278,8 +297,10 @@ def _load(catalog: Catalog, version_id: str, name: str, digest: str) -> SplitSet
     def parse(data: bytes) -> SplitManifest:
         m = _check_manifest(loads_bounded(data, max_bytes=MAX_MANIFEST_BYTES, what=key), f"{catalog.url}/{key}")
         if m.hash != digest or m.name != name or m.version_id != version_id:
-            raise FormatError(f"{catalog.url}/{key}: describes {m.version_id[:12]}/{m.name} hash {m.hash[:12]}, "
-                              "not the folder it is in")
+            raise FormatError(
+                f"{catalog.url}/{key}: describes {m.version_id[:12]}/{m.name} hash {m.hash[:12]}, "
+                "not the folder it is in"
+            )
         return m
 
     try:
@@ -301,10 +322,12 @@ def open_split_set(catalog: Catalog, version_id: str, name: str) -> SplitSet:
         import difflib
 
         close = difflib.get_close_matches(name, have, n=1)
-        raise UsageError(f"{catalog.url}: version {version_id[:12]} has no split set {name!r}"
-                         + (f"; did you mean {close[0]!r}?" if close else "")
-                         + (f" (it has {', '.join(have)})" if have else ""),
-                         hint=None if have else "make one with `dsbuild split`")
+        raise UsageError(
+            f"{catalog.url}: version {version_id[:12]} has no split set {name!r}"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + (f" (it has {', '.join(have)})" if have else ""),
+            hint=None if have else "make one with `dsbuild split`",
+        )
     return _load(catalog, version_id, name, digest)
 
 
@@ -335,8 +358,15 @@ def split_set_summaries(catalog: Catalog, version_id: str) -> list[dict]:
     return out
 
 
-def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[str, bytes],
-                      manifest: SplitManifest, *, force: bool = False) -> str:
+def publish_split_set(
+    catalog: Catalog,
+    version_id: str,
+    name: str,
+    files: dict[str, bytes],
+    manifest: SplitManifest,
+    *,
+    force: bool = False,
+) -> str:
     """Store a sealed split set. Returns "created", "existed" (identical: nothing written) or "replaced"
     (``force``); refuses to replace a different split set of the same name without ``force``."""
     _check_manifest(manifest.to_json(), f"split set {name}")
@@ -351,9 +381,11 @@ def publish_split_set(catalog: Catalog, version_id: str, name: str, files: dict[
         if old == digest:
             return "existed"
         if old is not None and not force:
-            raise UsageError(f"{catalog.url}: a different split set named {name!r} exists for version "
-                             f"{version_id[:12]} (hash {old[:12]}, new {digest[:12]})",
-                             hint="use --force to replace it, or choose another --name")
+            raise UsageError(
+                f"{catalog.url}: a different split set named {name!r} exists for version "
+                f"{version_id[:12]} (hash {old[:12]}, new {digest[:12]})",
+                hint="use --force to replace it, or choose another --name",
+            )
         folder = f"splits/{version_id}/{name}/{digest}"
         for fname, data in sorted(files.items()):
             catalog._write(f"{folder}/{fname}", data)

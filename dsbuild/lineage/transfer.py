@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 from dsbuild.core.errors import LineageError, StorageError, UsageError
 from dsbuild.core.files import UnsafeFile, open_regular
@@ -69,12 +69,18 @@ def _copy_verified(src: Path, dst: Path, rec: ShardRecord, root: Path | None, wh
         os.fsync(fout.fileno())
     if got != rec.bytes:
         dst.unlink(missing_ok=True)
-        raise LineageError(f"{where}: the source's shard is {'larger' if got > rec.bytes else 'smaller'} than "
-                           f"the {rec.bytes} bytes its record says", hint="run `dsbuild verify` on the source catalog")
+        raise LineageError(
+            f"{where}: the source's shard is {'larger' if got > rec.bytes else 'smaller'} than "
+            f"the {rec.bytes} bytes its record says",
+            hint="run `dsbuild verify` on the source catalog",
+        )
     if not h.ok():
         dst.unlink(missing_ok=True)
-        raise LineageError(f"{where}: the source's bytes are not what the shard's name and record say "
-                           f"({h.mismatch()}): a damaged or forged source", hint="run `dsbuild verify` on the source catalog")
+        raise LineageError(
+            f"{where}: the source's bytes are not what the shard's name and record say "
+            f"({h.mismatch()}): a damaged or forged source",
+            hint="run `dsbuild verify` on the source catalog",
+        )
 
 
 def _fetch_verified(source: Catalog, rec: ShardRecord, local: Path) -> None:
@@ -91,8 +97,15 @@ def _fetch_verified(source: Catalog, rec: ShardRecord, local: Path) -> None:
         _copy_verified(source.shard_file(rec), local, rec, source.root, where)
 
 
-def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = False, splits: bool = False,
-             progress: Callable[[_Progress], None] | None = None) -> TransferReport:
+def transfer(
+    source: Catalog,
+    ref: str | None,
+    dest: Catalog,
+    *,
+    tags: bool = False,
+    splits: bool = False,
+    progress: Callable[[_Progress], None] | None = None,
+) -> TransferReport:
     """Copy version ``ref`` of ``source`` into ``dest`` (created if needed by the caller)."""
     started = time.monotonic()
     vid = source.resolve(ref)
@@ -103,6 +116,7 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
     state = _Progress(total=len(m.shards))
     sent = skipped = nbytes = 0
     with dest.build_area() as area:
+
         def send(rec: ShardRecord) -> None:
             nonlocal sent, nbytes
             _send(source, dest, rec, area.path)
@@ -132,8 +146,18 @@ def transfer(source: Catalog, ref: str | None, dest: Catalog, *, tags: bool = Fa
         dest.set_tag(t, vid)
     for sp, files in sets:
         publish_split_set(dest, vid, sp.name, files, sp.manifest)
-    return TransferReport(vid, source.url, dest.url, sent, skipped, nbytes, existed, names,
-                          tuple(sp.name for sp, _ in sets), round(time.monotonic() - started, 3))
+    return TransferReport(
+        vid,
+        source.url,
+        dest.url,
+        sent,
+        skipped,
+        nbytes,
+        existed,
+        names,
+        tuple(sp.name for sp, _ in sets),
+        round(time.monotonic() - started, 3),
+    )
 
 
 def _present(dest: Catalog, vid: str) -> bool:
@@ -142,8 +166,10 @@ def _present(dest: Catalog, vid: str) -> bool:
     try:
         dest.manifest(vid)
     except LineageError as e:
-        raise LineageError(f"{dest.url}: holds version {vid[:12]} but its manifest is damaged ({e})",
-                           hint="remove that version folder from the destination, then run again") from None
+        raise LineageError(
+            f"{dest.url}: holds version {vid[:12]} but its manifest is damaged ({e})",
+            hint="remove that version folder from the destination, then run again",
+        ) from None
     return True
 
 
@@ -154,8 +180,9 @@ def _send(source: Catalog, dest: Catalog, rec: ShardRecord, scratch: Path) -> No
         _fetch_verified(source, rec, local)
     except (UnsafeFile, FileNotFoundError) as e:
         why = "missing" if isinstance(e, FileNotFoundError) else str(e).split(": ", 1)[-1]
-        raise LineageError(f"{source.url}/{rec.path}: {why}",
-                           hint="run `dsbuild verify` on the source catalog") from None
+        raise LineageError(
+            f"{source.url}/{rec.path}: {why}", hint="run `dsbuild verify` on the source catalog"
+        ) from None
     if dest.root is not None:
         (dest.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -180,14 +207,22 @@ def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path, send: Call
         if commit is not None:
             there = {v.version_id: v for v in dest.versions() if v.commit}
             keys = {k: (v.commit.sequence, v.commit.created_at) for k, v in there.items()}
-            seq = copy_sequence(commit.created_at, list(keys.values()), keys.get(commit.parent),
-                                [keys[k] for k, v in there.items() if v.parent == vid])
+            seq = copy_sequence(
+                commit.created_at,
+                list(keys.values()),
+                keys.get(commit.parent),
+                [keys[k] for k, v in there.items() if v.parent == vid],
+            )
             files["commit.json"] = pretty_json(replace(commit, sequence=seq).to_json())
         dest.publish(vid, {**files, "manifest.json": manifest}, scratch)
 
 
-def copy_sequence(created_at: str, existing: list[tuple[int, str]], parent: tuple[int, str] | None = None,
-                  children: list[tuple[int, str]] = ()) -> int:
+def copy_sequence(
+    created_at: str,
+    existing: list[tuple[int, str]],
+    parent: tuple[int, str] | None = None,
+    children: list[tuple[int, str]] = (),
+) -> int:
     """The commit sequence of a copied version (``created_at`` its creation time) among ``existing``
     (sequence, creation time) pairs; ``parent`` and ``children`` are those of its parent and children
     there. Versions sort by sequence, then time, then id. The copy gets the highest sequence of the
@@ -211,9 +246,10 @@ def _tags_to_copy(source: Catalog, dest: Catalog, vid: str) -> tuple[str, ...]:
     theirs = dest.tags()
     clash = [t for t in names if t in theirs and theirs[t] != vid]
     if clash:
-        raise UsageError(f"{dest.url}: tag {clash[0]!r} already points at {theirs[clash[0]][:12]}; "
-                         "nothing was copied",
-                         hint="move it there with `dsbuild tag --force`, or copy without --tags")
+        raise UsageError(
+            f"{dest.url}: tag {clash[0]!r} already points at {theirs[clash[0]][:12]}; nothing was copied",
+            hint="move it there with `dsbuild tag --force`, or copy without --tags",
+        )
     return tuple(names)
 
 
@@ -224,8 +260,10 @@ def _split_sets_to_copy(source: Catalog, dest: Catalog, vid: str) -> list[tuple[
     out = []
     for sp in list_split_sets(source, vid):
         if theirs.get(sp.name, sp.hash) != sp.hash:
-            raise UsageError(f"{dest.url}: split set {sp.name!r} of version {vid[:12]} is a different one there (hash "
-                             f"{theirs[sp.name][:12]}, this one {sp.hash[:12]}); nothing was copied",
-                             hint="copy without --splits")
+            raise UsageError(
+                f"{dest.url}: split set {sp.name!r} of version {vid[:12]} is a different one there (hash "
+                f"{theirs[sp.name][:12]}, this one {sp.hash[:12]}); nothing was copied",
+                hint="copy without --splits",
+            )
         out.append((sp, {f"{split}.parquet": sp.file_bytes(split) for split in sp.splits}))
     return out

@@ -20,13 +20,13 @@ import os
 import random
 import shlex
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 
 from dsbuild.core.errors import DsbuildError, FormatError, LineageError, StorageError
-from dsbuild.core.hashing import CHUNK
 from dsbuild.core.files import open_regular
+from dsbuild.core.hashing import CHUNK
 from dsbuild.core.records import JsonValue
 from dsbuild.formats import Entry, get_format
 from dsbuild.lineage.catalog import Catalog
@@ -50,9 +50,15 @@ class VerifyReport:
         return not self.problems
 
     def to_json(self) -> dict:
-        return {"version_id": self.version_id, "ok": self.ok, "shards_checked": self.shards_checked,
-                "bytes_checked": self.bytes_checked, "samples_checked": self.samples_checked,
-                "problems": self.problems, "heal": self.heal}
+        return {
+            "version_id": self.version_id,
+            "ok": self.ok,
+            "shards_checked": self.shards_checked,
+            "bytes_checked": self.bytes_checked,
+            "samples_checked": self.samples_checked,
+            "problems": self.problems,
+            "heal": self.heal,
+        }
 
 
 class Stopped(Exception):
@@ -68,11 +74,16 @@ def _unreadable(catalog: Catalog, rec: ShardRecord, e: Exception) -> dict:
     """The problem to report for a shard that could not be read, or raise when the cause is not the data:
     an object store's reads fail for the network, the credentials or a full local cache (exit 3, like
     any command that cannot reach its data), never for damage, which the sizes and hashes find."""
-    if catalog.root is None and isinstance(e, (StorageError, OSError)) and \
-            not isinstance(e, (LineageError, FileNotFoundError)):
-        raise StorageError(f"{catalog.url}/{rec.path}: cannot read ({str(e)[:200]})",
-                           hint="check the network, the credentials and free space in the cache, then run again "
-                                "(the shard itself was not found damaged)") from None
+    if (
+        catalog.root is None
+        and isinstance(e, (StorageError, OSError))
+        and not isinstance(e, (LineageError, FileNotFoundError))
+    ):
+        raise StorageError(
+            f"{catalog.url}/{rec.path}: cannot read ({str(e)[:200]})",
+            hint="check the network, the credentials and free space in the cache, then run again "
+            "(the shard itself was not found damaged)",
+        ) from None
     return {"shard": rec.path, "problem": "unreadable", "detail": str(e)[:200]}
 
 
@@ -127,8 +138,10 @@ def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: lis
 
 def _not_allowed(catalog: Catalog, rec: ShardRecord, e: OSError) -> StorageError:
     """A shard this user may not read: the environment (exit 3), not damage to report (exit 1)."""
-    return StorageError(f"{catalog.url}/{rec.path}: cannot read ({e.strerror or e})",
-                        hint="check the permissions of the catalog's files")
+    return StorageError(
+        f"{catalog.url}/{rec.path}: cannot read ({e.strerror or e})",
+        hint="check the permissions of the catalog's files",
+    )
 
 
 def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: VerifyReport) -> dict[str, list[Entry]]:
@@ -139,19 +152,27 @@ def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: Verif
         report.problems.append({"sessions": m.sessions.path, "problem": "altered or missing", "detail": str(e)})
     table = catalog.index(version_id, list(LOCATOR_COLUMNS))
     if table.num_rows != m.index.rows:
-        report.problems.append({"index": m.index.path, "problem": f"{table.num_rows} rows, manifest says {m.index.rows}"})
+        report.problems.append(
+            {"index": m.index.path, "problem": f"{table.num_rows} rows, manifest says {m.index.rows}"}
+        )
     by_shard = entries_by_shard(table)
     known = {s.path for s in m.shards}
     for shard in sorted(set(by_shard) - known):
-        report.problems += [{"sample": e.key, "problem": "index names a shard the manifest lacks", "detail": shard}
-                            for e in by_shard[shard]]
+        report.problems += [
+            {"sample": e.key, "problem": "index names a shard the manifest lacks", "detail": shard}
+            for e in by_shard[shard]
+        ]
     keys = [e.key for es in by_shard.values() for e in es]
     if len(set(keys)) != len(keys):
         report.problems.append({"index": m.index.path, "problem": f"{len(keys) - len(set(keys))} duplicated key(s)"})
     for s in m.shards:
         if len(by_shard.get(s.path, ())) != s.samples:
-            report.problems.append({"shard": s.path, "problem": f"manifest says {s.samples} samples, index has "
-                                                                f"{len(by_shard.get(s.path, ()))}"})
+            report.problems.append(
+                {
+                    "shard": s.path,
+                    "problem": f"manifest says {s.samples} samples, index has {len(by_shard.get(s.path, ()))}",
+                }
+            )
     return by_shard
 
 
@@ -159,8 +180,14 @@ def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: Verif
 # repeats every setting, so it rebuilds the version it was printed for whatever the defaults. A switch is
 # "--on/--off". No flag sets transcode_encoder (derived from transcode). A test holds this to the config's
 # fields and to the command's options.
-CONVERT_FLAGS = {"format": "--format", "clip_seconds": "--clip-seconds", "shard_size": "--shard-size",
-                 "audio": "--audio/--no-audio", "transcode": "--transcode", "zstd_level": "--zstd-level"}
+CONVERT_FLAGS = {
+    "format": "--format",
+    "clip_seconds": "--clip-seconds",
+    "shard_size": "--shard-size",
+    "audio": "--audio/--no-audio",
+    "transcode": "--transcode",
+    "zstd_level": "--zstd-level",
+}
 
 
 def _flag(flag: str, value: JsonValue) -> list[str]:
@@ -187,8 +214,16 @@ def heal_command(catalog: Catalog, version_id: str) -> str:
     return f"dsbuild convert {captures} " + " ".join(map(shlex.quote, args))
 
 
-def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed: int = 0, threads: int = 4,
-           progress: Callable[[int, int], None] | None = None, stop: threading.Event | None = None) -> VerifyReport:
+def verify(
+    catalog: Catalog,
+    version_id: str,
+    *,
+    sample: int | None = None,
+    seed: int = 0,
+    threads: int = 4,
+    progress: Callable[[int, int], None] | None = None,
+    stop: threading.Event | None = None,
+) -> VerifyReport:
     """Check the whole chain for one version (all shards, or ``sample`` of them chosen by ``seed``).
 
     Shards start hashing as soon as the manifest is read; the index is read and checked meanwhile
@@ -233,10 +268,15 @@ def verify(catalog: Catalog, version_id: str, *, sample: int | None = None, seed
     report.shards_checked = len(shards)
     report.bytes_checked = sum(rec.bytes for rec, h in zip(shards, hashes) if _hashed(h.result()))
     # entries are checked only in shards whose bytes proved sound (a missing, resized or altered one: none)
-    report.samples_checked = sum(len(by_shard.get(rec.path, ())) for rec, h in zip(shards, hashes)
-                                 if h.result() is None) if by_shard is not None else 0
+    report.samples_checked = (
+        sum(len(by_shard.get(rec.path, ())) for rec, h in zip(shards, hashes) if h.result() is None)
+        if by_shard is not None
+        else 0
+    )
     # what the same convert writes back: damaged or missing shards, a lost or altered index or session records
-    if any(p.get("problem") in ("missing", NOT_A_FILE, "size changed", "altered", "index", "altered or missing")
-           for p in report.problems):
+    if any(
+        p.get("problem") in ("missing", NOT_A_FILE, "size changed", "altered", "index", "altered or missing")
+        for p in report.problems
+    ):
         report.heal = heal_command(catalog, version_id)
     return report

@@ -39,20 +39,28 @@ def choose_backend(requested: str, *, cuda: bool, installed: frozenset[str]) -> 
         return Backend("torchcodec", "cpu", "torchcodec on CPU: requested")
     if requested == "nvdec":
         if not cuda:
-            raise UsageError("decode_backend='nvdec' needs a CUDA GPU, and torch.cuda.is_available() is False",
-                             hint="use decode_backend='pyav' (CPU) or 'auto'")
+            raise UsageError(
+                "decode_backend='nvdec' needs a CUDA GPU, and torch.cuda.is_available() is False",
+                hint="use decode_backend='pyav' (CPU) or 'auto'",
+            )
         if NVDEC not in installed:
-            raise UsageError("decode_backend='nvdec' needs PyAV's FFmpeg built with the CUDA hwaccel, and "
-                             "av.codec.hwaccel.hwdevices_available() does not list 'cuda'",
-                             hint="install the PyAV wheel from PyPI (Linux x86-64), or use decode_backend='pyav'")
+            raise UsageError(
+                "decode_backend='nvdec' needs PyAV's FFmpeg built with the CUDA hwaccel, and "
+                "av.codec.hwaccel.hwdevices_available() does not list 'cuda'",
+                hint="install the PyAV wheel from PyPI (Linux x86-64), or use decode_backend='pyav'",
+            )
         return Backend("nvdec", "cuda", "nvdec through PyAV's FFmpeg: requested")
     if requested == "auto":
         if not cuda:
             return Backend("pyav", "cpu", "auto: no CUDA GPU, decoding with PyAV on CPU")
         if NVDEC not in installed:
             return Backend("pyav", "cpu", "auto: PyAV's FFmpeg has no CUDA hwaccel, decoding with PyAV on CPU")
-        return Backend("pyav", "cpu", "auto: decoding with PyAV on CPU threads, measured faster than NVDEC through "
-                                      "FFmpeg (0.39x on 2-s 1080p clips, 16 cores); decode_backend='nvdec' uses the GPU")
+        return Backend(
+            "pyav",
+            "cpu",
+            "auto: decoding with PyAV on CPU threads, measured faster than NVDEC through "
+            "FFmpeg (0.39x on 2-s 1080p clips, 16 cores); decode_backend='nvdec' uses the GPU",
+        )
     raise UsageError(f"decode_backend must be pyav, torchcodec, nvdec or auto, not {requested!r}")
 
 

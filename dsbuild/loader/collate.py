@@ -13,7 +13,7 @@ whole array and then overwriting it was one more pass over every frame byte.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,8 +54,19 @@ def _put(dst: np.ndarray, raw: Raw, b: int, pos: int, a: Rows | np.ndarray, n: i
         _put_array(dst, b, pos, a[:n], cols)
 
 
-def _copy_rows(dst: np.ndarray, raw: Raw, b: int, pos: int, data: memoryview, dtype: np.dtype, width: int | None,
-               start: int, n: int, step: int, cols: np.ndarray | None) -> None:
+def _copy_rows(
+    dst: np.ndarray,
+    raw: Raw,
+    b: int,
+    pos: int,
+    data: memoryview,
+    dtype: np.dtype,
+    width: int | None,
+    start: int,
+    n: int,
+    step: int,
+    cols: np.ndarray | None,
+) -> None:
     """Rows ``start``, ``start + step``, ... (``n`` of them) of the array whose bytes are ``data`` (rows of
     ``width`` values; None: one) into ``dst[b, pos:pos + n]``: one memcpy where they land contiguously
     (same dtype, no remapped columns, the vocabulary's full width, unstrided), numpy otherwise."""
@@ -64,34 +75,37 @@ def _copy_rows(dst: np.ndarray, raw: Raw, b: int, pos: int, data: memoryview, dt
         return
     if raw is not None and cols is None and row == raw[1] and (step == 1 or n <= 1) and dtype == dst.dtype:
         at = (b * dst.shape[1] + pos) * row
-        raw[0][at:at + n * row] = data[start * row:(start + n) * row]
+        raw[0][at : at + n * row] = data[start * row : (start + n) * row]
         return
     a = np.frombuffer(data, dtype)
     if width is not None:
         a = a.reshape(-1, width)
-    _put_array(dst, b, pos, a[start:start + (n - 1) * step + 1:step] if n else a[:0], cols)
+    _put_array(dst, b, pos, a[start : start + (n - 1) * step + 1 : step] if n else a[:0], cols)
 
 
 def _put_array(dst: np.ndarray, b: int, pos: int, a: np.ndarray, cols: np.ndarray | None) -> None:
     n = len(a)
     if dst.ndim == 2:
-        dst[b, pos:pos + n] = a
+        dst[b, pos : pos + n] = a
     elif cols is None:
-        dst[b, pos:pos + n, :a.shape[1]] = a
+        dst[b, pos : pos + n, : a.shape[1]] = a
     else:  # dst[b] first: ``dst[b, rows, cols]`` would put the indexed axis first (numpy's mixed indexing)
-        dst[b][pos:pos + n, cols] = a
+        dst[b][pos : pos + n, cols] = a
 
 
-def collate_clips(clips: list[RawSample], maps: list[ColumnMap], widths: tuple[int, int],
-                  alloc: Alloc = np.zeros) -> tuple[dict, dict]:
+def collate_clips(
+    clips: list[RawSample], maps: list[ColumnMap], widths: tuple[int, int], alloc: Alloc = np.zeros
+) -> tuple[dict, dict]:
     """(batch, counters) of whole read clips' actions, telemetry and timestamps: ``collate`` for batches
     with nothing to run per sample (bytes mode without ``map``, audio, text, strides or crops), copying
     from the read buffers with neither a per-sample dict nor a ``Rows`` in between. A member too small
     for its array is a FormatError (the caller takes the general route, which replaces the sample)."""
     length = max(c.frames for c in clips)
-    out = {"actions": alloc((len(clips), length, widths[0]), np.float32),
-           "telemetry": alloc((len(clips), length, widths[1]), np.float32),
-           "timestamps": alloc((len(clips), length), np.float64)}
+    out = {
+        "actions": alloc((len(clips), length, widths[0]), np.float32),
+        "telemetry": alloc((len(clips), length, widths[1]), np.float32),
+        "timestamps": alloc((len(clips), length), np.float64),
+    }
     acts, tels, tss = out["actions"], out["telemetry"], out["timestamps"]
     ra, rt, rs = _raw(acts), _raw(tels), _raw(tss)
     (sa, st, ss), (da, dt, ds) = ARRAY_SLOTS, ARRAY_DTYPES
@@ -107,9 +121,9 @@ def collate_clips(clips: list[RawSample], maps: list[ColumnMap], widths: tuple[i
             na, nt, ns = n * ra[1], n * rt[1], n * rs[1]
             if len(a) >= na and len(t) >= nt and len(ts) >= ns:
                 at = b * length
-                ra[0][at * ra[1]:at * ra[1] + na] = a[len(a) - na:]
-                rt[0][at * rt[1]:at * rt[1] + nt] = t[len(t) - nt:]
-                rs[0][at * rs[1]:at * rs[1] + ns] = ts[len(ts) - ns:]
+                ra[0][at * ra[1] : at * ra[1] + na] = a[len(a) - na :]
+                rt[0][at * rt[1] : at * rt[1] + nt] = t[len(t) - nt :]
+                rs[0][at * rs[1] : at * rs[1] + ns] = ts[len(ts) - ns :]
                 continue
         _copy_rows(acts, ra, b, 0, array_bytes(c, sa, c.controls, da), da, c.controls, 0, n, 1, cmap)
         _copy_rows(tels, rt, b, 0, array_bytes(c, st, c.channels, dt), dt, c.channels, 0, n, 1, tmap)
@@ -119,16 +133,19 @@ def collate_clips(clips: list[RawSample], maps: list[ColumnMap], widths: tuple[i
     return out, {"frames": real, "padding": len(clips) * length - real, "truncated": 0}
 
 
-def collate_spans(spans: Spans, frames: np.ndarray, widths: tuple[int, int], alloc: Alloc = np.zeros
-                  ) -> tuple[dict, dict, list[memoryview]]:
+def collate_spans(
+    spans: Spans, frames: np.ndarray, widths: tuple[int, int], alloc: Alloc = np.zeros
+) -> tuple[dict, dict, list[memoryview]]:
     """(batch, counters, videos) of whole clips from their shards' mappings, for sessions whose columns
     are the vocabulary's: each array member's last ``frames * row`` bytes (the index was checked at open
     to hold that much) copied into its batch row with one memcpy, each video a view of the mapping. The
     positions are computed for the whole batch at once; per sample there are four slices."""
     length, n = int(frames.max()), len(frames)
-    out = {"actions": alloc((n, length, widths[0]), np.float32),
-           "telemetry": alloc((n, length, widths[1]), np.float32),
-           "timestamps": alloc((n, length), np.float64)}
+    out = {
+        "actions": alloc((n, length, widths[0]), np.float32),
+        "telemetry": alloc((n, length, widths[1]), np.float32),
+        "timestamps": alloc((n, length), np.float64),
+    }
     lengths = alloc((n,), np.int32)
     lengths[:] = frames
     (a, ra), (t, rt), (s, rs) = (_raw(out[name]) for name in ("actions", "telemetry", "timestamps"))
@@ -136,8 +153,17 @@ def collate_spans(spans: Spans, frames: np.ndarray, widths: tuple[int, int], all
     sizes = frames.astype(np.int64)[:, None] * rows
     ends = spans.ends[:, ARRAY_SLOTS]
     at = np.arange(n, dtype=np.int64)[:, None] * (length * rows)
-    places = np.concatenate([spans.starts[:, VIDEO_SLOT:VIDEO_SLOT + 1], spans.ends[:, VIDEO_SLOT:VIDEO_SLOT + 1],
-                             ends - sizes, ends, at, at + sizes], axis=1).tolist()
+    places = np.concatenate(
+        [
+            spans.starts[:, VIDEO_SLOT : VIDEO_SLOT + 1],
+            spans.ends[:, VIDEO_SLOT : VIDEO_SLOT + 1],
+            ends - sizes,
+            ends,
+            at,
+            at + sizes,
+        ],
+        axis=1,
+    ).tolist()
     videos = []
     for v, (vs, ve, xa, xt, xs, ya, yt, ys, da, dt, ds, ea, et, es) in zip(spans.views, places):
         touch(v, vs, ve)  # the clip's pages, now: the arrays' are faulted in by their copies below
@@ -152,13 +178,22 @@ def collate_spans(spans: Spans, frames: np.ndarray, widths: tuple[int, int], all
 
 def _in_place(a: np.ndarray, dst: np.ndarray) -> bool:
     """Whether ``a`` is ``dst`` itself (a sample decoded into its row of the batch)."""
-    return (a.shape == dst.shape and a.strides == dst.strides
-            and a.__array_interface__["data"][0] == dst.__array_interface__["data"][0])
+    return (
+        a.shape == dst.shape
+        and a.strides == dst.strides
+        and a.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
+    )
 
 
-def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[int, int],
-            pack_frames: int | None, alloc: Alloc = np.zeros, empty: Alloc | None = None,
-            frames: np.ndarray | None = None) -> tuple[dict, dict]:
+def collate(
+    items: list[list[dict]],
+    maps: list[list[ColumnMap]],
+    widths: tuple[int, int],
+    pack_frames: int | None,
+    alloc: Alloc = np.zeros,
+    empty: Alloc | None = None,
+    frames: np.ndarray | None = None,
+) -> tuple[dict, dict]:
     """(batch, counters). Each item is one sample, or several packed into ``pack_frames`` frames.
     ``frames``: the batch's frames array made before decoding, whose rows samples may already have been
     decoded into (those are not copied); used when it has the batch's shape."""
@@ -174,9 +209,11 @@ def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[
                 lens[k] = max(0, min(n, room))
     length = pack_frames or max(n for lens in cut for n in lens)
     batch_size = len(items)
-    out = {"actions": alloc((batch_size, length, widths[0]), np.float32),
-           "telemetry": alloc((batch_size, length, widths[1]), np.float32),
-           "timestamps": alloc((batch_size, length), np.float64)}
+    out = {
+        "actions": alloc((batch_size, length, widths[0]), np.float32),
+        "telemetry": alloc((batch_size, length, widths[1]), np.float32),
+        "timestamps": alloc((batch_size, length), np.float64),
+    }
     if frame_shape is not None:
         shape = (batch_size, length, *frame_shape)
         out["frames"] = frames if frames is not None and frames.shape == shape else (empty or alloc)(shape, np.uint8)
@@ -187,8 +224,8 @@ def collate(items: list[list[dict]], maps: list[list[ColumnMap]], widths: tuple[
             _put(out["actions"], raw["actions"], b, pos, s["actions"], n, cmap)
             _put(out["telemetry"], raw["telemetry"], b, pos, s["telemetry"], n, tmap)
             _put(out["timestamps"], raw["timestamps"], b, pos, s["timestamps"], n, None)
-            if frame_shape is not None and not _in_place(s["frames"][:n], out["frames"][b, pos:pos + n]):
-                out["frames"][b, pos:pos + n] = s["frames"][:n]
+            if frame_shape is not None and not _in_place(s["frames"][:n], out["frames"][b, pos : pos + n]):
+                out["frames"][b, pos : pos + n] = s["frames"][:n]
             pos += n
         if frame_shape is not None and (empty is not None or out["frames"] is frames):
             out["frames"][b, pos:] = 0  # the padding: the only part of the row not written above
@@ -219,6 +256,6 @@ def _audio(out: dict, samples: list[dict], alloc: Alloc) -> None:
     lengths = alloc((len(samples),), np.int32)
     for b, s in enumerate(samples):
         a = s["audio"]
-        audio[b, :, :a.shape[1]] = a
+        audio[b, :, : a.shape[1]] = a
         lengths[b] = a.shape[1]
     out["audio"], out["audio_lengths"] = audio, lengths

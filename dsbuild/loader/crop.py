@@ -42,8 +42,15 @@ def crop_start(frames: int, stride: int, count: int, seed: int, epoch: int, samp
     return derive_key(seed, "crop", epoch, *sample) % (room + 1)
 
 
-def frame_window(frames: int, stride: int, clip_frames: int | None, max_frames: int | None, seed: int,
-                 epoch: int, sample: tuple[str, str]) -> slice:
+def frame_window(
+    frames: int,
+    stride: int,
+    clip_frames: int | None,
+    max_frames: int | None,
+    seed: int,
+    epoch: int,
+    sample: tuple[str, str],
+) -> slice:
     """The frames (of the clip's, in order) a sample delivers this epoch, as a slice: it cuts the sample's
     arrays as views, and ``frame_indices`` spells it out for decoding."""
     count = kept_frames(frames, stride, clip_frames, max_frames)

@@ -36,8 +36,15 @@ def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:
     return max((k for k, (pts, key) in enumerate(keyframes) if key and pts <= first_pts), default=0)
 
 
-def decode_pyav(data, indices: np.ndarray, size: tuple[int, int] | None = None, skip_nonref: bool = False,
-                counts: dict | None = None, alloc=np.empty, gpu: int | None = None) -> np.ndarray:
+def decode_pyav(
+    data,
+    indices: np.ndarray,
+    size: tuple[int, int] | None = None,
+    skip_nonref: bool = False,
+    counts: dict | None = None,
+    alloc=np.empty,
+    gpu: int | None = None,
+) -> np.ndarray:
     """uint8 [len(indices), H, W, 3]: the clip's frames at ``indices`` (presentation order), resized to
     ``size`` = (height, width) by swscale, in an array from ``alloc(shape, dtype)``. ``counts["decoded"]``
     (if given) grows by the frames the decoder produced, ``counts["skipped_packets"]`` by the packets
@@ -95,12 +102,15 @@ def _open(data, gpu: int | None):
         return av.open(io.BytesIO(data), hwaccel=HWAccel("cuda", allow_software_fallback=False, flags=CURRENT_CONTEXT))
     except Exception as e:  # torch without CUDA raises AttributeError/AssertionError, FFmpeg its own errors
         open_clip(data).close()  # raises (-> FormatError) if the clip itself is bad
-        raise UsageError(f"NVDEC is unavailable: FFmpeg could not use CUDA device {gpu} ({e})",
-                         hint="decode_backend='pyav' decodes on CPU") from None
+        raise UsageError(
+            f"NVDEC is unavailable: FFmpeg could not use CUDA device {gpu} ({e})",
+            hint="decode_backend='pyav' decodes on CPU",
+        ) from None
 
 
-def _decode(stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool,
-            alloc) -> tuple[np.ndarray | None, int]:
+def _decode(
+    stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool, alloc
+) -> tuple[np.ndarray | None, int]:
     """(frames at the ``wanted`` pts (-> output slot) decoded from ``packets`` or None if any is
     missing, frames decoded)."""
     from av.video.reformatter import VideoReformatter

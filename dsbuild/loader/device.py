@@ -44,8 +44,11 @@ class Transfer:
         if self.cuda:
             with torch.cuda.stream(self.stream):
                 for k, v in batch.items():
-                    out[k] = torch.from_numpy(v).pin_memory().to(self.device, non_blocking=True) \
-                        if isinstance(v, np.ndarray) else v
+                    out[k] = (
+                        torch.from_numpy(v).pin_memory().to(self.device, non_blocking=True)
+                        if isinstance(v, np.ndarray)
+                        else v
+                    )
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
             for v in out.values():
                 if isinstance(v, torch.Tensor):

@@ -14,9 +14,19 @@ class EpochPlan:
     """Pure function of (seed, epoch, version, split, options) -> batches. Holds no per-sample table
     beyond the source's index columns; chunk plans are computed on demand and cached briefly."""
 
-    def __init__(self, n: int, seed: int, identity: str, spec: PlanSpec, *, shuffle: str = "global",
-                 block: int = 256, window: int = 4, bucket_keys: np.ndarray | None = None,
-                 lengths: np.ndarray | None = None):
+    def __init__(
+        self,
+        n: int,
+        seed: int,
+        identity: str,
+        spec: PlanSpec,
+        *,
+        shuffle: str = "global",
+        block: int = 256,
+        window: int = 4,
+        bucket_keys: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
+    ):
         self.n, self.seed, self.identity, self.spec = n, seed, identity, spec
         self.shuffle, self.block, self.window = shuffle, block, window
         self.bucket_keys, self.lengths = bucket_keys, lengths
@@ -65,7 +75,7 @@ class EpochPlan:
         """Batches of the epoch's chunks that end at or before epoch-order position ``sample`` (a chunk
         boundary: where mix="sample" keeps its cursor; the epoch's end closes its last, partial chunk)."""
         counts = self._counts(epoch)
-        return int(counts.sum() if sample >= self.n else counts[:sample // self.spec.chunk].sum())
+        return int(counts.sum() if sample >= self.n else counts[: sample // self.spec.chunk].sum())
 
     def locate(self, epoch: int, b: int) -> tuple[int, int]:
         """(chunk, batch within chunk) of batch ``b`` of ``epoch``."""

@@ -28,8 +28,8 @@ import sys
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
 
@@ -39,17 +39,20 @@ from dsbuild.formats import ShardFormat, ShardReader
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.manifest import ShardRecord
 
-RESOURCE_ERRORS = {errno.EMFILE: "raise `ulimit -n` or lower max_open_shards",
-                   errno.ENFILE: "the system's open-file table is full; lower max_open_shards",
-                   errno.ENOMEM: "the process is out of memory; lower num_workers, prefetch or batch_size",
-                   errno.EACCES: "the shard is not readable by this user; fix its permissions",
-                   errno.ENOENT: "the shard is missing; `dsbuild verify` names the command that heals it"}
+RESOURCE_ERRORS = {
+    errno.EMFILE: "raise `ulimit -n` or lower max_open_shards",
+    errno.ENFILE: "the system's open-file table is full; lower max_open_shards",
+    errno.ENOMEM: "the process is out of memory; lower num_workers, prefetch or batch_size",
+    errno.EACCES: "the shard is not readable by this user; fix its permissions",
+    errno.ENOENT: "the shard is missing; `dsbuild verify` names the command that heals it",
+}
 
 
 def storage_error(what: str, e: OSError) -> StorageError:
     """An OS error while touching a shard, as a one-line StorageError with the fix."""
-    return StorageError(f"{what}: {e.strerror or e}", hint=RESOURCE_ERRORS.get(e.errno, "check the disk and "
-                                                                                         "the catalog, then resume"))
+    return StorageError(
+        f"{what}: {e.strerror or e}", hint=RESOURCE_ERRORS.get(e.errno, "check the disk and the catalog, then resume")
+    )
 
 
 class _Handle:
@@ -76,8 +79,7 @@ class _Handle:
 class ShardFiles:
     """The shards of one source, opened on demand, at most ``limit`` at once."""
 
-    def __init__(self, catalog: Catalog, shards: list[ShardRecord], fmt: ShardFormat, limit: int,
-                 verify_shards: bool):
+    def __init__(self, catalog: Catalog, shards: list[ShardRecord], fmt: ShardFormat, limit: int, verify_shards: bool):
         self.catalog, self.shards, self.format, self.limit = catalog, shards, fmt, limit
         self.verify_shards = verify_shards
         self._open: OrderedDict[int, _Handle] = OrderedDict()
@@ -332,7 +334,7 @@ def _proven(chunks, rec) -> bool:
     h = rec.proof()
     for chunk in chunks:
         for at in range(0, len(chunk), CHUNK):
-            h.update(chunk[at:at + CHUNK])  # releases the GIL for large updates
+            h.update(chunk[at : at + CHUNK])  # releases the GIL for large updates
     return h.ok()
 
 
@@ -363,8 +365,11 @@ class BufferPool:
             best = None
             for k in range(len(self._buffers)):  # (not enumerate: its cached tuple would hold a reference)
                 buf = self._buffers[k]
-                if len(buf) >= n and sys.getrefcount(buf) <= self.IDLE_REFS \
-                        and (best is None or len(buf) < len(self._buffers[best])):
+                if (
+                    len(buf) >= n
+                    and sys.getrefcount(buf) <= self.IDLE_REFS
+                    and (best is None or len(buf) < len(self._buffers[best]))
+                ):
                     best = k  # the smallest idle buffer that fits
             if best is not None:
                 return self._buffers.pop(best)
@@ -402,8 +407,9 @@ class BufferPool:
             smallest = None
             for k in range(len(self._buffers)):
                 held = self._buffers[k]
-                if sys.getrefcount(held) <= self.IDLE_REFS and (smallest is None or
-                                                                 len(held) < len(self._buffers[smallest])):
+                if sys.getrefcount(held) <= self.IDLE_REFS and (
+                    smallest is None or len(held) < len(self._buffers[smallest])
+                ):
                     smallest = k
             if smallest is not None and len(self._buffers[smallest]) < len(buf):
                 self._buffers[smallest] = buf

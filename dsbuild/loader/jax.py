@@ -14,7 +14,7 @@ float64 timestamps as float32 (exact to ~0.1 ms over an hour of session time).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -36,9 +36,11 @@ def _empty(loader, time: int) -> dict:
     every process must take part in every global array."""
     o = loader.options
     b = o.batch_size
-    out = {"actions": np.zeros((b, time, len(loader.controls)), np.float32),
-           "telemetry": np.zeros((b, time, len(loader.channels)), np.float32),
-           "timestamps": np.zeros((b, time), np.float64)}
+    out = {
+        "actions": np.zeros((b, time, len(loader.controls)), np.float32),
+        "telemetry": np.zeros((b, time, len(loader.channels)), np.float32),
+        "timestamps": np.zeros((b, time), np.float64),
+    }
     if o.pack_frames:
         out["segment_ids"] = np.full((b, time), -1, np.int32)
     else:
@@ -58,8 +60,11 @@ def jax_batches(loader, sharding) -> Iterator[dict]:
     o = loader.options
     procs, me = jax.process_count(), jax.process_index()
     if (o.world_size, o.rank) != (procs, me):
-        raise UsageError(f"as_jax_iterator: this is JAX process {me} of {procs}, the loader has rank={o.rank}, "
-                         f"world_size={o.world_size}", hint=f"construct it with rank={me}, world_size={procs}")
+        raise UsageError(
+            f"as_jax_iterator: this is JAX process {me} of {procs}, the loader has rank={o.rank}, "
+            f"world_size={o.world_size}",
+            hint=f"construct it with rank={me}, world_size={procs}",
+        )
     if o.device is not None or o.audio:
         raise UsageError("as_jax_iterator delivers numpy-backed jax.Arrays", hint="use device=None and audio=False")
     sizes = {(int(w), int(h)) for s in loader.sources for w, h in set(zip(s.width, s.height))}
@@ -73,8 +78,11 @@ def jax_batches(loader, sharding) -> Iterator[dict]:
         out = {k: v for k, v in batch.items() if not isinstance(v, np.ndarray)}
         valid = np.zeros(o.batch_size, dtype=bool)
         valid[:n] = True
-        arrays = {k: _pad(v, o.batch_size, time if k in PADDED_TIME else None)
-                  for k, v in batch.items() if isinstance(v, np.ndarray)}
+        arrays = {
+            k: _pad(v, o.batch_size, time if k in PADDED_TIME else None)
+            for k, v in batch.items()
+            if isinstance(v, np.ndarray)
+        }
         arrays["valid"] = valid
         for k, local in arrays.items():
             out[k] = jax.make_array_from_process_local_data(sharding, local, (procs * local.shape[0], *local.shape[1:]))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from dsbuild.core.errors import UsageError
 
@@ -36,23 +37,31 @@ def option(default: Any, doc: str, *, order: bool = False):
 @dataclass(frozen=True)
 class LoaderOptions:
     # -- what defines the order --------------------------------------------------------------------
-    seed: int = option(0, "the epoch order, crops and map seeds derive from it (never from time or pid)",
-                       order=True)
+    seed: int = option(0, "the epoch order, crops and map seeds derive from it (never from time or pid)", order=True)
     batch_size: int = option(8, "samples (or packed items) per batch, per rank", order=True)
-    shuffle: str = option("global", "global: keyed bijection over all samples; blocks: shuffle blocks of "
-                                    "neighbouring samples (I/O locality); none: index order", order=True)
+    shuffle: str = option(
+        "global",
+        "global: keyed bijection over all samples; blocks: shuffle blocks of "
+        "neighbouring samples (I/O locality); none: index order",
+        order=True,
+    )
     block_size: int = option(256, "blocks mode: neighbouring samples per block (they share shards)", order=True)
     block_window: int = option(4, "blocks mode: blocks shuffled together (reads stay within them)", order=True)
     bucket_by: str | None = option(None, "resolution, length or shape: no batch mixes them", order=True)
     pack_frames: int | None = option(None, "pack clips first-fit into items of this many frames", order=True)
     frame_stride: int = option(1, "keep every n-th frame (and the matching action/telemetry rows)", order=True)
     max_frames: int | None = option(None, "cut clips after this many frames (after stride; counted)", order=True)
-    clip_frames: int | None = option(None, "a seeded random crop of this many frames per sample and epoch "
-                                           "(decoded from the keyframe before it)", order=True)
-    mix: str = option("batch", "mixtures: each batch from one source (batch) or sources mixed within "
-                               "batches (sample)", order=True)
-    policy: str = option("reepoch", "a mixture source that runs out starts its next epoch, or stops the "
-                                    "mixture", order=True)
+    clip_frames: int | None = option(
+        None,
+        "a seeded random crop of this many frames per sample and epoch (decoded from the keyframe before it)",
+        order=True,
+    )
+    mix: str = option(
+        "batch", "mixtures: each batch from one source (batch) or sources mixed within batches (sample)", order=True
+    )
+    policy: str = option(
+        "reepoch", "a mixture source that runs out starts its next epoch, or stops the mixture", order=True
+    )
     # -- the partition (elastic: may change on restore) ----------------------------------------------
     rank: int = option(0, "this process's rank")
     world_size: int = option(1, "ranks that share the stream; each sample once per epoch across them")
@@ -60,28 +69,41 @@ class LoaderOptions:
     num_workers: int = option(2, "threads that read and decode (PyAV, preadv and the hashes release the GIL)")
     prefetch: int = option(4, "batches in flight: bounds memory")
     decode: str = option("frames", "frames: uint8 arrays; bytes: the encoded MP4 for a GPU decoder")
-    decode_backend: str = option("pyav", "pyav (CPU, default), torchcodec (CPU), nvdec (NVDEC through PyAV's FFmpeg), auto")
-    resize: tuple[int, int] | None = option(None, "(height, width) via swscale; needed to batch mixed "
-                                                  "resolutions without buckets")
-    device: str | None = option(None, "None: numpy; 'cpu'/'cuda'/'auto': torch tensors (auto without torch: "
-                                      "numpy, noted in stats)")
-    verify: str | bool = option("sample", "sample: every sample read is hashed (BLAKE3; sha256 in versions made "
-                                          "before it was recorded); shard: each shard hashed once per process; "
-                                          "none (False): trust the bytes")
-    read: str = option("map", "map: shards are memory-mapped and samples delivered as read-only views of the "
-                              "page cache, no copy (the worker faults their pages in); pread: copied into "
-                              "pooled buffers with preadv, which releases the GIL while a disk reads (data "
-                              "far larger than RAM on slow disks; shard files another program may truncate "
-                              "in place while you train). verify='sample' always copies")
+    decode_backend: str = option(
+        "pyav", "pyav (CPU, default), torchcodec (CPU), nvdec (NVDEC through PyAV's FFmpeg), auto"
+    )
+    resize: tuple[int, int] | None = option(
+        None, "(height, width) via swscale; needed to batch mixed resolutions without buckets"
+    )
+    device: str | None = option(
+        None, "None: numpy; 'cpu'/'cuda'/'auto': torch tensors (auto without torch: numpy, noted in stats)"
+    )
+    verify: str | bool = option(
+        "sample",
+        "sample: every sample read is hashed (BLAKE3; sha256 in versions made "
+        "before it was recorded); shard: each shard hashed once per process; "
+        "none (False): trust the bytes",
+    )
+    read: str = option(
+        "map",
+        "map: shards are memory-mapped and samples delivered as read-only views of the "
+        "page cache, no copy (the worker faults their pages in); pread: copied into "
+        "pooled buffers with preadv, which releases the GIL while a disk reads (data "
+        "far larger than RAM on slow disks; shard files another program may truncate "
+        "in place while you train). verify='sample' always copies",
+    )
     max_open_shards: int = option(64, "open shard files kept (LRU): far below common `ulimit -n` values")
     max_replacements: int = option(16, "corrupt-sample substitutes tried before failing loudly")
     audio: bool = option(False, "deliver the clip's audio as float32 PCM with lengths")
     audio_rate: int = option(16000, "audio sample rate (Hz) after resampling")
     audio_channels: int = option(1, "audio channels after remixing")
     text: bool = option(False, "deliver each sample's text events (parses the sample's JSON)")
-    map: Callable[[dict, Any], dict] | None = option(None, "map(sample, rng) -> sample, per sample in the "
-                                                           "worker threads before collation; rng is seeded "
-                                                           "from (seed, epoch, version id, key)")
+    map: Callable[[dict, Any], dict] | None = option(
+        None,
+        "map(sample, rng) -> sample, per sample in the "
+        "worker threads before collation; rng is seeded "
+        "from (seed, epoch, version id, key)",
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.verify, bool):
@@ -94,8 +116,17 @@ class LoaderOptions:
         _choice("verify", self.verify, VERIFY)
         _choice("read", self.read, READS)
         _choice("decode_backend", self.decode_backend, BACKENDS)
-        for name in ("batch_size", "block_size", "block_window", "frame_stride", "world_size", "prefetch",
-                     "max_open_shards", "audio_rate", "audio_channels"):
+        for name in (
+            "batch_size",
+            "block_size",
+            "block_window",
+            "frame_stride",
+            "world_size",
+            "prefetch",
+            "max_open_shards",
+            "audio_rate",
+            "audio_channels",
+        ):
             _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rank", "num_workers", "max_replacements"):
             _at_least(name, getattr(self, name), 0)
@@ -103,21 +134,27 @@ class LoaderOptions:
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         if self.rank >= self.world_size:
-            raise UsageError(f"rank {self.rank} is outside world_size {self.world_size}",
-                             hint="ranks are 0 .. world_size - 1")
+            raise UsageError(
+                f"rank {self.rank} is outside world_size {self.world_size}", hint="ranks are 0 .. world_size - 1"
+            )
         if self.pack_frames is not None and self.decode != "frames":
             raise UsageError("pack_frames needs decode='frames'", hint="drop pack_frames or decode frames")
-        if self.resize is not None and (len(self.resize) != 2 or not all(
-                isinstance(x, int) and not isinstance(x, bool) for x in self.resize) or min(self.resize) < 1):
+        if self.resize is not None and (
+            len(self.resize) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in self.resize)
+            or min(self.resize) < 1
+        ):
             raise UsageError(f"resize must be (height, width), whole numbers >= 1, not {self.resize!r}")
         if self.audio_channels not in AUDIO_CHANNELS:  # (another count failed every sample as damaged)
             raise UsageError(f"audio_channels must be 1 (mono) or 2 (stereo), not {self.audio_channels!r}")
         if self.device is not None and not (isinstance(self.device, str) and DEVICE_RE.fullmatch(self.device)):
             raise UsageError(f"device must be None, 'cpu', 'cuda', 'cuda:N' or 'auto', not {self.device!r}")
         if self.decode == "bytes" and not self.whole_clips:
-            raise UsageError("frame_stride, clip_frames and max_frames need decode='frames': bytes mode delivers "
-                             "whole clips, which rows cut to a crop or stride would not line up with",
-                             hint="decode frames, or cut the clip's rows yourself after decoding it")
+            raise UsageError(
+                "frame_stride, clip_frames and max_frames need decode='frames': bytes mode delivers "
+                "whole clips, which rows cut to a crop or stride would not line up with",
+                hint="decode frames, or cut the clip's rows yourself after decoding it",
+            )
         if self.map is not None and not callable(self.map):
             raise UsageError(f"map must be a function map(sample, rng) -> sample, not {type(self.map).__name__}")
 

@@ -60,8 +60,14 @@ def pass_done(record: dict | None, pass_id: list, end: list) -> dict | None:
 
 
 def _position(v) -> bool:
-    return (isinstance(v, list) and len(v) == 3 and _count(v[0]) and _count(v[2]) and isinstance(v[1], list)
-            and all(isinstance(c, list) and len(c) == 2 and all(map(_count, c)) for c in v[1]))
+    return (
+        isinstance(v, list)
+        and len(v) == 3
+        and _count(v[0])
+        and _count(v[2])
+        and isinstance(v[1], list)
+        and all(isinstance(c, list) and len(c) == 2 and all(map(_count, c)) for c in v[1])
+    )
 
 
 def _count(v) -> bool:
@@ -81,10 +87,18 @@ def _parse(raw: bytes) -> tuple[list | None, dict | None]:
 
 
 def _record(r) -> dict | None:
-    ok = (isinstance(r, dict) and set(r) == {"pass", "workers", "base", "start", "end", "done"}
-          and isinstance(r["pass"], list) and len(r["pass"]) == 2 and all(type(x) is int for x in r["pass"])
-          and _count(r["workers"]) and _count(r["done"]) and _position(r["base"]) and _position(r["start"])
-          and (r["end"] is None or _position(r["end"])))
+    ok = (
+        isinstance(r, dict)
+        and set(r) == {"pass", "workers", "base", "start", "end", "done"}
+        and isinstance(r["pass"], list)
+        and len(r["pass"]) == 2
+        and all(type(x) is int for x in r["pass"])
+        and _count(r["workers"])
+        and _count(r["done"])
+        and _position(r["base"])
+        and _position(r["start"])
+        and (r["end"] is None or _position(r["end"]))
+    )
     return r if ok else None
 
 
@@ -119,9 +133,11 @@ class PassFile:
     def start(self, pass_id: list, workers: int, own: Position) -> Position:
         """Where this worker's pass starts (``pass_start``), the record kept. ``own`` is the worker's copy's
         position; where the main process's loader was moved since (``moved``), that position counts."""
+
         def change(main, record):
             start, new = pass_start(record, pass_id, workers, main or encode(own))
             return start, main, new
+
         return decode(self._change(change))
 
     def done(self, pass_id: list, end: Position) -> None:

@@ -75,7 +75,7 @@ def block_order(n: int, key: int, start: int, count: int, block: int, window: in
         w = pos // span
         members = _window_samples(n, key, w, block, window, n_blocks)
         lo = pos - w * span
-        take = members[lo: lo + (stop - pos)]
+        take = members[lo : lo + (stop - pos)]
         out.append(take)
         pos += len(take)
         if len(take) == 0:

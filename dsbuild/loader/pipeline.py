@@ -21,9 +21,10 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,16 @@ from dsbuild.loader.read import VIDEO_SLOT, SampleReader
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
 from dsbuild.loader.stats import Stats
-from dsbuild.loader.walk import (Position, SampleRef, Step, rank_steps, sample_chunk_batches, step_items, walk_batches,
-                                 walk_samples)
+from dsbuild.loader.walk import (
+    Position,
+    SampleRef,
+    Step,
+    rank_steps,
+    sample_chunk_batches,
+    step_items,
+    walk_batches,
+    walk_samples,
+)
 
 DRAWN_CHECK_MAX = 1 << 27  # draws of a restored mixture's schedule recounted (see ``_check_drawn``)
 
@@ -122,8 +131,14 @@ class Mixture:
     (``policy="stop"``). Options are ``LoaderOptions`` fields (``options=`` and/or keywords).
     """
 
-    def __init__(self, sources: list[tuple[str, str | None, float]], options: LoaderOptions | None = None, *,
-                 per: str | None = None, **overrides: Any):
+    def __init__(
+        self,
+        sources: list[tuple[str, str | None, float]],
+        options: LoaderOptions | None = None,
+        *,
+        per: str | None = None,
+        **overrides: Any,
+    ):
         if per is not None:
             overrides["mix"] = per
         self.options = with_overrides(options, overrides)
@@ -144,7 +159,7 @@ class Mixture:
         return self.options.policy == "stop"
 
     # -- setup (not in the constructor: constructors only store) -------------------------------------
-    def open(self) -> "Mixture":
+    def open(self) -> Mixture:
         """Open the sources (their proven indexes) and plan; idempotent, and done lazily by every method."""
         if self._opened:
             return self
@@ -154,15 +169,26 @@ class Mixture:
         self.channels = _union([s.channels for src in self.sources for s in src.sessions])
         self.spec = PlanSpec(o.batch_size, bucketed=o.bucket_by is not None, pack_frames=o.pack_frames)
         self.plans = [
-            EpochPlan(len(s), o.seed, f"{s.version_id}/{s.split or ''}", self.spec, shuffle=o.shuffle,
-                      block=o.block_size, window=o.block_window, bucket_keys=_bucket_keys(s, o.bucket_by),
-                      lengths=kept_frames(s.frames, o.frame_stride, o.clip_frames, o.max_frames))
-            for s in self.sources]
+            EpochPlan(
+                len(s),
+                o.seed,
+                f"{s.version_id}/{s.split or ''}",
+                self.spec,
+                shuffle=o.shuffle,
+                block=o.block_size,
+                window=o.block_window,
+                bucket_keys=_bucket_keys(s, o.bucket_by),
+                lengths=kept_frames(s.frames, o.frame_stride, o.clip_frames, o.max_frames),
+            )
+            for s in self.sources
+        ]
         if o.decode == "frames" and o.resize is None and o.bucket_by not in ("resolution", "shape"):
             shapes = {(int(w), int(h)) for s in self.sources for w, h in set(zip(s.width, s.height))}
             if len(shapes) > 1:
-                raise UsageError(f"the data has {len(shapes)} resolutions; batches of frames need one",
-                                 hint="use bucket_by='resolution' or resize=(height, width)")
+                raise UsageError(
+                    f"the data has {len(shapes)} resolutions; batches of frames need one",
+                    hint="use bucket_by='resolution' or resize=(height, width)",
+                )
         if o.audio and o.pack_frames:
             raise UsageError("audio=True with pack_frames is not supported", hint="drop one of them")
         self.position = Position(0, tuple((0, 0) for _ in self.sources))
@@ -185,12 +211,13 @@ class Mixture:
             with self._io_lock:
                 if self._io_process != _Process.generation:
                     o = self.options
-                    files = [ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
-                             for s in self.sources]
+                    files = [
+                        ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
+                        for s in self.sources
+                    ]
                     self._held.files = files
                     self._readers = [SampleReader(s, f, o.verify, o.mapped) for s, f in zip(self.sources, files)]
-                    self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend,
-                                              self._stats)
+                    self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend, self._stats)
                     self._io_process = _Process.generation
         return self._readers, self._preparer
 
@@ -201,9 +228,13 @@ class Mixture:
         return self._state(p).to_json()
 
     def _state(self, p: Position) -> LoaderState:
-        return LoaderState(sources=tuple(s.identity(w) for s, w in zip(self.sources, self.weights)),
-                           order=order_options(self.options), position=p.step,
-                           cursors=tuple(Cursor(e, a) for e, a in p.cursors), inner=p.inner)
+        return LoaderState(
+            sources=tuple(s.identity(w) for s, w in zip(self.sources, self.weights)),
+            order=order_options(self.options),
+            position=p.step,
+            cursors=tuple(Cursor(e, a) for e, a in p.cursors),
+            inner=p.inner,
+        )
 
     def state_dict(self) -> dict:
         """Small, JSON-safe, O(sources): where the next global step starts."""
@@ -219,16 +250,24 @@ class Mixture:
         for k, (plan, c) in enumerate(zip(self.plans, theirs.cursors)):
             limit = plan.n if self.options.mix == "sample" else plan.batches_in_epoch(c.epoch)
             if c.at > limit:
-                raise FormatError(f"loader checkpoint: cursors[{k}].at = {c.at} is past the end of epoch {c.epoch} "
-                                  f"({limit})")
+                raise FormatError(
+                    f"loader checkpoint: cursors[{k}].at = {c.at} is past the end of epoch {c.epoch} ({limit})"
+                )
         self._check_drawn(theirs)
         if theirs.inner:  # batches of the planning chunk at the cursors consumed (mix="sample" only)
             cursors = tuple((c.epoch, c.at) for c in theirs.cursors)
-            chunk = [] if self.options.mix == "batch" else sample_chunk_batches(
-                cursors, self.plans, self.weights, self.options.seed, self._stops(), self.spec)[3]
+            chunk = (
+                []
+                if self.options.mix == "batch"
+                else sample_chunk_batches(
+                    cursors, self.plans, self.weights, self.options.seed, self._stops(), self.spec
+                )[3]
+            )
             if theirs.inner >= len(chunk):
-                raise FormatError(f"loader checkpoint: inner = {theirs.inner}, but the planning chunk there has "
-                                  f"{len(chunk)} batch(es) (mix={self.options.mix})")
+                raise FormatError(
+                    f"loader checkpoint: inner = {theirs.inner}, but the planning chunk there has "
+                    f"{len(chunk)} batch(es) (mix={self.options.mix})"
+                )
         self.position = Position(theirs.position, tuple((c.epoch, c.at) for c in theirs.cursors), theirs.inner)
         self._generation += 1  # a loop running now goes on from here (see ``__iter__``)
         for tell in [m() for m in self._moved]:
@@ -253,28 +292,35 @@ class Mixture:
         elif all(p.spec.simple for p in self.plans):
             gave, what = [p.batches_in_epoch(0) * c.epoch + c.at for p, c in zip(self.plans, cursors)], "batches"
             if sum(gave) != theirs.position:
-                raise FormatError(f"loader checkpoint: position = {theirs.position}, but the cursors say the "
-                                  f"sources gave {sum(gave)} batches ({gave})")
+                raise FormatError(
+                    f"loader checkpoint: position = {theirs.position}, but the cursors say the "
+                    f"sources gave {sum(gave)} batches ({gave})"
+                )
         else:
             return
         if len(gave) < 2 or sum(gave) > DRAWN_CHECK_MAX:
             return
         drawn = schedule_counts(self.weights, self.options.seed, sum(gave))
         if drawn != gave:
-            raise FormatError(f"loader checkpoint: the mixture's first {sum(gave)} {what} draw {drawn} from the "
-                              f"sources, but the cursors say they gave {gave}")
+            raise FormatError(
+                f"loader checkpoint: the mixture's first {sum(gave)} {what} draw {drawn} from the "
+                f"sources, but the cursors say they gave {gave}"
+            )
 
     def state_after(self, batch: dict) -> dict:
         """The checkpoint to save after consuming ``batch`` from ``as_torch_dataset()`` or ``as_jax_iterator``."""
         if "state" not in batch:
-            raise UsageError("this batch carries no checkpoint: batches of `for batch in loader` are checkpointed "
-                             "by loader.state_dict() after each",
-                             hint="state_after is for batches of as_torch_dataset() and as_jax_iterator()")
+            raise UsageError(
+                "this batch carries no checkpoint: batches of `for batch in loader` are checkpointed "
+                "by loader.state_dict() after each",
+                hint="state_after is for batches of as_torch_dataset() and as_jax_iterator()",
+            )
         return batch["state"]
 
     # -- the global stream ---------------------------------------------------------------------------
-    def steps(self, worker: int = 0, workers: int = 1, start: Position | None = None
-              ) -> Iterator[tuple[Step | None, Position]]:
+    def steps(
+        self, worker: int = 0, workers: int = 1, start: Position | None = None
+    ) -> Iterator[tuple[Step | None, Position]]:
         """This rank's (and DataLoader worker's) steps from ``start`` (default: the current position), each
         with the position after its global step; a last ``(None, end)`` if the stream ends (see
         ``walk.rank_steps``)."""
@@ -315,8 +361,9 @@ class Mixture:
                 except FormatError as e:
                     raw = e
             out.append(self._substitute(ref, raw, row))
-        self._stats.add(seconds={"decode": time.perf_counter() - t1},
-                        counts={"bytes": self._bytes([r for r, _, _ in out])})
+        self._stats.add(
+            seconds={"decode": time.perf_counter() - t1}, counts={"bytes": self._bytes([r for r, _, _ in out])}
+        )
         return out
 
     def _bytes(self, refs: list[SampleRef]) -> int:
@@ -341,14 +388,20 @@ class Mixture:
             if candidates is None:  # the same substitutes on every rank: keyed by (epoch key, sample)
                 keys = plan.bucket_keys
                 original = ref.index
-                candidates = (int(c) for c in permute(np.arange(len(source)), len(source),
-                                                      derive_key(plan.key(ref.epoch), "replace", original))
-                              if keys is None or keys[c] == keys[original])
+                candidates = (
+                    int(c)
+                    for c in permute(
+                        np.arange(len(source)), len(source), derive_key(plan.key(ref.epoch), "replace", original)
+                    )
+                    if keys is None or keys[c] == keys[original]
+                )
             tried += 1
             nxt = next(candidates, None)
             if nxt is None or tried > o.max_replacements:
-                raise CorruptDataError(f"{source.keys[original]}: damaged, and {tried - 1} substitute(s) were "
-                                       "damaged too", hint="run `dsbuild verify` on the version")
+                raise CorruptDataError(
+                    f"{source.keys[original]}: damaged, and {tried - 1} substitute(s) were damaged too",
+                    hint="run `dsbuild verify` on the version",
+                )
             ref = SampleRef(ref.source, ref.epoch, nxt)
             raw = readers[ref.source].read([nxt])[0]
 
@@ -382,32 +435,53 @@ class Mixture:
         t0 = time.perf_counter()
         nested, k = [], 0
         for item in items:
-            nested.append(flat[k:k + len(item)])
+            nested.append(flat[k : k + len(item)])
             k += len(item)
-        batch, counters = collate([[s for _, s, _ in item] for item in nested],
-                                  [[m for _, _, m in item] for item in nested],
-                                  (len(self.controls), len(self.channels)), o.pack_frames, alloc, empty,
-                                  frames)
+        batch, counters = collate(
+            [[s for _, s, _ in item] for item in nested],
+            [[m for _, _, m in item] for item in nested],
+            (len(self.controls), len(self.channels)),
+            o.pack_frames,
+            alloc,
+            empty,
+            frames,
+        )
         if o.max_frames is not None:
-            counters["truncated"] += sum(cut_by_max_frames(int(self.sources[r.source].frames[r.index]), o.frame_stride,
-                                                           o.clip_frames, o.max_frames) for r, _, _ in flat)
+            counters["truncated"] += sum(
+                cut_by_max_frames(
+                    int(self.sources[r.source].frames[r.index]), o.frame_stride, o.clip_frames, o.max_frames
+                )
+                for r, _, _ in flat
+            )
         samples = [s for _, s, _ in flat]
-        self._metadata(batch, [r.source for r, _, _ in flat], np.array([r.index for r, _, _ in flat]),
-                       [s["key"] for s in samples],
-                       [s["video"] for s in samples] if o.decode == "bytes" else None,
-                       [s["text"] for s in samples] if o.text else None,
-                       [len(item) for item in items] if o.pack_frames else None)
+        self._metadata(
+            batch,
+            [r.source for r, _, _ in flat],
+            np.array([r.index for r, _, _ in flat]),
+            [s["key"] for s in samples],
+            [s["video"] for s in samples] if o.decode == "bytes" else None,
+            [s["text"] for s in samples] if o.text else None,
+            [len(item) for item in items] if o.pack_frames else None,
+        )
         self._count(len(flat), counters, t0)
         return batch
 
-    def _count(self, samples: int, counters: dict, t0: float, counts: dict | None = None,
-               seconds: dict | None = None) -> None:
+    def _count(
+        self, samples: int, counters: dict, t0: float, counts: dict | None = None, seconds: dict | None = None
+    ) -> None:
         """A batch's counters and its collation's seconds (since ``t0``), with ``counts`` and ``seconds``
         of the stages before it: one update of the stats a batch."""
-        self._stats.add(counts={"batches": 1, "samples": samples, "frames": counters["frames"],
-                                "padding_frames": counters["padding"], "truncated": counters["truncated"],
-                                **(counts or {})},
-                        seconds={"collate": time.perf_counter() - t0, **(seconds or {})})
+        self._stats.add(
+            counts={
+                "batches": 1,
+                "samples": samples,
+                "frames": counters["frames"],
+                "padding_frames": counters["padding"],
+                "truncated": counters["truncated"],
+                **(counts or {}),
+            },
+            seconds={"collate": time.perf_counter() - t0, **(seconds or {})},
+        )
 
     def _mapped_batch(self, step: Step, alloc) -> dict | None:
         """A batch of one source with nothing to run per sample, straight from its shards' mappings
@@ -424,8 +498,9 @@ class Mixture:
         if spans is None:
             return None
         t1 = time.perf_counter()
-        batch, counters, videos = collate_spans(spans, source.frames[idx], (len(self.controls), len(self.channels)),
-                                                alloc)
+        batch, counters, videos = collate_spans(
+            spans, source.frames[idx], (len(self.controls), len(self.channels)), alloc
+        )
         self._metadata(batch, [step.source] * len(idx), idx, [source.keys[i] for i in idx.tolist()], videos)
         self._count(len(idx), counters, t1, {"bytes": int(source.sample_bytes[idx].sum())}, {"read": t1 - t0})
         return batch
@@ -442,12 +517,21 @@ class Mixture:
             prepare.video_facts(ref.source, raw)  # the codec tag (its session's JSON, parsed once)
         t2 = time.perf_counter()
         try:
-            batch, counters = collate_clips(raws, [prepare.maps[r.source][raw.session] for r, raw in zip(refs, raws)],
-                                            (len(self.controls), len(self.channels)), alloc)
+            batch, counters = collate_clips(
+                raws,
+                [prepare.maps[r.source][raw.session] for r, raw in zip(refs, raws)],
+                (len(self.controls), len(self.channels)),
+                alloc,
+            )
         except FormatError:
             return None
-        self._metadata(batch, [r.source for r in refs], np.array([r.index for r in refs]), [raw.key for raw in raws],
-                       [raw.members[VIDEO_SLOT] for raw in raws])
+        self._metadata(
+            batch,
+            [r.source for r in refs],
+            np.array([r.index for r in refs]),
+            [raw.key for raw in raws],
+            [raw.members[VIDEO_SLOT] for raw in raws],
+        )
         self._count(len(refs), counters, t2, {"bytes": self._bytes(refs)}, {"decode": t2 - t1})
         return batch
 
@@ -464,10 +548,18 @@ class Mixture:
         if len({shape[1:] for shape in shapes}) != 1:
             return None, None
         frames = alloc((len(refs), max(shape[0] for shape in shapes), *shapes[0][1:]), np.uint8)
-        return frames, [frames[b, :shape[0]] for b, shape in enumerate(shapes)]
+        return frames, [frames[b, : shape[0]] for b, shape in enumerate(shapes)]
 
-    def _metadata(self, batch: dict, src: list[int], idx: np.ndarray, keys: list[str], videos: list | None = None,
-                  texts: list | None = None, item_sizes: list[int] | None = None) -> None:
+    def _metadata(
+        self,
+        batch: dict,
+        src: list[int],
+        idx: np.ndarray,
+        keys: list[str],
+        videos: list | None = None,
+        texts: list | None = None,
+        item_sizes: list[int] | None = None,
+    ) -> None:
         """Per-sample fields of samples ``idx`` of sources ``src``, aligned with ``keys`` (per item; per item
         a list of them when packing: ``item_sizes`` samples each)."""
         o = self.options
@@ -582,8 +674,9 @@ class Mixture:
         siblings before ``start`` returns: about 1 ms each, every epoch, otherwise); made anew in a forked
         process, which inherits no threads."""
         if self._pool_process != _Process.generation:
-            self._pool = self._held.pool = ThreadPoolExecutor(max_workers=max(1, self.options.num_workers),
-                                                              thread_name_prefix="dsbuild-load")
+            self._pool = self._held.pool = ThreadPoolExecutor(
+                max_workers=max(1, self.options.num_workers), thread_name_prefix="dsbuild-load"
+            )
             self._pool_process = _Process.generation
         return self._pool
 
@@ -596,7 +689,7 @@ class Mixture:
         self._held.release()
         self._io_process = self._pool_process = None
 
-    def __enter__(self) -> "Mixture":
+    def __enter__(self) -> Mixture:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -617,12 +710,16 @@ class Mixture:
     def __getstate__(self) -> dict:
         """Picklable for DataLoader workers under spawn: settings and position only; reopened lazily."""
         self.open()
-        return {"options": self.options, "specs": self._specs, "weights": self.weights.tolist(),
-                "state": self.state_dict(), "cls": type(self).__name__}
+        return {
+            "options": self.options,
+            "specs": self._specs,
+            "weights": self.weights.tolist(),
+            "state": self.state_dict(),
+            "cls": type(self).__name__,
+        }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__([(ref, split, w) for (ref, split), w in zip(state["specs"], state["weights"])],
-                      state["options"])
+        self.__init__([(ref, split, w) for (ref, split), w in zip(state["specs"], state["weights"])], state["options"])
         self.load_state_dict(state["state"])
 
     def stats(self) -> dict:
@@ -660,7 +757,7 @@ class Loader(Mixture):
         return True
 
     def __setstate__(self, state: dict) -> None:
-        (ref, split), = state["specs"]
+        ((ref, split),) = state["specs"]
         Loader.__init__(self, ref, split, state["options"])
         self.load_state_dict(state["state"])
 

@@ -56,12 +56,12 @@ def first_fit(lengths: list[int], budget: int) -> list[list[int]]:
     return bins
 
 
-def plan_chunk(indices: np.ndarray, spec: PlanSpec, keys: np.ndarray | None = None,
-               lengths: np.ndarray | None = None) -> list[Batch]:
+def plan_chunk(
+    indices: np.ndarray, spec: PlanSpec, keys: np.ndarray | None = None, lengths: np.ndarray | None = None
+) -> list[Batch]:
     """Batches of one chunk of the epoch order (``indices``), following ``spec``."""
     if spec.simple:
-        return [[(int(i),) for i in indices[s:s + spec.batch_size]]
-                for s in range(0, len(indices), spec.batch_size)]
+        return [[(int(i),) for i in indices[s : s + spec.batch_size]] for s in range(0, len(indices), spec.batch_size)]
     keys = np.zeros(len(indices), np.int64) if keys is None or not spec.bucketed else keys
     groups: list[tuple[int, Batch]] = []  # (position of first sample in chunk, batch)
     for k in np.unique(keys):
@@ -72,14 +72,19 @@ def plan_chunk(indices: np.ndarray, spec: PlanSpec, keys: np.ndarray | None = No
         else:
             items = [(int(p), (int(indices[p]),)) for p in pos]
         for s in range(0, len(items), spec.batch_size):
-            part = items[s:s + spec.batch_size]
+            part = items[s : s + spec.batch_size]
             groups.append((min(first for first, _ in part), [item for _, item in part]))
     groups.sort(key=lambda g: g[0])
     return [batch for _, batch in groups]
 
 
-def chunk_batch_count(n_in_chunk: int, spec: PlanSpec, keys: np.ndarray | None = None,
-                      lengths: np.ndarray | None = None, indices: np.ndarray | None = None) -> int:
+def chunk_batch_count(
+    n_in_chunk: int,
+    spec: PlanSpec,
+    keys: np.ndarray | None = None,
+    lengths: np.ndarray | None = None,
+    indices: np.ndarray | None = None,
+) -> int:
     """How many batches a chunk plans into (closed form unless packing)."""
     if spec.simple:
         return -(-n_in_chunk // spec.batch_size)

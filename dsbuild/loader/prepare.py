@@ -41,7 +41,7 @@ def column_map(names: tuple[str, ...], vocabulary: list[str]) -> np.ndarray | No
 def on_vocabulary(arr: np.ndarray, cols: np.ndarray | None, width: int) -> np.ndarray:
     out = np.zeros((len(arr), width), dtype=np.float32)
     if cols is None:
-        out[:, :arr.shape[1]] = arr
+        out[:, : arr.shape[1]] = arr
     else:
         out[:, cols] = arr
     return out
@@ -52,8 +52,7 @@ def sample_meta(source: Source, raw: RawSample) -> SampleMeta:
     from dsbuild.formats.sample import MAX_META_BYTES
 
     what = f"{raw.key}.json"
-    return SampleMeta.from_json(loads_bounded(bytes(raw.members[JSON_SLOT]), max_bytes=MAX_META_BYTES, what=what),
-                                what)
+    return SampleMeta.from_json(loads_bounded(bytes(raw.members[JSON_SLOT]), max_bytes=MAX_META_BYTES, what=what), what)
 
 
 MAPPED_ARRAYS = ("frames", "actions", "telemetry", "timestamps")  # (audio is padded per batch: any length)
@@ -69,8 +68,10 @@ def _check_mapped(given: dict, sample, key: str) -> None:
         got = sample.get(name)
         if not isinstance(got, np.ndarray) or got.shape != shape or got.dtype != dtype:
             what = f"{got.dtype} {got.shape}" if isinstance(got, np.ndarray) else type(got).__name__
-            raise UsageError(f"map returned {key}'s {name!r} as {what}, not {dtype} {shape} as given",
-                             hint="map may change values, not shapes or dtypes (batches are laid out before it runs)")
+            raise UsageError(
+                f"map returned {key}'s {name!r} as {what}, not {dtype} {shape} as given",
+                hint="map may change values, not shapes or dtypes (batches are laid out before it runs)",
+            )
 
 
 def frame_step(fps: float, ts: np.ndarray) -> float:
@@ -86,14 +87,22 @@ def frame_step(fps: float, ts: np.ndarray) -> float:
 class Preparer:
     """Turns read samples of the loader's sources into batch-ready samples (thread-safe)."""
 
-    def __init__(self, options: LoaderOptions, sources: list[Source], controls: list[str], channels: list[str],
-                 backend: Backend, stats: Stats):
+    def __init__(
+        self,
+        options: LoaderOptions,
+        sources: list[Source],
+        controls: list[str],
+        channels: list[str],
+        backend: Backend,
+        stats: Stats,
+    ):
         self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
         self.gpu = _current_cuda_device() if backend.name == "nvdec" else None  # NVDEC decodes there
         self.widths = (len(controls), len(channels))
         self.maps: list[list[ColumnMap]] = [
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
-            for src in sources]
+            for src in sources
+        ]
         self._video: dict[tuple[int, int], object] = {}  # (source, session) -> ClipVideo, parsed once
         # per source and session: its arrays are stored on the vocabulary as they stand (a whole-clip batch
         # copies each with one memcpy: ``collate_spans``), and its codec facts are known
@@ -113,8 +122,11 @@ class Preparer:
         """The sample prepared; its frames decoded straight into ``into`` when they have its shape."""
         o, source = self.o, self.sources[src]
         who = (source.version_id, raw.key)  # draws differ between sources that share keys
-        sel = slice(0, raw.frames, 1) if o.whole_clips else \
-            frame_window(raw.frames, o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, who)
+        sel = (
+            slice(0, raw.frames, 1)
+            if o.whole_clips
+            else frame_window(raw.frames, o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, who)
+        )
         actions, telemetry, ts = sample_arrays(raw, sel)
         sample = {"key": raw.key, "actions": actions, "telemetry": telemetry, "timestamps": ts}
         video = raw.members[VIDEO_SLOT]
@@ -128,8 +140,9 @@ class Preparer:
         if o.audio:
             sample["audio"] = self._audio(video, source, raw.index, span)
         if o.text:  # (a crop or stride keeps the lines of the time its frames stand for, as it keeps their audio)
-            sample["text"] = [e.to_json() for e in sample_meta(source, raw).text
-                              if span is None or span[0] <= e.t - span[2] < span[1]]
+            sample["text"] = [
+                e.to_json() for e in sample_meta(source, raw).text if span is None or span[0] <= e.t - span[2] < span[1]
+            ]
         cmap = self.maps[src][raw.session]
         if o.map is not None:
             sample["actions"] = on_vocabulary(sample["actions"].array(), cmap[0], self.widths[0])
@@ -150,8 +163,9 @@ class Preparer:
                 fits = into is not None and into.shape == tuple(shape) and into.dtype == dtype
                 return into if fits else self.arrays.empty(shape, dtype)
 
-            frames = decode_pyav(video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts,
-                                 alloc=alloc, gpu=self.gpu)
+            frames = decode_pyav(
+                video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts, alloc=alloc, gpu=self.gpu
+            )
             self.stats.add(counts={"decoded_frames": counts["decoded"]})
         else:
             frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)
@@ -183,8 +197,10 @@ class Preparer:
         if facts is None:
             facts = self._video[key] = sample_meta(self.sources[src], raw).video
             session = self.sources[src].sessions[raw.session]
-            self._direct[src][raw.session] = all(m is None for m in self.maps[src][raw.session]) and \
-                (len(session.controls), len(session.channels)) == self.widths
+            self._direct[src][raw.session] = (
+                all(m is None for m in self.maps[src][raw.session])
+                and (len(session.controls), len(session.channels)) == self.widths
+            )
         return facts
 
     def direct(self, src: int, sessions: np.ndarray) -> bool:

@@ -73,8 +73,16 @@ class SampleReader:
         """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place)."""
         src = self.source
         idx = np.asarray(indices, dtype=np.int64)
-        facts = list(zip(indices, [src.keys[i] for i in indices], src.frames[idx].tolist(),
-                         src.n_controls[idx].tolist(), src.n_channels[idx].tolist(), src.session_code[idx].tolist()))
+        facts = list(
+            zip(
+                indices,
+                [src.keys[i] for i in indices],
+                src.frames[idx].tolist(),
+                src.n_controls[idx].tolist(),
+                src.n_channels[idx].tolist(),
+                src.session_code[idx].tolist(),
+            )
+        )
         spans = self.spans(idx)
         if spans is not None:  # trusted as it stands (verify="none", or every shard hashed to its record)
             out = []
@@ -122,7 +130,7 @@ class SampleReader:
         self.pool.give(buf)  # reusable again once every view of it is gone
         parts, at = [], 0
         for r in runs:
-            parts.append(view[at:at + r.end - r.start])
+            parts.append(view[at : at + r.end - r.start])
             at += r.end - r.start
         got: list[int] = []
         for s, group in itertools.groupby(zip(runs, parts), key=lambda rp: rp[0].shard):
@@ -134,12 +142,14 @@ class SampleReader:
                 i, key, frames, controls, channels, session = facts[p]
                 a = off[p] - r.start
                 if a + length[p] > n_read:
-                    out[p] = FormatError(f"{key}: shard ends inside the sample ({max(0, n_read - a)} of "
-                                         f"{length[p]} bytes)")
+                    out[p] = FormatError(
+                        f"{key}: shard ends inside the sample ({max(0, n_read - a)} of {length[p]} bytes)"
+                    )
                     continue
-                sv = part[a:a + length[p]].toreadonly()  # delivered clips are read-only, however read
-                out[p] = RawSample(i, key, [sv[o:o + n] for o, n in zip(offsets[p], sizes[p])], frames, controls,
-                                   channels, session)
+                sv = part[a : a + length[p]].toreadonly()  # delivered clips are read-only, however read
+                out[p] = RawSample(
+                    i, key, [sv[o : o + n] for o, n in zip(offsets[p], sizes[p])], frames, controls, channels, session
+                )
         return out
 
     def _generic(self, facts: tuple) -> RawSample | FormatError:
@@ -237,7 +247,7 @@ class Rows:
     def array(self) -> np.ndarray:
         """The delivered rows (a numpy view)."""
         a = self.clip()
-        return a[self.start:self.start + (self.count - 1) * self.step + 1:self.step] if self.count else a[:0]
+        return a[self.start : self.start + (self.count - 1) * self.step + 1 : self.step] if self.count else a[:0]
 
 
 def array_bytes(raw: RawSample, slot: int, width: int | None, dtype: np.dtype) -> memoryview:
@@ -247,12 +257,14 @@ def array_bytes(raw: RawSample, slot: int, width: int | None, dtype: np.dtype) -
     need = t * (1 if width is None else width) * dtype.itemsize
     if len(data) < need:
         raise FormatError(f"{raw.key}: {MEMBERS[slot]} holds {len(data)} bytes, less than its {t}-frame array")
-    return data[len(data) - need:]
+    return data[len(data) - need :]
 
 
 def sample_arrays(raw: RawSample, window: slice) -> tuple[Rows, Rows, Rows]:
     """(actions [T, controls], telemetry [T, channels], timestamps [T]) in the sample's session columns,
     cut to ``window`` (a ``crop.frame_window`` of its frames)."""
     count = len(range(window.start, min(window.stop, raw.frames), window.step))
-    return tuple(Rows(array_bytes(raw, slot, width, dtype), dtype, raw.frames, width, window.start, count, window.step)
-                 for slot, width, dtype in zip(ARRAY_SLOTS, (raw.controls, raw.channels, None), ARRAY_DTYPES))
+    return tuple(
+        Rows(array_bytes(raw, slot, width, dtype), dtype, raw.frames, width, window.start, count, window.step)
+        for slot, width, dtype in zip(ARRAY_SLOTS, (raw.controls, raw.channels, None), ARRAY_DTYPES)
+    )

@@ -25,8 +25,19 @@ from dsbuild.lineage.manifest import ShardRecord
 from dsbuild.loader.state import SourceId
 
 SESSION_COLUMNS = ("session_id", "title", "player", "platform", "conditions")
-COLUMNS = [*LOCATOR_COLUMNS, *SESSION_COLUMNS, "frames", "fps", "width", "height", "codec", "has_audio",
-           "n_controls", "n_channels", "blake3"]
+COLUMNS = [
+    *LOCATOR_COLUMNS,
+    *SESSION_COLUMNS,
+    "frames",
+    "fps",
+    "width",
+    "height",
+    "codec",
+    "has_audio",
+    "n_controls",
+    "n_channels",
+    "blake3",
+]
 # The array members' dtypes (``formats.sample.Sample``): actions, telemetry float32; timestamps float64.
 ARRAY_DTYPES = (np.dtype("<f4"), np.dtype("<f4"), np.dtype("<f8"))
 
@@ -52,7 +63,7 @@ class Source:
         self.split = split
         self._opened = False
 
-    def open(self) -> "Source":
+    def open(self) -> Source:
         if self._opened:
             return self
         catalog, version = open_ref(self.ref)
@@ -85,8 +96,9 @@ class Source:
         self.split_hash = split_set.hash
         kept = table.filter(pc.is_in(table["key"], value_set=keys))
         if kept.num_rows != len(keys):
-            raise FormatError(f"{split_set.path}: split {part} names {len(keys) - kept.num_rows} sample(s) the "
-                              f"version does not hold")
+            raise FormatError(
+                f"{split_set.path}: split {part} names {len(keys) - kept.num_rows} sample(s) the version does not hold"
+            )
         return kept
 
     def _columns(self, table) -> None:
@@ -95,8 +107,10 @@ class Source:
         well_formed = pc.match_substring_regex(table["key"], f"^{KEY_PATTERN}$")
         if not pc.all(well_formed).as_py() and table.num_rows:  # (a forged index's keys: 30-MB or `../` names)
             bad = table["key"][int(pc.index(well_formed, False).as_py())].as_py()
-            raise FormatError(f"{self.ref}: index key {bad[:64]!r} is not a sample key",
-                              hint="the version is damaged or forged; run `dsbuild verify`")
+            raise FormatError(
+                f"{self.ref}: index key {bad[:64]!r} is not a sample key",
+                hint="the version is damaged or forged; run `dsbuild verify`",
+            )
         self.keys = np.asarray(table["key"].to_pylist(), dtype=object)
         self.sha256 = table["sha256"].to_pylist()
         self.blake3 = table["blake3"].to_pylist()  # None for samples of versions made before it was recorded
@@ -122,8 +136,13 @@ class Source:
                 raise FormatError(f"{self.keys[bad]}: index lists {widths[bad]} member sizes, not {len(MEMBERS)}")
             self.member_bytes = to_numpy(pc.list_flatten(mb)).astype(np.int64).reshape(-1, len(MEMBERS))
         # the bytes a sample's read costs, for the stats: its range, or (rows of Parquet) its members
-        self.sample_bytes = self.byte_length if self.byte_range else \
-            self.member_bytes.sum(axis=1) if self.member_bytes is not None else np.zeros(len(self.keys), np.int64)
+        self.sample_bytes = (
+            self.byte_length
+            if self.byte_range
+            else self.member_bytes.sum(axis=1)
+            if self.member_bytes is not None
+            else np.zeros(len(self.keys), np.int64)
+        )
         for c in ("frames", "width", "height", "n_controls", "n_channels"):
             setattr(self, c, to_numpy(table[c]).astype(np.int64))
         self.fps = to_numpy(table["fps"], null=0.0)
@@ -145,8 +164,17 @@ class Source:
             rec = vocab.get(row["session_id"])
             if rec is None:
                 raise FormatError(f"{self.ref}: index session {row['session_id']!r} is not in the manifest")
-            self.sessions.append(Session(row["session_id"], row["title"], row["player"], row["platform"],
-                                         dict(row["conditions"] or ()), rec.controls, rec.telemetry))
+            self.sessions.append(
+                Session(
+                    row["session_id"],
+                    row["title"],
+                    row["player"],
+                    row["platform"],
+                    dict(row["conditions"] or ()),
+                    rec.controls,
+                    rec.telemetry,
+                )
+            )
 
     def _check(self) -> None:
         """Refuse an index that could deliver a sample twice, read outside a shard, or mis-shape arrays."""
@@ -155,19 +183,26 @@ class Source:
             seen: set = set()
             dup = next(k for k in self.keys if k in seen or seen.add(k))
             raise FormatError(f"{self.ref}: the index lists sample {dup} more than once", hint="run `dsbuild verify`")
-        widths = (np.array([len(s.controls) for s in self.sessions]), np.array([len(s.channels) for s in self.sessions]))
+        widths = (
+            np.array([len(s.controls) for s in self.sessions]),
+            np.array([len(s.channels) for s in self.sessions]),
+        )
         for col, w, what in ((self.n_controls, widths[0], "controls"), (self.n_channels, widths[1], "channels")):
             if np.any(col != w[self.session_code]):
                 bad = int(np.flatnonzero(col != w[self.session_code])[0])
-                raise FormatError(f"{self.keys[bad]}: index gives {col[bad]} {what}, its session has "
-                                  f"{w[self.session_code[bad]]}")
+                raise FormatError(
+                    f"{self.keys[bad]}: index gives {col[bad]} {what}, its session has {w[self.session_code[bad]]}"
+                )
         if np.any(self.frames < 1):
             raise FormatError(f"{self.keys[int(np.argmin(self.frames))]}: index gives no frames")
         pixels = (self.width < 1) | (self.height < 1) | (self.width * self.height > MAX_PIXELS)
         if np.any(pixels):  # frame buffers are sized from it before anything is decoded
             i = int(np.flatnonzero(pixels)[0])
-            raise FormatError(f"{self.keys[i]}: index gives a {self.width[i]}x{self.height[i]} picture, outside "
-                              f"1..{MAX_PIXELS} pixels", hint="the version is damaged or forged; run `dsbuild verify`")
+            raise FormatError(
+                f"{self.keys[i]}: index gives a {self.width[i]}x{self.height[i]} picture, outside "
+                f"1..{MAX_PIXELS} pixels",
+                hint="the version is damaged or forged; run `dsbuild verify`",
+            )
         if self.byte_range:
             self._check_ranges()
         else:
@@ -182,15 +217,19 @@ class Source:
         bad = (off < 0) | (length <= 0) | (length > size) | (off > size - length)
         if np.any(bad):
             i = int(np.flatnonzero(bad)[0])
-            raise FormatError(f"{self.keys[i]}: index byte range {off[i]}+{length[i]} lies outside its shard "
-                              f"({size[i]} bytes)", hint="the version is damaged or forged; run `dsbuild verify`")
+            raise FormatError(
+                f"{self.keys[i]}: index byte range {off[i]}+{length[i]} lies outside its shard ({size[i]} bytes)",
+                hint="the version is damaged or forged; run `dsbuild verify`",
+            )
         order = np.lexsort((off, self.shard_id))
         same = self.shard_id[order][1:] == self.shard_id[order][:-1]
         overlap = same & (off[order][1:] < (off + length)[order][:-1])
         if np.any(overlap):
             i = int(order[1:][overlap][0])
-            raise FormatError(f"{self.keys[i]}: index byte range overlaps another sample's",
-                              hint="the version is damaged or forged; run `dsbuild verify`")
+            raise FormatError(
+                f"{self.keys[i]}: index byte range overlaps another sample's",
+                hint="the version is damaged or forged; run `dsbuild verify`",
+            )
         if self.member_bytes is not None:
             starts = self.format.payload_offsets(self.member_bytes.astype(np.int64))
             ends = (starts + self.member_bytes) if starts is not None else np.cumsum(self.member_bytes, axis=1)
@@ -206,23 +245,30 @@ class Source:
             short = self.member_bytes[:, MEMBERS.index(m)] < need
             if np.any(short):
                 i = int(np.flatnonzero(short)[0])
-                raise FormatError(f"{self.keys[i]}: {m} member is smaller than its {self.frames[i]} x {rows[k][i]} "
-                                  "array")
+                raise FormatError(
+                    f"{self.keys[i]}: {m} member is smaller than its {self.frames[i]} x {rows[k][i]} array"
+                )
 
     def fields(self, idx: np.ndarray) -> dict[str, list]:
         """Per-sample fields of samples ``idx`` for a batch: session fields and the clip's encoding
         (vectorised takes over per-session tables; no sample is read)."""
         if not hasattr(self, "_tables"):
             obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # 1-d even for dicts
-            self._tables = {name: obj([getattr(s, name) for s in self.sessions])
-                            for name in ("session_id", "title", "player", "conditions")}
+            self._tables = {
+                name: obj([getattr(s, name) for s in self.sessions])
+                for name in ("session_id", "title", "player", "conditions")
+            }
             self._codecs = obj(list(self.codecs))
         codes = self.session_code[idx]
         out = {name: table[codes].tolist() for name, table in self._tables.items()}
         fps = self.fps[idx]
-        out.update(codec=self._codecs[self.codec_id[idx]].tolist(), width=self.width[idx].tolist(),
-                   height=self.height[idx].tolist(), fps=[f or None for f in fps.tolist()],
-                   has_audio=self.has_audio[idx].tolist())
+        out.update(
+            codec=self._codecs[self.codec_id[idx]].tolist(),
+            width=self.width[idx].tolist(),
+            height=self.height[idx].tolist(),
+            fps=[f or None for f in fps.tolist()],
+            has_audio=self.has_audio[idx].tolist(),
+        )
         return out
 
     def __len__(self) -> int:
@@ -234,7 +280,9 @@ class Source:
     def entry(self, i: int) -> Entry:
         mb = tuple(self.member_bytes[i].tolist()) if self.member_bytes is not None else None
         if self.byte_range:
-            return Entry(self.keys[i], self.sha256[i], int(self.byte_offset[i]), int(self.byte_length[i]),
-                         member_bytes=mb)
-        return Entry(self.keys[i], self.sha256[i], row_group=int(self.row_group[i]), row=int(self.row_index[i]),
-                     member_bytes=mb)
+            return Entry(
+                self.keys[i], self.sha256[i], int(self.byte_offset[i]), int(self.byte_length[i]), member_bytes=mb
+            )
+        return Entry(
+            self.keys[i], self.sha256[i], row_group=int(self.row_group[i]), row=int(self.row_index[i]), member_bytes=mb
+        )

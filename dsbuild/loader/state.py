@@ -34,8 +34,11 @@ class SourceId(Record):
     weight: float = field(metadata=spec(minimum=0, maximum=1))
 
     def describe(self) -> str:
-        split = f" split {self.split} ({self.split_hash[:12] if self.split_hash else 'no split hash'})" \
-            if self.split else ""
+        split = (
+            f" split {self.split} ({self.split_hash[:12] if self.split_hash else 'no split hash'})"
+            if self.split
+            else ""
+        )
         return f"version {self.version_id[:12]}{split} weight {self.weight!r}"  # (exact: :g showed 1 for 0.9999999)
 
 
@@ -58,17 +61,22 @@ class LoaderState(Record):
     cursors: tuple[Cursor, ...]
     inner: int = count("mix=sample: batches of the current planning chunk consumed (cursors are at its start)")
 
-    def check_compatible(self, checkpoint: "LoaderState") -> None:
+    def check_compatible(self, checkpoint: LoaderState) -> None:
         """Raise if ``checkpoint`` was made for other data or under options that define another order."""
         if len(checkpoint.sources) != len(self.sources) or len(checkpoint.cursors) != len(checkpoint.sources):
-            raise UsageError(f"cannot restore: checkpoint has {len(checkpoint.sources)} source(s) and "
-                             f"{len(checkpoint.cursors)} cursor(s), loader has {len(self.sources)} source(s)")
+            raise UsageError(
+                f"cannot restore: checkpoint has {len(checkpoint.sources)} source(s) and "
+                f"{len(checkpoint.cursors)} cursor(s), loader has {len(self.sources)} source(s)"
+            )
         for i, (mine, theirs) in enumerate(zip(self.sources, checkpoint.sources)):
             if mine != theirs:
-                raise UsageError(f"cannot restore: checkpoint has source {i} = {theirs.describe()}, "
-                                 f"loader has {mine.describe()}")
+                raise UsageError(
+                    f"cannot restore: checkpoint has source {i} = {theirs.describe()}, loader has {mine.describe()}"
+                )
         for name in sorted(set(self.order) | set(checkpoint.order)):
             mine, theirs = self.order.get(name), checkpoint.order.get(name)
             if mine != theirs:
-                raise UsageError(f"cannot restore: checkpoint has {name}={theirs!r}, loader has {name}={mine!r}",
-                                 hint=f"construct the loader with {name}={theirs!r} to resume this run")
+                raise UsageError(
+                    f"cannot restore: checkpoint has {name}={theirs!r}, loader has {name}={mine!r}",
+                    hint=f"construct the loader with {name}={theirs!r} to resume this run",
+                )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 MAX_KEYS = 100  # offending keys kept in stats
 
@@ -23,8 +23,16 @@ class Stats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.counts = {"batches": 0, "samples": 0, "frames": 0, "padding_frames": 0, "truncated": 0,
-                       "corrupt": 0, "bytes": 0, "decoded_frames": 0}
+        self.counts = {
+            "batches": 0,
+            "samples": 0,
+            "frames": 0,
+            "padding_frames": 0,
+            "truncated": 0,
+            "corrupt": 0,
+            "bytes": 0,
+            "decoded_frames": 0,
+        }
         self.seconds = {"read": 0.0, "decode": 0.0, "collate": 0.0, "h2d": 0.0, "wait": 0.0}
         self.corrupt_keys: list[str] = []
         self.threads: dict[str, dict[str, float]] = {}
@@ -50,7 +58,7 @@ class Stats:
         for k, v in counts.items():
             self.counts[k] += v
         self.counts["corrupt"] += len(corrupt)
-        self.corrupt_keys.extend(corrupt[:MAX_KEYS - len(self.corrupt_keys)])
+        self.corrupt_keys.extend(corrupt[: MAX_KEYS - len(self.corrupt_keys)])
 
     def note(self, text: str | None) -> None:
         if text and text not in self.notes:
@@ -80,7 +88,11 @@ class Stats:
     def to_json(self) -> dict:
         with self._lock:
             total = self.counts["frames"] + self.counts["padding_frames"]
-            return {**self.counts, "seconds": dict(self.seconds), "corrupt_keys": list(self.corrupt_keys),
-                    "padding_fraction": self.counts["padding_frames"] / total if total else 0.0,
-                    "threads": {name: dict(v) for name, v in sorted(self.threads.items())},
-                    "notes": list(self.notes)}
+            return {
+                **self.counts,
+                "seconds": dict(self.seconds),
+                "corrupt_keys": list(self.corrupt_keys),
+                "padding_fraction": self.counts["padding_frames"] / total if total else 0.0,
+                "threads": {name: dict(v) for name, v in sorted(self.threads.items())},
+                "notes": list(self.notes),
+            }

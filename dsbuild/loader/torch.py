@@ -44,7 +44,7 @@ def _pack(clips: list, into: np.ndarray) -> None:
     """The clips' bytes end to end into ``into`` (uint8, exactly their total size)."""
     at = 0
     for c in clips:
-        into[at:at + len(c)] = np.frombuffer(c, np.uint8)
+        into[at : at + len(c)] = np.frombuffer(c, np.uint8)
         at += len(c)
 
 
@@ -70,8 +70,8 @@ def _in_block(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     out = {}
     for k, a in arrays.items():
         at = layout[k]
-        raw[at:at + a.nbytes] = a.reshape(-1).view(np.uint8)
-        out[k] = block[at:at + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape)
+        raw[at : at + a.nbytes] = a.reshape(-1).view(np.uint8)
+        out[k] = block[at : at + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape)
     return out
 
 

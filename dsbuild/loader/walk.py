@@ -20,8 +20,9 @@ walk restored from any step's ``after`` continues exactly as the uninterrupted w
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -82,8 +83,9 @@ class Plan(Protocol):
     def order(self, epoch: int, start: int, count: int) -> np.ndarray: ...
 
 
-def walk_batches(start: Position, plans: Sequence[Plan], weights: np.ndarray, seed: int,
-                 stop: bool) -> Iterator[Step | End]:
+def walk_batches(
+    start: Position, plans: Sequence[Plan], weights: np.ndarray, seed: int, stop: bool
+) -> Iterator[Step | End]:
     """mix="batch": each global batch is one batch of one source's epoch plan."""
     cursors = list(start.cursors)
     j = start.step
@@ -101,8 +103,9 @@ def walk_batches(start: Position, plans: Sequence[Plan], weights: np.ndarray, se
             j += 1
 
 
-def sample_chunk(cursors: Sequence[tuple[int, int]], plans: Sequence[Plan], weights: np.ndarray, seed: int,
-                 stop: bool, size: int) -> tuple[list[SampleRef], tuple[tuple[int, int], ...], int | None]:
+def sample_chunk(
+    cursors: Sequence[tuple[int, int]], plans: Sequence[Plan], weights: np.ndarray, seed: int, stop: bool, size: int
+) -> tuple[list[SampleRef], tuple[tuple[int, int], ...], int | None]:
     """The next ``size`` sample slots from ``cursors``: (refs, cursors after them, stopper).
 
     Slot s (counted over the whole stream: the sum of every source's consumed samples) goes to source
@@ -141,8 +144,9 @@ def sample_chunk(cursors: Sequence[tuple[int, int]], plans: Sequence[Plan], weig
     return refs, tuple(after), stopper  # type: ignore[return-value]
 
 
-def walk_samples(start: Position, plans: Sequence[Plan], weights: np.ndarray, seed: int, stop: bool,
-                 spec: PlanSpec) -> Iterator[Step | End]:
+def walk_samples(
+    start: Position, plans: Sequence[Plan], weights: np.ndarray, seed: int, stop: bool, spec: PlanSpec
+) -> Iterator[Step | End]:
     """mix="sample": batches planned over chunks of the interleaved sample stream."""
     cursors, j, inner = start.cursors, start.step, start.inner
     while True:
@@ -160,8 +164,14 @@ def walk_samples(start: Position, plans: Sequence[Plan], weights: np.ndarray, se
         cursors, inner = after, 0
 
 
-def sample_chunk_batches(cursors: tuple[tuple[int, int], ...], plans: Sequence[Plan], weights: np.ndarray,
-                         seed: int, stop: bool, spec: PlanSpec) -> tuple[list[SampleRef], tuple, int | None, list]:
+def sample_chunk_batches(
+    cursors: tuple[tuple[int, int], ...],
+    plans: Sequence[Plan],
+    weights: np.ndarray,
+    seed: int,
+    stop: bool,
+    spec: PlanSpec,
+) -> tuple[list[SampleRef], tuple, int | None, list]:
     """mix="sample": the planning chunk at ``cursors`` (``sample_chunk``: its samples, the cursors after
     it, the source that ended in it) and its batches."""
     refs, after, stopper = sample_chunk(cursors, plans, weights, seed, stop, spec.chunk)
@@ -181,12 +191,15 @@ def step_items(step: Step, plans: Sequence[Plan]) -> tuple[Item, ...]:
     """The samples of a step's batch, item by item."""
     if step.items is not None:
         return step.items
-    return tuple(tuple(SampleRef(step.source, step.epoch, i) for i in item)
-                 for item in plans[step.source].batch(step.epoch, step.batch))
+    return tuple(
+        tuple(SampleRef(step.source, step.epoch, i) for i in item)
+        for item in plans[step.source].batch(step.epoch, step.batch)
+    )
 
 
-def rank_steps(walk: Iterator[Step | End], start: int, world: int, rank: int, worker: int = 0,
-               workers: int = 1) -> Iterator[tuple[Step | None, Position]]:
+def rank_steps(
+    walk: Iterator[Step | End], start: int, world: int, rank: int, worker: int = 0, workers: int = 1
+) -> Iterator[tuple[Step | None, Position]]:
     """This rank's (and worker's) steps of ``walk`` (which starts at global batch ``start``), each with
     the position after its whole global step. If the walk ends, a last ``(None, end position)`` follows.
     A walk that ends mid-step gives its steps there the position after the walk's last step: the same

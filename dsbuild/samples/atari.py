@@ -37,9 +37,9 @@ from __future__ import annotations
 import re
 import warnings
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -127,6 +127,7 @@ def title_of(rom: str) -> str:
 
 # ---- pure parts: the frame clock and the action events ----
 
+
 def frame_times(n: int, fps: int) -> list[float]:
     """Seconds of frames 0..n-1: i / fps, correctly rounded (see top)."""
     return [i / fps for i in range(n)]
@@ -149,6 +150,7 @@ def action_events(actions: Sequence[str], times: Sequence[float]) -> list[dict]:
 
 
 # ---- policies ----
+
 
 class Policy:
     """Chooses an action (an index into the game's minimal action set) from the RAM each frame."""
@@ -232,6 +234,7 @@ _POLICY_CLASSES = {"random": RandomPolicy, "sticky": StickyPolicy, "scripted": S
 
 # ---- recording ----
 
+
 def _seeds(seed: int, rom: str, index: int) -> tuple[int, np.random.Generator]:
     """(ALE seed, policy RNG), derived arithmetically from (seed, game, session index)."""
     root = np.random.default_rng([seed, zlib.crc32(rom.encode()), index])
@@ -299,8 +302,17 @@ def _play(ale, policy: Policy, times: list[float], upscale: int, log: _Log) -> I
         over = ale.game_over()
         if over:
             log.text.append({"t": t, "speaker": "ale", "text": "episode end"})
-        log.telemetry.append({"t": t, "frame": i, "episode": episode, "reward": reward, "score": score,
-                              "lives": lives, "ram": [int(x) for x in ram]})
+        log.telemetry.append(
+            {
+                "t": t,
+                "frame": i,
+                "episode": episode,
+                "reward": reward,
+                "score": score,
+                "lives": lives,
+                "ram": [int(x) for x in ram],
+            }
+        )
         a = 0 if over else policy.act(ram, i)
         action = NOOP if over else minimal[a].name
         log.actions += press_change(log.played[-1] if log.played else NOOP, action, t)
@@ -342,17 +354,32 @@ def record_session(out: Path, ale_py, game: str, policy_id: str, index: int, opt
     times = frame_times(n, FPS)
     policy = _POLICY_CLASSES[policy_id]([a.name for a in ale.getMinimalActionSet()], rom, rng)
     spec = SessionSpec(
-        session_id=session_id, title=title, player=player, video=video, platform="atari2600",
-        build=f"ale-py {ale_py.__version__}", started_at=f"2026-11-{1 + index % 28:02d}T10:00:00Z",
-        conditions={"difficulty": str(options.difficulty), "mode": str(mode),
-                    "frameskip": "1", "repeat_action_probability": str(REPEAT_ACTION_PROBABILITY)},
+        session_id=session_id,
+        title=title,
+        player=player,
+        video=video,
+        platform="atari2600",
+        build=f"ale-py {ale_py.__version__}",
+        started_at=f"2026-11-{1 + index % 28:02d}T10:00:00Z",
+        conditions={
+            "difficulty": str(options.difficulty),
+            "mode": str(mode),
+            "frameskip": "1",
+            "repeat_action_probability": str(REPEAT_ACTION_PROBABILITY),
+        },
     )
     log = _Log()
     # write_session encodes the frames first (stepping the emulator, which fills the lists in log) and
     # writes the streams after; the line count check below guards that order.
-    directory = write_session(out / session_id, spec, _play(ale, policy, times, options.upscale, log),
-                              log.actions, log.telemetry, log.text,
-                              audio=AudioSource(AUDIO_RATE, 1, log.take_audio))
+    directory = write_session(
+        out / session_id,
+        spec,
+        _play(ale, policy, times, options.upscale, log),
+        log.actions,
+        log.telemetry,
+        log.text,
+        audio=AudioSource(AUDIO_RATE, 1, log.take_audio),
+    )
     with open(directory / "telemetry.jsonl", "rb") as f:
         lines = sum(1 for _ in f)
     if len(log.played) != n or lines != n:
@@ -369,8 +396,10 @@ def record(out: Path, options: AtariOptions) -> list[Recording]:
         raise UsageError(f"--games lists a game twice: {', '.join(options.games)}")
     unknown = [g for g, rom in zip(options.games, roms) if _rom_path(ale_py, rom) is None]
     if unknown:
-        raise UsageError(f"unknown Atari game(s) {', '.join(unknown)}; e.g. {', '.join(DEFAULT_GAMES)} "
-                         f"(any ale-py ROM id such as space_invaders also works)")
+        raise UsageError(
+            f"unknown Atari game(s) {', '.join(unknown)}; e.g. {', '.join(DEFAULT_GAMES)} "
+            f"(any ale-py ROM id such as space_invaders also works)"
+        )
     recordings = []
     for game in options.games:
         for j in range(options.sessions):

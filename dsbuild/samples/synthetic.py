@@ -9,8 +9,8 @@ from __future__ import annotations
 import difflib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -22,9 +22,20 @@ RESOLUTIONS = ((160, 120), (320, 240), (640, 360))
 BUTTONS = ("button_a", "button_b", "left", "right")
 AXES = ("steer_x",)
 DAMAGE = (
-    "truncated_video", "zero_video", "not_video", "bad_json", "missing_field", "escape_dotdot",
-    "escape_absolute", "escape_symlink", "duplicate_id", "malformed_lines", "out_of_order",
-    "nan_telemetry", "bad_utf8", "missing_streams",
+    "truncated_video",
+    "zero_video",
+    "not_video",
+    "bad_json",
+    "missing_field",
+    "escape_dotdot",
+    "escape_absolute",
+    "escape_symlink",
+    "duplicate_id",
+    "malformed_lines",
+    "out_of_order",
+    "nan_telemetry",
+    "bad_utf8",
+    "missing_streams",
 )
 
 
@@ -36,15 +47,19 @@ def parse_damage(items: list[str], sessions: int) -> dict[int, str]:
         index, eq, kind = str(item).rpartition("=")
         if kind not in DAMAGE:
             close = difflib.get_close_matches(kind, DAMAGE, n=1)
-            raise UsageError(f"--damage {item!r}: unknown kind {kind!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                             hint=f"kinds: {', '.join(DAMAGE)}")
+            raise UsageError(
+                f"--damage {item!r}: unknown kind {kind!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                hint=f"kinds: {', '.join(DAMAGE)}",
+            )
         try:
             at = int(index) if eq else i
         except ValueError:
             raise UsageError(f"--damage {item!r}: {index!r} is not a session index (use INDEX=KIND)") from None
         if not 0 <= at < sessions:
-            raise UsageError(f"--damage {item!r}: session index {at} is out of range; --sessions {sessions} "
-                             f"gives indices 0..{sessions - 1}")
+            raise UsageError(
+                f"--damage {item!r}: session index {at} is out of range; --sessions {sessions} "
+                f"gives indices 0..{sessions - 1}"
+            )
         if at in plan:
             raise UsageError(f"--damage: session {at} is damaged twice ({plan[at]} and {kind})")
         plan[at] = kind
@@ -64,7 +79,7 @@ def frames(spec: VideoSpec, n: int, rng: np.random.Generator, noise: int = 0) ->
         img[..., 1] = (yy + i) % 256
         img[..., 2] = 96
         bx, by = (i * vx) % max(w - w // 6, 1), (i * vy) % max(h - h // 6, 1)
-        img[by:by + h // 6, bx:bx + w // 6] = color
+        img[by : by + h // 6, bx : bx + w // 6] = color
         img[: h // 12, : (i % w)] = 255  # HUD: score bar
         if grain is not None:
             img += grain[i % 8]
@@ -91,8 +106,8 @@ def soundtrack(actions: list[dict], samples: int) -> np.ndarray:
     for e in actions:
         if e["control"] in BEEP_HZ and e["value"] == 1.0:
             start = round(e["t"] * AUDIO_RATE)
-            j = i[start:start + beep]
-            out[start:start + beep] += _triangle(j, BEEP_HZ[e["control"]], 6000)
+            j = i[start : start + beep]
+            out[start : start + beep] += _triangle(j, BEEP_HZ[e["control"]], 6000)
     return np.clip(out, -32768, 32767).astype(np.int16)[:, None]
 
 
@@ -107,19 +122,28 @@ def _events(rng: np.random.Generator, seconds: float, player: str) -> tuple[list
             t += float(rng.uniform(0.2, 2.0))
     for control in AXES:
         for t in np.arange(0, seconds, 0.1):
-            actions.append({"t": round(float(t), 4), "control": control,
-                            "value": round(float(np.sin(t) * rng.uniform(0.5, 1)), 4)})
+            actions.append(
+                {"t": round(float(t), 4), "control": control, "value": round(float(np.sin(t) * rng.uniform(0.5, 1)), 4)}
+            )
     actions.sort(key=lambda e: (e["t"], e["control"]))
     telemetry = []
     pos = np.zeros(3)
     for k, t in enumerate(np.arange(0, seconds, 0.05)):
         speed = 10 + 5 * np.sin(t / 3)
         pos = pos + np.array([np.cos(t), np.sin(t), 0.01]) * speed * 0.05
-        telemetry.append({"t": round(float(t), 4), "pos": [round(float(x), 4) for x in pos],
-                          "speed": round(float(speed), 4), "lap": k // 400})
+        telemetry.append(
+            {
+                "t": round(float(t), 4),
+                "pos": [round(float(x), 4) for x in pos],
+                "speed": round(float(speed), 4),
+                "lap": k // 400,
+            }
+        )
     lines = ("nice line", "watch the corner", "gg", "one more run", "ünïcödé ok")
-    text = [{"t": round(float(t), 3), "speaker": player, "text": lines[j % len(lines)]}
-            for j, t in enumerate(np.sort(rng.uniform(0, seconds, size=max(1, int(seconds // 4)))))]
+    text = [
+        {"t": round(float(t), 3), "speaker": player, "text": lines[j % len(lines)]}
+        for j, t in enumerate(np.sort(rng.uniform(0, seconds, size=max(1, int(seconds // 4)))))
+    ]
     return actions, telemetry, text
 
 
@@ -137,15 +161,23 @@ def session_spec(seed: int, index: int, seconds: float) -> SessionSpec:
         video=VideoSpec(w, h, fps, gop),
         build=f"1.{index % 3}.0",
         started_at=f"2026-11-{1 + index % 28:02d}T10:00:00Z",
-        conditions={"track": str(rng.choice(["harbor", "canyon", "city"])),
-                    "weather": str(rng.choice(["rain", "clear"])),
-                    "difficulty": str(rng.choice(["easy", "hard"]))},
+        conditions={
+            "track": str(rng.choice(["harbor", "canyon", "city"])),
+            "weather": str(rng.choice(["rain", "clear"])),
+            "difficulty": str(rng.choice(["easy", "hard"])),
+        },
     )
 
 
-def generate(out: Path, sessions: int = 3, seconds: float = 10.0, seed: int = 0,
-             damage: dict[int, str] | None = None, noise: int = 0,
-             specs: list[SessionSpec] | None = None) -> list[Path]:
+def generate(
+    out: Path,
+    sessions: int = 3,
+    seconds: float = 10.0,
+    seed: int = 0,
+    damage: dict[int, str] | None = None,
+    noise: int = 0,
+    specs: list[SessionSpec] | None = None,
+) -> list[Path]:
     """Write ``sessions`` captures under ``out``; ``damage`` maps a session index to a DAMAGE kind."""
     out = Path(out)
     damage = damage or {}
@@ -153,8 +185,10 @@ def generate(out: Path, sessions: int = 3, seconds: float = 10.0, seed: int = 0,
         if kind not in DAMAGE:
             raise UsageError(f"unknown damage {kind!r}; choose from {', '.join(DAMAGE)}")
     if damage.get(0) == "duplicate_id":  # refused before anything is written (a rerun would find it there)
-        raise UsageError("--damage 0=duplicate_id: duplicate_id damage needs a session before it",
-                         hint="damage a later session, e.g. --damage 1=duplicate_id")
+        raise UsageError(
+            "--damage 0=duplicate_id: duplicate_id damage needs a session before it",
+            hint="damage a later session, e.g. --damage 1=duplicate_id",
+        )
     if sessions < 1 or seconds <= 0:
         raise UsageError("--sessions must be >= 1 and --seconds > 0")
     paths = []
@@ -164,8 +198,16 @@ def generate(out: Path, sessions: int = 3, seconds: float = 10.0, seed: int = 0,
         n = int(round(seconds * spec.video.fps))
         actions, telemetry, text = _events(rng, seconds, spec.player)
         sound = AudioSource.of(soundtrack(actions, n * AUDIO_RATE // spec.video.fps), AUDIO_RATE)
-        d = write_session(out / spec.session_id, spec, frames(spec.video, n, rng, noise), actions, telemetry,
-                          text, seed=seed + i, audio=sound)
+        d = write_session(
+            out / spec.session_id,
+            spec,
+            frames(spec.video, n, rng, noise),
+            actions,
+            telemetry,
+            text,
+            seed=seed + i,
+            audio=sound,
+        )
         if i in damage:
             inject(d, damage[i], previous=paths[-1] if paths else None)
         paths.append(d)

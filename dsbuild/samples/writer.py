@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -24,13 +24,21 @@ import numpy as np
 # Audio encoder per container format, and its options.
 # FLAC blocks of 1024 samples (21 ms at 48 kHz, like AAC frames): clips copy whole packets, so the packet
 # length bounds how far a clip's audio can start after its first frame.
-AUDIO_CODECS = {"webm": ("libopus", {}), "mov": ("pcm_s16le", {}),
-                None: ("flac", {"lpc_type": "fixed", "frame_size": "1024"})}
+AUDIO_CODECS = {
+    "webm": ("libopus", {}),
+    "mov": ("pcm_s16le", {}),
+    None: ("flac", {"lpc_type": "fixed", "frame_size": "1024"}),
+}
 CODECS = {
     "h264": ("libx264", "mp4", "mp4", {"preset": "ultrafast", "tune": "zerolatency", "sc_threshold": "0"}),
     "vp9": ("libvpx-vp9", "webm", "webm", {"deadline": "realtime", "cpu-used": "8", "lag-in-frames": "0"}),
     "av1": ("libsvtav1", "matroska", "mkv", {"preset": "12"}),
-    "hevc": ("libx265", "mov", "mov", {"preset": "ultrafast", "x265-params": "log-level=error:pools=1:frame-threads=1"}),
+    "hevc": (
+        "libx265",
+        "mov",
+        "mov",
+        {"preset": "ultrafast", "x265-params": "log-level=error:pools=1:frame-threads=1"},
+    ),
 }
 
 
@@ -56,7 +64,7 @@ class AudioSource:
     take: Callable[[], np.ndarray]
 
     @classmethod
-    def of(cls, samples: np.ndarray, rate: int) -> "AudioSource":
+    def of(cls, samples: np.ndarray, rate: int) -> AudioSource:
         """Sound known in full beforehand (int16 [samples, channels])."""
         left = [samples]
         return cls(rate, samples.shape[1], lambda: left.pop() if left else samples[:0])
@@ -86,9 +94,10 @@ class _AudioTrack:
 
         self.pending = np.concatenate([self.pending, self.source.take().astype(np.int16)])
         while len(self.pending) >= self.block or (final and len(self.pending)):
-            chunk, self.pending = self.pending[:self.block], self.pending[self.block:]
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(chunk).reshape(1, -1), format="s16",
-                                               layout=self.layout)
+            chunk, self.pending = self.pending[: self.block], self.pending[self.block :]
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(chunk).reshape(1, -1), format="s16", layout=self.layout
+            )
             frame.rate, frame.pts = self.source.rate, self.pts
             self.pts += len(chunk)
             for packet in self.stream.encode(frame):
@@ -98,8 +107,9 @@ class _AudioTrack:
                 self.container.mux(packet)
 
 
-def encode_video(path: Path, frames: Iterable[np.ndarray], spec: VideoSpec, seed: int = 0,
-                 audio: AudioSource | None = None) -> int:
+def encode_video(
+    path: Path, frames: Iterable[np.ndarray], spec: VideoSpec, seed: int = 0, audio: AudioSource | None = None
+) -> int:
     """Encode RGB uint8 frames (H, W, 3) and their ``audio``; returns the number of frames written."""
     import av
 
@@ -112,8 +122,11 @@ def encode_video(path: Path, frames: Iterable[np.ndarray], spec: VideoSpec, seed
         s = c.add_stream(encoder, rate=rate)
         s.width, s.height, s.pix_fmt = spec.width, spec.height, "yuv420p"
         s.thread_count = 1
-        s.options = {**opts, "g": str(spec.gop), "keyint_min": str(spec.gop)} if spec.codec == "h264" else {
-            **opts, "g": str(spec.gop)}
+        s.options = (
+            {**opts, "g": str(spec.gop), "keyint_min": str(spec.gop)}
+            if spec.codec == "h264"
+            else {**opts, "g": str(spec.gop)}
+        )
         if spec.bitrate:
             s.bit_rate = spec.bitrate
         if spec.vfr_jitter:
@@ -158,15 +171,29 @@ class SessionSpec:
 
     def document(self, video_name: str) -> dict:
         return {
-            "format": "capture/1", "session_id": self.session_id, "title": self.title,
-            "platform": self.platform, "build": self.build, "player": self.player,
-            "started_at": self.started_at, "conditions": dict(self.conditions), "video": video_name,
+            "format": "capture/1",
+            "session_id": self.session_id,
+            "title": self.title,
+            "platform": self.platform,
+            "build": self.build,
+            "player": self.player,
+            "started_at": self.started_at,
+            "conditions": dict(self.conditions),
+            "video": video_name,
             "streams": {"actions": "actions.jsonl", "telemetry": "telemetry.jsonl", "text": "text.jsonl"},
         }
 
 
-def write_session(directory: Path, spec: SessionSpec, frames: Iterable[np.ndarray], actions: list[dict],
-                  telemetry: list[dict], text: list[dict], seed: int = 0, audio: AudioSource | None = None) -> Path:
+def write_session(
+    directory: Path,
+    spec: SessionSpec,
+    frames: Iterable[np.ndarray],
+    actions: list[dict],
+    telemetry: list[dict],
+    text: list[dict],
+    seed: int = 0,
+    audio: AudioSource | None = None,
+) -> Path:
     """Write one complete session folder (which must not exist yet); returns it. It is written beside its
     place under a dotted name and renamed into place whole: an interrupted run leaves no half-written
     session (a folder with a video and no ``session.json``, which no converter counts)."""

@@ -35,19 +35,35 @@ import pyarrow as pa
 
 from dsbuild.core.errors import UsageError
 from dsbuild.lineage.catalog import Catalog, open_catalog
+from dsbuild.lineage.splitsets import SPLIT_FORMAT, SplitSet, open_split_set
+from dsbuild.lineage.splitsets import list_split_sets as _list
 from dsbuild.split.assign import RULE, Assignment, assign_groups, expected_std, unit
 from dsbuild.split.check import CheckResult, check_split
 from dsbuild.split.diff import diff_split_sets
-from dsbuild.lineage.splitsets import SPLIT_FORMAT, SplitSet, open_split_set
-from dsbuild.lineage.splitsets import list_split_sets as _list
 from dsbuild.split.files import split_schema
 from dsbuild.split.make import SplitResult, make_split
 from dsbuild.split.params import SplitOptions, SplitParams, parse_ratios
 
 __all__ = [
-    "RULE", "SPLIT_FORMAT", "split_schema", "Assignment", "CheckResult", "SplitOptions", "SplitParams",
-    "SplitResult", "SplitSet", "assign_groups", "check_split", "diff_split_sets", "expected_std",
-    "list_split_sets", "load_split", "make_split", "open_split", "parse_ratios", "unit",
+    "RULE",
+    "SPLIT_FORMAT",
+    "Assignment",
+    "CheckResult",
+    "SplitOptions",
+    "SplitParams",
+    "SplitResult",
+    "SplitSet",
+    "assign_groups",
+    "check_split",
+    "diff_split_sets",
+    "expected_std",
+    "list_split_sets",
+    "load_split",
+    "make_split",
+    "open_split",
+    "parse_ratios",
+    "split_schema",
+    "unit",
 ]
 
 

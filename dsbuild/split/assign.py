@@ -116,9 +116,15 @@ def _distance(u: float, lo_hi: tuple[float, float]) -> float:
     return lo - u if u < lo else (u - hi if u >= hi else 0.0)
 
 
-def assign_groups(groups: Iterable[str], *, ratios: Ratios, salt: str,
-                  fixed: Mapping[str, str] | None = None, exclusive: Iterable[str] = (),
-                  strata: Mapping[str, str] | None = None) -> Assignment:
+def assign_groups(
+    groups: Iterable[str],
+    *,
+    ratios: Ratios,
+    salt: str,
+    fixed: Mapping[str, str] | None = None,
+    exclusive: Iterable[str] = (),
+    strata: Mapping[str, str] | None = None,
+) -> Assignment:
     """Assign every group to one split.
 
     ``fixed`` groups keep the split given (pinned or carried over); the others are hashed onto the
@@ -151,13 +157,21 @@ def assign_groups(groups: Iterable[str], *, ratios: Ratios, salt: str,
             repaired.update(local)
             counts = Counter(current[g] for g in members[label])
             reports[label] = StratumReport(
-                groups=len(members[label]), per_split={n: counts.get(n, 0) for n in names},
-                missing=tuple(n for n in names if not counts.get(n)), repaired=local)
+                groups=len(members[label]),
+                per_split={n: counts.get(n, 0) for n in names},
+                missing=tuple(n for n in names if not counts.get(n)),
+                repaired=local,
+            )
     return Assignment(splits=current, base=base, repaired=repaired, strata=reports)
 
 
-def _repair(members: list[str], current: dict[str, str], u: Mapping[str, float],
-            bounds: Mapping[str, tuple[float, float]], order: Sequence[str]) -> dict[str, tuple[str, str]]:
+def _repair(
+    members: list[str],
+    current: dict[str, str],
+    u: Mapping[str, float],
+    bounds: Mapping[str, tuple[float, float]],
+    order: Sequence[str],
+) -> dict[str, tuple[str, str]]:
     """Move hashed groups of one stratum into its empty hashed splits (mutates ``current``).
 
     Only a stratum with at least as many groups in hashed splits as there are hashed splits is repaired:
@@ -198,8 +212,9 @@ class SplitShare:
     deviation_std: float | None  # (realised - target) / expected std, among hashed groups
 
 
-def shares(assignment: Mapping[str, str], samples_per_group: Mapping[str, int], ratios: Ratios,
-           exclusive: Iterable[str] = ()) -> dict[str, SplitShare]:
+def shares(
+    assignment: Mapping[str, str], samples_per_group: Mapping[str, int], ratios: Ratios, exclusive: Iterable[str] = ()
+) -> dict[str, SplitShare]:
     """Realised group and sample shares per split, with the binomial std expected for hashed groups."""
     excl = set(exclusive)
     names = sorted({n for n, _ in ratios} | excl)
@@ -218,12 +233,15 @@ def shares(assignment: Mapping[str, str], samples_per_group: Mapping[str, int], 
         std = expected_std(p, n_hashed) if p is not None else None
         dev = (g_count[n] / n_hashed - p) / std if std else None
         out[n] = SplitShare(
-            groups=g_count[n], samples=s_count[n],
+            groups=g_count[n],
+            samples=s_count[n],
             ratio_groups=round(g_count[n] / n_groups, 6) if n_groups else 0.0,
             ratio_samples=round(s_count[n] / n_samples, 6) if n_samples else 0.0,
-            requested=ratio_of.get(n), target=None if p is None else round(p, 6),
+            requested=ratio_of.get(n),
+            target=None if p is None else round(p, 6),
             expected_std_groups=None if std is None else round(std, 6),
-            deviation_std=None if dev is None else round(dev, 3))
+            deviation_std=None if dev is None else round(dev, 3),
+        )
     return out
 
 

@@ -23,8 +23,9 @@ class Carry:
     reassigned: dict[str, str]  # group -> old split that no longer takes hashed groups (rule decides)
 
 
-def carry_over(old: Mapping[str, str], present: Iterable[str], hashed_splits: Iterable[str],
-               pinned: Mapping[str, str]) -> Carry:
+def carry_over(
+    old: Mapping[str, str], present: Iterable[str], hashed_splits: Iterable[str], pinned: Mapping[str, str]
+) -> Carry:
     """Pure: which present groups keep their ``old`` split. Pins win over carried assignments."""
     present = set(present)
     takes = set(hashed_splits)
@@ -37,8 +38,12 @@ def carry_over(old: Mapping[str, str], present: Iterable[str], hashed_splits: It
             fixed[g] = old[g]
         else:
             reassigned[g] = old[g]
-    return Carry(fixed=fixed, new=tuple(sorted(present - set(old))),
-                 removed=tuple(sorted(set(old) - present)), reassigned=reassigned)
+    return Carry(
+        fixed=fixed,
+        new=tuple(sorted(present - set(old))),
+        removed=tuple(sorted(set(old) - present)),
+        reassigned=reassigned,
+    )
 
 
 def resolve_split_set(catalog: Catalog, ref: str, current_version: str) -> SplitSet:
@@ -50,11 +55,16 @@ def resolve_split_set(catalog: Catalog, ref: str, current_version: str) -> Split
         if not version or not name:
             raise UsageError(f"--from-split {ref!r}: use VERSION/NAME or NAME")
         return open_split_set(catalog, catalog.resolve(version), name)
-    found = [v.version_id for v in catalog.versions()
-             if v.version_id != current_version and any(s.name == ref for s in list_split_sets(catalog, v.version_id))]
+    found = [
+        v.version_id
+        for v in catalog.versions()
+        if v.version_id != current_version and any(s.name == ref for s in list_split_sets(catalog, v.version_id))
+    ]
     if not found:
         raise UsageError(f"--from-split {ref!r}: no other version of {catalog.url} has a split set of that name")
     if len(found) > 1:
-        raise UsageError(f"--from-split {ref!r}: {len(found)} versions have one "
-                         f"({', '.join(v[:12] for v in found)})", hint="give VERSION/NAME")
+        raise UsageError(
+            f"--from-split {ref!r}: {len(found)} versions have one ({', '.join(v[:12] for v in found)})",
+            hint="give VERSION/NAME",
+        )
     return open_split_set(catalog, found[0], ref)

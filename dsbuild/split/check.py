@@ -54,8 +54,9 @@ def overlaps(members: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
     return {v: s for v, s in sorted(seen.items()) if len(s) > 1}
 
 
-def check_split(catalog: Path | Catalog, version: str | None, name: str,
-                options: SplitOptions | None = None) -> CheckResult:
+def check_split(
+    catalog: Path | Catalog, version: str | None, name: str, options: SplitOptions | None = None
+) -> CheckResult:
     """Check the split set ``name`` of a version. Parameters not given in ``options`` are the recorded ones."""
     cat, version_id = open_version(catalog, version)
     stored = open_split_set(cat, version_id, name)  # UsageError when missing, LineageError when damaged
@@ -76,19 +77,26 @@ def check_split(catalog: Path | Catalog, version: str | None, name: str,
         both = overlaps(members)
         if both:
             first = next(iter(both))
-            problems.append(f"{len(both)} {what}(s) are in more than one split, e.g. {first!r} in "
-                            f"{', '.join(both[first])}")
-    checked = {"splits": len(stored.splits), "samples": sum(len(k) for k in keys.values()),
-               "groups": len({g for gs in groups.values() for g in gs})}
+            problems.append(
+                f"{len(both)} {what}(s) are in more than one split, e.g. {first!r} in {', '.join(both[first])}"
+            )
+    checked = {
+        "splits": len(stored.splits),
+        "samples": sum(len(k) for k in keys.values()),
+        "groups": len({g for gs in groups.values() for g in gs}),
+    }
     try:
         problems += _recompute(cat, version_id, stored, tables, options)
     except UsageError as e:  # the recorded rule cannot be applied any more (e.g. its --from-split is gone)
         problems.append(f"cannot recompute: {e}")
-    return CheckResult(ok=not problems, version_id=version_id, name=name, hash=stored.hash,
-                       problems=problems, checked=checked)
+    return CheckResult(
+        ok=not problems, version_id=version_id, name=name, hash=stored.hash, problems=problems, checked=checked
+    )
 
 
-def _recompute(cat: Catalog, version_id: str, stored: SplitSet, tables: dict, options: SplitOptions | None) -> list[str]:
+def _recompute(
+    cat: Catalog, version_id: str, stored: SplitSet, tables: dict, options: SplitOptions | None
+) -> list[str]:
     recorded = stored.manifest.parameters
     inherited = SplitParams.from_rule(recorded, stored.path)
     options = options or SplitOptions()
@@ -97,10 +105,16 @@ def _recompute(cat: Catalog, version_id: str, stored: SplitSet, tables: dict, op
         options = replace(options, from_split=f"{old_ref.version_id}/{old_ref.name}")
     params, old = resolve_params(cat, version_id, options, inherited)
     problems = []
-    if old is not None and old_ref and (old.version_id, old.name) == (old_ref.version_id, old_ref.name) \
-            and old.hash != old_ref.hash:
-        problems.append(f"--from-split {old_ref.version_id[:12]}/{old_ref.name} has changed since "
-                        f"(hash {old.hash[:12]}, recorded {old_ref.hash[:12]})")
+    if (
+        old is not None
+        and old_ref
+        and (old.version_id, old.name) == (old_ref.version_id, old_ref.name)
+        and old.hash != old_ref.hash
+    ):
+        problems.append(
+            f"--from-split {old_ref.version_id[:12]}/{old_ref.name} has changed since "
+            f"(hash {old.hash[:12]}, recorded {old_ref.hash[:12]})"
+        )
     fresh = compute(read_version(cat, version_id), stored.name, params, old, pins_given=options.pins is not None)
     for split in sorted(set(fresh.tables) | set(stored.splits)):
         if split not in stored.splits:
@@ -115,16 +129,24 @@ def _recompute(cat: Catalog, version_id: str, stored: SplitSet, tables: dict, op
         have = tables[split].cast(split_schema())
         if not have.equals(want):
             wk, hk = set(want["key"].to_pylist()), set(have["key"].to_pylist())
-            problems.append(f"split {split!r} differs from the rule: {len(hk - wk)} sample(s) should not be "
-                            f"there, {len(wk - hk)} missing, {len(wk & hk)} shared"
-                            + ("; locators or groups differ" if wk == hk else ""))
+            problems.append(
+                f"split {split!r} differs from the rule: {len(hk - wk)} sample(s) should not be "
+                f"there, {len(wk - hk)} missing, {len(wk & hk)} shared"
+                + ("; locators or groups differ" if wk == hk else "")
+            )
     want_doc, have_doc = fresh.manifest.to_json(), stored.manifest.to_json()
-    differ = [key for key in sorted(set(want_doc) | set(have_doc))
-              if key not in NOT_COMPARED and want_doc.get(key) != have_doc.get(key)]
+    differ = [
+        key
+        for key in sorted(set(want_doc) | set(have_doc))
+        if key not in NOT_COMPARED and want_doc.get(key) != have_doc.get(key)
+    ]
     for split in sorted(set(want_doc["splits"]) & set(have_doc["splits"])):
         w, h = want_doc["splits"][split], have_doc["splits"][split]
-        differ += [f"splits.{split}.{key}" for key in sorted(set(w) | set(h))
-                   if key not in SPLIT_FIELDS_NOT_COMPARED and w.get(key) != h.get(key)]
+        differ += [
+            f"splits.{split}.{key}"
+            for key in sorted(set(w) | set(h))
+            if key not in SPLIT_FIELDS_NOT_COMPARED and w.get(key) != h.get(key)
+        ]
     if differ:
         more = f" and {len(differ) - 8} more" if len(differ) > 8 else ""
         problems.append(f"manifest differs from the recomputation in {', '.join(differ[:8])}{more}")

@@ -41,9 +41,13 @@ def diff_split_sets(a: SplitSet, b: SplitSet) -> dict:
         "same_assignment": a.manifest.assignment_id == b.manifest.assignment_id,
         "parameters": {k: [pa_.get(k), pb.get(k)] for k in sorted(set(pa_) | set(pb)) if pa_.get(k) != pb.get(k)},
         "groups": groups,
-        "samples": {"moved": len(samples["moved"]), "added": len(samples["added"]),
-                    "removed": len(samples["removed"]), "unchanged": samples["unchanged"],
-                    "transitions": dict(sorted(transitions.items()))},
+        "samples": {
+            "moved": len(samples["moved"]),
+            "added": len(samples["added"]),
+            "removed": len(samples["removed"]),
+            "unchanged": samples["unchanged"],
+            "transitions": dict(sorted(transitions.items())),
+        },
         "splits": {s: {"a": _counts(a, s), "b": _counts(b, s)} for s in sorted(set(a.splits) | set(b.splits))},
     }
 

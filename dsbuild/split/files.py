@@ -12,11 +12,14 @@ def split_schema():
     import pyarrow as pa
 
     schema = index_schema()
-    return pa.schema([schema.field(c) for c in LOCATOR_COLUMNS] + [
-        ("session_id", pa.string()),
-        ("group_value", pa.string()),  # not "group": that is an SQL keyword
-        ("split", pa.string()),  # constant per file; lets one glob over all files answer per-split queries
-    ])
+    return pa.schema(
+        [schema.field(c) for c in LOCATOR_COLUMNS]
+        + [
+            ("session_id", pa.string()),
+            ("group_value", pa.string()),  # not "group": that is an SQL keyword
+            ("split", pa.string()),  # constant per file; lets one glob over all files answer per-split queries
+        ]
+    )
 
 
 def table_bytes(table) -> bytes:

@@ -59,8 +59,15 @@ def read_version(catalog: Catalog, version_id: str) -> VersionSamples:
     session_ids = tuple(sorted(sessions))
     if len(uniq) and not np.array_equal(uniq, np.arange(len(session_ids))):
         raise LineageError(f"{path}: session ids of the index are inconsistent")
-    return VersionSamples(version_id, content_id, table.select([*LOCATOR_COLUMNS, "session_id"]),
-                          session_ids, sessions, per_session, row_session)
+    return VersionSamples(
+        version_id,
+        content_id,
+        table.select([*LOCATOR_COLUMNS, "session_id"]),
+        session_ids,
+        sessions,
+        per_session,
+        row_session,
+    )
 
 
 def _conditions(pairs: list | None, path) -> dict:
@@ -71,7 +78,7 @@ def field_value(session: dict, name: str) -> str | None:
     """A session's value of ``name`` (a session field or conditions.<key>), in Unicode NFC; None when it
     has none. NFC: the same player typed on two systems (``José`` composed or decomposed) is one group."""
     if name.startswith("conditions."):
-        value = session["conditions"].get(name[len("conditions."):])
+        value = session["conditions"].get(name[len("conditions.") :])
     else:
         value = session.get(name)
     return unicodedata.normalize("NFC", value) if isinstance(value, str) and value != "" else None
@@ -114,8 +121,7 @@ def group_strata(vs: VersionSamples, group_of: dict[str, str], stratify: str) ->
     return strata, sum(1 for c in weights.values() if len(c) > 1)
 
 
-def rows_by_split(vs: VersionSamples, group_of: dict[str, str], split_of_group: dict[str, str],
-                  split: str) -> pa.Table:
+def rows_by_split(vs: VersionSamples, group_of: dict[str, str], split_of_group: dict[str, str], split: str) -> pa.Table:
     """The locator rows of one split, sorted by key, with their session, group and split columns."""
     sid_group = [group_of.get(sid) for sid in vs.session_ids]
     sid_split = np.array([split_of_group.get(g) == split if g is not None else False for g in sid_group])
@@ -123,5 +129,6 @@ def rows_by_split(vs: VersionSamples, group_of: dict[str, str], split_of_group: 
     rows = vs.table.filter(array(mask, pa.bool_()))
     sel = vs.row_session[mask]
     group_col = array(sid_group, pa.string()).take(array(sel, pa.int64()))
-    return (rows.append_column("group_value", group_col)
-            .append_column("split", array([split] * rows.num_rows, pa.string())))
+    return rows.append_column("group_value", group_col).append_column(
+        "split", array([split] * rows.num_rows, pa.string())
+    )

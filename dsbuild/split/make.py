@@ -9,10 +9,8 @@ import pyarrow as pa
 
 from dsbuild import __version__
 from dsbuild.core.errors import UsageError
-from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.core.hashing import sha256_bytes, sha256_json
-from dsbuild.split.assign import assign_groups, intervals, sample_share_gaps, shares, split_for, unit
-from dsbuild.split.carry import Carry, carry_over, resolve_split_set
+from dsbuild.lineage.catalog import Catalog, open_catalog
 from dsbuild.lineage.splitsets import (
     Carried,
     SplitEntry,
@@ -25,6 +23,8 @@ from dsbuild.lineage.splitsets import (
     Unassigned,
     publish_split_set,
 )
+from dsbuild.split.assign import assign_groups, intervals, sample_share_gaps, shares, split_for, unit
+from dsbuild.split.carry import Carry, carry_over, resolve_split_set
 from dsbuild.split.files import table_bytes
 from dsbuild.split.groups import (
     NO_STRATUM,
@@ -72,9 +72,27 @@ class SplitResult:
 
     def to_json(self) -> dict:
         m = self.manifest.to_json()
-        return {"catalog": self.catalog, "version_id": self.version_id, "name": self.name, "path": self.path,
-                "state": self.state, **{k: m[k] for k in ("hash", "assignment_id", "parameters", "splits", "totals",
-                                                          "unassigned", "stratification", "carried", "warnings")}}
+        return {
+            "catalog": self.catalog,
+            "version_id": self.version_id,
+            "name": self.name,
+            "path": self.path,
+            "state": self.state,
+            **{
+                k: m[k]
+                for k in (
+                    "hash",
+                    "assignment_id",
+                    "parameters",
+                    "splits",
+                    "totals",
+                    "unassigned",
+                    "stratification",
+                    "carried",
+                    "warnings",
+                )
+            },
+        }
 
 
 def _named(values) -> str:
@@ -88,21 +106,25 @@ def open_version(catalog: Path | Catalog, ref: str | None) -> tuple[Catalog, str
     return cat, cat.resolve(ref)
 
 
-def resolve_params(cat: Catalog, version_id: str, options: SplitOptions,
-                   inherited: SplitParams | None = None) -> tuple[SplitParams, SplitSet | None]:
+def resolve_params(
+    cat: Catalog, version_id: str, options: SplitOptions, inherited: SplitParams | None = None
+) -> tuple[SplitParams, SplitSet | None]:
     """Options -> parameters. With ``from_split`` the unset options take that split set's values."""
     old = resolve_split_set(cat, options.from_split, version_id) if options.from_split else None
     if old is not None and inherited is None:
         inherited = SplitParams.from_rule(old.manifest.parameters, old.path)
     params = options.resolve(inherited)
     if old is not None and old.manifest.parameters.by != params.by:
-        raise UsageError(f"--from-split: {old.version_id[:12]}/{old.name} groups by "
-                         f"{old.manifest.parameters.by}, not {params.by}; its groups cannot carry over")
+        raise UsageError(
+            f"--from-split: {old.version_id[:12]}/{old.name} groups by "
+            f"{old.manifest.parameters.by}, not {params.by}; its groups cannot carry over"
+        )
     return params, old
 
 
-def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | None = None,
-            pins_given: bool = True) -> Computed:
+def compute(
+    vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | None = None, pins_given: bool = True
+) -> Computed:
     """Everything a split set holds, from the version's samples and the parameters (no writing)."""
     check_name(name, "split set name")
     group_of, unassigned = group_sessions(vs, params.by)
@@ -113,8 +135,10 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
     absent = sorted(set(pinned) - present)
     if absent and pins_given:
         split = pinned[absent[0]]
-        raise UsageError(f"--pin {split}: {len(absent)} group value(s) not in version {vs.version_id[:12]} "
-                         f"(grouped by {params.by}): {_named(absent)}")
+        raise UsageError(
+            f"--pin {split}: {len(absent)} group value(s) not in version {vs.version_id[:12]} "
+            f"(grouped by {params.by}): {_named(absent)}"
+        )
     if absent:
         warnings.append(f"{len(absent)} pinned group(s) are not in this version: {_named(absent)}")
     pinned_here = {g: s for g, s in pinned.items() if g in present}
@@ -124,8 +148,9 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
         carry = carry_over(old.group_assignment(), present, hashed_splits, pinned)
     fixed = {**(carry.fixed if carry else {}), **pinned_here}
     strata, multi = group_strata(vs, group_of, params.stratify) if params.stratify else (None, 0)
-    a = assign_groups(present, ratios=params.ratios, salt=params.salt, fixed=fixed,
-                      exclusive=params.exclusive, strata=strata)
+    a = assign_groups(
+        present, ratios=params.ratios, salt=params.salt, fixed=fixed, exclusive=params.exclusive, strata=strata
+    )
     share = shares(a.splits, spg, params.ratios, params.exclusive)
     gaps = sample_share_gaps({n: s.samples for n, s in share.items()}, params.ratios, SAMPLE_SHARE_TOLERANCE)
 
@@ -137,55 +162,90 @@ def compute(vs: VersionSamples, name: str, params: SplitParams, old: SplitSet | 
         key_hashes[split] = sha256_bytes("".join(k + "\n" for k in table["key"].to_pylist()).encode())
         s = share[split]
         split_docs[split] = SplitEntry(
-            file=f"{split}.parquet", sha256=sha256_bytes(data), bytes=len(data), keys_sha256=key_hashes[split],
-            pinned=split in params.exclusive, groups=s.groups, samples=s.samples, requested=s.requested,
-            target=s.target, ratio_groups=s.ratio_groups, ratio_samples=s.ratio_samples,
-            expected_std_groups=s.expected_std_groups, deviation_std=s.deviation_std)
+            file=f"{split}.parquet",
+            sha256=sha256_bytes(data),
+            bytes=len(data),
+            keys_sha256=key_hashes[split],
+            pinned=split in params.exclusive,
+            groups=s.groups,
+            samples=s.samples,
+            requested=s.requested,
+            target=s.target,
+            ratio_groups=s.ratio_groups,
+            ratio_samples=s.ratio_samples,
+            expected_std_groups=s.expected_std_groups,
+            deviation_std=s.deviation_std,
+        )
         if s.groups == 0:
             warnings.append(f"split {split!r} is empty (0 groups)")
             continue  # its sample share, 0, says nothing more
         if s.deviation_std is not None and abs(s.deviation_std) > DEVIATION_WARN_STD:
-            warnings.append(f"split {split!r}: group share {s.ratio_groups:.3f} is {s.deviation_std:+.1f} std "
-                            f"from its target {s.target:.3f}")
+            warnings.append(
+                f"split {split!r}: group share {s.ratio_groups:.3f} is {s.deviation_std:+.1f} std "
+                f"from its target {s.target:.3f}"
+            )
         if split in gaps:
             requested, got = gaps[split]
-            warnings.append(f"split {split!r}: sample share {got:.3f}, requested {requested:.3f} (more than "
-                            f"{SAMPLE_SHARE_TOLERANCE:g} off: the groups are few or differ in size)")
+            warnings.append(
+                f"split {split!r}: sample share {got:.3f}, requested {requested:.3f} (more than "
+                f"{SAMPLE_SHARE_TOLERANCE:g} off: the groups are few or differ in size)"
+            )
     unassigned_samples = sum(vs.samples_per_session[sid] for sid in unassigned)
     if unassigned:
-        warnings.append(f"{len(unassigned)} session(s) without {params.by} are unassigned "
-                        f"({unassigned_samples} samples): {_named(unassigned)}")
+        warnings.append(
+            f"{len(unassigned)} session(s) without {params.by} are unassigned "
+            f"({unassigned_samples} samples): {_named(unassigned)}"
+        )
     stratification = None
     if strata is not None:
         uncovered = {label: r for label, r in a.strata.items() if r.missing}
         for label, r in uncovered.items():
-            warnings.append(f"stratum {label or '(none)'!r} ({r.groups} group(s)) is missing from split(s) "
-                            f"{', '.join(r.missing)}")
+            warnings.append(
+                f"stratum {label or '(none)'!r} ({r.groups} group(s)) is missing from split(s) {', '.join(r.missing)}"
+            )
         warnings += _strata_without_samples(vs, tables, params, set(uncovered), hashed_splits)
         stratification = Stratification(
-            field=params.stratify, multi_stratum_groups=multi, uncovered=tuple(sorted(uncovered)),
+            field=params.stratify,
+            multi_stratum_groups=multi,
+            uncovered=tuple(sorted(uncovered)),
             repaired={g: tuple(v) for g, v in sorted(a.repaired.items())},
-            strata={label: Stratum(r.groups, dict(r.per_split), tuple(r.missing), tuple(sorted(r.repaired)))
-                    for label, r in a.strata.items()})
+            strata={
+                label: Stratum(r.groups, dict(r.per_split), tuple(r.missing), tuple(sorted(r.repaired)))
+                for label, r in a.strata.items()
+            },
+        )
     carried = _carried_doc(carry, a.splits, old, params) if carry else None
     if carry and carry.reassigned:
-        warnings.append(f"{len(carry.reassigned)} carried group(s) were reassigned because their old split "
-                        f"no longer takes hashed groups or they are pinned: {_named(carry.reassigned)}")
+        warnings.append(
+            f"{len(carry.reassigned)} carried group(s) were reassigned because their old split "
+            f"no longer takes hashed groups or they are pinned: {_named(carry.reassigned)}"
+        )
     manifest = SplitManifest(
-        tool_version=__version__, name=name, version_id=vs.version_id, version_content_id=vs.content_id,
+        tool_version=__version__,
+        name=name,
+        version_id=vs.version_id,
+        version_content_id=vs.content_id,
         parameters=params.to_rule(None if old is None else SplitSource(old.version_id, old.name, old.hash)),
         splits=split_docs,
-        totals=SplitTotals(sessions=len(vs.session_ids), samples=vs.table.num_rows, groups=len(present),
-                           hashed_groups=sum(1 for g in present if g not in pinned_here),
-                           assigned_samples=vs.table.num_rows - unassigned_samples),
+        totals=SplitTotals(
+            sessions=len(vs.session_ids),
+            samples=vs.table.num_rows,
+            groups=len(present),
+            hashed_groups=sum(1 for g in present if g not in pinned_here),
+            assigned_samples=vs.table.num_rows - unassigned_samples,
+        ),
         unassigned=Unassigned(params.by, tuple(unassigned), unassigned_samples),
-        stratification=stratification, carried=carried, assignment_id=sha256_json(key_hashes),
-        warnings=tuple(warnings))
+        stratification=stratification,
+        carried=carried,
+        assignment_id=sha256_json(key_hashes),
+        warnings=tuple(warnings),
+    )
     return Computed(files=files, tables=tables, manifest=manifest.sealed())
 
 
-def _strata_without_samples(vs: VersionSamples, tables: dict, params: SplitParams, warned: set[str],
-                            hashed_splits: list[str]) -> list[str]:
+def _strata_without_samples(
+    vs: VersionSamples, tables: dict, params: SplitParams, warned: set[str], hashed_splits: list[str]
+) -> list[str]:
     """Warnings for values of the stratify field that reach no sample of a hashed split although no
     stratum was reported missing: a value every group of which belongs mostly to other strata (a
     title each player played once) has no groups of its own, so stratification cannot place it."""
@@ -198,8 +258,10 @@ def _strata_without_samples(vs: VersionSamples, tables: dict, params: SplitParam
     for label in sorted(labels - warned):
         missing = [s for s in hashed_splits if s not in reach.get(label, set())]
         if missing:
-            out.append(f"{params.stratify} {label or '(none)'!r} reaches no sample of split(s) {', '.join(missing)}: "
-                       "no group has most of its samples there, so stratification cannot place it")
+            out.append(
+                f"{params.stratify} {label or '(none)'!r} reaches no sample of split(s) {', '.join(missing)}: "
+                "no group has most of its samples there, so stratification cannot place it"
+            )
     return out
 
 
@@ -212,11 +274,13 @@ def _carried_doc(carry: Carry, final: dict, old: SplitSet, params: SplitParams) 
         removed_groups=tuple(carry.removed),
         reassigned_groups={g: (s, final[g]) for g, s in carry.reassigned.items()},
         # carried groups the rule alone would now put elsewhere (ratios, salt or stratification changed)
-        differs_from_rule=sum(1 for g, s in carry.fixed.items() if split_for(unit(params.salt, g), bounds) != s))
+        differs_from_rule=sum(1 for g, s in carry.fixed.items() if split_for(unit(params.salt, g), bounds) != s),
+    )
 
 
-def make_split(catalog: Path | Catalog, version: str | None, name: str, options: SplitOptions | None = None,
-               *, force: bool = False) -> SplitResult:
+def make_split(
+    catalog: Path | Catalog, version: str | None, name: str, options: SplitOptions | None = None, *, force: bool = False
+) -> SplitResult:
     """Compute the split set ``name`` of a version (None = newest) and write it into the catalog.
 
     An identical split set already there is left as is (state "existed"); a different one is replaced
@@ -228,12 +292,19 @@ def make_split(catalog: Path | Catalog, version: str | None, name: str, options:
     check_name(name, "split set name")
     params, old = resolve_params(cat, version_id, options)
     if old is not None and (old.version_id, old.name) == (version_id, name):
-        raise UsageError(f"--from-split {options.from_split}: is the split set being made; it cannot carry "
-                         "its own groups (its `--check` could never pass once it is replaced)",
-                         hint="carry from the split set of another version, or give the rule alone")
+        raise UsageError(
+            f"--from-split {options.from_split}: is the split set being made; it cannot carry "
+            "its own groups (its `--check` could never pass once it is replaced)",
+            hint="carry from the split set of another version, or give the rule alone",
+        )
     vs = read_version(cat, version_id)
     computed = compute(vs, name, params, old, pins_given=options.pins is not None)
     state = publish_split_set(cat, version_id, name, computed.files, computed.manifest, force=force)
-    return SplitResult(catalog=cat.url, version_id=version_id, name=name,
-                       path=f"{cat.url}/splits/{version_id}/{name}/{computed.manifest.hash}", state=state,
-                       manifest=computed.manifest)
+    return SplitResult(
+        catalog=cat.url,
+        version_id=version_id,
+        name=name,
+        path=f"{cat.url}/splits/{version_id}/{name}/{computed.manifest.hash}",
+        state=state,
+        manifest=computed.manifest,
+    )

@@ -36,8 +36,10 @@ DEFAULT_SALT = "dsbuild"
 
 def check_name(name: str, what: str) -> str:
     if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in RESERVED:
-        raise UsageError(f"{what} {name!r} is not allowed; use a letter, then up to 63 letters, digits, '_' or '-'"
-                         + (f" (not {', '.join(RESERVED)})" if name in RESERVED else ""))
+        raise UsageError(
+            f"{what} {name!r} is not allowed; use a letter, then up to 63 letters, digits, '_' or '-'"
+            + (f" (not {', '.join(RESERVED)})" if name in RESERVED else "")
+        )
     return name
 
 
@@ -46,8 +48,9 @@ def check_field(text: str, option: str = "--by") -> str:
     text = str(text).strip()
     if text in SESSION_FIELDS or (text.startswith("conditions.") and len(text) > len("conditions.")):
         return text
-    raise UsageError(f"{option} {text!r}: not a session field; use one of {', '.join(SESSION_FIELDS)} "
-                     "or conditions.<key>")
+    raise UsageError(
+        f"{option} {text!r}: not a session field; use one of {', '.join(SESSION_FIELDS)} or conditions.<key>"
+    )
 
 
 def parse_ratios(text: str | Mapping[str, float]) -> Ratios:
@@ -59,8 +62,9 @@ def parse_ratios(text: str | Mapping[str, float]) -> Ratios:
         for item in str(text).split(","):
             name, eq, value = item.strip().partition("=")
             if not eq:
-                raise UsageError(f"--ratios {text!r}: {item.strip()!r} is not NAME=RATIO "
-                                 "(e.g. train=0.8,val=0.1,test=0.1)")
+                raise UsageError(
+                    f"--ratios {text!r}: {item.strip()!r} is not NAME=RATIO (e.g. train=0.8,val=0.1,test=0.1)"
+                )
             pairs.append((name.strip(), value.strip()))
     seen, out = set(), []
     for name, value in pairs:
@@ -149,9 +153,11 @@ class SplitParams:
             check_name(split, "pinned split")
             if split not in names:
                 close = difflib.get_close_matches(split, sorted(names), n=1)
-                raise UsageError(f"--pin {split}=...: {split!r} is not one of the splits {', '.join(sorted(names))}"
-                                 + (f"; did you mean {close[0]!r}?" if close else ""),
-                                 hint="a pinned split must be one of --ratios (its ratio is ignored)")
+                raise UsageError(
+                    f"--pin {split}=...: {split!r} is not one of the splits {', '.join(sorted(names))}"
+                    + (f"; did you mean {close[0]!r}?" if close else ""),
+                    hint="a pinned split must be one of --ratios (its ratio is ignored)",
+                )
             for g in groups:
                 if g in owner:
                     raise UsageError(f"--pin: group {g!r} is pinned to both {owner[g]!r} and {split!r}")
@@ -172,16 +178,22 @@ class SplitParams:
 
     def to_rule(self, source: SplitSource | None = None) -> SplitRule:
         """The parameters as recorded in a split manifest (``source``: where assignments were carried from)."""
-        return SplitRule(rule=RULE, by=self.by, ratios=dict(self.ratios), salt=self.salt, stratify=self.stratify,
-                         pins={s: Pin(g, len(g), sha256_json(list(g))) for s, g in self.pins}, from_split=source)
+        return SplitRule(
+            rule=RULE,
+            by=self.by,
+            ratios=dict(self.ratios),
+            salt=self.salt,
+            stratify=self.stratify,
+            pins={s: Pin(g, len(g), sha256_json(list(g))) for s, g in self.pins},
+            from_split=source,
+        )
 
     @classmethod
     def from_rule(cls, rule: SplitRule, what: str) -> SplitParams:
         if rule.rule != RULE:
             raise UsageError(f"{what}: made by rule {rule.rule!r}; this dsbuild knows {RULE!r}")
         pins = tuple(sorted((s, tuple(sorted(p.groups))) for s, p in rule.pins.items()))
-        return cls(by=rule.by, ratios=canonical_ratios(rule.ratios), salt=rule.salt, stratify=rule.stratify,
-                   pins=pins)
+        return cls(by=rule.by, ratios=canonical_ratios(rule.ratios), salt=rule.salt, stratify=rule.stratify, pins=pins)
 
 
 @dataclass(frozen=True)

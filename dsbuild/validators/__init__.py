@@ -22,11 +22,28 @@ import importlib
 
 # Names -> the module that defines them, imported on first use (PEP 562): a validation forks its workers
 # before the report modules (HTML charts, JUnit) load, so the pass does not wait for them.
-_EXPORTS = {"html_page": "html", "render_html": "html", "write_html": "html",
-            "CheckResult": "model", "Distribution": "model", "Offender": "model", "Report": "model",
-            "Summary": "model", "Table": "model", "CHECKS": "registry", "to_json": "report", "to_junit": "report",
-            "ValidateOptions": "run", "validate": "run", "AcceptanceSpec": "spec", "default_spec": "spec",
-            "load_spec": "spec", "parse_spec": "spec", "report_table": "table", "verdict_line": "table"}
+_EXPORTS = {
+    "html_page": "html",
+    "render_html": "html",
+    "write_html": "html",
+    "CheckResult": "model",
+    "Distribution": "model",
+    "Offender": "model",
+    "Report": "model",
+    "Summary": "model",
+    "Table": "model",
+    "CHECKS": "registry",
+    "to_json": "report",
+    "to_junit": "report",
+    "ValidateOptions": "run",
+    "validate": "run",
+    "AcceptanceSpec": "spec",
+    "default_spec": "spec",
+    "load_spec": "spec",
+    "parse_spec": "spec",
+    "report_table": "table",
+    "verdict_line": "table",
+}
 __all__ = sorted(_EXPORTS)
 
 

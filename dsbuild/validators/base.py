@@ -15,8 +15,9 @@ validation, the reports and the skip rules follow from it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from dsbuild.validators.model import CheckResult, Distribution, Offender, Table
 
@@ -46,7 +47,7 @@ class Threshold:
         return self.bounds or RANGES[self.kind]
 
 
-def count_offenders(j: "Judge", facts: "VersionFacts") -> CheckResult:
+def count_offenders(j: Judge, facts: VersionFacts) -> CheckResult:
     """The default ``run`` of a per-sample check: its offenders against its first (count) threshold."""
     return j.count(facts.offenders(j.check.name))
 
@@ -61,12 +62,16 @@ class Check:
     level: str = "structural"  # the level it needs
     needs_split: bool = False
     counts: str = "sample(s)"  # what its offenders are, for the message of a count check
-    sample: Callable[["SampleView"], Iterable[str]] | None = None
-    run: Callable[["Judge", "VersionFacts"], CheckResult] = count_offenders
+    sample: Callable[[SampleView], Iterable[str]] | None = None
+    run: Callable[[Judge, VersionFacts], CheckResult] = count_offenders
 
     def __post_init__(self) -> None:
-        if self.stage not in STAGES or self.level not in LEVELS or self.severity not in ("fail", "warn") \
-                or any(t.kind not in KINDS for t in self.thresholds):
+        if (
+            self.stage not in STAGES
+            or self.level not in LEVELS
+            or self.severity not in ("fail", "warn")
+            or any(t.kind not in KINDS for t in self.thresholds)
+        ):
             raise ValueError(f"check {self.name!r} is malformed")
 
 
@@ -75,7 +80,7 @@ class Judge:
     """A check bound to the spec: the one place where thresholds and severities become a status."""
 
     check: Check
-    spec: "AcceptanceSpec"
+    spec: AcceptanceSpec
 
     def __getitem__(self, key: str):
         return self.spec[key]
@@ -83,39 +88,81 @@ class Judge:
     def limits(self) -> dict:
         return {t.key: self.spec[t.key] for t in self.check.thresholds}
 
-    def result(self, *, measured: object, breaches: list[str], message: str,
-               offenders: Iterable[tuple[str, str]] = (), kind: str = "sample",
-               distribution: Distribution | None = None, table: Table | None = None) -> CheckResult:
+    def result(
+        self,
+        *,
+        measured: object,
+        breaches: list[str],
+        message: str,
+        offenders: Iterable[tuple[str, str]] = (),
+        kind: str = "sample",
+        distribution: Distribution | None = None,
+        table: Table | None = None,
+    ) -> CheckResult:
         """``breaches`` lists the thresholds missed, in words: none is a pass, else the check's severity.
         ``offenders`` are (item, detail) or (item, detail, kind), worst first."""
         offenders = list(offenders)
         severity = self.spec.severity_of(self.check.name)
         status = "pass" if not breaches else ("warn" if severity == "warn" else "fail")
         text = message if not breaches else f"{message}; " + "; ".join(breaches)
-        shown = tuple(Offender(str(o[0]), str(o[1]), o[2] if len(o) > 2 else kind)
-                      for o in offenders[:self.spec.max_offenders])
-        return CheckResult(self.check.name, self.check.stage, status, text, severity, measured, self.limits(),
-                           shown, len(offenders), distribution, table)
+        shown = tuple(
+            Offender(str(o[0]), str(o[1]), o[2] if len(o) > 2 else kind) for o in offenders[: self.spec.max_offenders]
+        )
+        return CheckResult(
+            self.check.name,
+            self.check.stage,
+            status,
+            text,
+            severity,
+            measured,
+            self.limits(),
+            shown,
+            len(offenders),
+            distribution,
+            table,
+        )
 
-    def count(self, offenders: list[tuple[str, str]], *, kind: str = "sample",
-              distribution: Distribution | None = None) -> CheckResult:
+    def count(
+        self, offenders: list[tuple[str, str]], *, kind: str = "sample", distribution: Distribution | None = None
+    ) -> CheckResult:
         """Pass while there are at most as many offenders as the check's first (count) threshold."""
         key = self.check.thresholds[0].key
         n, limit = len(offenders), self.spec[key]
-        return self.result(measured=n, breaches=[f"{n} > {key} = {limit}"] if n > limit else [],
-                           message=f"{n} {self.check.counts}", offenders=offenders, kind=kind,
-                           distribution=distribution)
+        return self.result(
+            measured=n,
+            breaches=[f"{n} > {key} = {limit}"] if n > limit else [],
+            message=f"{n} {self.check.counts}",
+            offenders=offenders,
+            kind=kind,
+            distribution=distribution,
+        )
 
-    def fraction(self, key: str, offenders: list[tuple[str, str]], total: int, what: str,
-                 distribution: Distribution | None = None) -> CheckResult:
+    def fraction(
+        self,
+        key: str,
+        offenders: list[tuple[str, str]],
+        total: int,
+        what: str,
+        distribution: Distribution | None = None,
+    ) -> CheckResult:
         """Pass while offenders / total is at most the fraction threshold ``key``."""
         n = len(offenders)
         frac = n / total if total else 0.0
         limit = self.spec[key]
-        return self.result(measured=round(frac, 6),
-                           breaches=[f"fraction {frac:.4g} > {key} = {limit}"] if frac > limit else [],
-                           message=f"{n} of {total} {what}", offenders=offenders, distribution=distribution)
+        return self.result(
+            measured=round(frac, 6),
+            breaches=[f"fraction {frac:.4g} > {key} = {limit}"] if frac > limit else [],
+            message=f"{n} of {total} {what}",
+            offenders=offenders,
+            distribution=distribution,
+        )
 
     def skipped(self, why: str) -> CheckResult:
-        return CheckResult(self.check.name, self.check.stage, "skip", why, self.spec.severity_of(self.check.name),
-                           threshold=self.limits())
+        return CheckResult(
+            self.check.name,
+            self.check.stage,
+            "skip",
+            why,
+            self.spec.severity_of(self.check.name),
+            threshold=self.limits(),
+        )

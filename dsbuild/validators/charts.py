@@ -35,33 +35,44 @@ def _breaks(v: float, threshold: float | None, bad: str) -> bool:
     return threshold is not None and (v < threshold if bad == "below" else v > threshold)
 
 
-def legend(x: int, y: int, what: str, threshold: float | None, threshold_key: str | None, bad: str,
-           unit: str) -> str:
+def legend(x: int, y: int, what: str, threshold: float | None, threshold_key: str | None, bad: str, unit: str) -> str:
     """One legend line: the bar colour, and the threshold line and failing colour when there is one."""
-    parts = [f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{OK}"/>',
-             f'<text x="{x + 14}" y="{y}" class="cl">{escape(what)}</text>']
+    parts = [
+        f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{OK}"/>',
+        f'<text x="{x + 14}" y="{y}" class="cl">{escape(what)}</text>',
+    ]
     if threshold is not None:
         x2 = x + 24 + 6 * len(what)
         side = "under" if bad == "below" else "over"
-        parts += [f'<rect x="{x2}" y="{y - 9}" width="10" height="10" fill="{BAD}"/>',
-                  f'<text x="{x2 + 14}" y="{y}" class="cl">{side} the threshold</text>',
-                  f'<line x1="{x2 + 136}" y1="{y - 4}" x2="{x2 + 156}" y2="{y - 4}" stroke="{LINE}" '
-                  f'stroke-dasharray="4 3" stroke-width="2"/>',
-                  f'<text x="{x2 + 162}" y="{y}" class="cl">{escape(threshold_key or "threshold")} = '
-                  f'{escape(_num(threshold))}{escape(_u(unit))}</text>']
+        parts += [
+            f'<rect x="{x2}" y="{y - 9}" width="10" height="10" fill="{BAD}"/>',
+            f'<text x="{x2 + 14}" y="{y}" class="cl">{side} the threshold</text>',
+            f'<line x1="{x2 + 136}" y1="{y - 4}" x2="{x2 + 156}" y2="{y - 4}" stroke="{LINE}" '
+            f'stroke-dasharray="4 3" stroke-width="2"/>',
+            f'<text x="{x2 + 162}" y="{y}" class="cl">{escape(threshold_key or "threshold")} = '
+            f"{escape(_num(threshold))}{escape(_u(unit))}</text>",
+        ]
     return "".join(parts)
 
 
-def bar_chart(title: str, items: list[tuple[str, float]], unit: str = "", width: int = 560, *,
-              what: str = "value", threshold: float | None = None, threshold_key: str | None = None,
-              bad: str = "below") -> str:
+def bar_chart(
+    title: str,
+    items: list[tuple[str, float]],
+    unit: str = "",
+    width: int = 560,
+    *,
+    what: str = "value",
+    threshold: float | None = None,
+    threshold_key: str | None = None,
+    bad: str = "below",
+) -> str:
     """Horizontal bars, one per (label, value), largest first when there are too many to show; a dashed
     vertical line at ``threshold``, bars on its ``bad`` side in red."""
     items = [(str(k), float(v)) for k, v in items]
     if len(items) > MAX_BARS:
         items = sorted(items, key=lambda x: -x[1])
-        rest = items[MAX_BARS - 1:]
-        items = items[:MAX_BARS - 1] + [(f"{len(rest)} more", sum(v for _, v in rest))]
+        rest = items[MAX_BARS - 1 :]
+        items = items[: MAX_BARS - 1] + [(f"{len(rest)} more", sum(v for _, v in rest))]
     label_w, row, top = 170, 20, 26
     height = top + row * max(1, len(items)) + 30
     plot_w = width - label_w - 80
@@ -69,8 +80,11 @@ def bar_chart(title: str, items: list[tuple[str, float]], unit: str = "", width:
     # A threshold far beyond every value would squash the bars to nothing: draw it at the edge, off scale.
     off_scale = threshold is not None and biggest > 0 and threshold > OFF_SCALE * biggest
     vmax = (biggest * 1.1 if off_scale else max(biggest, threshold or 0.0)) or 1
-    parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-             f'aria-label="{escape(title)}">', f'<text x="4" y="16" class="ct">{escape(title)}</text>']
+    parts = [
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(title)}">',
+        f'<text x="4" y="16" class="ct">{escape(title)}</text>',
+    ]
     if not items:
         parts.append(f'<text x="{label_w}" y="{top + 14}" class="cl">no data</text>')
     for i, (label, v) in enumerate(items):
@@ -78,30 +92,50 @@ def bar_chart(title: str, items: list[tuple[str, float]], unit: str = "", width:
         w = max(0.0, v / vmax * plot_w)
         short = label if len(label) <= 26 else label[:25] + "…"
         colour = BAD if _breaks(v, threshold, bad) else OK
-        parts.append(f'<text x="{label_w - 6}" y="{y + 14}" class="cl" text-anchor="end">{escape(short)}'
-                     f'<title>{escape(label)}</title></text>')
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + 14}" class="cl" text-anchor="end">{escape(short)}'
+            f"<title>{escape(label)}</title></text>"
+        )
         parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" fill="{colour}"/>')
-        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 14}" class="cv">{escape(_num(v))}{escape(_u(unit))}</text>')
+        parts.append(
+            f'<text x="{label_w + w + 4:.1f}" y="{y + 14}" class="cv">{escape(_num(v))}{escape(_u(unit))}</text>'
+        )
     if threshold is not None:
         x = label_w + (plot_w if off_scale else threshold / vmax * plot_w)
-        parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + row * max(1, len(items))}" '
-                     f'stroke="{LINE}" stroke-dasharray="4 3" stroke-width="2"/>')
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + row * max(1, len(items))}" '
+            f'stroke="{LINE}" stroke-dasharray="4 3" stroke-width="2"/>'
+        )
         if off_scale:
-            parts.append(f'<text x="{x - 4:.1f}" y="{top - 4}" class="cv" text-anchor="end">threshold off scale '
-                         f'(at {escape(_num(threshold))}{escape(_u(unit))}) →</text>')
+            parts.append(
+                f'<text x="{x - 4:.1f}" y="{top - 4}" class="cv" text-anchor="end">threshold off scale '
+                f"(at {escape(_num(threshold))}{escape(_u(unit))}) →</text>"
+            )
     parts.append(legend(8, height - 8, what, threshold, threshold_key, bad, unit))
     parts.append("</svg>")
     return "".join(parts)
 
 
-def histogram(title: str, values: list[float], unit: str = "", bins: int = 12, width: int = 560, *,
-              what: str = "samples per bin", threshold: float | None = None, threshold_key: str | None = None,
-              bad: str = "below") -> str:
+def histogram(
+    title: str,
+    values: list[float],
+    unit: str = "",
+    bins: int = 12,
+    width: int = 560,
+    *,
+    what: str = "samples per bin",
+    threshold: float | None = None,
+    threshold_key: str | None = None,
+    bad: str = "below",
+) -> str:
     """Vertical bars of a numeric distribution with the bin edges underneath; a dashed line at
     ``threshold`` and the bins on its ``bad`` side in red."""
     height, left, bottom, top = 210, 40, 52, 26
-    parts = [f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-             f'aria-label="{escape(title)}">', f'<text x="4" y="16" class="ct">{escape(title)}</text>']
+    parts = [
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(title)}">',
+        f'<text x="4" y="16" class="ct">{escape(title)}</text>',
+    ]
     if not values:
         parts.append(f'<text x="{left}" y="{top + 30}" class="cl">no data</text></svg>')
         return "".join(parts)
@@ -121,19 +155,27 @@ def histogram(title: str, values: list[float], unit: str = "", bins: int = 12, w
         h = c / cmax * plot_h
         x = left + i * bw
         colour = BAD if _breaks((edges[i] + edges[i + 1]) / 2, threshold, bad) else OK
-        parts.append(f'<rect x="{x + 1:.1f}" y="{top + plot_h - h:.1f}" width="{max(bw - 2, 1):.1f}" '
-                     f'height="{h:.1f}" fill="{colour}"><title>{_num(edges[i])}–{_num(edges[i + 1])}{escape(_u(unit))}: '
-                     f'{int(c)}</title></rect>')
+        parts.append(
+            f'<rect x="{x + 1:.1f}" y="{top + plot_h - h:.1f}" width="{max(bw - 2, 1):.1f}" '
+            f'height="{h:.1f}" fill="{colour}"><title>{_num(edges[i])}–{_num(edges[i + 1])}{escape(_u(unit))}: '
+            f"{int(c)}</title></rect>"
+        )
     for i in (0, len(counts) // 2, len(counts)):
         x = left + i * bw
-        parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 14}" class="cv" text-anchor="middle">'
-                     f'{escape(_num(edges[i]))}{escape(_u(unit))}</text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{top + plot_h + 14}" class="cv" text-anchor="middle">'
+            f"{escape(_num(edges[i]))}{escape(_u(unit))}</text>"
+        )
     if threshold is not None:
         x = left + (threshold - lo) / (hi - lo) * plot_w
-        parts.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="{LINE}" '
-                     f'stroke-dasharray="4 3" stroke-width="2"/>')
-    parts.append(f'<text x="{left + plot_w:.1f}" y="{top + plot_h + 28}" class="cv" text-anchor="end">'
-                 f'{len(values)} values</text>')
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="{LINE}" '
+            f'stroke-dasharray="4 3" stroke-width="2"/>'
+        )
+    parts.append(
+        f'<text x="{left + plot_w:.1f}" y="{top + plot_h + 28}" class="cv" text-anchor="end">'
+        f"{len(values)} values</text>"
+    )
     parts.append(legend(8, height - 8, what, threshold, threshold_key, bad, unit))
     parts.append("</svg>")
     return "".join(parts)

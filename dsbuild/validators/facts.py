@@ -98,5 +98,8 @@ class VersionFacts:
 
     def bad_shards(self) -> dict[str, str]:
         """shard path -> what is wrong with its bytes (from lineage.verify)."""
-        return {p["shard"]: p["problem"] + (f" ({p['detail']})" if p.get("detail") else "")
-                for p in self.verify if "shard" in p and "sample" not in p and p["problem"] in SHARD_DAMAGE}
+        return {
+            p["shard"]: p["problem"] + (f" ({p['detail']})" if p.get("detail") else "")
+            for p in self.verify
+            if "shard" in p and "sample" not in p and p["problem"] in SHARD_DAMAGE
+        }

@@ -56,15 +56,19 @@ def _check_rows(report: Report) -> str:
         items = [f"<li><code>{escape(o.item)}</code>: {escape(o.detail)}</li>" for o in c.offenders]
         offs, more = "".join(items[:SHOWN_OFFENDERS]), ""
         if len(items) > SHOWN_OFFENDERS:
-            more = (f"<details><summary>{len(items) - SHOWN_OFFENDERS} more</summary>"
-                    f"<ul class=off>{''.join(items[SHOWN_OFFENDERS:])}</ul></details>")
+            more = (
+                f"<details><summary>{len(items) - SHOWN_OFFENDERS} more</summary>"
+                f"<ul class=off>{''.join(items[SHOWN_OFFENDERS:])}</ul></details>"
+            )
         if c.offender_count > len(c.offenders):
             more += f"<div class=off>{c.offender_count} in all</div>"
         link = f' · <a href="#visual-{escape(c.name)}">why</a>' if c.status in ("fail", "warn") else ""
-        rows.append(f'<tr id="check-{escape(c.name)}"><td><b>{escape(c.name)}</b><br>'
-                    f"<small>{escape(c.stage)}</small></td><td>{_status(c.status)}</td>"
-                    f"<td>{escape(_fmt(c.measured))}</td><td>{escape(_fmt(c.threshold))}</td>"
-                    f"<td>{escape(c.message)}{link}<ul class=off>{offs}</ul>{more}</td></tr>")
+        rows.append(
+            f'<tr id="check-{escape(c.name)}"><td><b>{escape(c.name)}</b><br>'
+            f"<small>{escape(c.stage)}</small></td><td>{_status(c.status)}</td>"
+            f"<td>{escape(_fmt(c.measured))}</td><td>{escape(_fmt(c.threshold))}</td>"
+            f"<td>{escape(c.message)}{link}<ul class=off>{offs}</ul>{more}</td></tr>"
+        )
     return "".join(rows)
 
 
@@ -97,11 +101,16 @@ def _strips(c: CheckResult, strips: dict[str, bytes | None]) -> str:
     out = []
     for o in shown:
         picture = strips[o.item]
-        img = (f'<img alt="frames of {escape(o.item)}" src="data:image/jpeg;base64,{base64.b64encode(picture).decode()}">'
-               if picture else '<div class="nothumb">no frame decodes</div>')
+        img = (
+            f'<img alt="frames of {escape(o.item)}" src="data:image/jpeg;base64,{base64.b64encode(picture).decode()}">'
+            if picture
+            else '<div class="nothumb">no frame decodes</div>'
+        )
         out.append(f'<div class="strip">{img}<code>{escape(o.item)}</code>: {escape(o.detail)}</div>')
-    return ('<div class="legend">Each strip: four frames spread from the first to the last of an offending '
-            f'clip, left to right.</div><div class="strips">{"".join(out)}</div>')
+    return (
+        '<div class="legend">Each strip: four frames spread from the first to the last of an offending '
+        f'clip, left to right.</div><div class="strips">{"".join(out)}</div>'
+    )
 
 
 def _offender_table(c: CheckResult, strips: dict[str, bytes | None]) -> str:
@@ -119,23 +128,31 @@ def _visual(c: CheckResult, strips: dict[str, bytes | None]) -> str:
     parts.append(_strips(c, strips))
     parts.append(table_html(c.table) if c.table is not None and c.table.rows else _offender_table(c, strips))
     cls = "card warn" if c.status == "warn" else "card"
-    return (f'<section class="{cls}" id="visual-{escape(c.name)}"><h3>{escape(c.name)} {_status(c.status)}</h3>'
-            f"<p>{escape(c.message)}</p>{''.join(parts)}</section>")
+    return (
+        f'<section class="{cls}" id="visual-{escape(c.name)}"><h3>{escape(c.name)} {_status(c.status)}</h3>'
+        f"<p>{escape(c.message)}</p>{''.join(parts)}</section>"
+    )
 
 
 def _coverage(report: Report) -> str:
     parts = []
-    for name, title in (("titles", "Hours per title"), ("conditions", "Hours per condition (key=value)"),
-                        ("resolutions", "Samples per resolution"), ("frame_rates", "Samples per frame rate (fps)")):
+    for name, title in (
+        ("titles", "Hours per title"),
+        ("conditions", "Hours per condition (key=value)"),
+        ("resolutions", "Samples per resolution"),
+        ("frame_rates", "Samples per frame rate (fps)"),
+    ):
         c = _find(report, name)
         if c is not None and c.distribution is not None:
             parts.append(chart(c.distribution, title))
     out = f'<div class="charts">{"".join(parts)}</div>'
     cov = _find(report, "split_coverage")
     if report.split and cov is not None and cov.table is not None:
-        out += (f"<h3>Split {escape(report.split)}: samples and hours per split and title</h3>"
-                '<div class="legend">One row per title of the version, one column per split; an empty cell '
-                "(0) is a title that split cannot measure.</div>" + table_html(cov.table))
+        out += (
+            f"<h3>Split {escape(report.split)}: samples and hours per split and title</h3>"
+            '<div class="legend">One row per title of the version, one column per split; an empty cell '
+            "(0) is a title that split cannot measure.</div>" + table_html(cov.table)
+        )
     return out
 
 
@@ -161,8 +178,9 @@ def render_html(report: Report, strips: dict[str, bytes | None] | None = None) -
     counts = report.counts()
     bad = [c for c in report.checks if c.status in ("fail", "warn")]
     visuals = "".join(_visual(c, strips or {}) for c in bad) or "<p>No check failed or warned.</p>"
-    spec_rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(_fmt(v))}</td></tr>"
-                        for k, v in report.spec["thresholds"].items())
+    spec_rows = "".join(
+        f"<tr><td>{escape(k)}</td><td>{escape(_fmt(v))}</td></tr>" for k, v in report.spec["thresholds"].items()
+    )
     sev_rows = "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in report.spec["severity"].items())
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -61,8 +61,13 @@ def per_sample(label: str, values: list[float], unit: str = "", **threshold) -> 
     if len(values) <= MAX_PLOTTED:
         return Distribution(label, unit, values=tuple(values), **threshold)
     step = len(values) / MAX_PLOTTED
-    return Distribution(label, unit, values=tuple(values[int(i * step)] for i in range(MAX_PLOTTED)),
-                        sampled_from=len(values), **threshold)
+    return Distribution(
+        label,
+        unit,
+        values=tuple(values[int(i * step)] for i in range(MAX_PLOTTED)),
+        sampled_from=len(values),
+        **threshold,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +143,10 @@ class Report(Record):
         """The gate: ``CheckFailed`` (the CLI's exit 1) naming the failed checks when the version is rejected."""
         failed = [c.name for c in self.checks if c.failed]
         if failed:
-            raise CheckFailed(f"version {self.version_id[:12]} rejected: {len(failed)} check(s) failed "
-                              f"({', '.join(failed)})", hint="the report names the offending samples")
+            raise CheckFailed(
+                f"version {self.version_id[:12]} rejected: {len(failed)} check(s) failed ({', '.join(failed)})",
+                hint="the report names the offending samples",
+            )
 
     def to_json(self) -> dict:
         out = Record.to_json(self)

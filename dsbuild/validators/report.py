@@ -51,17 +51,35 @@ def to_junit(report: Report) -> str:
     import xml.etree.ElementTree as ET  # (only for JUnit: not at a validation's start-up)
 
     counts = report.counts()
-    root = ET.Element("testsuites", name="dsbuild validate", tests=str(len(report.checks)),
-                      failures=str(counts["fail"]), skipped=str(counts["skip"]), errors="0",
-                      time=f"{report.summary.seconds.get('total', 0):.3f}")
+    root = ET.Element(
+        "testsuites",
+        name="dsbuild validate",
+        tests=str(len(report.checks)),
+        failures=str(counts["fail"]),
+        skipped=str(counts["skip"]),
+        errors="0",
+        time=f"{report.summary.seconds.get('total', 0):.3f}",
+    )
     for stage in STAGES:
         checks = [c for c in report.checks if c.stage == stage]
-        suite = ET.SubElement(root, "testsuite", name=f"dsbuild.validate.{stage}", tests=str(len(checks)),
-                              failures=str(sum(c.status == "fail" for c in checks)), errors="0",
-                              skipped=str(sum(c.status == "skip" for c in checks)), time="0")
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=f"dsbuild.validate.{stage}",
+            tests=str(len(checks)),
+            failures=str(sum(c.status == "fail" for c in checks)),
+            errors="0",
+            skipped=str(sum(c.status == "skip" for c in checks)),
+            time="0",
+        )
         props = ET.SubElement(suite, "properties")
-        for k, v in (("version_id", report.version_id), ("level", report.level), ("verdict", report.verdict),
-                     ("spec", report.spec_source), ("split", report.split or "")):
+        for k, v in (
+            ("version_id", report.version_id),
+            ("level", report.level),
+            ("verdict", report.verdict),
+            ("spec", report.spec_source),
+            ("split", report.split or ""),
+        ):
             ET.SubElement(props, "property", name=k, value=xml_safe(v))
         for c in checks:
             case = ET.SubElement(suite, "testcase", classname=f"dsbuild.validate.{stage}", name=c.name, time="0")

@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from dsbuild.core.errors import DsbuildError, FormatError, LineageError, UsageError
 from dsbuild.core.executor import ExecutorSpec, run_tasks
@@ -64,6 +64,7 @@ def _reporter(progress: Progress | None, stage: str) -> Callable[[int, int], Non
     def report(done: int, total: int) -> None:
         with lock:
             progress(done, total, stage)
+
     return report
 
 
@@ -83,7 +84,7 @@ class _Beside:
     def _run(self, work) -> None:
         try:
             work(self.stop)
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+        except BaseException as e:
             self.failed.append(e)
 
     def wait(self) -> None:
@@ -97,8 +98,14 @@ class _Beside:
             self.thread.join()
 
 
-def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, executor: ExecutorSpec,
-                 progress: Progress | None, alongside: Callable[[threading.Event], None] | None = None) -> None:
+def _sample_pass(
+    catalog: Catalog,
+    facts: VersionFacts,
+    spec: AcceptanceSpec,
+    executor: ExecutorSpec,
+    progress: Progress | None,
+    alongside: Callable[[threading.Event], None] | None = None,
+) -> None:
     """Read every sample once (``inspect_unit`` in the workers).
 
     With ``alongside`` (the shard hashing), the pass does not wait for the shards' verdict: the hashing
@@ -118,8 +125,9 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
         except FileNotFoundError:
             continue  # missing: lineage.verify names it and its samples are lost with it (reported once)
         except (DsbuildError, OSError) as e:  # e.g. an object store's bytes fail the cache's sha256 check
-            facts.lost += [(r.key, f"in shard {rec.path}, which cannot be read ({str(e)[:160]})")
-                           for r in by_shard[rec.path]]
+            facts.lost += [
+                (r.key, f"in shard {rec.path}, which cannot be read ({str(e)[:160]})") for r in by_shard[rec.path]
+            ]
             skip.add(rec.path)
             continue
         paths[rec.path] = path
@@ -142,8 +150,14 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
 
     beside = _Beside(alongside) if alongside else None
     try:
-        run_tasks(inspect_unit, units, executor, collect, describe=lambda u: f"shard {u.shard}",
-                  started=beside.thread.start if beside else None)
+        run_tasks(
+            inspect_unit,
+            units,
+            executor,
+            collect,
+            describe=lambda u: f"shard {u.shard}",
+            started=beside.thread.start if beside else None,
+        )
     except BaseException:
         if beside:  # a failed pass (a dead worker, Ctrl-C) ends the hashing too, at its next 4 MiB
             beside.cancel()
@@ -157,8 +171,13 @@ def _sample_pass(catalog: Catalog, facts: VersionFacts, spec: AcceptanceSpec, ex
     for i in redo:
         results[i] = None
     again = [i for i in redo if units[i].shard not in missing]
-    run_tasks(inspect_unit, [replace(units[i], shard_damaged=True) for i in again], executor,
-              lambda k, result: results.__setitem__(again[k], result), describe=lambda u: f"shard {u.shard}")
+    run_tasks(
+        inspect_unit,
+        [replace(units[i], shard_damaged=True) for i in again],
+        executor,
+        lambda k, result: results.__setitem__(again[k], result),
+        describe=lambda u: f"shard {u.shard}",
+    )
     for shard in sorted(missing - skip):  # (each lost sample once: one found unreadable above is named there)
         facts.lost += [(r.key, f"lost with missing shard {shard}") for r in by_shard[shard]]
     facts.samples = sorted((s for r in results if r for s in r.samples), key=lambda s: s.key)
@@ -176,9 +195,15 @@ def _result(check: Check, spec: AcceptanceSpec, facts: VersionFacts) -> CheckRes
     return check.run(j, facts)
 
 
-def validate(catalog: Catalog | Path | str, version: str | None = None, spec: AcceptanceSpec | None = None,
-             options: ValidateOptions = ValidateOptions(), *, executor: ExecutorSpec = ExecutorSpec(),
-             progress: Progress | None = None) -> Report:
+def validate(
+    catalog: Catalog | Path | str,
+    version: str | None = None,
+    spec: AcceptanceSpec | None = None,
+    options: ValidateOptions = ValidateOptions(),
+    *,
+    executor: ExecutorSpec = ExecutorSpec(),
+    progress: Progress | None = None,
+) -> Report:
     """Validate one version (a tag, id, unique prefix, or None for the newest) against ``spec`` (the
     defaults when None). ``progress(done, total, stage)`` is called as shards are hashed and samples read."""
     started = time.monotonic()
@@ -189,8 +214,10 @@ def validate(catalog: Catalog | Path | str, version: str | None = None, spec: Ac
     try:
         get_format(m.shard_format)
     except FormatError as e:
-        raise LineageError(f"{catalog.url}: version {version_id[:12]}: {e}",
-                           hint="it was written by another dsbuild; validate it with that one") from None
+        raise LineageError(
+            f"{catalog.url}: version {version_id[:12]}: {e}",
+            hint="it was written by another dsbuild; validate it with that one",
+        ) from None
     facts = VersionFacts(version_id, options.level, m, rows_from_table(catalog.index(version_id)))
     if options.split is not None:
         facts.split = read_split(catalog, version_id, options.split)
@@ -198,8 +225,13 @@ def validate(catalog: Catalog | Path | str, version: str | None = None, spec: Ac
 
     def check_shards(stop: threading.Event | None = None) -> None:
         began = time.monotonic()
-        facts.verify = verify(catalog, version_id, threads=options.threads or executor.count,
-                              progress=_reporter(progress, "shards"), stop=stop).problems
+        facts.verify = verify(
+            catalog,
+            version_id,
+            threads=options.threads or executor.count,
+            progress=_reporter(progress, "shards"),
+            stop=stop,
+        ).problems
         timings["shards"] = round(time.monotonic() - began, 3)
 
     # A local catalog's shards are hashed while the samples are read (hashlib and the decoders free the
@@ -215,10 +247,15 @@ def validate(catalog: Catalog | Path | str, version: str | None = None, spec: Ac
     timings["checks"] = round(time.monotonic() - t, 3)
     timings["total"] = round(time.monotonic() - started, 3)
     durations = [seconds(r) for r in facts.rows]
-    summary = Summary(samples=len(facts.rows), shards=len(m.shards), bytes=sum(s.bytes for s in m.shards),
-                      hours=round(sum(durations) / 3600, 6), shard_format=m.shard_format,
-                      checked_content=sum(s.content for s in facts.samples),
-                      decoded_frames=sum(c.decoded for _, c in facts.clips()), seconds=timings,
-                      durations=per_sample("clip window length", durations, "s"))
-    return Report(catalog.url, version_id, options.level, options.split, spec.source, spec.to_json(), checks,
-                  summary)
+    summary = Summary(
+        samples=len(facts.rows),
+        shards=len(m.shards),
+        bytes=sum(s.bytes for s in m.shards),
+        hours=round(sum(durations) / 3600, 6),
+        shard_format=m.shard_format,
+        checked_content=sum(s.content for s in facts.samples),
+        decoded_frames=sum(c.decoded for _, c in facts.clips()),
+        seconds=timings,
+        durations=per_sample("clip window length", durations, "s"),
+    )
+    return Report(catalog.url, version_id, options.level, options.split, spec.source, spec.to_json(), checks, summary)

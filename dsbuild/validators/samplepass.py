@@ -40,8 +40,15 @@ def _order(r: IndexRow) -> tuple:
     return tuple(-1 if x is None else x for x in (r.byte_offset, r.row_group, r.row_index))
 
 
-def make_units(shard_rows: dict[str, list[IndexRow]], paths: dict[str, str], shard_format: str, level: str,
-               spec, damaged: set[str], workers: int) -> list[Unit]:
+def make_units(
+    shard_rows: dict[str, list[IndexRow]],
+    paths: dict[str, str],
+    shard_format: str,
+    level: str,
+    spec,
+    damaged: set[str],
+    workers: int,
+) -> list[Unit]:
     """Units over every shard that has a local file (``paths``), rows in shard order."""
     samples = sum(len(rows) for shard, rows in shard_rows.items() if shard in paths)
     size = max(1, min(UNIT_SAMPLES[level], -(-samples // (UNITS_PER_WORKER * workers))))
@@ -52,8 +59,18 @@ def make_units(shard_rows: dict[str, list[IndexRow]], paths: dict[str, str], sha
         rows = sorted(shard_rows[shard], key=_order)
         for start in range(0, len(rows), size):
             scan = tuple(sorted(r.key for r in rows)) if start == 0 else None
-            units.append(Unit(shard, paths[shard], shard_format, tuple(rows[start:start + size]), level, spec,
-                              scan, shard in damaged))
+            units.append(
+                Unit(
+                    shard,
+                    paths[shard],
+                    shard_format,
+                    tuple(rows[start : start + size]),
+                    level,
+                    spec,
+                    scan,
+                    shard in damaged,
+                )
+            )
     return units
 
 
@@ -68,8 +85,11 @@ def usage_of(view: SampleView) -> Usage | None:
 
 def active_checks(spec, level: str) -> list:
     """The checks whose ``sample`` part runs: at this level, and not turned off by the spec."""
-    return [c for c in CHECKS if c.sample is not None and (c.level == "structural" or level == "full")
-            and spec.severity_of(c.name) != "off"]
+    return [
+        c
+        for c in CHECKS
+        if c.sample is not None and (c.level == "structural" or level == "full") and spec.severity_of(c.name) != "off"
+    ]
 
 
 def inspect_unit(unit: Unit) -> UnitResult:

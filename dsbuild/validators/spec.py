@@ -57,8 +57,12 @@ class AcceptanceSpec:
         return self.severity[check]
 
     def to_json(self) -> dict:
-        return {"format": SPEC_FORMAT, "thresholds": dict(self.thresholds), "severity": dict(self.severity),
-                "report": {"max_offenders": self.max_offenders}}
+        return {
+            "format": SPEC_FORMAT,
+            "thresholds": dict(self.thresholds),
+            "severity": dict(self.severity),
+            "report": {"max_offenders": self.max_offenders},
+        }
 
     def to_toml(self) -> str:
         lines = [f'format = "{SPEC_FORMAT}"', "", "[thresholds]"]
@@ -69,8 +73,7 @@ class AcceptanceSpec:
 
 
 def default_spec() -> AcceptanceSpec:
-    return AcceptanceSpec({k: t.default for k, (_, t) in THRESHOLDS.items()},
-                          {c.name: c.severity for c in CHECKS})
+    return AcceptanceSpec({k: t.default for k, (_, t) in THRESHOLDS.items()}, {c.name: c.severity for c in CHECKS})
 
 
 def _toml_value(v: object) -> str:
@@ -128,20 +131,26 @@ def _allowed_text(t: Threshold) -> str:
     """What a numeric threshold accepts, in words: its kind and [low, high] (``Threshold.allowed``)."""
     lo, hi = t.allowed
     what = {"count": "a whole number", "fraction": "a fraction", "number": "a finite number"}[t.kind]
-    return f"{what} in [{lo:g}, {hi:{'d' if isinstance(hi, int) else 'g'}}]" if math.isfinite(hi) else f"{what} >= {lo:g}"
+    return (
+        f"{what} in [{lo:g}, {hi:{'d' if isinstance(hi, int) else 'g'}}]" if math.isfinite(hi) else f"{what} >= {lo:g}"
+    )
 
 
 # Integrity and safety: a version whose manifest, shards, index or members fail them must never pass the
 # gate by a [severity] line (a flipped shard passed --level full with shard_hashes = "off")
-ALWAYS_FAIL = {"manifest": None, "shard_hashes": "max_bad_shards", "index": "max_index_errors",
-               "unsafe_members": "max_unsafe_members"}  # -> the threshold that tolerates some, if any
+ALWAYS_FAIL = {
+    "manifest": None,
+    "shard_hashes": "max_bad_shards",
+    "index": "max_index_errors",
+    "unsafe_members": "max_unsafe_members",
+}  # -> the threshold that tolerates some, if any
 
 
 def _check_value(t: Threshold, v: object, where: str) -> object:
     """The value a threshold takes from the spec; UsageError naming it and its allowed range otherwise."""
     if t.kind == "strings":
         if not isinstance(v, list) or not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) for x in v):
-            raise UsageError(f"{where}: {t.key} must be a list of strings, e.g. [\"a\", \"b\"]")
+            raise UsageError(f'{where}: {t.key} must be a list of strings, e.g. ["a", "b"]')
         return [str(x) for x in v]
     value = _whole(v) if t.kind == "count" else _finite(v)
     lo, hi = t.allowed
@@ -176,8 +185,9 @@ def parse_spec(text: str, source: str) -> AcceptanceSpec:
                 raise UsageError(f"{where(None, top)}: format {value!r} is not {SPEC_FORMAT!r}")
         elif top not in ("thresholds", "severity", "report"):
             near = _near(top, ["format", "thresholds", "severity", "report"])
-            raise UsageError(f"{where(None, top)}: unknown key {top!r}{near}; "
-                             "use [thresholds], [severity] and [report]")
+            raise UsageError(
+                f"{where(None, top)}: unknown key {top!r}{near}; use [thresholds], [severity] and [report]"
+            )
         elif not isinstance(value, dict):
             raise UsageError(f"{where(None, top)}: {top!r} must be a table ([{top}])")
     for key, value in doc.get("thresholds", {}).items():
@@ -188,12 +198,15 @@ def parse_spec(text: str, source: str) -> AcceptanceSpec:
         if key not in BY_NAME:
             raise UsageError(f"{where('severity', key)}: unknown check {key!r}{_near(key, BY_NAME)}")
         if value not in SEVERITIES:
-            raise UsageError(f"{where('severity', key)}: severity of {key!r} must be one of "
-                             f"{', '.join(SEVERITIES)}, not {value!r}")
+            raise UsageError(
+                f"{where('severity', key)}: severity of {key!r} must be one of {', '.join(SEVERITIES)}, not {value!r}"
+            )
         if key in ALWAYS_FAIL and value != "fail":
-            raise UsageError(f"{where('severity', key)}: {key!r} proves the version is whole and safe to read; "
-                             f"its severity is always fail, not {value!r}",
-                             hint=f"to tolerate some, raise {ALWAYS_FAIL[key]} instead" if ALWAYS_FAIL[key] else None)
+            raise UsageError(
+                f"{where('severity', key)}: {key!r} proves the version is whole and safe to read; "
+                f"its severity is always fail, not {value!r}",
+                hint=f"to tolerate some, raise {ALWAYS_FAIL[key]} instead" if ALWAYS_FAIL[key] else None,
+            )
         severity[key] = value
     for key, value in doc.get("report", {}).items():
         if key != "max_offenders":
@@ -201,9 +214,11 @@ def parse_spec(text: str, source: str) -> AcceptanceSpec:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10_000:
             raise UsageError(f"{where('report', key)}: max_offenders must be a whole number 0..10000")
         max_offenders = value
-    for key, ok, form in (("required_conditions", lambda x: "=" in x, "key=value"),
-                          ("allowed_resolutions", lambda x: re.fullmatch(r"\d+x\d+", x.strip()), "WxH"),
-                          ("allowed_fps", _is_number, "a number")):
+    for key, ok, form in (
+        ("required_conditions", lambda x: "=" in x, "key=value"),
+        ("allowed_resolutions", lambda x: re.fullmatch(r"\d+x\d+", x.strip()), "WxH"),
+        ("allowed_fps", _is_number, "a number"),
+    ):
         for item in thresholds[key]:
             if not ok(item):
                 raise UsageError(f"{where('thresholds', key)}: {key} item {item!r} is not {form}")

@@ -28,8 +28,10 @@ def _result_text(c: CheckResult, shown: int):
     limits = f" · {format_value(c.threshold, digits=4)}" if c.threshold else ""
     out.append(f"\nmeasured {format_value(c.measured, digits=4)}{limits}", style="dim")
     for o in c.offenders[:shown]:
-        out.append(f"\n  {clean(clip_text(o.item, ITEM_CHARS))}: {clean(clip_text(o.detail, ITEM_CHARS))}",
-                   style="red" if c.status == "fail" else "yellow")
+        out.append(
+            f"\n  {clean(clip_text(o.item, ITEM_CHARS))}: {clean(clip_text(o.detail, ITEM_CHARS))}",
+            style="red" if c.status == "fail" else "yellow",
+        )
     if c.offender_count > shown:
         out.append(f"\n  … {c.offender_count - shown} more", style="dim")
     return out
@@ -54,8 +56,11 @@ def report_table(report: Report, shown: int = SHOWN):
             continue
         table.add_row(Text(c.name), Text(c.status.upper(), style=STYLE[c.status]), _result_text(c, shown))
     for why, names in skipped.items():
-        table.add_row(Text(f"{len(names)} checks" if len(names) > 1 else names[0]), Text("SKIP", style=STYLE["skip"]),
-                      Text(clean(f"{why}: {', '.join(names)}"), style="dim"))
+        table.add_row(
+            Text(f"{len(names)} checks" if len(names) > 1 else names[0]),
+            Text("SKIP", style=STYLE["skip"]),
+            Text(clean(f"{why}: {', '.join(names)}"), style="dim"),
+        )
     return table
 
 
@@ -64,7 +69,9 @@ def verdict_line(report: Report) -> str:
     n = report.counts()
     failed = [c.name for c in report.checks if c.failed]
     s = report.summary
-    return (f"{report.verdict.upper()} {report.version_id[:12]} (level {report.level}): "
-            f"{n['fail']} fail{' (' + ', '.join(failed) + ')' if failed else ''}, {n['warn']} warn, "
-            f"{n['pass']} pass, {n['skip']} skipped · {s.samples} samples, {s.hours:.3f} h · "
-            f"{s.seconds.get('total', 0):.2f} s")
+    return (
+        f"{report.verdict.upper()} {report.version_id[:12]} (level {report.level}): "
+        f"{n['fail']} fail{' (' + ', '.join(failed) + ')' if failed else ''}, {n['warn']} warn, "
+        f"{n['pass']} pass, {n['skip']} skipped · {s.samples} samples, {s.hours:.3f} h · "
+        f"{s.seconds.get('total', 0):.2f} s"
+    )

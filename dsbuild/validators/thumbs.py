@@ -6,8 +6,8 @@ from dsbuild.core.errors import DsbuildError
 from dsbuild.formats import get_format
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
-from dsbuild.validators.model import Report
 from dsbuild.validators.images import strip
+from dsbuild.validators.model import Report
 
 MAX_STRIPS = 24  # clips shown on the page (each strip is ~20-40 KB of base64)
 STRIPS_PER_CHECK = 6

@@ -14,16 +14,24 @@ import numpy as np
 
 from dsbuild.core.errors import FormatError
 from dsbuild.formats.base import Members, ShardReader
-from dsbuild.formats.sample import Sample, sample_from_members
 from dsbuild.formats.probe import frame_rate
+from dsbuild.formats.sample import Sample, sample_from_members
 from dsbuild.lineage.index import IndexRow
 from dsbuild.validators.checks.content import analyse_video, span, video_problems
 from dsbuild.validators.facts import ClipMeasure
 
 
 class SampleView:
-    def __init__(self, row: IndexRow, spec, level: str, shard_damaged: bool, members: Members | None,
-                 sample: Sample | None, error: str | None):
+    def __init__(
+        self,
+        row: IndexRow,
+        spec,
+        level: str,
+        shard_damaged: bool,
+        members: Members | None,
+        sample: Sample | None,
+        error: str | None,
+    ):
         self.row = row
         self.spec = spec
         self.level = level
@@ -35,14 +43,21 @@ class SampleView:
         self._findings: dict[str, list[str]] | None = None
 
     @classmethod
-    def read(cls, reader: ShardReader, row: IndexRow, spec, level: str, shard_damaged: bool = False) -> "SampleView":
+    def read(cls, reader: ShardReader, row: IndexRow, spec, level: str, shard_damaged: bool = False) -> SampleView:
         try:
             members = reader.member_views(row.entry())
         except FormatError as e:
             return cls(row, spec, level, shard_damaged, None, None, str(e))
         except OSError as e:
-            return cls(row, spec, level, shard_damaged, None, None,
-                       f"shard {Path(reader.path).name} unreadable ({e.strerror or e})")
+            return cls(
+                row,
+                spec,
+                level,
+                shard_damaged,
+                None,
+                None,
+                f"shard {Path(reader.path).name} unreadable ({e.strerror or e})",
+            )
         try:
             sample = sample_from_members(row.key, dict(members))
         except FormatError as e:
@@ -60,10 +75,16 @@ class SampleView:
         meta, ts = self.sample.meta, self.sample.timestamps
         usable = ts.ndim == 1 and ts.dtype.kind in "fiu" and bool(np.isfinite(ts).all())
         audio = meta.video.audio
-        return {"frames": meta.clip.frames, "fps": frame_rate(ts) if usable else None, "width": meta.video.width,
-                "height": meta.video.height, "duration": span(ts) if usable else None, "t_start": meta.clip.t_start,
-                "window_end": float(meta.clip.t_end - ts[0]) if usable and len(ts) else None,
-                "audio": None if audio is None else {"start": audio.start, "duration": audio.duration}}
+        return {
+            "frames": meta.clip.frames,
+            "fps": frame_rate(ts) if usable else None,
+            "width": meta.video.width,
+            "height": meta.video.height,
+            "duration": span(ts) if usable else None,
+            "t_start": meta.clip.t_start,
+            "window_end": float(meta.clip.t_end - ts[0]) if usable and len(ts) else None,
+            "audio": None if audio is None else {"start": audio.start, "duration": audio.duration},
+        }
 
     def findings(self) -> dict[str, list[str]]:
         """check name -> problems of the decoded clip (``video_problems``); decodes on the first call."""
@@ -71,8 +92,9 @@ class SampleView:
             self._findings = {}
             if self.content:
                 self._video = analyse_video(self.sample.video, self.sample.meta.clip.frames)
-                for check, detail in video_problems(self._video, self.expect(), self.spec,
-                                                    self.sample.meta.video.has_audio):
+                for check, detail in video_problems(
+                    self._video, self.expect(), self.spec, self.sample.meta.video.has_audio
+                ):
                     self._findings.setdefault(check, []).append(detail)
         return self._findings
 
@@ -82,13 +104,24 @@ class SampleView:
         if v is None:
             return None
         e = self.expect()
-        return ClipMeasure(v["decoded"], v["luma_max"], v["motion"], tuple(v["phash"]) if v["phash"] else None,
-                           v["fps"], e["fps"], v["span"], e["duration"], 1 / e["fps"] if e["fps"] else None)
+        return ClipMeasure(
+            v["decoded"],
+            v["luma_max"],
+            v["motion"],
+            tuple(v["phash"]) if v["phash"] else None,
+            v["fps"],
+            e["fps"],
+            v["span"],
+            e["duration"],
+            1 / e["fps"] if e["fps"] else None,
+        )
 
 
 def video_finding(check: str):
     """The ``sample`` function of a check whose findings come from decoding the clip."""
+
     def sample(view: SampleView) -> list[str]:
         return view.findings().get(check, [])
+
     sample.__name__ = f"video_{check}"
     return sample

@@ -11,8 +11,15 @@ import pytest
 from dsbuild.bench import BenchOptions
 
 # Bytes mode is fast (batches in milliseconds), so short budgets still give the gate its rounds.
-BYTES = {"decode": "bytes", "batch_size": 2, "step_ms": 0, "device": "cpu", "duration": 3.0, "rounds": 3,
-         "compare": ("raw", "sha256")}
+BYTES = {
+    "decode": "bytes",
+    "batch_size": 2,
+    "step_ms": 0,
+    "device": "cpu",
+    "duration": 3.0,
+    "rounds": 3,
+    "compare": ("raw", "sha256"),
+}
 # Frames mode on small batches of tiny frames: a batch decodes in a fraction of a second.
 FRAMES = {"batch_size": 2, "resize": (32, 32), "device": "cpu", "duration": 3.0, "rounds": 3, "step_ms": 5}
 

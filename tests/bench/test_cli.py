@@ -17,8 +17,22 @@ from dsbuild.bench.stats import paired_ratios, summarise
 from tests.cli.clitools import argv, env, run
 
 CHROMIUM = Path("/usr/bin/chromium")
-GATED = ["--decode", "bytes", "--batch-size", "2", "--step-ms", "0", "--device", "cpu", "--duration", "3",
-         "--rounds", "3", "--compare", "raw,sha256"]
+GATED = [
+    "--decode",
+    "bytes",
+    "--batch-size",
+    "2",
+    "--step-ms",
+    "0",
+    "--device",
+    "cpu",
+    "--duration",
+    "3",
+    "--rounds",
+    "3",
+    "--compare",
+    "raw,sha256",
+]
 
 
 @pytest.fixture(scope="module")
@@ -92,16 +106,30 @@ def test_more_ranks_than_batches_is_a_usage_error_naming_the_way_out(bench_catal
     """A rank that gets no batch raised a plain DsbuildError, which crossed from the rank as a
     RuntimeError: exit 70, "internal error"."""
     cat, _ = bench_catalog
-    p = run("bench", cat, "--decode", "bytes", "--batch-size", "100000", "--ranks", "3", "--duration", "2",
-            "--rounds", "1", "--compare", "none", check=2)
+    p = run(
+        "bench",
+        cat,
+        "--decode",
+        "bytes",
+        "--batch-size",
+        "100000",
+        "--ranks",
+        "3",
+        "--duration",
+        "2",
+        "--rounds",
+        "1",
+        "--compare",
+        "none",
+        check=2,
+    )
     assert "fewer batches than there are ranks" in p.stderr and "--ranks" in p.stderr
 
 
 def test_the_same_settings_pass_the_gate(saved):
     cat, out, _ = saved
     # two 3-second runs on a shared machine differ by up to ~20% (benchmarks/RESULTS.md): a 2x drop still fails
-    p = run("bench", cat, *GATED, "--baseline", out / "base.json", "--save", out / "again.json",
-            "--fail-below", "0.5")
+    p = run("bench", cat, *GATED, "--baseline", out / "base.json", "--save", out / "again.json", "--fail-below", "0.5")
     gate = json.loads((out / "again.json").read_text())["gate"]
     assert {v["baseline"] for v in gate["verdicts"]} == {"raw", "sha256"} and gate["differences"] == []
     assert "no regression against" in p.stdout and "ours / baseline" in p.stdout
@@ -171,17 +199,33 @@ def test_incomparable_runs_exit_2_before_measuring_naming_what_differs(saved):
     assert "round 1/" not in p.stderr  # refused at start-up
     p = run("bench", cat, *GATED, "--split", "main/train", "--baseline", out / "base.json", check=2)
     assert "dataset split: saved None, now 'main/train'" in p.stderr
-    p = run("bench", cat, *GATED, "--resize", "64x64", "--baseline", out / "base.json", "--allow-different", "--json",
-            "--fail-below", "0.5")  # judged, not refused; a noisy 3-s run must not turn it into a regression
+    p = run(
+        "bench",
+        cat,
+        *GATED,
+        "--resize",
+        "64x64",
+        "--baseline",
+        out / "base.json",
+        "--allow-different",
+        "--json",
+        "--fail-below",
+        "0.5",
+    )  # judged, not refused; a noisy 3-s run must not turn it into a regression
     assert json.loads(p.stdout)["gate"]["differences"] == ["setting resize: saved None, now [64, 64]"]
 
 
 def test_usage_errors_are_one_line_and_exit_2(bench_catalog, tmp_path):
     cat, _ = bench_catalog
     (tmp_path / "junk.json").write_text('{"format": "something else"}')
-    for args, says in ((["--resize", "12"], "HEIGHTxWIDTH"), (["--compare", "raw"], "not comparable with --decode frames"),
-                       (["--decode", "pixels"], "--decode"), (["--baseline", tmp_path / "missing.json"], "cannot read"),
-                       (["--baseline", tmp_path / "junk.json"], "format"), (["--split", "main"], "NAME/SPLIT")):
+    for args, says in (
+        (["--resize", "12"], "HEIGHTxWIDTH"),
+        (["--compare", "raw"], "not comparable with --decode frames"),
+        (["--decode", "pixels"], "--decode"),
+        (["--baseline", tmp_path / "missing.json"], "cannot read"),
+        (["--baseline", tmp_path / "junk.json"], "format"),
+        (["--split", "main"], "NAME/SPLIT"),
+    ):
         p = run("bench", cat, "--duration", "1", *args, check=2)
         error = [line for line in p.stderr.splitlines() if not line.startswith("bench start-up")]
         assert error[0].startswith("error:") and says in p.stderr and len(error) <= 2, (args, p.stderr)
@@ -193,9 +237,32 @@ def test_ctrl_c_or_sigterm_reports_and_saves_the_finished_rounds(bench_catalog, 
     and saved. SIGTERM in the rounds exited 130, "interrupted", like Ctrl-C."""
     cat, _ = bench_catalog
     save = tmp_path / "partial.json"
-    p = subprocess.Popen(argv("bench", cat, "--decode", "bytes", "--batch-size", "2", "--step-ms", "0", "--device",
-                              "cpu", "--compare", "raw", "--duration", "60", "--rounds", "20", "--save", save),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    p = subprocess.Popen(
+        argv(
+            "bench",
+            cat,
+            "--decode",
+            "bytes",
+            "--batch-size",
+            "2",
+            "--step-ms",
+            "0",
+            "--device",
+            "cpu",
+            "--compare",
+            "raw",
+            "--duration",
+            "60",
+            "--rounds",
+            "20",
+            "--save",
+            save,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
     seen = ""
     try:
         while "round 2/20" not in seen:  # plain progress lines name the round and the measurement
@@ -212,18 +279,34 @@ def test_ctrl_c_or_sigterm_reports_and_saves_the_finished_rounds(bench_catalog, 
     assert rep["time"]["interrupted"] and 1 <= rep["time"]["rounds_done"] < 20
     assert {m["round"] for m in rep["rounds"]} == set(range(rep["time"]["rounds_done"]))
     assert f"{rep['time']['rounds_done']} of 20 rounds" in out and "interrupted" in out
-    assert any(line.startswith("bench round 1/20: ") and ("raw" in line or "ours" in line) for line in seen.splitlines())
+    assert any(
+        line.startswith("bench round 1/20: ") and ("raw" in line or "ours" in line) for line in seen.splitlines()
+    )
 
 
 def test_quiet_prints_nothing_and_a_terminal_gets_a_live_bar(bench_catalog):
     from tests.cli.clitools import run_tty
 
     cat, _ = bench_catalog
-    q = run("bench", cat, "--decode", "bytes", "--duration", "0.5", "--rounds", "1", "--compare", "none",
-            "--step-ms", "0", "--quiet")
+    q = run(
+        "bench",
+        cat,
+        "--decode",
+        "bytes",
+        "--duration",
+        "0.5",
+        "--rounds",
+        "1",
+        "--compare",
+        "none",
+        "--step-ms",
+        "0",
+        "--quiet",
+    )
     assert q.stdout == "" and q.stderr == ""
-    rc, text = run_tty("bench", cat, "--decode", "bytes", "--duration", "0.5", "--rounds", "1", "--compare", "raw",
-                       "--step-ms", "0")
+    rc, text = run_tty(
+        "bench", cat, "--decode", "bytes", "--duration", "0.5", "--rounds", "1", "--compare", "raw", "--step-ms", "0"
+    )
     assert rc == 0 and "1 of 1 rounds" in text and "ours / run" in text, text
     assert "one round: its ranges are one value, no spread" in " ".join(text.split())  # not a spread of one
 
@@ -234,11 +317,25 @@ def test_the_html_page_renders_in_headless_chromium_and_is_not_blank(saved, tmp_
 
     _, out, _ = saved
     shot = tmp_path / "shot.png"
-    r = subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--no-first-run", "--disable-component-update", "--disable-sync",
-                        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,2200",
-                        f"--screenshot={shot}", (out / "page.html").resolve().as_uri()],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1000,2200",
+            f"--screenshot={shot}",
+            (out / "page.html").resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
     with av.open(str(shot)) as c:
         img = next(c.decode(video=0)).to_ndarray(format="rgb24")
@@ -249,11 +346,30 @@ def test_the_html_page_renders_in_headless_chromium_and_is_not_blank(saved, tmp_
 
 def test_the_decoder_choice_and_short_epochs_are_said_in_piped_output(bench_catalog):
     cat, _ = bench_catalog
-    p = run("bench", cat, "--decode-backend", "auto", "--resize", "16x16", "--batch-size", "64", "--threads", "2",
-            "--duration", "1", "--rounds", "1", "--step-ms", "0", "--compare", "none")
+    p = run(
+        "bench",
+        cat,
+        "--decode-backend",
+        "auto",
+        "--resize",
+        "16x16",
+        "--batch-size",
+        "64",
+        "--threads",
+        "2",
+        "--duration",
+        "1",
+        "--rounds",
+        "1",
+        "--step-ms",
+        "0",
+        "--compare",
+        "none",
+    )
     assert "decoder: auto: no CUDA GPU, decoding with PyAV on CPU" in p.stdout, p.stdout
-    assert "note 1 batch per epoch for 2 threads: the pipeline reads ahead into the next epoch only" in p.stdout, \
+    assert "note 1 batch per epoch for 2 threads: the pipeline reads ahead into the next epoch only" in p.stdout, (
         p.stdout
+    )
 
 
 def test_nvdec_without_a_gpu_is_a_usage_error_naming_the_cause(bench_catalog):
@@ -270,6 +386,23 @@ def test_a_run_with_the_peers_leaves_no_shared_memory_behind(bench_catalog):
     """Mosaic frees its shared memory in atexit handlers, which the CLI's os._exit does not run: every
     bytes-mode run printed the resource tracker's warning of 6 leaked blocks."""
     cat, _ = bench_catalog
-    p = run("bench", cat, "--decode", "bytes", "--batch-size", "2", "--step-ms", "0", "--device", "cpu",
-            "--duration", "1", "--rounds", "1", "--compare", "litdata,mosaic", "--json")
+    p = run(
+        "bench",
+        cat,
+        "--decode",
+        "bytes",
+        "--batch-size",
+        "2",
+        "--step-ms",
+        "0",
+        "--device",
+        "cpu",
+        "--duration",
+        "1",
+        "--rounds",
+        "1",
+        "--compare",
+        "litdata,mosaic",
+        "--json",
+    )
     assert p.stderr == "" and json.loads(p.stdout)["format"] == "dsbuild.bench/2", p.stderr

@@ -57,8 +57,11 @@ def test_a_drop_within_either_runs_spread_is_not_evidence():
     assert not judge("pyav", saved, summarise([0.95] * 5), 0.9).dropped  # above the floor
 
 
-@given(st.lists(st.tuples(rounds, st.floats(0.5, 2.0)), min_size=1, max_size=5), fail_below,
-       st.floats(min_value=0.05, max_value=1.0))
+@given(
+    st.lists(st.tuples(rounds, st.floats(0.5, 2.0)), min_size=1, max_size=5),
+    fail_below,
+    st.floats(min_value=0.05, max_value=1.0),
+)
 def test_ours_regressed_only_when_every_reference_agrees(refs, fb, k):
     """A slower loader scales every ratio at once; the decision is the intersection of the per-reference ones."""
     saved = [summarise(xs) for xs, _ in refs]
@@ -74,10 +77,14 @@ def test_ours_regressed_only_when_every_reference_agrees(refs, fb, k):
 def test_one_noisy_reference_alone_is_not_a_regression_but_a_slower_loader_is():
     steady = summarise([1.0, 1.02, 0.98, 1.01, 0.99])
     refs = {"raw": steady, "sha256": steady}
-    one = tuple(judge(n, s, summarise([x * (0.5 if n == "raw" else 1.0) for x in (1.0, 1.02, 0.98, 1.01, 0.99)]), 0.9)
-                for n, s in refs.items())
+    one = tuple(
+        judge(n, s, summarise([x * (0.5 if n == "raw" else 1.0) for x in (1.0, 1.02, 0.98, 1.01, 0.99)]), 0.9)
+        for n, s in refs.items()
+    )
     assert [v.dropped for v in one] == [True, False] and not decide(one)
-    slower = tuple(judge(n, s, summarise([x * 0.7 for x in (1.0, 1.02, 0.98, 1.01, 0.99)]), 0.9) for n, s in refs.items())
+    slower = tuple(
+        judge(n, s, summarise([x * 0.7 for x in (1.0, 1.02, 0.98, 1.01, 0.99)]), 0.9) for n, s in refs.items()
+    )
     assert decide(slower)
 
 
@@ -105,12 +112,14 @@ def test_a_saved_report_is_comparable_with_its_own_settings(saved):
 
 
 def test_different_settings_data_or_baselines_are_refused_naming_what_differs(saved):
-    for changes, named in (({"options": {"resize": (64, 64)}}, "setting resize"),
-                           ({"options": {"threads": 1}}, "setting threads"),
-                           ({"options": {"verify": "shard"}}, "setting verify"),
-                           ({"dataset": {"version_id": "0" * 64}}, "dataset version_id"),
-                           ({"dataset": {"split": "main/train"}}, "dataset split"),
-                           ({"measured": {"raw"}}, "baseline sha256: measured in the saved run only")):
+    for changes, named in (
+        ({"options": {"resize": (64, 64)}}, "setting resize"),
+        ({"options": {"threads": 1}}, "setting threads"),
+        ({"options": {"verify": "shard"}}, "setting verify"),
+        ({"dataset": {"version_id": "0" * 64}}, "dataset version_id"),
+        ({"dataset": {"split": "main/train"}}, "dataset split"),
+        ({"measured": {"raw"}}, "baseline sha256: measured in the saved run only"),
+    ):
         with pytest.raises(UsageError, match=named) as e:
             check(saved, **changes)
         assert "--allow-different" in e.value.hint
@@ -156,12 +165,16 @@ def test_an_edited_baseline_is_refused_naming_what_does_not_hold(saved, tmp_path
         return path
 
     def scaled(d):
-        d["baselines"][first]["ratio"] = {k: v if k == "rounds" else v * 1000 for k, v in d["baselines"][first]["ratio"].items()}
+        d["baselines"][first]["ratio"] = {
+            k: v if k == "rounds" else v * 1000 for k, v in d["baselines"][first]["ratio"].items()
+        }
 
-    for change, message in [(lambda d: d["ours"]["open_s"].update(q1=99.0), "open_s: min, q1, median, q3, max"),
-                            (lambda d: d["baselines"][first]["ratio"].update(min=-1.0), "ratio: min, q1"),
-                            (scaled, "is not what its rounds give"),
-                            (lambda d: d.update(rounds=[]), "is not what its rounds give")]:
+    for change, message in [
+        (lambda d: d["ours"]["open_s"].update(q1=99.0), "open_s: min, q1, median, q3, max"),
+        (lambda d: d["baselines"][first]["ratio"].update(min=-1.0), "ratio: min, q1"),
+        (scaled, "is not what its rounds give"),
+        (lambda d: d.update(rounds=[]), "is not what its rounds give"),
+    ]:
         with pytest.raises(FormatError, match=message):
             load_report(edited(change))
     assert load_report(edited(lambda d: None)).to_json() == doc

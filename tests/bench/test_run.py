@@ -120,7 +120,10 @@ def test_what_cannot_run_is_skipped_with_the_reason_or_refused_when_asked_for(pa
     cat, _ = parquet_catalog
     rep = run_bench(BenchOptions(ref=str(cat), **{**BYTES, "compare": None, "duration": 1.0, "rounds": 1}))
     skipped = {b.name: b.skipped for b in rep.baselines if b.skipped}
-    assert "parquet, not tar" in skipped["webdataset"] and {b.name for b in rep.baselines if b.ratio} >= {"raw", "sha256"}
+    assert "parquet, not tar" in skipped["webdataset"] and {b.name for b in rep.baselines if b.ratio} >= {
+        "raw",
+        "sha256",
+    }
     with pytest.raises(UsageError, match="--compare webdataset: the version's shards are parquet"):
         run_bench(BenchOptions(ref=str(cat), **{**BYTES, "compare": ("webdataset",)}))
     with pytest.raises(UsageError, match="unknown baseline 'tfrecord'"):
@@ -140,8 +143,16 @@ def test_two_simulated_ranks_report_each_rank(bench_catalog):
 
 
 def test_options_refuse_bad_values():
-    for bad in ({"decode": "pixels"}, {"device": "tpu"}, {"verify": "some"}, {"batch_size": 0}, {"duration": 0},
-                {"threads": 0}, {"resize": (0, 3)}, {"decode_backend": "gpu"}):
+    for bad in (
+        {"decode": "pixels"},
+        {"device": "tpu"},
+        {"verify": "some"},
+        {"batch_size": 0},
+        {"duration": 0},
+        {"threads": 0},
+        {"resize": (0, 3)},
+        {"decode_backend": "gpu"},
+    ):
         with pytest.raises(UsageError):
             BenchOptions(ref="x", **bad)
     assert "ref" not in BenchOptions("x").settings() and "duration" not in BenchOptions("x").settings()

@@ -28,7 +28,9 @@ def test_a_summary_ignores_order_and_scales_with_its_values(xs, rnd, k):
     rnd.shuffle(shuffled)
     assert summarise(shuffled) == summarise(xs)
     scaled = summarise([x * k for x in xs])
-    assert scaled.median == pytest.approx(summarise(xs).median * k) and scaled.iqr == pytest.approx(summarise(xs).iqr * k)
+    assert scaled.median == pytest.approx(summarise(xs).median * k) and scaled.iqr == pytest.approx(
+        summarise(xs).iqr * k
+    )
 
 
 def test_a_summary_skips_what_was_not_measured():
@@ -136,9 +138,20 @@ def _round(seconds: float, waits_ms: tuple[float, ...]):
 
     m = Measured("ours", 0, 0.0, seconds, 10.0, 100.0, 1e6, ((seconds, 10.0, 100.0, 1e6),))
     stages = Stages(wall=seconds, wait=0.0, h2d=0.0, step=0.0, read=0.0, decode=0.0, collate=0.0, workers={})
-    return OursRound(throughput=m, training=m, open_s=0.1, first_batch_s=0.2, resume_s=0.2, waits_ms=(),
-                     step_waits_ms=waits_ms, gpu_busy_s=None, corrupt=0, throughput_stages=stages,
-                     training_stages=stages, notes=())
+    return OursRound(
+        throughput=m,
+        training=m,
+        open_s=0.1,
+        first_batch_s=0.2,
+        resume_s=0.2,
+        waits_ms=(),
+        step_waits_ms=waits_ms,
+        gpu_busy_s=None,
+        corrupt=0,
+        throughput_stages=stages,
+        training_stages=stages,
+        notes=(),
+    )
 
 
 def test_the_wait_share_of_ranks_run_together_is_over_all_their_time():

@@ -33,8 +33,10 @@ def run(*args, cwd=None, check: int | None = 0, extra_env: dict | None = None, *
     """``dsbuild ARGS`` with stdout and stderr captured (pipes: not a terminal). ``check``: expected exit code."""
     p = subprocess.run(argv(*args), capture_output=True, text=True, cwd=cwd, env=env(**(extra_env or {})), **kw)
     if check is not None:
-        assert p.returncode == check, (f"dsbuild {' '.join(map(str, args))}: exit {p.returncode}, expected {check}\n"
-                                       f"stdout: {p.stdout[-2000:]}\nstderr: {p.stderr[-2000:]}")
+        assert p.returncode == check, (
+            f"dsbuild {' '.join(map(str, args))}: exit {p.returncode}, expected {check}\n"
+            f"stdout: {p.stdout[-2000:]}\nstderr: {p.stderr[-2000:]}"
+        )
     return p
 
 
@@ -47,8 +49,14 @@ def run_tty(*args, cwd=None, columns: int = 200) -> tuple[int, str]:
     import pty
 
     master, slave = pty.openpty()
-    p = subprocess.Popen(argv(*args), stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, cwd=cwd,
-                         env=env(COLUMNS=columns, TERM="xterm-256color"))
+    p = subprocess.Popen(
+        argv(*args),
+        stdout=slave,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        env=env(COLUMNS=columns, TERM="xterm-256color"),
+    )
     os.close(slave)
     chunks = []
     while True:
@@ -88,16 +96,25 @@ def start_s3(cache_dir: Path):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     port = server._server.server_port
-    return server, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                    "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                    "DSBUILD_CACHE": str(cache_dir)}
+    return server, {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "DSBUILD_CACHE": str(cache_dir),
+    }
 
 
 def make_buckets(s3_env: dict, *names: str) -> None:
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_env["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     have = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
     for name in names:
         if name not in have:

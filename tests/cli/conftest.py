@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from tests.cli.clitools import run
 
 

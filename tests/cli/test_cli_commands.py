@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from tests.cli.clitools import env, run, run_json
 from tests.helpers import index_rows
 
@@ -73,8 +74,9 @@ def test_dry_run_says_what_a_build_would_do_and_writes_nothing(catalog, caps, tm
     assert plan["parent"] == vid and plan["reusable"]
     states = {s["path"]: s["state"] for s in plan["sessions"]}
     assert states[sessions[0]] == "changed" and states[sessions[2]] == "reused" and states[new.name] == "new"
-    assert "removed" in states.values() and any(s["state"] == "quarantined" and s["path"].startswith("broken")
-                                                for s in plan["sessions"])
+    assert "removed" in states.values() and any(
+        s["state"] == "quarantined" and s["path"].startswith("broken") for s in plan["sessions"]
+    )
     assert plan["counts"] == {"new": 1, "changed": 1, "reused": 1, "healed": 0, "quarantined": 1, "removed": 1}
     assert run("log", cat, "--quiet").stdout == before  # nothing written
     text = run("convert", mine, cat, "--clip-seconds", 2, "--dry-run").stdout
@@ -90,7 +92,9 @@ def test_dry_run_says_which_unchanged_sessions_a_lost_shard_makes_convert_proces
     shutil.copytree(catalog[0], cat)
     shutil.copytree(caps, mine)
     lost = next((cat / "shards").rglob("*.tar"))
-    in_it = sorted({r["session_id"] for r in index_rows(cat, catalog[1]) if r["shard"] == lost.relative_to(cat).as_posix()})
+    in_it = sorted(
+        {r["session_id"] for r in index_rows(cat, catalog[1]) if r["shard"] == lost.relative_to(cat).as_posix()}
+    )
     lost.unlink()
     changed = next(p.parent for p in mine.rglob("session.json") if json.loads(p.read_text())["session_id"] == in_it[0])
     (changed / "actions.jsonl").write_text('{"t": 0.5, "control": "button_a", "value": 1.0}\n')
@@ -120,8 +124,21 @@ def test_the_heal_hint_rebuilds_the_very_version_it_was_printed_for(caps, tmp_pa
     """The hint once omitted the version's settings: pasted, it built a version of 8 s clips and left the
     damaged one damaged. Here the settings differ from their defaults and the version is not the newest."""
     cat = tmp_path / "cat"
-    vid = run("convert", caps, cat, "--clip-seconds", 2, "--shard-size", "64KiB", "--no-audio",
-              "--transcode", "h264:64x48:gop8", "--zstd-level", 9, "--quiet").stdout.strip()
+    vid = run(
+        "convert",
+        caps,
+        cat,
+        "--clip-seconds",
+        2,
+        "--shard-size",
+        "64KiB",
+        "--no-audio",
+        "--transcode",
+        "h264:64x48:gop8",
+        "--zstd-level",
+        9,
+        "--quiet",
+    ).stdout.strip()
     run("convert", caps, cat, "--quiet")  # the newest version: default settings
     shard = Path(run_json("shards", f"{cat}@{vid}")["shards"][0]["path"])
     data = bytearray(shard.read_bytes())
@@ -156,14 +173,19 @@ def test_query_is_sandboxed_unless_unsafe(catalog, tmp_path):
     assert csv == 'a,b\n1,"x,y"\n'
     # --quiet: rows only, tab-separated (the separators were escaped to a literal backslash-t, so
     # `cut -f2` got the whole line); a tab inside a value is escaped
-    assert run("query", cat, "select 1 as a, 'x' as b, null as c, 'y' || chr(9) || 'z' as d", "-q").stdout \
+    assert (
+        run("query", cat, "select 1 as a, 'x' as b, null as c, 'y' || chr(9) || 'z' as d", "-q").stdout
         == "1\tx\t\ty\\tz\n"
+    )
     # duckdb's spill folder (".tmp" under the working directory, a catalog's build folder when run there)
     # was allowed: reads, COPY TO and ATTACH worked in it
     (tmp_path / ".tmp").mkdir()
     (tmp_path / ".tmp" / "in.csv").write_text("a\n1\n")
-    for sql in ["copy (select 1 as s) to '.tmp/out.csv'", "select * from read_csv('.tmp/in.csv')",
-                "attach '.tmp/x.db' as x"]:
+    for sql in [
+        "copy (select 1 as s) to '.tmp/out.csv'",
+        "select * from read_csv('.tmp/in.csv')",
+        "attach '.tmp/x.db' as x",
+    ]:
         assert "refused" in run("query", cat, sql, cwd=tmp_path, check=2).stderr
     assert sorted(p.name for p in (tmp_path / ".tmp").iterdir()) == ["in.csv"]
 
@@ -186,8 +208,11 @@ def test_a_damaged_split_set_pointer_is_named_and_log_and_info_still_list_the_ve
     pointer = cat / "splits" / vid / "main.json"
     pointer.unlink()
     os.mkfifo(pointer)
-    for args in (("split", cat, "--name", "main", "--check"), ("diff", cat, cat, "--split-set", "main"),
-                 ("validate", cat, "--split-set", "main")):
+    for args in (
+        ("split", cat, "--name", "main", "--check"),
+        ("diff", cat, cat, "--split-set", "main"),
+        ("validate", cat, "--split-set", "main"),
+    ):
         assert "damaged split set" in run(*args, check=3).stderr
 
 
@@ -250,9 +275,24 @@ def test_the_heal_hint_is_safe_to_paste_whatever_the_commit_record_says(private_
     record.write_text(json.dumps(doc))
     next((cat / "shards").rglob("*.tar")).unlink()
     hint = run("verify", cat, check=1).stderr.splitlines()[-1].removeprefix("hint: heal with: ")
-    assert shlex.split(hint) == ["dsbuild", "convert", "/data/caps; touch /tmp/pwned #", str(cat), "--format",
-                                 "webdataset", "--clip-seconds", "2.0", "--shard-size", "256000000", "--audio",
-                                 "--zstd-level", "3", "--onto", vid, "--rehash"]
+    assert shlex.split(hint) == [
+        "dsbuild",
+        "convert",
+        "/data/caps; touch /tmp/pwned #",
+        str(cat),
+        "--format",
+        "webdataset",
+        "--clip-seconds",
+        "2.0",
+        "--shard-size",
+        "256000000",
+        "--audio",
+        "--zstd-level",
+        "3",
+        "--onto",
+        vid,
+        "--rehash",
+    ]
 
 
 def test_a_video_that_is_a_fifo_quarantines_its_session_instead_of_hanging(caps, tmp_path):
@@ -265,7 +305,8 @@ def test_a_video_that_is_a_fifo_quarantines_its_session_instead_of_hanging(caps,
     os.mkfifo(session / video)
     done = run_json("convert", mine, tmp_path / "cat", "--clip-seconds", 2, timeout=300)
     assert [(q["path"], q["reason"]) for q in done["quarantined"]] == [
-        (f"{session.name}/{video}", "is a FIFO, not a regular file")]  # no host path: it is in the manifest
+        (f"{session.name}/{video}", "is a FIFO, not a regular file")
+    ]  # no host path: it is in the manifest
     assert done["sessions"] == 2
 
 
@@ -357,8 +398,16 @@ def test_concurrent_copies_of_one_version_all_succeed_and_a_leftover_folder_is_r
 
     cat, vid = catalog
     dest = tmp_path / "shared"
-    procs = [subprocess.Popen(argv("pull", f"{cat}@gold", dest, "--quiet"), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env()) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            argv("pull", f"{cat}@gold", dest, "--quiet"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
+        for _ in range(4)
+    ]
     results = [(p.wait(), p.stderr.read()) for p in procs]
     assert [code for code, _ in results] == [0] * 4, results
     assert run("verify", dest).returncode == 0
@@ -471,7 +520,6 @@ def test_a_parquet_catalog_is_built_onto_like_a_webdataset_one(caps, tmp_path):
     assert rebuilt["version_id"] == fresh["version_id"] and rebuilt["reused_sessions"] == 0
 
 
-
 def test_arguments_that_are_not_utf8_are_usage_errors_not_internal_ones(private_catalog):
     """A shell passes bytes; Python hands non-UTF-8 ones on as lone surrogates, which `split --salt` then
     failed to hash and `lineage` to compare (exit 70, "internal error")."""
@@ -510,8 +558,11 @@ def test_a_shard_replaced_by_a_fifo_or_a_folder_is_named_as_such_and_its_samples
     shard.unlink()
     os.mkfifo(shard) if kind == "fifo" else shard.mkdir()
     checked = run_json("verify", cat, check=1)
-    assert [p["problem"] for p in checked["problems"] if p.get("shard") == shard.relative_to(cat).as_posix()
-            and "sample" not in p] == ["not a regular file"]
+    assert [
+        p["problem"]
+        for p in checked["problems"]
+        if p.get("shard") == shard.relative_to(cat).as_posix() and "sample" not in p
+    ] == ["not a regular file"]
     report = run_json("validate", cat, check=1)
     lost = [o["item"] for c in report["checks"] for o in c["offenders"] if o["item"] in held]
     assert sorted(lost) == sorted(held)  # once each

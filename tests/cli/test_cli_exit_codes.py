@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tests.cli.clitools import argv, env, run
 
 
@@ -17,58 +18,61 @@ def one_line_error(p, code: int, *needles: str) -> str:
     lines = p.stderr.strip().splitlines()
     errors = [i for i, line in enumerate(lines) if line.startswith("error: ")]
     assert "Traceback" not in p.stderr and len(errors) == 1, p.stderr
-    after = lines[errors[0] + 1:]  # only progress lines may come before the error
+    after = lines[errors[0] + 1 :]  # only progress lines may come before the error
     assert after == [] or (len(after) == 1 and after[0].startswith("hint: ")), p.stderr
     for n in needles:
         assert n in p.stderr, (n, p.stderr)
     return p.stderr
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["convert", "caps", "cat", "--jsn"], ["--jsn", "did you mean --json"]),
-    (["conver"], ["'conver'", "Did you mean 'convert'"]),
-    (["validate"], ["missing argument", "REF"]),
-    (["validate", "cat", "--levl", "full"], ["--levl", "--level"]),
-    (["log", "cat", "--no-trunk"], ["--no-trunc"]),
-    (["convert", "caps", "cat", "--workers", "-1"], ["--workers"]),
-    (["convert", "caps", "cat", "--workers", "two"], ["--workers"]),
-    (["convert", "caps", "cat", "--shard-size", "1e9"], ["--shard-size", "1e9"]),
-    (["convert", "caps", "cat", "--executor", "rey"], ["--executor", "did you mean 'ray'"]),
-    (["validate", "cat", "--level", "ful"], ["--level", "did you mean 'full'"]),
-    (["verify", "cat", "--threads", "0"], ["--threads"]),
-    (["verify", "cat", "--sample", "0"], ["--sample", "x>=1"]),  # was "0 shards checked: OK"
-    (["samples", "out", "--damage", "9=bad_json"], ["--damage", "out of range", "0..2"]),
-    (["samples", "out", "--damage", "truncated_vidoe"], ["did you mean 'truncated_video'"]),
-    (["samples", "out", "--damage", "0=duplicate_id"], ["needs a session before it"]),  # was after writing one
-    (["samples", "out", "--source", "atrai"], ["--source", "did you mean 'atari'"]),
-    (["samples", "pins.txt"], ["pins.txt: is a file"]),  # was exit 3, 'Not a directory'
-    (["split", "cat", "--name", "x", "--pin", "tset=pins.txt"], ["--pin", "did you mean 'test'"]),
-    (["split", "cat", "--name", "x", "--pin", "holdout=pins.txt", "--ratios", "train=0.9,val=0.1"], ["holdout"]),
-    (["shards", "cat", "--split", "main"], ["NAME/SPLIT"]),
-    (["split", "cat", "--name", "x", "--ratios", "1=0.5,_v=0.5"], ["'1' is not allowed", "a letter, then"]),
-    (["validate", "cat", "--split-set", ""], ["split set name is empty"]),  # an unset $SPLIT: no silent pass
-    (["query", "cat", " ; "], ["the query is empty"]),
-    (["query", "cat", "select * from sampels"], ["sampels does not exist", "did you mean 'samples'"]),
-    (["validate", "cat", "--save", "nodir/v.json"], ["--save", "folder nodir does not exist"]),  # before any work
-    (["validate", "cat", "--html", "."], ["--html", "is a folder"]),
-    # a FIFO or a device was replaced by a regular file (as root: /dev/full itself); two reports in one file
-    (["validate", "cat", "--save", "fifo"], ["--save fifo", "not a regular file"]),
-    (["validate", "cat", "--junit", "fifo-link"], ["--junit fifo-link", "not a regular file"]),  # (never a real
-    # device here: a regression would replace it, and these tests may run as root)
-    (["validate", "cat", "--junit", "r.xml", "--html", "./r.xml"], ["--html ./r.xml", "also the file of --junit"]),
-    (["bench", "cat", "--save", "nodir/b.json"], ["--save", "folder nodir does not exist"]),  # was after the run
-    (["log", "foo://bar/cat"], ["no file system is known for 'foo'://"]),
-    # each of these was exit 70, "internal error"
-    (["convert", "caps", "cat", "--shard-size", "100000i"], ["--shard-size", "not a size"]),
-    (["convert", "caps", "cat", "--shard-size", "9" * 400 + "MB"], ["--shard-size"]),
-    (["samples", "out", "--seed", "-1"], ["--seed", "0<=x<=9007199254740991"]),
-    (["verify", "cat", "--seed", "-1"], ["--seed", "0<=x"]),  # (was accepted)
-    (["bench", "cat", "--seed", "9" * 23], ["--seed"]),  # (was saved in a baseline that --baseline refused)
-    (["bench", "cat", "--fail-below", "2"], ["--fail-below needs --baseline"]),  # these were ignored silently
-    (["bench", "cat", "--allow-different"], ["--allow-different needs --baseline"]),
-    (["bench", "cat", "--compare", ","], ["--compare ','"]),
-    (["query", "cat", "/* only a comment */"], ["the query has no statement"]),
-])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["convert", "caps", "cat", "--jsn"], ["--jsn", "did you mean --json"]),
+        (["conver"], ["'conver'", "Did you mean 'convert'"]),
+        (["validate"], ["missing argument", "REF"]),
+        (["validate", "cat", "--levl", "full"], ["--levl", "--level"]),
+        (["log", "cat", "--no-trunk"], ["--no-trunc"]),
+        (["convert", "caps", "cat", "--workers", "-1"], ["--workers"]),
+        (["convert", "caps", "cat", "--workers", "two"], ["--workers"]),
+        (["convert", "caps", "cat", "--shard-size", "1e9"], ["--shard-size", "1e9"]),
+        (["convert", "caps", "cat", "--executor", "rey"], ["--executor", "did you mean 'ray'"]),
+        (["validate", "cat", "--level", "ful"], ["--level", "did you mean 'full'"]),
+        (["verify", "cat", "--threads", "0"], ["--threads"]),
+        (["verify", "cat", "--sample", "0"], ["--sample", "x>=1"]),  # was "0 shards checked: OK"
+        (["samples", "out", "--damage", "9=bad_json"], ["--damage", "out of range", "0..2"]),
+        (["samples", "out", "--damage", "truncated_vidoe"], ["did you mean 'truncated_video'"]),
+        (["samples", "out", "--damage", "0=duplicate_id"], ["needs a session before it"]),  # was after writing one
+        (["samples", "out", "--source", "atrai"], ["--source", "did you mean 'atari'"]),
+        (["samples", "pins.txt"], ["pins.txt: is a file"]),  # was exit 3, 'Not a directory'
+        (["split", "cat", "--name", "x", "--pin", "tset=pins.txt"], ["--pin", "did you mean 'test'"]),
+        (["split", "cat", "--name", "x", "--pin", "holdout=pins.txt", "--ratios", "train=0.9,val=0.1"], ["holdout"]),
+        (["shards", "cat", "--split", "main"], ["NAME/SPLIT"]),
+        (["split", "cat", "--name", "x", "--ratios", "1=0.5,_v=0.5"], ["'1' is not allowed", "a letter, then"]),
+        (["validate", "cat", "--split-set", ""], ["split set name is empty"]),  # an unset $SPLIT: no silent pass
+        (["query", "cat", " ; "], ["the query is empty"]),
+        (["query", "cat", "select * from sampels"], ["sampels does not exist", "did you mean 'samples'"]),
+        (["validate", "cat", "--save", "nodir/v.json"], ["--save", "folder nodir does not exist"]),  # before any work
+        (["validate", "cat", "--html", "."], ["--html", "is a folder"]),
+        # a FIFO or a device was replaced by a regular file (as root: /dev/full itself); two reports in one file
+        (["validate", "cat", "--save", "fifo"], ["--save fifo", "not a regular file"]),
+        (["validate", "cat", "--junit", "fifo-link"], ["--junit fifo-link", "not a regular file"]),  # (never a real
+        # device here: a regression would replace it, and these tests may run as root)
+        (["validate", "cat", "--junit", "r.xml", "--html", "./r.xml"], ["--html ./r.xml", "also the file of --junit"]),
+        (["bench", "cat", "--save", "nodir/b.json"], ["--save", "folder nodir does not exist"]),  # was after the run
+        (["log", "foo://bar/cat"], ["no file system is known for 'foo'://"]),
+        # each of these was exit 70, "internal error"
+        (["convert", "caps", "cat", "--shard-size", "100000i"], ["--shard-size", "not a size"]),
+        (["convert", "caps", "cat", "--shard-size", "9" * 400 + "MB"], ["--shard-size"]),
+        (["samples", "out", "--seed", "-1"], ["--seed", "0<=x<=9007199254740991"]),
+        (["verify", "cat", "--seed", "-1"], ["--seed", "0<=x"]),  # (was accepted)
+        (["bench", "cat", "--seed", "9" * 23], ["--seed"]),  # (was saved in a baseline that --baseline refused)
+        (["bench", "cat", "--fail-below", "2"], ["--fail-below needs --baseline"]),  # these were ignored silently
+        (["bench", "cat", "--allow-different"], ["--allow-different needs --baseline"]),
+        (["bench", "cat", "--compare", ","], ["--compare ','"]),
+        (["query", "cat", "/* only a comment */"], ["the query has no statement"]),
+    ],
+)
 def test_usage_errors_are_one_line_exit_2(args, needles, tmp_path, catalog):
     cat, _ = catalog
     args = [str(cat) if a == "cat" else a for a in args]
@@ -84,8 +88,12 @@ def test_a_version_where_a_whole_catalog_is_expected_is_refused(catalog, caps):
     catalog"."""
     cat, _ = catalog
     for args in (["log", f"{cat}@gold"], ["gc", f"{cat}@gold"], ["convert", caps, f"{cat}@gold", "--clip-seconds", 2]):
-        one_line_error(run(*args, check=None), 2, "names a version ('gold') of a catalog where a catalog is expected",
-                       f"give the catalog: {cat}")
+        one_line_error(
+            run(*args, check=None),
+            2,
+            "names a version ('gold') of a catalog where a catalog is expected",
+            f"give the catalog: {cat}",
+        )
     assert not os.path.exists(f"{cat}@gold")
 
 
@@ -93,8 +101,7 @@ def test_a_reference_with_two_versions_says_so(catalog):
     """`info catalog@gold@x` said "takes a catalog, not a version of one" of a command that takes a version."""
     cat, _ = catalog
     for args in (["info"], ["validate"], ["split", "--name", "s"]):
-        one_line_error(run(*args, f"{cat}@gold@x", check=None), 2, "a second '@' in CATALOG@VERSION",
-                       f"{cat}@VERSION")
+        one_line_error(run(*args, f"{cat}@gold@x", check=None), 2, "a second '@' in CATALOG@VERSION", f"{cat}@VERSION")
 
 
 def test_library_suggestions_reach_the_user(catalog):
@@ -144,8 +151,9 @@ def test_a_catalog_file_over_its_limit_is_damage_exit_3_named_with_a_hint(privat
     cat, vid = private_catalog
     path = cat / name if name == "tags.json" else cat / "versions" / vid / name
     path.write_bytes(b" " * (17 << 20))
-    one_line_error(run("log", cat, check=None), 3, f"{path}: damaged catalog file", "larger than the limit",
-                   "hint: restore it")
+    one_line_error(
+        run("log", cat, check=None), 3, f"{path}: damaged catalog file", "larger than the limit", "hint: restore it"
+    )
 
 
 def test_a_version_of_an_earlier_manifest_format_names_it_and_what_to_do(private_catalog):
@@ -159,8 +167,12 @@ def test_a_version_of_an_earlier_manifest_format_names_it_and_what_to_do(private
     (cat / "versions" / old).mkdir()
     (cat / "versions" / old / "manifest.json").write_bytes(data)
     p = run("info", f"{cat}@{old}", check=None)
-    one_line_error(p, 3, "format is 'dsbuild.manifest/2', expected 'dsbuild.manifest/3'",
-                   "hint: a version written by another dsbuild")
+    one_line_error(
+        p,
+        3,
+        "format is 'dsbuild.manifest/2', expected 'dsbuild.manifest/3'",
+        "hint: a version written by another dsbuild",
+    )
 
 
 def test_a_version_from_before_blake3_was_recorded_loads_verifies_and_is_not_built_onto(private_catalog, caps):
@@ -193,10 +205,9 @@ def test_samples_refuses_a_folder_that_holds_captures_and_leaves_them_as_they_we
 
 
 def test_an_unexpected_exception_is_internal_error_70_never_1():
-    script = ("import dsbuild.cli.app as a\n"
-              "@a.app.command('boom')\n"
-              "def boom(): raise ValueError('bad [bold]x')\n"
-              "a.main()\n")
+    script = (
+        "import dsbuild.cli.app as a\n@a.app.command('boom')\ndef boom(): raise ValueError('bad [bold]x')\na.main()\n"
+    )
     p = subprocess.run([sys.executable, "-c", script, "boom"], capture_output=True, text=True, env=env())
     assert p.returncode == 70 and "Traceback" not in p.stderr
     assert p.stderr.strip() == "error: internal error: ValueError: bad [bold]x (run with --debug for the traceback)"
@@ -207,18 +218,24 @@ def test_an_unexpected_exception_is_internal_error_70_never_1():
 def test_an_interrupt_after_the_commit_says_the_version_was_committed(caps, tmp_path):
     """Ctrl-C landing just after convert's publishing rename said "nothing was committed" while `log`
     listed the new version."""
-    script = ("import os, signal\n"
-              "import dsbuild.lineage.catalog as c\n"
-              "real = c.fsync_dir\n"
-              "def fsync_dir(p):\n"
-              "    real(p)\n"
-              "    if str(p).endswith('/versions'):\n"
-              "        os.kill(os.getpid(), signal.SIGINT)\n"
-              "c.fsync_dir = fsync_dir\n"
-              "import dsbuild.cli.app as a\n"
-              "a.main()\n")
-    p = subprocess.run([sys.executable, "-c", script, "convert", str(caps), str(tmp_path / "c")],
-                       capture_output=True, text=True, env=env())
+    script = (
+        "import os, signal\n"
+        "import dsbuild.lineage.catalog as c\n"
+        "real = c.fsync_dir\n"
+        "def fsync_dir(p):\n"
+        "    real(p)\n"
+        "    if str(p).endswith('/versions'):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "c.fsync_dir = fsync_dir\n"
+        "import dsbuild.cli.app as a\n"
+        "a.main()\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", script, "convert", str(caps), str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        env=env(),
+    )
     [vid] = run("log", tmp_path / "c", "--quiet").stdout.split()
     assert p.returncode == 130 and f"interrupted after version {vid[:12]} was committed" in p.stderr, p.stderr
 
@@ -228,8 +245,13 @@ def test_output_to_a_full_disk_is_one_error_exit_3(catalog, as_json):
     """`> /dev/full` ended in a Python traceback from the final flush and exit 120."""
     cat, _ = catalog
     with open("/dev/full", "w") as full:
-        p = subprocess.run(argv("log", cat, *(["--json"] if as_json else [])), stdout=full,
-                           stderr=subprocess.PIPE, text=True, env=env())
+        p = subprocess.run(
+            argv("log", cat, *(["--json"] if as_json else [])),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
     assert p.returncode == 3 and "Traceback" not in p.stderr and "No space left on device" in p.stderr
     assert len(p.stderr.strip().splitlines()) <= 2, p.stderr
 
@@ -238,12 +260,20 @@ def test_a_closed_stdout_drops_the_output_and_a_closed_stderr_never_stops_the_wo
     """`>&-` was exit 70 ('NoneType' object has no attribute 'isatty'); a progress line written to a reader
     that had gone away (`2> >(head -c 1)`) aborted a convert with 141 and committed nothing."""
     cat, _ = catalog
-    p = subprocess.run(argv("log", cat), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env(),
-                       pass_fds=(), preexec_fn=lambda: os.close(1))
+    p = subprocess.run(
+        argv("log", cat),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        pass_fds=(),
+        preexec_fn=lambda: os.close(1),
+    )
     assert p.returncode == 0 and p.stderr == ""
     reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    p = subprocess.run(argv("convert", caps, tmp_path / "c"), stdout=subprocess.PIPE, stderr=reader.stdin,
-                       env=env(), text=True)
+    p = subprocess.run(
+        argv("convert", caps, tmp_path / "c"), stdout=subprocess.PIPE, stderr=reader.stdin, env=env(), text=True
+    )
     reader.stdin.close()
     reader.wait()
     assert p.returncode == 0
@@ -272,8 +302,12 @@ def test_a_json_row_never_drops_one_of_two_columns_of_one_name(catalog):
 def test_a_closed_pipe_exits_quietly(catalog, unbuffered, as_json):
     """Unbuffered stdout wrote part of a large --json document, said nothing and exited 0."""
     cat, _ = catalog
-    p = subprocess.Popen(argv("query", cat, "select * from range(300000)", *(["--json"] if as_json else [])),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(PYTHONUNBUFFERED=unbuffered))
+    p = subprocess.Popen(
+        argv("query", cat, "select * from range(300000)", *(["--json"] if as_json else [])),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(PYTHONUNBUFFERED=unbuffered),
+    )
     first = p.stdout.readline()
     p.stdout.close()
     err = p.stderr.read()
@@ -288,8 +322,11 @@ def test_a_report_never_replaces_the_spec_or_a_file_of_the_catalog_it_judges(cat
     spec.write_text("[thresholds]\nmax_bad_shards = 0\n")
     manifest_file = cat / "versions" / vid / "manifest.json"
     before = manifest_file.read_bytes()
-    one_line_error(run("validate", cat, "--acceptance", spec, "--save", spec, check=None), 2,
-                   f"--save {spec}: is the file of --acceptance")
+    one_line_error(
+        run("validate", cat, "--acceptance", spec, "--save", spec, check=None),
+        2,
+        f"--save {spec}: is the file of --acceptance",
+    )
     one_line_error(run("validate", cat, "--junit", manifest_file, check=None), 2, "is inside the catalog")
     one_line_error(run("bench", cat, "--save", cat / "bench.json", check=None), 2, "is inside the catalog")
     assert spec.read_text() == "[thresholds]\nmax_bad_shards = 0\n" and manifest_file.read_bytes() == before

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from tests.cli.clitools import argv, env, run
 
 from dsbuild import __version__
 from dsbuild.cli.app import COMMANDS
+from tests.cli.clitools import argv, env, run
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -19,7 +19,11 @@ def test_every_command_has_help_with_an_example_and_no_type_noise(command):
     short, long = run(command, "-h"), run(command, "--help")
     assert short.stdout == long.stdout
     text = long.stdout
-    assert f"Usage: dsbuild {command}" in text and "Examples:" in text and f"dsbuild {command}" in text.split("Examples:")[1]
+    assert (
+        f"Usage: dsbuild {command}" in text
+        and "Examples:" in text
+        and f"dsbuild {command}" in text.split("Examples:")[1]
+    )
     assert not re.search(r"<(str|int|float|bool|path|list\[.*?\])>", text), text
     assert "{" not in text.split("\n")[0], text  # usage line: NAME, not {name}
     assert "--json" in text and "--quiet" in text
@@ -43,11 +47,19 @@ def test_root_help_lists_commands_and_the_exit_codes():
 
 
 def test_shell_completion_answers_for_commands_and_options():
-    p = subprocess.run(argv(), capture_output=True, text=True,
-                       env=env(_DSBUILD_COMPLETE="complete_bash", COMP_WORDS="dsbuild conv", COMP_CWORD="1"))
+    p = subprocess.run(
+        argv(),
+        capture_output=True,
+        text=True,
+        env=env(_DSBUILD_COMPLETE="complete_bash", COMP_WORDS="dsbuild conv", COMP_CWORD="1"),
+    )
     assert p.returncode == 0 and "convert" in p.stdout, p
-    p = subprocess.run(argv(), capture_output=True, text=True,
-                       env=env(_DSBUILD_COMPLETE="complete_bash", COMP_WORDS="dsbuild convert --dry", COMP_CWORD="2"))
+    p = subprocess.run(
+        argv(),
+        capture_output=True,
+        text=True,
+        env=env(_DSBUILD_COMPLETE="complete_bash", COMP_WORDS="dsbuild convert --dry", COMP_CWORD="2"),
+    )
     assert "--dry-run" in p.stdout, p
     # --show-completion is a flag: the shell is detected from the parent processes, so run it from bash
     # (a test runner started without a shell above it would otherwise get "Shell not supported")
@@ -57,8 +69,10 @@ def test_shell_completion_answers_for_commands_and_options():
 
 
 def test_starting_the_cli_imports_no_heavy_library():
-    code = ("import sys, dsbuild.cli.app\n"
-            "heavy = {'av', 'duckdb', 'pyarrow', 'torch', 'numpy', 'ray', 'fsspec', 'zstandard'}\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))")
+    code = (
+        "import sys, dsbuild.cli.app\n"
+        "heavy = {'av', 'duckdb', 'pyarrow', 'torch', 'numpy', 'ray', 'fsspec', 'zstandard'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), check=True).stdout
     assert out.strip() == "[]"

@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+
 from tests.cli.clitools import run, run_tty
 
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
@@ -39,7 +40,11 @@ def test_terminal_log_shortens_ids_unless_no_trunc(catalog):
 
 def _imports(p) -> set[str]:
     """Top-level packages a command imported (from ``PYTHONPROFILEIMPORTTIME``'s lines on stderr)."""
-    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in p.stderr.splitlines() if line.startswith("import time:")}
+    return {
+        line.rsplit("|", 1)[1].strip().split(".")[0]
+        for line in p.stderr.splitlines()
+        if line.startswith("import time:")
+    }
 
 
 def test_rich_is_loaded_only_to_draw_on_a_terminal(catalog):
@@ -54,12 +59,21 @@ def test_rich_is_loaded_only_to_draw_on_a_terminal(catalog):
 
 
 JSON_COMMANDS = [
-    ["info", "{cat}"], ["log", "{cat}"], ["shards", "{cat}"], ["diff", "{cat}@gold", "{cat}"],
-    ["verify", "{cat}"], ["query", "{cat}", "select count(*) as n from samples"], ["gc", "{cat}", "--dry-run"],
-    ["split", "{cat}", "--name", "main", "--check"], ["convert", "{caps}", "{cat}", "--dry-run", "--clip-seconds", "2"],
-    ["lineage", "{cat}", "{key}"], ["tag", "{cat}@gold", "gold"],
+    ["info", "{cat}"],
+    ["log", "{cat}"],
+    ["shards", "{cat}"],
+    ["diff", "{cat}@gold", "{cat}"],
+    ["verify", "{cat}"],
+    ["query", "{cat}", "select count(*) as n from samples"],
+    ["gc", "{cat}", "--dry-run"],
+    ["split", "{cat}", "--name", "main", "--check"],
+    ["convert", "{caps}", "{cat}", "--dry-run", "--clip-seconds", "2"],
+    ["lineage", "{cat}", "{key}"],
+    ["tag", "{cat}@gold", "gold"],
     ["samples", "{tmp}/s", "--sessions", "1", "--seconds", "1"],
-    ["validate", "{cat}"], ["push", "{cat}@gold", "{tmp}/pushed"], ["pull", "{cat}@gold", "{tmp}/pulled"],
+    ["validate", "{cat}"],
+    ["push", "{cat}@gold", "{tmp}/pushed"],
+    ["pull", "{cat}@gold", "{tmp}/pulled"],
     ["bench", "{cat}", "--duration", "1", "--rounds", "1", "--compare", "none", "--step-ms", "0"],
 ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from tests.cli.clitools import make_buckets, run, run_json, start_s3
 
 pytest.importorskip("s3fs")
@@ -32,8 +33,13 @@ def remote(s3, caps, tmp_path_factory):
 def s3_keys(s3, prefix: str) -> list[str]:
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     bucket, _, key = prefix.partition("/")
     return [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=key).get("Contents", [])]
 
@@ -48,15 +54,23 @@ def test_convert_into_s3_writes_the_bucket_not_a_local_folder(s3, remote, tmp_pa
 def test_captures_on_s3_convert_to_the_same_version(s3, remote, caps, tmp_path):
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     for f in caps.rglob("*"):
         if f.is_file():
             client.upload_file(str(f), "raw", f"caps/{f.relative_to(caps).as_posix()}")
     out = run("convert", "s3://raw/caps", "s3://data/cat2", "--clip-seconds", 2, "--json", extra_env=s3)
     assert json.loads(out.stdout)["version_id"] == remote[0]
-    plan = json.loads(run("convert", "s3://raw/caps", "s3://data/cat", "--clip-seconds", 2, "--dry-run", "--json",
-                          extra_env=s3).stdout)
+    plan = json.loads(
+        run(
+            "convert", "s3://raw/caps", "s3://data/cat", "--clip-seconds", 2, "--dry-run", "--json", extra_env=s3
+        ).stdout
+    )
     assert plan["counts"]["reused"] == 3
 
 
@@ -106,8 +120,13 @@ def test_a_missing_bucket_is_one_clear_line(s3):
 def test_a_catalog_marker_that_is_a_folder_is_named_on_s3_and_locally(s3, caps, tmp_path):
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3["AWS_ENDPOINT_URL"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     client.put_object(Bucket="data", Key="odd/catalog.json/x", Body=b"not a marker")
     local = tmp_path / "odd"
     (local / "catalog.json").mkdir(parents=True)
@@ -166,7 +185,10 @@ def test_a_pull_from_s3_proves_a_cached_copy_and_fetches_a_damaged_one_again(s3,
 
     damage_cache()  # export too: it shipped the damaged bytes (wids) or blamed the source (hf)
     run("export", f"s3://data/cat@{vid}", tmp_path / "wids", "--to", "wids", "--quiet", extra_env=s3)
-    names = {s["sha256"] for s in json.loads((tmp_path / "second" / "versions" / vid / "manifest.json").read_text())["shards"]}
+    names = {
+        s["sha256"]
+        for s in json.loads((tmp_path / "second" / "versions" / vid / "manifest.json").read_text())["shards"]
+    }
     tars = sorted((tmp_path / "wids").rglob("*.tar"))
     assert tars and {hashlib.sha256(t.read_bytes()).hexdigest() for t in tars} <= names
     damage_cache()

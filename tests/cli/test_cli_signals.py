@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import pytest
+
 from tests.cli.clitools import argv, env, processes_in_group, run
 
 
@@ -31,8 +32,14 @@ def many(caps, tmp_path_factory):
 
 def start_convert(many, cat):
     """Start a convert with two workers in its own process group; return once it reports progress."""
-    p = subprocess.Popen(argv("convert", many, cat, "--clip-seconds", 2, "--workers", 2), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env(), start_new_session=True)
+    p = subprocess.Popen(
+        argv("convert", many, cat, "--clip-seconds", 2, "--workers", 2),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        start_new_session=True,
+    )
     first = p.stderr.readline()
     assert first.startswith("convert sessions: "), first + p.stderr.read()
     assert len(processes_in_group(p.pid)) >= 3  # the parent and its workers are running
@@ -88,8 +95,13 @@ def _busy(pid: int, cpu_seconds: float) -> None:
 def test_an_interrupted_query_is_an_interruption_not_an_internal_error(catalog, sig):
     """duckdb answers a signal while it runs with its own "Query interrupted" error: that was exit 70."""
     cat, _ = catalog
-    p = subprocess.Popen(argv("query", cat, "select sum(a.range * b.range) from range(100000000) a, range(100) b"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    p = subprocess.Popen(
+        argv("query", cat, "select sum(a.range * b.range) from range(100000000) a, range(100) b"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
     _busy(p.pid, cpu_seconds=1.0)  # past its start-up (~0.3 s of CPU): duckdb is scanning
     p.send_signal(sig)
     _, err = p.communicate(timeout=120)
@@ -100,8 +112,12 @@ def test_an_interrupted_samples_leaves_only_whole_sessions(tmp_path):
     """A session was written straight into its folder: Ctrl-C left one holding a video and no
     session.json, which convert never counted. Each is now renamed into place whole."""
     out = tmp_path / "caps"
-    p = subprocess.Popen(argv("samples", out, "--sessions", 30, "--seconds", 4), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env())
+    p = subprocess.Popen(
+        argv("samples", out, "--sessions", 30, "--seconds", 4),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:  # interrupt while the second session is written
         if out.is_dir() and len(list(out.iterdir())) >= 2:
@@ -111,8 +127,9 @@ def test_an_interrupted_samples_leaves_only_whole_sessions(tmp_path):
     _, err = p.communicate()
     assert p.returncode == 130, err
     folders = sorted(out.iterdir())
-    assert folders and all((f / "session.json").is_file() and not f.name.startswith(".") for f in folders), \
-        [sorted(x.name for x in f.iterdir()) for f in folders]
+    assert folders and all((f / "session.json").is_file() and not f.name.startswith(".") for f in folders), [
+        sorted(x.name for x in f.iterdir()) for f in folders
+    ]
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -127,8 +144,13 @@ def test_an_interrupt_while_the_executable_loads_is_one_line_not_a_traceback(cat
     dsbuild = Path(sys.executable).with_name("dsbuild")  # the installed entry point, as a user runs it
     conclusive = 0
     for k, delay in enumerate([0.06, 0.1, 0.15, 0.2, 0.3]):
-        p = subprocess.Popen([str(dsbuild), "export", str(cat), str(tmp_path / f"x{k}"), "--to", "wids"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+        p = subprocess.Popen(
+            [str(dsbuild), "export", str(cat), str(tmp_path / f"x{k}"), "--to", "wids"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
         time.sleep(delay)
         p.send_signal(sig)
         out, err = p.communicate(timeout=120)
@@ -170,9 +192,13 @@ def test_a_signal_the_parent_ignores_stays_ignored(tmp_path):
     from pathlib import Path
 
     dsbuild = Path(sys.executable).with_name("dsbuild")
-    p = subprocess.Popen([str(dsbuild), "samples", str(tmp_path / "caps"), "--sessions", "2", "--seconds", "2",
-                          "--quiet"], stderr=subprocess.PIPE, text=True, env=env(),
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    p = subprocess.Popen(
+        [str(dsbuild), "samples", str(tmp_path / "caps"), "--sessions", "2", "--seconds", "2", "--quiet"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     for delay in (0.05, 0.3):  # while it loads, and while it works
         time.sleep(delay)
         p.send_signal(signal.SIGINT)

@@ -19,15 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from tests.cli.clitools import env, make_buckets, start_s3
 
 ROOT = Path(__file__).resolve().parents[2]
 # Documents whose shell blocks depend on Python blocks run by their own runner.
 OWN_RUNNER = {"docs/interop.md": "tests/export/test_interop_docs.py"}
-DOCUMENTS = [d for d in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-             if d.relative_to(ROOT).as_posix() not in OWN_RUNNER]
-FENCE = re.compile(r"(?:<!--\s*(?P<marker>[^\n]*?)\s*-->[ \t]*\n)?^```(?P<lang>[A-Za-z0-9_-]*)[ \t]*\n(?P<body>.*?)^```",
-                   re.M | re.S)
+DOCUMENTS = [
+    d
+    for d in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    if d.relative_to(ROOT).as_posix() not in OWN_RUNNER
+]
+FENCE = re.compile(
+    r"(?:<!--\s*(?P<marker>[^\n]*?)\s*-->[ \t]*\n)?^```(?P<lang>[A-Za-z0-9_-]*)[ \t]*\n(?P<body>.*?)^```", re.M | re.S
+)
 SHELL = ("", "sh", "bash", "console", "shell")
 
 
@@ -61,11 +66,17 @@ def blocks(text: str, name: str) -> list[Block]:
 
 
 def test_markers_are_understood():
-    text = ("```\na\n```\n<!-- illustrative: slow -->\n```sh\nb\n```\n<!-- exit 2 -->\n```bash\nc\n```\n"
-            "```python\nd\n```\n<!-- needs: s3 -->\n```console\n$ e\nout\n```\n")
+    text = (
+        "```\na\n```\n<!-- illustrative: slow -->\n```sh\nb\n```\n<!-- exit 2 -->\n```bash\nc\n```\n"
+        "```python\nd\n```\n<!-- needs: s3 -->\n```console\n$ e\nout\n```\n"
+    )
     got = [(b.body, b.mode, b.exit, b.needs) for b in blocks(text, "t")]
-    assert got == [("a\n", "run", 0, ()), ("b\n", "illustrative", 0, ()), ("c\n", "run", 2, ()),
-                   ("e\n", "run", 0, ("s3",))]
+    assert got == [
+        ("a\n", "run", 0, ()),
+        ("b\n", "illustrative", 0, ()),
+        ("c\n", "run", 2, ()),
+        ("e\n", "run", 0, ("s3",)),
+    ]
 
 
 def test_every_document_block_runs_as_written(tmp_path):
@@ -86,10 +97,13 @@ def test_every_document_block_runs_as_written(tmp_path):
                     server, s3_env = start_s3(tmp_path / "s3-cache")
                     run_env.update(s3_env)
                 make_buckets(run_env, *sorted(set(re.findall(r"s3://([a-z0-9][a-z0-9.-]+)", b.body))))
-            p = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", b.body], cwd=work, env=run_env,
-                               capture_output=True, text=True)
-            assert p.returncode == b.exit, (f"{b.where}: exit {p.returncode}, the document says {b.exit}\n{b.body}\n"
-                                            f"--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}")
+            p = subprocess.run(
+                ["bash", "-e", "-o", "pipefail", "-c", b.body], cwd=work, env=run_env, capture_output=True, text=True
+            )
+            assert p.returncode == b.exit, (
+                f"{b.where}: exit {p.returncode}, the document says {b.exit}\n{b.body}\n"
+                f"--- stdout\n{p.stdout[-3000:]}\n--- stderr\n{p.stderr[-3000:]}"
+            )
             assert "Traceback" not in p.stderr, f"{b.where}: traceback\n{p.stderr[-3000:]}"
     finally:
         if server is not None:

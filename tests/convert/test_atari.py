@@ -12,18 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
-from dsbuild.formats.streams import hold
 from dsbuild.core.errors import UsageError
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.formats.sample import npy_load
-from dsbuild.formats.webdataset import parse_members
+from dsbuild.formats.streams import hold
 from dsbuild.formats.video import seconds
+from dsbuild.formats.webdataset import parse_members
 from dsbuild.samples.atari import NOOP, AtariOptions, action_events, frame_times, record, require_ale
 
 FPS = 60
-SHORT = AtariOptions(games=("Breakout", "Pong"), sessions=3, seconds=4.0, seed=3,
-                     policies=("random", "sticky", "scripted"))
+SHORT = AtariOptions(
+    games=("Breakout", "Pong"), sessions=3, seconds=4.0, seed=3, policies=("random", "sticky", "scripted")
+)
 # A random Breakout player loses all five lives in ~13 s: this session holds an episode end and a reset.
 LONG = AtariOptions(games=("Breakout",), sessions=1, seconds=15.0, seed=0, policies=("random",))
 
@@ -35,7 +36,9 @@ def ale():
 
 def _build(root: Path, options: AtariOptions):
     recordings = record(root / "captures", options)
-    result = convert(root / "captures", root / "catalog", ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=1))
+    result = convert(
+        root / "captures", root / "catalog", ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=1)
+    )
     return recordings, result, root / "catalog"
 
 
@@ -67,17 +70,26 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 # ---- pure parts ----
 
+
 def test_events_held_at_frame_times_give_back_every_frames_action_on_convert_clock():
     rng = np.random.default_rng(0)
     names = ("FIRE", "LEFT", "RIGHT", "UPFIRE")
     played = [NOOP if k == 4 else names[k] for k in rng.integers(0, 5, size=3000)]
     times = frame_times(len(played), FPS)
     events = action_events(played, times)
-    for reader_t in (np.array([seconds(i * 256, Fraction(1, 15360)) for i in range(len(played))]),
-                     np.array([seconds(i, Fraction(1, 60)) for i in range(len(played))])):
-        pressed = {c: hold(np.array([e["t"] for e in events if e["control"] == c]),
-                           np.array([e["value"] for e in events if e["control"] == c]), reader_t, 0.0)
-                   for c in names}
+    for reader_t in (
+        np.array([seconds(i * 256, Fraction(1, 15360)) for i in range(len(played))]),
+        np.array([seconds(i, Fraction(1, 60)) for i in range(len(played))]),
+    ):
+        pressed = {
+            c: hold(
+                np.array([e["t"] for e in events if e["control"] == c]),
+                np.array([e["value"] for e in events if e["control"] == c]),
+                reader_t,
+                0.0,
+            )
+            for c in names
+        }
         back = [next((c for c in names if pressed[c][i] == 1.0), NOOP) for i in range(len(played))]
         assert back == played
         assert all(sum(pressed[c][i] for c in names) <= 1 for i in range(len(played)))
@@ -92,7 +104,9 @@ def test_frame_times_stay_within_an_ulp_of_the_exact_frame_time():
 
 def test_noop_is_no_pressed_control():
     assert action_events([NOOP, NOOP, "FIRE", NOOP], [0.0, 1.0, 2.0, 3.0]) == [
-        {"t": 2.0, "control": "FIRE", "value": 1.0}, {"t": 3.0, "control": "FIRE", "value": 0.0}]
+        {"t": 2.0, "control": "FIRE", "value": 1.0},
+        {"t": 3.0, "control": "FIRE", "value": 0.0},
+    ]
 
 
 def test_bad_options_are_usage_errors():
@@ -112,19 +126,34 @@ def test_missing_ale_py_fails_with_the_install_command(monkeypatch):
 
 # ---- recorded sessions ----
 
+
 def test_sessions_follow_the_capture_contract(short):
     recordings, _, _ = short
     assert [r.session_id for r in recordings] == [
-        "breakout-random-s3-0000", "breakout-sticky-s4-0001", "breakout-scripted-s5-0002",
-        "pong-random-s3-0000", "pong-sticky-s4-0001", "pong-scripted-s5-0002"]
+        "breakout-random-s3-0000",
+        "breakout-sticky-s4-0001",
+        "breakout-scripted-s5-0002",
+        "pong-random-s3-0000",
+        "pong-sticky-s4-0001",
+        "pong-scripted-s5-0002",
+    ]
     for rec in recordings:
         doc = json.loads((rec.path / "session.json").read_text())
         assert doc["format"] == "capture/1" and doc["title"] in ("Breakout", "Pong")
         assert doc["player"] == rec.player and doc["video"] == "video.mp4"
-        assert doc["conditions"] == {"difficulty": "0", "mode": "0", "frameskip": "1",
-                                     "repeat_action_probability": "0.0"}
+        assert doc["conditions"] == {
+            "difficulty": "0",
+            "mode": "0",
+            "frameskip": "1",
+            "repeat_action_probability": "0.0",
+        }
         assert sorted(p.name for p in rec.path.iterdir()) == [
-            "actions.jsonl", "session.json", "telemetry.jsonl", "text.jsonl", "video.mp4"]
+            "actions.jsonl",
+            "session.json",
+            "telemetry.jsonl",
+            "text.jsonl",
+            "video.mp4",
+        ]
         telemetry = _read_jsonl(rec.path / "telemetry.jsonl")
         assert len(telemetry) == len(rec.actions) == 4 * FPS
         assert all(len(e["ram"]) == 128 and all(0 <= b < 256 for b in e["ram"]) for e in telemetry)
@@ -198,13 +227,13 @@ def test_same_arguments_give_byte_identical_captures_and_another_seed_does_not(a
     again = record(tmp_path / "again", SHORT)
     first_root = recordings[0].path.parent
     files = sorted(p.relative_to(first_root) for p in first_root.rglob("*") if p.is_file())
-    assert files == sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*")
-                           if p.is_file())
+    assert files == sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*") if p.is_file())
     for rel in files:
         assert (first_root / rel).read_bytes() == (tmp_path / "again" / rel).read_bytes(), rel
     assert [r.actions for r in again] == [r.actions for r in recordings]
-    other = record(tmp_path / "other", AtariOptions(games=("Breakout",), sessions=1, seconds=4.0, seed=4,
-                                                   policies=("random",)))
+    other = record(
+        tmp_path / "other", AtariOptions(games=("Breakout",), sessions=1, seconds=4.0, seed=4, policies=("random",))
+    )
     assert other[0].actions != recordings[0].actions
 
 
@@ -220,6 +249,7 @@ def test_upscale_repeats_pixels(ale, tmp_path):
 
 # ---- the command ----
 
+
 def _dsbuild(*args: str) -> subprocess.CompletedProcess:
     code = "import sys; from dsbuild.cli.app import main; sys.argv[0] = 'dsbuild'; main()"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
@@ -227,21 +257,42 @@ def _dsbuild(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_records_atari_sessions(ale, tmp_path):
     out = tmp_path / "caps"
-    r = _dsbuild("samples", str(out), "--source", "atari", "--games", "Breakout,MsPacman", "--sessions", "2",
-                 "--seconds", "1", "--policy", "sticky,scripted", "--seed", "7", "--json")
+    r = _dsbuild(
+        "samples",
+        str(out),
+        "--source",
+        "atari",
+        "--games",
+        "Breakout,MsPacman",
+        "--sessions",
+        "2",
+        "--seconds",
+        "1",
+        "--policy",
+        "sticky,scripted",
+        "--seed",
+        "7",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [Path(p).name for p in doc["sessions"]] == [
-        "breakout-sticky-s7-0000", "breakout-scripted-s8-0001",
-        "mspacman-sticky-s7-0000", "mspacman-scripted-s8-0001"]
+        "breakout-sticky-s7-0000",
+        "breakout-scripted-s8-0001",
+        "mspacman-sticky-s7-0000",
+        "mspacman-scripted-s8-0001",
+    ]
     assert json.loads((out / "mspacman-sticky-s7-0000" / "session.json").read_text())["title"] == "MsPacman"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--games", "NoSuchGame"], "unknown Atari game"),
-    (["--damage", "bad_json"], "--damage"),
-    (["--policy", "greedy"], "--policy"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--games", "NoSuchGame"], "unknown Atari game"),
+        (["--damage", "bad_json"], "--damage"),
+        (["--policy", "greedy"], "--policy"),
+    ],
+)
 def test_cli_refuses_bad_atari_arguments_in_one_line(ale, tmp_path, args, message):
     r = _dsbuild("samples", str(tmp_path / "caps"), "--source", "atari", "--seconds", "1", *args)
     assert r.returncode == 2

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.samples.synthetic import generate
 from tests.helpers import cli, manifest, session_records
 
@@ -28,14 +28,23 @@ QUARANTINE = {
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory):
     """One clean session, then one session per damage kind (the first duplicates the clean one's id)."""
-    kinds = sorted(QUARANTINE, key=lambda k: k != "duplicate_id") + ["truncated_video", "malformed_lines", "out_of_order", "nan_telemetry",
-                                "bad_utf8", "missing_streams"]
+    kinds = sorted(QUARANTINE, key=lambda k: k != "duplicate_id") + [
+        "truncated_video",
+        "malformed_lines",
+        "out_of_order",
+        "nan_telemetry",
+        "bad_utf8",
+        "missing_streams",
+    ]
     root = tmp_path_factory.mktemp("damaged") / "cap"
-    paths = generate(root, sessions=len(kinds) + 1, seconds=4, seed=2,
-                     damage={i + 1: k for i, k in enumerate(kinds)})
+    paths = generate(root, sessions=len(kinds) + 1, seconds=4, seed=2, damage={i + 1: k for i, k in enumerate(kinds)})
     out = root.parent / "cat"
     r = convert(root, out, CONFIG, executor=ExecutorSpec(workers=2))
-    return {k: paths[i + 1].name for i, k in enumerate(kinds)}, r, {**manifest(out, r.version_id), **session_records(out, r.version_id)}
+    return (
+        {k: paths[i + 1].name for i, k in enumerate(kinds)},
+        r,
+        {**manifest(out, r.version_id), **session_records(out, r.version_id)},
+    )
 
 
 @pytest.mark.parametrize("kind", sorted(QUARANTINE))
@@ -141,7 +150,7 @@ def test_user_mistakes_get_one_line_and_exit_2(tmp_path, case):
 def test_all_sessions_quarantined_is_exit_1_names_every_reason_and_commits_nothing(tmp_path):
     """The error named the first session and hinted "`--json` lists every reason", which it did not: with
     nothing committed there is no report. The message names up to five, then counts the rest."""
-    generate(tmp_path / "cap", sessions=7, seconds=1, seed=0, damage={i: "not_video" for i in range(7)})
+    generate(tmp_path / "cap", sessions=7, seconds=1, seed=0, damage=dict.fromkeys(range(7), "not_video"))
     r = cli("convert", tmp_path / "cap", tmp_path / "out", "--json")
     assert r.returncode == 1 and r.stdout == ""
     error = json.loads(r.stderr)
@@ -195,8 +204,9 @@ def test_a_capture_edited_between_its_read_and_its_hash_is_quarantined(tmp_path,
     _edit_during(monkeypatch, when, edit)
     r = convert(tmp_path / "cap", tmp_path / "cat", CONFIG, executor=ExecutorSpec(workers=1))
     [q] = r.quarantined
-    assert "changed while reading" in q.reason and q.path.endswith("session.json" if when == "hash_sources"
-                                                                    else "actions.jsonl"), q
+    assert "changed while reading" in q.reason and q.path.endswith(
+        "session.json" if when == "hash_sources" else "actions.jsonl"
+    ), q
     monkeypatch.undo()
     again = convert(tmp_path / "cap", tmp_path / "cat", CONFIG, executor=ExecutorSpec(workers=1))
     fresh = convert(tmp_path / "cap", tmp_path / "fresh", CONFIG, executor=ExecutorSpec(workers=1))

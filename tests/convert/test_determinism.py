@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.formats.video import decoded_frame_count
 from dsbuild.formats.webdataset import parse_members
 from dsbuild.lineage.catalog import Catalog
@@ -39,8 +39,12 @@ def test_reconverting_into_the_same_catalog_is_a_no_op(copy_captures, tmp_path):
 
 
 def test_other_codecs_and_variable_frame_rate_are_cut_by_timestamps(tmp_path):
-    videos = [VideoSpec(160, 120, 30, 30, codec="vp9"), VideoSpec(160, 120, 30, 30, codec="av1"),
-              VideoSpec(160, 120, 30, 30, codec="hevc"), VideoSpec(160, 120, 30, 30, vfr_jitter=0.4)]
+    videos = [
+        VideoSpec(160, 120, 30, 30, codec="vp9"),
+        VideoSpec(160, 120, 30, 30, codec="av1"),
+        VideoSpec(160, 120, 30, 30, codec="hevc"),
+        VideoSpec(160, 120, 30, 30, vfr_jitter=0.4),
+    ]
     specs = [dataclasses.replace(session_spec(5, i, 4), video=v) for i, v in enumerate(videos)]
     generate(tmp_path / "cap", sessions=4, seconds=4, seed=5, specs=specs)
     r = convert(tmp_path / "cap", tmp_path / "cat", ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=1))

@@ -34,8 +34,9 @@ print(json.dumps({"version_id": r.version_id}))
 
 
 def _run(src, cat, workers: int = 2) -> str:
-    out = subprocess.run([sys.executable, "-c", CONVERT, str(src), str(cat), str(workers)], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(src), str(cat), str(workers)], capture_output=True, text=True
+    )
     assert out.returncode == 0, f"convert exited {out.returncode}:\n{out.stderr}"
     return json.loads(out.stdout)["version_id"]
 
@@ -51,8 +52,12 @@ def test_kill_9_at_20_random_moments_never_leaves_a_partial_version(copy_capture
     for attempt in range(20):
         if (cat / "catalog.json").exists() and Catalog.open(cat).versions():
             shutil.rmtree(cat)  # every attempt interrupts a build that has work left to do
-        proc = subprocess.Popen([sys.executable, "-c", CONVERT, str(src), str(cat), "2"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CONVERT, str(src), str(cat), "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         time.sleep(rng.uniform(0.0, duration))
         if proc.poll() is None:
             killed += 1

@@ -16,10 +16,10 @@ import webdataset as wds
 import zstandard
 from blake3 import blake3
 
+from dsbuild.core.hashing import sha256_file
 from dsbuild.formats.sample import members_sha256
 from dsbuild.formats.video import decoded_frame_count
 from dsbuild.formats.webdataset import parse_members
-from dsbuild.core.hashing import sha256_file
 from tests.helpers import index_rows, manifest, session_records, shard_files
 
 
@@ -122,17 +122,17 @@ def test_every_parquet_column_is_compressed_where_it_pays(parquet_catalog):
                 col = md.row_group(g).column(c)
                 as_is = col.path_in_schema in ("video", "events")  # already compressed (MP4, zstd)
                 assert col.compression == ("UNCOMPRESSED" if as_is else "ZSTD"), col.path_in_schema
-                if col.path_in_schema in ("actions.list.element", "telemetry.list.element",
-                                          "timestamps.list.element"):
+                if col.path_in_schema in ("actions.list.element", "telemetry.list.element", "timestamps.list.element"):
                     assert "BYTE_STREAM_SPLIT" in col.encodings
 
 
 def test_index_columns_use_null_maps_and_timestamps(wds_catalog):
     catalog, vid = wds_catalog
     path = catalog / "versions" / vid / "index.parquet"
-    sql = (f"select typeof(conditions), typeof(started_at), sum(byte_length), count(row_group) "
-           f"from '{path}' group by all")
-    (types_map, types_ts, total, row_groups), = duckdb.sql(sql).fetchall()
+    sql = (
+        f"select typeof(conditions), typeof(started_at), sum(byte_length), count(row_group) from '{path}' group by all"
+    )
+    ((types_map, types_ts, total, row_groups),) = duckdb.sql(sql).fetchall()
     assert types_map == "MAP(VARCHAR, VARCHAR)" and types_ts.startswith("TIMESTAMP")
     assert total > 0 and row_groups == 0  # NULL, never -1, where a value does not apply
 

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("ray")
 
-from dsbuild.convert import ConvertConfig, convert  # noqa: E402
-from dsbuild.core.executor import ExecutorSpec  # noqa: E402
-from dsbuild.samples.synthetic import generate  # noqa: E402
-from tests.helpers import tree_bytes  # noqa: E402
+from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.executor import ExecutorSpec
+from dsbuild.samples.synthetic import generate
+from tests.helpers import tree_bytes
 
 
 def test_ray_and_local_executors_write_identical_catalogs(tmp_path):

@@ -29,7 +29,7 @@ def test_the_soundtrack_beeps_where_buttons_are_pressed_and_clips_carry_it(tmp_p
     pcm = soundtrack(actions, 4 * AUDIO_RATE)[:, 0].astype(np.float64)
     quiet = np.abs(pcm).max() / 4
     for t in presses:
-        beep = pcm[round(t * AUDIO_RATE):round((t + BEEP_SECONDS) * AUDIO_RATE)]
+        beep = pcm[round(t * AUDIO_RATE) : round((t + BEEP_SECONDS) * AUDIO_RATE)]
         assert np.abs(beep).max() > quiet
     with VideoSource(d / doc["video"]) as src:
         assert src.info.audio is not None and src.info.audio.codec == "flac"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import numpy as np
 import pyarrow as pa
@@ -15,18 +15,21 @@ from hypothesis import strategies as st
 from dsbuild.core.arrow import array, datetimes, to_numpy
 
 text = st.text(max_size=8)
-times = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
-                     timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=-7, minutes=-30))]))
+times = st.datetimes(
+    min_value=datetime(1, 1, 2),
+    max_value=datetime(9999, 12, 30),
+    timezones=st.sampled_from([UTC, timezone(timedelta(hours=-7, minutes=-30))]),
+)
 COLUMNS = {
-    pa.int32(): st.integers(-(2 ** 31), 2 ** 31 - 1),
-    pa.int64(): st.integers(-(2 ** 63), 2 ** 63 - 1),
+    pa.int32(): st.integers(-(2**31), 2**31 - 1),
+    pa.int64(): st.integers(-(2**63), 2**63 - 1),
     pa.float32(): st.floats(width=32),
     pa.float64(): st.floats(),
     pa.bool_(): st.booleans(),
     pa.string(): text,
     pa.binary(): st.binary(max_size=8),
     pa.timestamp("us", tz="UTC"): times,
-    pa.list_(pa.int64()): st.lists(st.integers(-(2 ** 63), 2 ** 63 - 1), max_size=4),
+    pa.list_(pa.int64()): st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
     pa.list_(pa.string()): st.lists(text, max_size=4),
     pa.list_(pa.float32()): st.lists(st.floats(width=32), max_size=4),
     pa.map_(pa.string(), pa.string()): st.lists(st.tuples(text, text), max_size=3),
@@ -47,8 +50,10 @@ def test_columns_equal_pyarrow_array(type, data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.lists(st.none() | st.lists(st.floats(width=32), max_size=5), max_size=8),
-       dtype=st.sampled_from([np.float32, np.float64]))
+@given(
+    rows=st.lists(st.none() | st.lists(st.floats(width=32), max_size=5), max_size=8),
+    dtype=st.sampled_from([np.float32, np.float64]),
+)
 def test_numpy_rows_make_the_same_list_column(rows, dtype):
     type = pa.list_(pa.from_numpy_dtype(np.dtype(dtype)))
     values = [None if r is None else np.array(r, dtype) for r in rows]
@@ -59,10 +64,10 @@ def test_numpy_rows_make_the_same_list_column(rows, dtype):
 @settings(max_examples=40, deadline=None)
 @given(data=st.data(), type=st.sampled_from([pa.int64(), pa.int32(), pa.float64(), pa.bool_()]))
 def test_numpy_vectors_make_the_same_column(data, type):
-    dtype = {pa.int64(): np.int64, pa.int32(): np.int64, pa.float64(): np.float64,
-             pa.bool_(): bool}[type]  # int32 from int64: converted, not reinterpreted
-    values = np.array(data.draw(st.lists(COLUMNS[pa.int32() if type == pa.int32() else type], max_size=10)),
-                      dtype)
+    dtype = {pa.int64(): np.int64, pa.int32(): np.int64, pa.float64(): np.float64, pa.bool_(): bool}[
+        type
+    ]  # int32 from int64: converted, not reinterpreted
+    values = np.array(data.draw(st.lists(COLUMNS[pa.int32() if type == pa.int32() else type], max_size=10)), dtype)
     ours, theirs = array(values, type), pa.array(values, type=type)
     assert [b and b.to_pybytes() for b in ours.buffers()] == [b and b.to_pybytes() for b in theirs.buffers()]
 
@@ -102,16 +107,28 @@ def test_numpy_rows_naive_times_and_dicts_are_accepted():
     assert array(rows, pa.list_(pa.float32())).to_pylist() == [[1.5, 2.5], None, []]
     naive = datetime(2026, 11, 30, 12, 0, 0, 1)
     assert array([naive], pa.timestamp("us", tz="UTC")).equals(
-        pa.array([naive.replace(tzinfo=timezone.utc)], pa.timestamp("us", tz="UTC")))
+        pa.array([naive.replace(tzinfo=UTC)], pa.timestamp("us", tz="UTC"))
+    )
     assert array([{"map": "a"}], pa.map_(pa.string(), pa.string())).to_pylist() == [[("map", "a")]]
     with pytest.raises(TypeError, match="no builder"):
         array([1], pa.decimal128(5, 2))
 
 
-@pytest.mark.parametrize("values, type", [
-    ([3], pa.string()), (["x"], pa.binary()), ([1], pa.bool_()), ([1.5], pa.int32()), ([True], pa.int64()),
-    (np.array([1.5, 2.0]), pa.int64()), (["1"], pa.float64()), ([[("k", 1)]], pa.map_(pa.string(), pa.string())),
-    ([np.ones((2, 2), np.float32)], pa.list_(pa.float32())), (["2026-11-30"], pa.timestamp("us", tz="UTC"))])
+@pytest.mark.parametrize(
+    "values, type",
+    [
+        ([3], pa.string()),
+        (["x"], pa.binary()),
+        ([1], pa.bool_()),
+        ([1.5], pa.int32()),
+        ([True], pa.int64()),
+        (np.array([1.5, 2.0]), pa.int64()),
+        (["1"], pa.float64()),
+        ([[("k", 1)]], pa.map_(pa.string(), pa.string())),
+        ([np.ones((2, 2), np.float32)], pa.list_(pa.float32())),
+        (["2026-11-30"], pa.timestamp("us", tz="UTC")),
+    ],
+)
 def test_values_of_the_wrong_kind_are_refused_not_coerced(values, type):
     """A silent coercion would write wrong data into a content-addressed file (pyarrow itself refuses most
     of these, but truncates 1.5 into an int column and encodes a str into a binary one)."""

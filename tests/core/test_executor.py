@@ -76,8 +76,7 @@ def _suicide(i: int) -> int:
 
 def test_a_worker_killed_mid_task_is_a_clear_error_naming_the_task():
     with pytest.raises(WorkerDied, match="item 2") as e:
-        run_tasks(_suicide, [0, 1, 2, 3], ExecutorSpec(workers=2), lambda i, r: None,
-                  describe=lambda x: f"item {x}")
+        run_tasks(_suicide, [0, 1, 2, 3], ExecutorSpec(workers=2), lambda i, r: None, describe=lambda x: f"item {x}")
     assert "fewer --workers" in e.value.hint
 
 
@@ -100,8 +99,13 @@ def test_started_is_called_once_the_workers_exist_and_before_any_result():
         def started() -> None:
             events.append(("started", len(multiprocessing.active_children())))
 
-        run_tasks(_square, list(range(5)), ExecutorSpec(workers=workers), lambda i, r: events.append(("result", i)),
-                  started=started)
+        run_tasks(
+            _square,
+            list(range(5)),
+            ExecutorSpec(workers=workers),
+            lambda i, r: events.append(("result", i)),
+            started=started,
+        )
         assert events[0] == ("started", 0 if workers == 1 else workers)
         assert [e for e in events if e[0] == "started"] == [events[0]] and len(events) == 6
     events = []

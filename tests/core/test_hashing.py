@@ -18,7 +18,7 @@ DATA = os.urandom(8 << 20)  # large enough for BLAKE3 to split it across its thr
 def _proof(blake3_hex: str | None, data: bytes = DATA) -> FileProof:
     proof = FileProof(hashlib.sha256(DATA).hexdigest(), blake3_hex)
     for start in range(0, len(data), 1 << 20):
-        proof.update(data[start:start + (1 << 20)])
+        proof.update(data[start : start + (1 << 20)])
     return proof
 
 

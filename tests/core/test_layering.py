@@ -13,8 +13,20 @@ from pathlib import Path
 
 import dsbuild
 
-TIERS = {"core": 0, "formats": 1, "lineage": 2, "convert": 3, "validators": 3, "split": 3, "loader": 3,
-         "samples": 3, "bench": 4, "export": 4, "ray": 4, "cli": 5}
+TIERS = {
+    "core": 0,
+    "formats": 1,
+    "lineage": 2,
+    "convert": 3,
+    "validators": 3,
+    "split": 3,
+    "loader": 3,
+    "samples": 3,
+    "bench": 4,
+    "export": 4,
+    "ray": 4,
+    "cli": 5,
+}
 ROOT = Path(dsbuild.__file__).parent
 
 
@@ -39,14 +51,18 @@ def _package_imports() -> dict[str, set[str]]:
 
 
 def test_every_package_has_a_tier():
-    packages = {p.relative_to(ROOT).parts[0].removesuffix(".py") for p in ROOT.iterdir()
-                if p.suffix == ".py" or (p / "__init__.py").exists()} - {"__init__", "__pycache__"}
+    packages = {
+        p.relative_to(ROOT).parts[0].removesuffix(".py")
+        for p in ROOT.iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").exists()
+    } - {"__init__", "__pycache__"}
     assert packages <= set(TIERS), packages - set(TIERS)
 
 
 def test_imports_only_point_down_the_pipeline():
-    upward = sorted((src, dst) for src, dsts in _package_imports().items() for dst in dsts
-                    if TIERS.get(dst, 99) > TIERS[src])
+    upward = sorted(
+        (src, dst) for src, dsts in _package_imports().items() for dst in dsts if TIERS.get(dst, 99) > TIERS[src]
+    )
     assert upward == []
 
 

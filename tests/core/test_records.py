@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import depth_ok
@@ -37,8 +38,16 @@ _cur = DEEP
 for _ in range(70):
     _cur.append([])
     _cur = _cur[0]
-GOOD = {"format": "test.outer/1", "digest": "a" * 64, "ratio": 1, "flag": True,
-        "items": [{"name": "x", "count": 2}], "labels": {"k": "v"}, "note": None, "extra": {"any": [1, 2]}}
+GOOD = {
+    "format": "test.outer/1",
+    "digest": "a" * 64,
+    "ratio": 1,
+    "flag": True,
+    "items": [{"name": "x", "count": 2}],
+    "labels": {"k": "v"},
+    "note": None,
+    "extra": {"any": [1, 2]},
+}
 
 
 def test_round_trip_and_ints_are_accepted_as_floats():
@@ -47,18 +56,21 @@ def test_round_trip_and_ints_are_accepted_as_floats():
     assert Outer.from_json(r.to_json(), "again") == r
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"format": "test.outer/2"}, "format is 'test.outer/2'"),
-    ({"digest": "zz"}, "does not match"),
-    ({"flag": 1}, "expected bool"),
-    ({"ratio": True}, "expected float"),
-    ({"items": [{"name": "x", "count": -1}]}, "below 0"),
-    ({"items": [{"name": "x", "count": 1.5}]}, "expected int"),
-    ({"items": {"name": "x"}}, "expected a list"),
-    ({"labels": {"k": 1}}, "expected str"),
-    ({"surprise": 1}, "unknown field 'surprise'"),
-    ({"extra": DEEP}, "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"format": "test.outer/2"}, "format is 'test.outer/2'"),
+        ({"digest": "zz"}, "does not match"),
+        ({"flag": 1}, "expected bool"),
+        ({"ratio": True}, "expected float"),
+        ({"items": [{"name": "x", "count": -1}]}, "below 0"),
+        ({"items": [{"name": "x", "count": 1.5}]}, "expected int"),
+        ({"items": {"name": "x"}}, "expected a list"),
+        ({"labels": {"k": 1}}, "expected str"),
+        ({"surprise": 1}, "unknown field 'surprise'"),
+        ({"extra": DEEP}, "nested too deeply"),
+    ],
+)
 def test_every_field_is_validated_with_its_name(change, message):
     with pytest.raises(FormatError, match=message):
         Outer.from_json({**GOOD, **change}, "doc")
@@ -99,9 +111,11 @@ def _depth(v) -> int:
     return 0
 
 
-_json = st.recursive(st.none() | st.integers() | st.text(max_size=3),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3),
-                     max_leaves=30)
+_json = st.recursive(
+    st.none() | st.integers() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=2), inner, max_size=3),
+    max_leaves=30,
+)
 
 
 @given(_json, st.integers(0, 8))

@@ -8,15 +8,32 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsbuild.core.errors import FormatError, StorageError
 from dsbuild.core.files import UnsafeFile, read_capped
 from dsbuild.core.store import FsspecStore, LocalStore, ShardCache, UnsafeKey, check_key
 from tests.helpers import unprivileged
 
-HOSTILE = ["/etc/passwd", "//home/u/.ssh/x", "cat//x", "versions/../../x", "..", "a/./b", "a\\b", "C:/x", "c:x",
-           "a/\nb", "a/\x00b", "", "a/", "/", "shards/ab/.hidden", "x\x7f"]
+HOSTILE = [
+    "/etc/passwd",
+    "//home/u/.ssh/x",
+    "cat//x",
+    "versions/../../x",
+    "..",
+    "a/./b",
+    "a\\b",
+    "C:/x",
+    "c:x",
+    "a/\nb",
+    "a/\x00b",
+    "",
+    "a/",
+    "/",
+    "shards/ab/.hidden",
+    "x\x7f",
+]
 
 
 @pytest.mark.parametrize("key", HOSTILE)
@@ -68,9 +85,12 @@ def test_a_failed_atomic_replace_leaves_no_temp_file(tmp_path):
     target.write_text("old")
     target.parent.chmod(0o500)
     try:
-        out = unprivileged("import sys; from dsbuild.core.errors import StorageError; from dsbuild.core.files import "
-                           "replace_atomically\ntry:\n    replace_atomically(sys.argv[1], b'new')\n"
-                           "except StorageError as e:\n    print('refused:', e)", target)
+        out = unprivileged(
+            "import sys; from dsbuild.core.errors import StorageError; from dsbuild.core.files import "
+            "replace_atomically\ntry:\n    replace_atomically(sys.argv[1], b'new')\n"
+            "except StorageError as e:\n    print('refused:', e)",
+            target,
+        )
     finally:
         target.parent.chmod(0o755)
     assert out.stdout.startswith("refused:") and "cannot write" in out.stdout, out.stderr
@@ -172,6 +192,7 @@ def test_a_missing_file_that_stands_for_a_network_failure_is_a_storage_error():
     def raise_(error: Exception, cause: BaseException | None):
         def fn():
             raise error from cause
+
         return fn
 
     with pytest.raises(StorageError, match=r"http://h/cat/catalog.json: ConnectionRefusedError: .*refused"):
@@ -200,7 +221,7 @@ def test_a_fifo_under_a_shards_name_in_the_shared_cache_is_never_waited_on(tmp_p
     there blocked every reader of that shard forever. It is opened non-blocking, judged, and fetched again."""
     store, blobs = _memory_store(tmp_path, monkeypatch, 1)
     cache = ShardCache(store, limit=5000, directory=tmp_path / "shards")
-    (key, data), = blobs.items()
+    ((key, data),) = blobs.items()
     sha = hashlib.sha256(data).hexdigest()
     os.mkfifo(tmp_path / "shards" / f"{sha}.tar")
     assert cache.path(key, sha, len(data)).read_bytes() == data and cache.downloads == 1

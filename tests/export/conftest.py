@@ -24,10 +24,12 @@ from dsbuild.split import SplitOptions, load_split, make_split
 SPLITS = ("test", "train", "val")
 # The first session (its clips sort first, so they fill the first shard) has no "weather"; the last
 # has a "mode" no other has: a reader that infers columns from the first shard loses both.
-CONDITIONS = ({"track": "harbor", "difficulty": "easy"},
-              {"track": "city", "weather": "rain", "difficulty": "hard"},
-              {"track": "canyon", "weather": "clear", "difficulty": "easy"},
-              {"track": "city", "weather": "rain", "difficulty": "hard", "mode": "night"})
+CONDITIONS = (
+    {"track": "harbor", "difficulty": "easy"},
+    {"track": "city", "weather": "rain", "difficulty": "hard"},
+    {"track": "canyon", "weather": "clear", "difficulty": "easy"},
+    {"track": "city", "weather": "rain", "difficulty": "hard", "mode": "night"},
+)
 PLAYERS = ("p-0", "p-1", "p-0", "p-2")
 TARGET = 1 << 18  # small shards of a few samples each, so shards hold samples of several splits
 
@@ -35,18 +37,27 @@ TARGET = 1 << 18  # small shards of a few samples each, so shards hold samples o
 @pytest.fixture(scope="session")
 def export_captures(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("export-captures")
-    specs = [dataclasses.replace(session_spec(5, i, 2.0), video=VideoSpec(160, 120, 30, 30), player=PLAYERS[i],
-                                 conditions=CONDITIONS[i]) for i in range(4)]
+    specs = [
+        dataclasses.replace(
+            session_spec(5, i, 2.0), video=VideoSpec(160, 120, 30, 30), player=PLAYERS[i], conditions=CONDITIONS[i]
+        )
+        for i in range(4)
+    ]
     generate(root, sessions=4, seconds=2.0, seed=5, specs=specs)
     return root
 
 
 def _catalog(captures: Path, out: Path, fmt: str) -> tuple[Path, str]:
-    r = convert(captures, out, ConvertConfig(format=fmt, clip_seconds=1.0, shard_size=TARGET),
-                executor=ExecutorSpec(workers=1))
+    r = convert(
+        captures, out, ConvertConfig(format=fmt, clip_seconds=1.0, shard_size=TARGET), executor=ExecutorSpec(workers=1)
+    )
     # train gets p-0's two sessions, val p-1, test p-2: shards hold samples of several splits
-    make_split(out, r.version_id, "main", SplitOptions(by="player", ratios="train=0.5,val=0.25,test=0.25",
-                                                       pins=[("train", ["p-0"]), ("val", ["p-1"])]))
+    make_split(
+        out,
+        r.version_id,
+        "main",
+        SplitOptions(by="player", ratios="train=0.5,val=0.25,test=0.25", pins=[("train", ["p-0"]), ("val", ["p-1"])]),
+    )
     Catalog.open(out).set_tag("v1", r.version_id)
     return out, r.version_id
 
@@ -85,6 +96,7 @@ def exported(export_catalog, tmp_path_factory):
             made[tool] = tmp_path_factory.mktemp(f"export-{tool}") / "out"
             export(f"{cat}@v1", made[tool], to=tool, split="main", target_bytes=TARGET)
         return made[tool]
+
     return get
 
 
@@ -93,8 +105,9 @@ def hf_offline(tmp_path_factory):
     """HF datasets without a network, its Arrow cache in a private folder."""
     keys = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE")
     old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-                      HF_DATASETS_CACHE=str(tmp_path_factory.mktemp("hf-cache")))
+    os.environ.update(
+        HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path_factory.mktemp("hf-cache"))
+    )
     yield
     for k, v in old.items():
         if v is None:

@@ -26,5 +26,6 @@ def check_samples(got: dict[str, tuple[dict, bytes]], expected: dict[str, dict])
 
 def peer(module: str):
     """Import a peer library or skip, naming the extra that installs it (``make test`` does)."""
-    return pytest.importorskip(module, reason=f"{module} is not installed: pip install -e '.[peers]' "
-                                               "(make test installs it)")
+    return pytest.importorskip(
+        module, reason=f"{module} is not installed: pip install -e '.[peers]' (make test installs it)"
+    )

@@ -28,8 +28,16 @@ def _read(root: Path, part: str) -> dict[str, tuple[dict, bytes]]:
 
     wc = energon.WorkerConfig.default_worker_config(0)
     if part == "train":
-        ds = energon.get_train_dataset(root, split_part=part, batch_size=1, worker_config=wc, task_encoder=Encoder(),
-                                       shuffle_buffer_size=None, max_samples_per_sequence=None, repeat=False)
+        ds = energon.get_train_dataset(
+            root,
+            split_part=part,
+            batch_size=1,
+            worker_config=wc,
+            task_encoder=Encoder(),
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            repeat=False,
+        )
     else:
         ds = energon.get_val_dataset(root, split_part=part, batch_size=1, worker_config=wc, task_encoder=Encoder())
     got = [s for batch in energon.get_loader(ds) for s in batch]

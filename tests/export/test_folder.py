@@ -18,8 +18,11 @@ from .conftest import TARGET
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): (p.read_bytes() if not p.is_symlink() else str(p.readlink()).encode())
-            for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes() if not p.is_symlink() else str(p.readlink()).encode())
+        for p in sorted(root.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
 
 
 def _same_as_clean(got: Path, clean: Path) -> None:
@@ -44,7 +47,8 @@ def _interrupt(cat: Path, dest: Path, tool: str) -> None:
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_an_interrupted_export_leaves_its_folder_empty_and_finishes_on_rerun_with_the_bytes_of_a_clean_one(
-        tool, export_catalog, exported, tmp_path):
+    tool, export_catalog, exported, tmp_path
+):
     """Every tool's export is built beside DEST and renamed into place whole: a reader globbing DEST after
     an interruption finds nothing, not a smaller dataset."""
     cat, _ = export_catalog
@@ -88,7 +92,9 @@ def test_export_refuses_a_folder_that_holds_something_else(export_catalog, expor
     with pytest.raises(UsageError, match="not empty and is not an earlier export") as e:
         export(f"{cat}@v1", tmp_path / "busy", to="wids")
     assert "\n" not in str(e.value)
-    with pytest.raises(UsageError, match=r"holds a mds export of version .* split main \(set .*\) in files of .*, not a hf export"):
+    with pytest.raises(
+        UsageError, match=r"holds a mds export of version .* split main \(set .*\) in files of .*, not a hf export"
+    ):
         export(f"{cat}@v1", exported("mds"), to="hf", split="main")
     with pytest.raises(UsageError, match="not a wids export .* split main/val"):
         export(f"{cat}@v1", exported("wids"), to="wids", split="main/val")
@@ -115,8 +121,11 @@ def test_a_missing_peer_library_names_the_extra(monkeypatch):
 def test_the_export_command_prints_the_report(export_catalog, tmp_path):
     cat, vid = export_catalog
     dsbuild = Path(sys.executable).with_name("dsbuild")
-    run = subprocess.run([str(dsbuild), "export", f"{cat}@v1", str(tmp_path / "w"), "--to", "wids",
-                          "--split", "main/test", "--json"], capture_output=True, text=True)
+    run = subprocess.run(
+        [str(dsbuild), "export", f"{cat}@v1", str(tmp_path / "w"), "--to", "wids", "--split", "main/test", "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout)
     assert report["version_id"] == vid and report["splits"] == {"test": 2} and report["tool"] == "wids"
@@ -137,8 +146,9 @@ def test_a_shard_that_would_be_linked_must_be_whole(export_catalog, tmp_path, to
     else:
         shard.write_bytes(shard.read_bytes()[:-1])
     dsbuild = Path(sys.executable).with_name("dsbuild")
-    run = subprocess.run([str(dsbuild), "export", f"{copy}@v1", str(tmp_path / "out"), "--to", tool],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [str(dsbuild), "export", f"{copy}@v1", str(tmp_path / "out"), "--to", tool], capture_output=True, text=True
+    )
     assert run.returncode == 3 and shard.name in run.stderr and "dsbuild verify" in run.stderr, run.stderr
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
@@ -157,8 +167,9 @@ def test_a_second_export_into_a_folder_being_written_is_refused(export_catalog, 
     fd = os.open(partial / ".dsbuild-export.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # as a running export holds it
     try:
-        run = subprocess.run([str(dsbuild), "export", f"{cat}@v1", str(dest), "--to", "hf"], capture_output=True,
-                             text=True)
+        run = subprocess.run(
+            [str(dsbuild), "export", f"{cat}@v1", str(dest), "--to", "hf"], capture_output=True, text=True
+        )
         assert run.returncode == 3 and "another export into it is running" in run.stderr, run.stderr
     finally:
         os.close(fd)
@@ -175,14 +186,16 @@ def test_an_export_into_the_current_folder_is_refused_and_leaves_nothing(export_
     here = tmp_path / "here"
     here.mkdir()
     dsbuild = Path(sys.executable).with_name("dsbuild")
-    run = subprocess.run([str(dsbuild), "export", f"{cat}@v1", ".", "--to", "hf"], capture_output=True, text=True,
-                         cwd=here)
+    run = subprocess.run(
+        [str(dsbuild), "export", f"{cat}@v1", ".", "--to", "hf"], capture_output=True, text=True, cwd=here
+    )
     assert run.returncode == 2 and "is the current folder" in run.stderr, run.stderr
     assert list(here.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["here"]
 
 
-def test_without_a_split_set_the_version_is_the_split_train_and_every_shard_is_linked(export_catalog, expected,
-                                                                                   tmp_path):
+def test_without_a_split_set_the_version_is_the_split_train_and_every_shard_is_linked(
+    export_catalog, expected, tmp_path
+):
     cat, _ = export_catalog
     r = export(f"{cat}@v1", tmp_path / "w", to="wids", target_bytes=TARGET)
     assert r.splits == {"train": sum(len(keys) for keys in expected.values())}
@@ -191,16 +204,22 @@ def test_without_a_split_set_the_version_is_the_split_train_and_every_shard_is_l
     assert r.bytes_written < 4096  # only the shard list: no shard byte copied
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--split", "main/tarin"], "did you mean 'train'"),  # as every other split name typo
-    (["--split", "main/"], "use NAME/SPLIT"),
-    (["--split-set", "main/train"], "--split-set 'main/train': use NAME"),  # was taken as one split
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--split", "main/tarin"], "did you mean 'train'"),  # as every other split name typo
+        (["--split", "main/"], "use NAME/SPLIT"),
+        (["--split-set", "main/train"], "--split-set 'main/train': use NAME"),  # was taken as one split
+    ],
+)
 def test_the_export_command_refuses_a_split_it_cannot_mean(export_catalog, tmp_path, args, says):
     cat, _ = export_catalog
     dsbuild = Path(sys.executable).with_name("dsbuild")
-    run = subprocess.run([str(dsbuild), "export", f"{cat}@v1", str(tmp_path / "x"), "--to", "wids", *args],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [str(dsbuild), "export", f"{cat}@v1", str(tmp_path / "x"), "--to", "wids", *args],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2 and says in run.stderr, run.stderr
     assert not (tmp_path / "x").exists()
 
@@ -213,20 +232,42 @@ def test_an_empty_split_is_exported_with_a_warning(export_catalog, tmp_path):
     shutil.copytree(cat, mine)
     (tmp_path / "pins.txt").write_text("p-0\np-1\np-2\n")  # every player pinned to train: val is empty
     dsbuild = Path(sys.executable).with_name("dsbuild")
-    subprocess.run([str(dsbuild), "split", str(mine), "--name", "lop", "--by", "player", "--ratios",
-                    "train=0.5,val=0.5", "--pin", f"train={tmp_path / 'pins.txt'}", "--quiet"], check=True)
-    run = subprocess.run([str(dsbuild), "export", f"{mine}@v1", str(tmp_path / "x"), "--to", "mds",
-                          "--split-set", "lop"], capture_output=True, text=True)
+    subprocess.run(
+        [
+            str(dsbuild),
+            "split",
+            str(mine),
+            "--name",
+            "lop",
+            "--by",
+            "player",
+            "--ratios",
+            "train=0.5,val=0.5",
+            "--pin",
+            f"train={tmp_path / 'pins.txt'}",
+            "--quiet",
+        ],
+        check=True,
+    )
+    run = subprocess.run(
+        [str(dsbuild), "export", f"{mine}@v1", str(tmp_path / "x"), "--to", "mds", "--split-set", "lop"],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert "warning split 'val' is empty: mds cannot open it" in run.stderr
-    as_json = subprocess.run([str(dsbuild), "export", f"{mine}@v1", str(tmp_path / "y"), "--to", "mds",
-                              "--split-set", "lop", "--json"], capture_output=True, text=True)
+    as_json = subprocess.run(
+        [str(dsbuild), "export", f"{mine}@v1", str(tmp_path / "y"), "--to", "mds", "--split-set", "lop", "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert json.loads(as_json.stdout)["warnings"] == ["split 'val' is empty: mds cannot open it"]  # (was lost)
 
 
 def _dsbuild(*args, cwd=None):
-    return subprocess.run([str(Path(sys.executable).with_name("dsbuild")), *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd)
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("dsbuild")), *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
 
 
 def test_a_destination_the_export_cannot_be_is_refused_before_any_work(export_catalog, tmp_path):
@@ -234,9 +275,11 @@ def test_a_destination_the_export_cannot_be_is_refused_before_any_work(export_ca
     was exit 70; a folder under a file was exit 3."""
     cat, _ = export_catalog
     (tmp_path / "afile").write_text("x")
-    for dest, says in [("s3://bucket/exports/x", "an export is a local folder"),
-                       ("/", "a file system's root cannot be an export folder"),
-                       (tmp_path / "afile" / "sub", "afile: is a file, not a folder")]:
+    for dest, says in [
+        ("s3://bucket/exports/x", "an export is a local folder"),
+        ("/", "a file system's root cannot be an export folder"),
+        (tmp_path / "afile" / "sub", "afile: is a file, not a folder"),
+    ]:
         p = _dsbuild("export", f"{cat}@v1", dest, "--to", "wids", cwd=tmp_path)
         assert p.returncode == 2 and says in p.stderr, (dest, p.returncode, p.stderr)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["afile"]  # nothing made, no partial left
@@ -251,8 +294,12 @@ def test_a_split_name_hf_cannot_load_is_refused_before_the_folder_is_claimed(exp
     cat, _ = export_catalog
     mine = tmp_path / "cat"
     shutil.copytree(cat, mine)
-    assert _dsbuild("split", mine, "--name", "odd", "--by", "player", "--ratios", "train=0.5,hold-out=0.5",
-                    "--quiet").returncode == 0
+    assert (
+        _dsbuild(
+            "split", mine, "--name", "odd", "--by", "player", "--ratios", "train=0.5,hold-out=0.5", "--quiet"
+        ).returncode
+        == 0
+    )
     p = _dsbuild("export", f"{mine}@v1", tmp_path / "out", "--to", "hf", "--split-set", "odd")
     assert p.returncode == 2 and "'hold-out'" in p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["cat"]
@@ -278,8 +325,9 @@ def test_a_lock_left_in_a_complete_export_is_removed_and_a_replaced_split_set_is
     assert "split main (set " in held and held.split(";")[0] != wanted.split(";")[0]
 
 
-@pytest.mark.parametrize("how, name", [(["-t", "tmpfs", "-o", "size=4m", "tmpfs"], "vol"), (["--bind"], "vol"),
-                                       (["--bind"], "vol é")])
+@pytest.mark.parametrize(
+    "how, name", [(["-t", "tmpfs", "-o", "size=4m", "tmpfs"], "vol"), (["--bind"], "vol"), (["--bind"], "vol é")]
+)
 def test_an_empty_mount_point_is_refused_before_any_work(export_catalog, tmp_path, how, name):
     """The export was built beside DEST on the parent's file system, then the rename into the mount point
     failed (EBUSY), after all the work, on every run; a bind mount (same file system) too, and (mountinfo

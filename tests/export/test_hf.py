@@ -42,8 +42,14 @@ def test_an_empty_split_is_left_out_of_the_card_so_the_others_load(export_catalo
 
     datasets = peer("datasets")
     cat, vid = export_catalog
-    make_split(cat, vid, "noval", SplitOptions(by="player", ratios="train=0.5,val=0.25,test=0.25",
-                                               pins=[("train", ["p-0", "p-1"]), ("test", ["p-2"])]))
+    make_split(
+        cat,
+        vid,
+        "noval",
+        SplitOptions(
+            by="player", ratios="train=0.5,val=0.25,test=0.25", pins=[("train", ["p-0", "p-1"]), ("test", ["p-2"])]
+        ),
+    )
     out = tmp_path / "out"
     export(f"{cat}@{vid}", out, to="hf", split="noval")
     assert "left out" in (out / "README.md").read_text()

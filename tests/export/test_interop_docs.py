@@ -27,8 +27,20 @@ def blocks() -> list[tuple[str, str, bool]]:
 
 def test_the_doc_has_a_recipe_per_tool():
     text = DOC.read_text()
-    for tool in ("webdataset", "wids", "Hugging Face datasets", "Megatron-Energon", "Mosaic Streaming", "LitData",
-                 "grain", "torch DataLoader", "JAX", "Ray Data", "duckdb", "polars"):
+    for tool in (
+        "webdataset",
+        "wids",
+        "Hugging Face datasets",
+        "Megatron-Energon",
+        "Mosaic Streaming",
+        "LitData",
+        "grain",
+        "torch DataLoader",
+        "JAX",
+        "Ray Data",
+        "duckdb",
+        "polars",
+    ):
         assert f"## {tool}" in text, tool
     assert sum(not illustrative for _, _, illustrative in blocks()) >= 15
 
@@ -39,9 +51,14 @@ def test_every_recipe_runs(tmp_path):
     missing = [m for m in PEERS if importlib.util.find_spec(m.split(".")[0]) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: pip install -e '.[peers,ray]' (make test installs them)")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"),
-           "RAY_AUTH_MODE": "disabled"}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"),
+        "RAY_AUTH_MODE": "disabled",
+    }
     for i, (lang, code, illustrative) in enumerate(blocks()):
         if illustrative:
             continue

@@ -44,7 +44,7 @@ def test_mds_members_hash_to_the_sample_hash(exported, export_catalog):
             sizes = struct.unpack_from(f"<{len(COLUMNS)}I", data, a)
             pos, fields = a + 4 * len(COLUMNS), {}
             for c, size in zip(COLUMNS, sizes):
-                fields[c] = data[pos:pos + size]
+                fields[c] = data[pos : pos + size]
                 pos += size
             assert pos == b
             key = fields[KEY].decode()

@@ -60,7 +60,8 @@ def ray_session():
 
 
 def test_a_ray_pipeline_commits_a_derived_version_whose_lineage_reaches_the_captures(
-        ray_session, export_catalog, expected, tmp_path):
+    ray_session, export_catalog, expected, tmp_path
+):
     import dsbuild.ray as dray
 
     src, parent = export_catalog
@@ -72,13 +73,20 @@ def test_a_ray_pipeline_commits_a_derived_version_whose_lineage_reaches_the_capt
     assert [r["key"] for r in ds.iter_rows()] == keys  # one task per shard, key order kept
     assert ds.count() == len(keys)
 
-    r = dray.write_version(ds.map_batches(reencode, batch_format="numpy", batch_size=3), cat, parent="v1",
-                           transform={"name": "reencode", "size": list(SIZE)})
+    r = dray.write_version(
+        ds.map_batches(reencode, batch_format="numpy", batch_size=3),
+        cat,
+        parent="v1",
+        transform={"name": "reencode", "size": list(SIZE)},
+    )
     assert (r.parent, r.samples, r.existed) == (parent, len(keys), False)
     # The same rows, partitioned differently by Ray, give the same version.
-    again = dray.write_version(dray.read_version(f"{cat}@v1", split="main/train")
-                               .map_batches(reencode, batch_format="numpy", batch_size=1),
-                               cat, parent="v1", transform={"name": "reencode", "size": list(SIZE)})
+    again = dray.write_version(
+        dray.read_version(f"{cat}@v1", split="main/train").map_batches(reencode, batch_format="numpy", batch_size=1),
+        cat,
+        parent="v1",
+        transform={"name": "reencode", "size": list(SIZE)},
+    )
     assert again.version_id == r.version_id and again.existed
     catalog = Catalog.open(cat)
     assert verify(catalog, r.version_id).ok

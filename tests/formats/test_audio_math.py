@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsbuild.formats.audio import SYNC_SLACK, _hole, _scaler
 from dsbuild.formats.mp4 import PacketRecord
 
-fractions = st.builds(Fraction, st.integers(-10**9, 10**9), st.integers(1, 10**6))
+fractions = st.builds(Fraction, st.integers(-(10**9), 10**9), st.integers(1, 10**6))
 time_bases = st.builds(Fraction, st.integers(1, 1000), st.sampled_from([1, 1000, 44100, 48000, 90000, 10**7]))
 
 
-@given(fractions.filter(lambda f: f > 0), fractions, st.integers(-10**12, 10**12))
+@given(fractions.filter(lambda f: f > 0), fractions, st.integers(-(10**12), 10**12))
 def test_scaler_is_exact_rounding_half_to_even(scale, offset, ticks):
     assert _scaler(scale, offset)(ticks) == round(ticks * scale - offset)
 
@@ -25,6 +26,7 @@ def test_hole_is_the_rational_comparison(tb, steps):
     for gap, duration in steps:
         pts += gap
         packets.append(PacketRecord(b"", pts, None, duration, True))
-    exact = any((b.pts - a.pts - a.duration) * tb > a.duration * tb + Fraction(SYNC_SLACK)
-                for a, b in zip(packets, packets[1:]))
+    exact = any(
+        (b.pts - a.pts - a.duration) * tb > a.duration * tb + Fraction(SYNC_SLACK) for a, b in zip(packets, packets[1:])
+    )
     assert _hole(packets, tb) == exact

@@ -7,14 +7,22 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsbuild.core.errors import CaptureError
 from dsbuild.formats.capture import discover_sessions, read_session
 from tests.helpers import unprivileged
 
-GOOD = {"format": "capture/1", "session_id": "s-1", "title": "T", "player": "p", "video": "video.mp4",
-        "conditions": {"track": "a"}, "streams": {"actions": "actions.jsonl"}}
+GOOD = {
+    "format": "capture/1",
+    "session_id": "s-1",
+    "title": "T",
+    "player": "p",
+    "video": "video.mp4",
+    "conditions": {"track": "a"},
+    "streams": {"actions": "actions.jsonl"},
+}
 
 
 def _session(tmp_path: Path, doc) -> Path:
@@ -30,21 +38,24 @@ def test_a_valid_session_reads_with_relative_paths(tmp_path):
     assert (s.session_id, s.rel, s.rel_of(s.video)) == ("s-1", "s", "s/video.mp4")
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"session_id": "has space"}, "must match"),
-    ({"session_id": "x" * 65}, "must match"),
-    ({"format": "capture/2"}, "expected 'capture/1'"),
-    ({"title": 7}, "field 'title'"),
-    ({"conditions": {"a": 1}}, "must map to a string"),
-    ({"conditions": {str(i): "v" for i in range(2000)}}, "exceeds the limit"),
-    ({"streams": {"video2": "x"}}, "unknown stream"),
-    ({"video": "a/../../x.mp4"}, "escapes"),
-    ({"video": "/etc/passwd"}, "absolute"),
-    ({"video": "bad\nname.mp4"}, "control character"),
-    ({"streams": False}, "streams must be an object, not bool"),
-    ({"conditions": 0}, "conditions must be an object of strings, not int"),
-    ({"started_at": "yesterday"}, "not an ISO 8601 time"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"session_id": "has space"}, "must match"),
+        ({"session_id": "x" * 65}, "must match"),
+        ({"format": "capture/2"}, "expected 'capture/1'"),
+        ({"title": 7}, "field 'title'"),
+        ({"conditions": {"a": 1}}, "must map to a string"),
+        ({"conditions": {str(i): "v" for i in range(2000)}}, "exceeds the limit"),
+        ({"streams": {"video2": "x"}}, "unknown stream"),
+        ({"video": "a/../../x.mp4"}, "escapes"),
+        ({"video": "/etc/passwd"}, "absolute"),
+        ({"video": "bad\nname.mp4"}, "control character"),
+        ({"streams": False}, "streams must be an object, not bool"),
+        ({"conditions": 0}, "conditions must be an object of strings, not int"),
+        ({"started_at": "yesterday"}, "not an ISO 8601 time"),
+    ],
+)
 def test_bad_session_fields_are_named(tmp_path, change, reason):
     d = _session(tmp_path, {**GOOD, **change})
     with pytest.raises(CaptureError, match=reason):
@@ -114,9 +125,11 @@ def test_an_unreadable_folder_is_reported_not_skipped(tmp_path):
     locked.mkdir()
     locked.chmod(0)
     try:
-        out = unprivileged("import json, sys; from pathlib import Path; from dsbuild.formats.capture import "
-                           "discover_sessions; f, u = discover_sessions(Path(sys.argv[1])); print(json.dumps(u))",
-                           tmp_path / "root")
+        out = unprivileged(
+            "import json, sys; from pathlib import Path; from dsbuild.formats.capture import "
+            "discover_sessions; f, u = discover_sessions(Path(sys.argv[1])); print(json.dumps(u))",
+            tmp_path / "root",
+        )
     finally:
         locked.chmod(0o755)
     unreadable = json.loads(out.stdout)
@@ -131,8 +144,12 @@ def test_a_huge_string_field_is_cut_in_the_reason(tmp_path):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3)))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+    )
+)
 def test_session_reader_raises_only_capture_errors(tmp_path_factory, doc):
     root = tmp_path_factory.mktemp("r")
     (root / "session.json").write_text(json.dumps(doc))

@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import loads_bounded
-from dsbuild.formats.sample import decompress_events
+from dsbuild.formats.sample import SampleMeta, decompress_events
 from dsbuild.formats.webdataset import parse_members
-from dsbuild.lineage.index import table_from_bytes
-from dsbuild.formats.sample import SampleMeta
 from dsbuild.lineage.catalog import CommitRecord
+from dsbuild.lineage.index import table_from_bytes
 from dsbuild.lineage.manifest import Manifest
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=30)
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=30,
+)
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

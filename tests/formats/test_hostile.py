@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.errors import CaptureError, FormatError, LineageError
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.formats.capture import read_session
 from dsbuild.formats.sample import decompress_events
 from dsbuild.formats.webdataset import parse_members
@@ -39,13 +39,16 @@ def _member(name: str, kind=tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
     return info
 
 
-@pytest.mark.parametrize("member, message", [
-    (_member("../evil.json"), "has a path"),
-    (_member("/etc/passwd.json"), "has a path"),
-    (_member("k__000000.json", tarfile.SYMTYPE, "/etc/passwd"), "not a regular file"),
-    (_member("k__000000.json", tarfile.LNKTYPE, "other"), "not a regular file"),
-    (_member("k__000000"), "does not belong"),
-])
+@pytest.mark.parametrize(
+    "member, message",
+    [
+        (_member("../evil.json"), "has a path"),
+        (_member("/etc/passwd.json"), "has a path"),
+        (_member("k__000000.json", tarfile.SYMTYPE, "/etc/passwd"), "not a regular file"),
+        (_member("k__000000.json", tarfile.LNKTYPE, "other"), "not a regular file"),
+        (_member("k__000000"), "does not belong"),
+    ],
+)
 def test_unsafe_tar_members_are_refused(member, message, tmp_path):
     with pytest.raises(FormatError, match=message):
         parse_members(_tar(member))
@@ -73,8 +76,9 @@ def test_ten_million_conditions_are_refused_by_size(tmp_path):
     d = tmp_path / "root" / "s"
     d.mkdir(parents=True)
     with open(d / "session.json", "w") as f:
-        f.write('{"format": "capture/1", "session_id": "s", "title": "t", "player": "p", "video": "v.mp4", '
-                '"conditions": {')
+        f.write(
+            '{"format": "capture/1", "session_id": "s", "title": "t", "player": "p", "video": "v.mp4", "conditions": {'
+        )
         f.write(",".join(f'"c{i}": "v"' for i in range(10_000_000)))
         f.write("}}")
     with pytest.raises(CaptureError, match="larger than the limit"):
@@ -86,14 +90,16 @@ def _huge_resolution_video(path):
     with av.open(str(path), "w", format="matroska") as c:
         s = c.add_stream("rawvideo", rate=1)
         s.width, s.height, s.pix_fmt = 4096, 256, "yuv420p"
-        frame = av.VideoFrame.from_ndarray(np.zeros((256, 4096, 3), np.uint8), format="rgb24").reformat(format="yuv420p")
+        frame = av.VideoFrame.from_ndarray(np.zeros((256, 4096, 3), np.uint8), format="rgb24").reformat(
+            format="yuv420p"
+        )
         for p in s.encode(frame):
             c.mux(p)
     data = bytearray(path.read_bytes())
     for element, value in ((b"\xb0\x82\x10\x00", b"\xb0\x82\x7f\xff"), (b"\xba\x82\x01\x00", b"\xba\x82\x7f\xff")):
         at = data.find(element)
         assert at > 0, "PixelWidth/PixelHeight not found"
-        data[at:at + 4] = value
+        data[at : at + 4] = value
     path.write_bytes(bytes(data))
 
 
@@ -152,8 +158,11 @@ def test_a_shard_that_is_a_fifo_or_a_symlink_out_of_the_catalog_is_refused_never
         shard.unlink()
         shard.symlink_to(secret)
     why = "is a FIFO" if kind == "fifo" else "resolves outside"
-    for args, code in ((("export", cat, tmp_path / "out", "--to", "wids"), 3), (("shards", cat), 3),
-                       (("validate", cat, "--quiet"), 1)):
+    for args, code in (
+        (("export", cat, tmp_path / "out", "--to", "wids"), 3),
+        (("shards", cat), 3),
+        (("validate", cat, "--quiet"), 1),
+    ):
         p = cli(*args)  # (a FIFO opened for reading would block until the timeout)
         assert p.returncode == code, (args, p.stderr)
     assert why in cli("export", cat, tmp_path / "out2", "--to", "wids").stderr
@@ -181,14 +190,15 @@ def test_an_npy_header_must_account_for_exactly_the_bytes_that_follow(shape):
 
 
 def test_parquet_that_declares_more_than_its_size_allows_is_refused_before_it_is_decompressed(
-        parquet_catalog, wds_catalog, tmp_path, monkeypatch):
+    parquet_catalog, wds_catalog, tmp_path, monkeypatch
+):
     """A 3.4-MB Parquet shard whose one row holds 1.5 GB of zeros (and a 73-KB index of 30-MB keys) made
     validate and the loader decompress it all (7-11 GB of memory); what the column chunks declare is now
     bounded by the file's size before any page is read (the floors are lowered here so small files show it)."""
-    import dsbuild.formats.parquet as pqfmt
-    import dsbuild.lineage.index as index_module
     import pyarrow.parquet as pq
 
+    import dsbuild.formats.parquet as pqfmt
+    import dsbuild.lineage.index as index_module
     from dsbuild.formats.base import Entry
     from dsbuild.lineage.index import table_from_bytes
 
@@ -203,14 +213,20 @@ def test_parquet_that_declares_more_than_its_size_allows_is_refused_before_it_is
     videos = table.column("video").to_pylist()
     videos[0] = bytes(4 << 20)
     bomb = tmp_path / "bomb.parquet"
-    pq.write_table(table.set_column(table.schema.get_field_index("video"), "video", pa.array(videos, pa.binary())),
-                   bomb, compression="zstd", use_dictionary=False, row_group_size=pqfmt.ROW_GROUP_SAMPLES)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("video"), "video", pa.array(videos, pa.binary())),
+        bomb,
+        compression="zstd",
+        use_dictionary=False,
+        row_group_size=pqfmt.ROW_GROUP_SAMPLES,
+    )
     with pytest.raises(FormatError, match="declares .* once decompressed, over the limit"):
         pqfmt.ParquetReader(bomb).read(Entry(row["key"], row["sha256"], row_group=0, row=0))
     wsrc, wvid = wds_catalog
     index = Catalog.open(wsrc).index(wvid)
-    padded = index.set_column(index.schema.get_field_index("title"), "title",
-                              pa.array(["t" * (1 << 20)] * index.num_rows, pa.string()))
+    padded = index.set_column(
+        index.schema.get_field_index("title"), "title", pa.array(["t" * (1 << 20)] * index.num_rows, pa.string())
+    )
     sink = io.BytesIO()
     pq.write_table(padded, sink, compression="zstd", use_dictionary=False)
     with pytest.raises(FormatError, match="once decompressed"):
@@ -222,7 +238,6 @@ def test_every_samples_tar_headers_are_checked_not_only_the_first_and_last(wds_c
     """verify parsed the headers of a shard's first and last sample only: a middle sample's member named
     ``../../x`` or absolute, or a symlink to /etc/passwd, passed (its forged catalog's hashes prove those
     bytes as well as any), and `export --to wids` then handed the shard to tools that extract it."""
-    import shutil
 
     from dsbuild.formats.webdataset import TarReader
     from dsbuild.lineage.index import rows_from_table
@@ -235,12 +250,12 @@ def test_every_samples_tar_headers_are_checked_not_only_the_first_and_last(wds_c
     middle = mine[len(mine) // 2]
     data = bytearray((src / shard).read_bytes())
     at = middle.byte_offset  # the sample's first member header
-    info = tarfile.TarInfo.frombuf(bytes(data[at:at + 512]), "utf-8", "strict")
+    info = tarfile.TarInfo.frombuf(bytes(data[at : at + 512]), "utf-8", "strict")
     if forged == "symlink":
         info.type, info.linkname, info.size = tarfile.SYMTYPE, "/etc/passwd", 0
     else:
         info.name = forged
-    data[at:at + 512] = info.tobuf(tarfile.GNU_FORMAT)[:512]
+    data[at : at + 512] = info.tobuf(tarfile.GNU_FORMAT)[:512]
     copy = tmp_path / "shard.tar"
     copy.write_bytes(bytes(data))
     found = TarReader(copy).check_all([r.entry() for r in mine], len(data))
@@ -270,6 +285,7 @@ print("ok")
 
 def test_no_pickle_is_ever_loaded(tmp_path):
     generate(tmp_path / "cap", sessions=2, seconds=2, seed=3, damage={1: "malformed_lines"})
-    r = subprocess.run([sys.executable, "-c", NO_PICKLE, str(tmp_path / "cap"), str(tmp_path / "out-")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-c", NO_PICKLE, str(tmp_path / "cap"), str(tmp_path / "out-")], capture_output=True, text=True
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -15,13 +15,13 @@ import av
 import numpy as np
 import pytest
 
-from dsbuild.core.executor import ExecutorSpec
 from dsbuild.convert import ConvertConfig, convert
+from dsbuild.core.executor import ExecutorSpec
 from dsbuild.formats.audio import decode_audio
 from dsbuild.formats.probe import probe_clip
+from dsbuild.formats.sample import npy_load
 from dsbuild.formats.transcode import TranscodeSpecError, parse_transcode
 from dsbuild.formats.video import DemuxReport, VideoSource
-from dsbuild.formats.sample import npy_load
 from dsbuild.loader import Loader
 from dsbuild.validators import ValidateOptions, validate
 from tests.helpers import manifest, session_records, shard_files
@@ -67,7 +67,9 @@ def recorded(tmp_path_factory):
     for kind in RECORDERS:
         record(root / "caps", kind)
     r = convert(root / "caps", root / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
-    report = validate(root / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        root / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     return root, r, report, _samples(root / "cat", r.version_id)
 
 
@@ -170,14 +172,28 @@ def test_codec_mp4_cannot_hold_is_a_one_line_quarantine_and_transcode_rescues_it
     caps = tmp_path / "caps"
     d = caps / "vp8"
     d.mkdir(parents=True)
-    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=160x120:rate=30:duration=1", "-c:v", "libvpx", "-g", "15",
-           str(d / "video.webm"))
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=size=160x120:rate=30:duration=1",
+        "-c:v",
+        "libvpx",
+        "-g",
+        "15",
+        str(d / "video.webm"),
+    )
     write_streams(d, "video.webm", "vp8")
     record(caps, "silent_x264_mp4")
     r = convert(caps, tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
     [q] = r.quarantined
     assert "\n" not in q.reason and all(w in q.reason for w in ("vp8", "matroska", "MP4", "transcode"))
-    ok = convert(caps, tmp_path / "cat2", ConvertConfig(clip_seconds=CLIP, transcode="h264:gop15"), executor=ExecutorSpec(workers=1))
+    ok = convert(
+        caps,
+        tmp_path / "cat2",
+        ConvertConfig(clip_seconds=CLIP, transcode="h264:gop15"),
+        executor=ExecutorSpec(workers=1),
+    )
     assert ok.quarantined == () and ok.samples == 2 + 4
 
 
@@ -212,7 +228,9 @@ def test_broken_audio_keeps_the_video_and_is_a_counted_repair(tmp_path):
         probe = probe_clip(s["mp4"])
         assert probe.error is None and probe.frames == s["json"]["clip"]["frames"]
         assert s["json"]["video"]["has_audio"] == (probe.audio is not None)
-    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert report.check("audio").status == "pass" and report.check("decode").status == "pass"
 
 
@@ -223,16 +241,36 @@ def test_a_recording_cut_short_keeps_only_clips_whose_audio_covers_them(tmp_path
     caps = tmp_path / "caps"
     d = caps / "cut-short"
     d.mkdir(parents=True)
-    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={SECONDS}",
-           "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={SECONDS - 0.6}",
-           "-c:v", "libx264", "-g", "15", "-bf", "2", "-pix_fmt", "yuv420p", "-c:a", "aac", str(d / "video.ts"))
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size=160x120:rate=30:duration={SECONDS}",
+        "-f",
+        "lavfi",
+        "-i",
+        f"sine=frequency=440:sample_rate=48000:duration={SECONDS - 0.6}",
+        "-c:v",
+        "libx264",
+        "-g",
+        "15",
+        "-bf",
+        "2",
+        "-pix_fmt",
+        "yuv420p",
+        "-c:a",
+        "aac",
+        str(d / "video.ts"),
+    )
     write_streams(d, "video.ts", "cut-short")
     r = convert(caps, tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
     assert r.quarantined == () and r.samples >= 2
     [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
     audio = session["repairs"]["video"]["audio"]
     assert audio["partial_clips"] >= 1 and audio["clips_with_audio"] + audio["clips_without_audio"] == r.samples
-    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert report.check("audio").status == "pass" and report.check("decode").status == "pass"
 
 
@@ -240,15 +278,36 @@ def test_a_recording_whose_clock_goes_back_ends_there_counted_never_an_inverted_
     """Two recordings in one TS (a capture card that restarted): the second's timestamps start over. Its
     packets used to count as open-GOP leading frames and give a window ending before it starts."""
     one = tmp_path / "one.ts"
-    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={SECONDS}", "-f", "lavfi", "-i",
-           f"sine=frequency=440:sample_rate=48000:duration={SECONDS}", "-c:v", "libx264", "-g", "15", "-bf", "2",
-           "-pix_fmt", "yuv420p", "-c:a", "aac", str(one))
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size=160x120:rate=30:duration={SECONDS}",
+        "-f",
+        "lavfi",
+        "-i",
+        f"sine=frequency=440:sample_rate=48000:duration={SECONDS}",
+        "-c:v",
+        "libx264",
+        "-g",
+        "15",
+        "-bf",
+        "2",
+        "-pix_fmt",
+        "yuv420p",
+        "-c:a",
+        "aac",
+        str(one),
+    )
     r, session = _convert_capture(tmp_path, "restarted", one.read_bytes() * 2)
     assert r.quarantined == () and r.repaired_sessions == 1
     video = session["repairs"]["video"]
     assert "timestamps go back" in video["truncated"] and video["dropped_after_restart"] >= SECONDS * 30
     assert video["dropped_leading"] == 0
-    windows = sorted((s["json"]["clip"]["t_start"], s["json"]["clip"]["t_end"]) for s in _samples(tmp_path / "cat", r.version_id)["restarted"])
+    windows = sorted(
+        (s["json"]["clip"]["t_start"], s["json"]["clip"]["t_end"])
+        for s in _samples(tmp_path / "cat", r.version_id)["restarted"]
+    )
     assert all(a < b for a, b in windows) and windows[-1][1] <= SECONDS + 0.05
     # the second recording's audio (its clock restarted too) was mixed into the last clip: twice its samples
     assert "audio timestamps go back" in video["audio"]["error"]
@@ -256,14 +315,35 @@ def test_a_recording_whose_clock_goes_back_ends_there_counted_never_an_inverted_
         if "mp4" in s and s["json"]["video"]["has_audio"]:
             window = s["json"]["clip"]["t_end"] - s["json"]["clip"]["t_start"]
             assert len(decode_audio(s["mp4"], 16000)) / 16000 < window + 0.05
-    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert report.accepted, [c.name for c in report.checks if c.failed]
 
 
 def _x264_aac(seconds: float, out: Path, *extra: str) -> None:
-    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={seconds}", "-f", "lavfi", "-i",
-           f"sine=frequency=440:sample_rate=48000:duration={seconds}", "-c:v", "libx264", "-g", "15", "-bf", "3",
-           "-pix_fmt", "yuv420p", "-c:a", "aac", *extra, str(out))
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size=160x120:rate=30:duration={seconds}",
+        "-f",
+        "lavfi",
+        "-i",
+        f"sine=frequency=440:sample_rate=48000:duration={seconds}",
+        "-c:v",
+        "libx264",
+        "-g",
+        "15",
+        "-bf",
+        "3",
+        "-pix_fmt",
+        "yuv420p",
+        "-c:a",
+        "aac",
+        *extra,
+        str(out),
+    )
 
 
 def test_an_mp4_trimmed_without_reencoding_keeps_the_clock_players_show(tmp_path):
@@ -308,21 +388,32 @@ def test_a_gap_in_the_recording_ends_the_window_at_its_last_frame_counted(tmp_pa
         clip, ts = s["json"]["clip"], s["timestamps"]
         assert clip["t_end"] - clip["t_start"] <= CLIP + 2 * frame  # no window stretched over the gap
         assert abs(clip["t_end"] - (ts[-1] - ts[0] + clip["t_start"]) - frame) < frame / 2 + SLACK
-    windows = sorted((s["json"]["clip"]["t_start"], s["json"]["clip"]["t_end"])
-                     for s in _samples(tmp_path / "cat", r.version_id)["signal-lost"])
+    windows = sorted(
+        (s["json"]["clip"]["t_start"], s["json"]["clip"]["t_end"])
+        for s in _samples(tmp_path / "cat", r.version_id)["signal-lost"]
+    )
     assert any(later - end > 25 for (_, end), (later, _) in zip(windows, windows[1:]))  # the gap stays on the clock
-    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert report.accepted, [c.name for c in report.checks if c.failed]
 
 
 def test_audio_false_drops_audio_as_a_recorded_choice(tmp_path):
     record(tmp_path / "caps", "obs_x264_mkv")
-    r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP, audio=False), executor=ExecutorSpec(workers=1))
+    r = convert(
+        tmp_path / "caps",
+        tmp_path / "cat",
+        ConvertConfig(clip_seconds=CLIP, audio=False),
+        executor=ExecutorSpec(workers=1),
+    )
     [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
     assert session["repairs"]["audio_not_carried"] is True
     for s in _samples(tmp_path / "cat", r.version_id)["obs-x264-mkv"]:
         assert probe_clip(s["mp4"]).audio is None and s["json"]["video"]["has_audio"] is False
-    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert report.check("audio").status == "pass"
 
 
@@ -332,8 +423,9 @@ def test_transcode_is_deterministic_and_validates(tmp_path):
     a = convert(tmp_path / "caps", tmp_path / "a", config, executor=ExecutorSpec(workers=1))
     b = convert(tmp_path / "caps", tmp_path / "b", config, executor=ExecutorSpec(workers=1))
     assert a.version_id == b.version_id
-    assert [p.read_bytes() for p in shard_files(tmp_path / "a", a.version_id)] == \
-           [p.read_bytes() for p in shard_files(tmp_path / "b", b.version_id)]
+    assert [p.read_bytes() for p in shard_files(tmp_path / "a", a.version_id)] == [
+        p.read_bytes() for p in shard_files(tmp_path / "b", b.version_id)
+    ]
     m = manifest(tmp_path / "a", a.version_id)
     assert m["config"]["transcode"] == "h264:64x48:20fps:gop8:crf23:yuv420p"
     assert m["config"]["transcode_encoder"]["encoder"] == "libx264"
@@ -344,7 +436,9 @@ def test_transcode_is_deterministic_and_validates(tmp_path):
         np.testing.assert_allclose(np.diff(s["timestamps"]), 1 / 20)
         assert b"x264 - core" not in s["mp4"] and b"Lavf" not in s["mp4"]
         assert probe.audio is not None
-    report = validate(tmp_path / "a", a.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "a", a.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert {c.name: c.message for c in report.checks if c.status == "fail"} == {}
 
 
@@ -361,11 +455,20 @@ def test_every_transcode_codec_gives_the_same_bytes_twice(tmp_path, spec):
     assert all(probe_clip(c).error is None for c in first)
 
 
-@pytest.mark.parametrize("bad, words", [
-    ("h263", ["codec", "h264"]), ("h264:256x", ["cannot read", "WxH"]), ("h264:15x16", ["even"]),
-    ("h264:30fps:25fps", ["second time"]), ("av1:bf2", ["h264 and hevc"]), ("h264:crf60", ["0..51"]),
-    ("h264:gop0", ["1..1000"]), ("h264:rgb24", ["pixel format", "yuv420p"]), ("vp9:0fps", ["1..240"]),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("h263", ["codec", "h264"]),
+        ("h264:256x", ["cannot read", "WxH"]),
+        ("h264:15x16", ["even"]),
+        ("h264:30fps:25fps", ["second time"]),
+        ("av1:bf2", ["h264 and hevc"]),
+        ("h264:crf60", ["0..51"]),
+        ("h264:gop0", ["1..1000"]),
+        ("h264:rgb24", ["pixel format", "yuv420p"]),
+        ("vp9:0fps", ["1..240"]),
+    ],
+)
 def test_bad_transcode_specs_name_the_bad_part(bad, words):
     with pytest.raises(TranscodeSpecError) as e:
         parse_transcode(bad)
@@ -401,8 +504,16 @@ def test_validate_names_audio_that_is_misplaced_missing_or_undecodable(recorded)
     v = analyse_video(s["mp4"], c["frames"])
     ts = npy_load(s["timestamps.npy"])
     audio = {"start": video["audio"]["start"], "duration": video["audio"]["duration"]}
-    expect = {"frames": c["frames"], "fps": 30.0, "width": 160, "height": 120, "duration": c["t_end"] - c["t_start"],
-              "t_start": c["t_start"], "window_end": c["t_end"] - float(ts[0]), "audio": audio}
+    expect = {
+        "frames": c["frames"],
+        "fps": 30.0,
+        "width": 160,
+        "height": 120,
+        "duration": c["t_end"] - c["t_start"],
+        "t_start": c["t_start"],
+        "window_end": c["t_end"] - float(ts[0]),
+        "audio": audio,
+    }
     assert video_problems(v, expect, default_spec(), audio_expected=True) == []
     late = {**expect, "audio": {**audio, "start": audio["start"] + 0.05}}
     assert "audio starts" in video_problems(v, late, default_spec(), True)[0][1]
@@ -411,7 +522,9 @@ def test_validate_names_audio_that_is_misplaced_missing_or_undecodable(recorded)
     unsynced = {**expect, "window_end": expect["window_end"] + 0.1}
     assert "out of sync" in video_problems(v, unsynced, default_spec(), True)[0][1]
     assert video_problems(v, expect, default_spec(), False)[0] == (
-        "audio", "clip has an audio stream the metadata does not announce")
+        "audio",
+        "clip has an audio stream the metadata does not announce",
+    )
     broken = {**v, "audio": {**v["audio"], "error": "audio packet 3 does not decode (Invalid data)"}}
     assert video_problems(broken, expect, default_spec(), True) == [("audio", broken["audio"]["error"])]
 
@@ -432,10 +545,10 @@ def test_damaged_recorder_files_fail_only_with_one_line_format_errors(recorded, 
             for pos, value in zip(rng.integers(0, len(d), 20), rng.integers(0, 256, 20)):
                 d[int(pos)] = int(value)
         elif k % 3 == 1:
-            d = d[:int(rng.integers(1, len(d)))]
+            d = d[: int(rng.integers(1, len(d)))]
         else:
             i = int(rng.integers(0, len(d)))
-            d[i:i + 2000] = rng.integers(0, 256, len(d[i:i + 2000]), dtype=np.uint8).tobytes()
+            d[i : i + 2000] = rng.integers(0, 256, len(d[i : i + 2000]), dtype=np.uint8).tobytes()
         path = tmp_path / src.name
         path.write_bytes(bytes(d))
         try:
@@ -465,8 +578,10 @@ def test_h264_transcode_bytes_do_not_depend_on_memory_state():
         del garbage  # freed memory full of random bytes: what an encoder reading unwritten memory would see
         w = Mp4Writer()
         enc = ClipEncoder(w, spec, (64, 48), Fraction(20), Fraction(1, 20))
-        frames = [(Fraction(k, 20), av.VideoFrame.from_ndarray(a, format="rgb24").reformat(format="yuv420p"))
-                  for k, a in enumerate(rgb)]
+        frames = [
+            (Fraction(k, 20), av.VideoFrame.from_ndarray(a, format="rgb24").reformat(format="yuv420p"))
+            for k, a in enumerate(rgb)
+        ]
         enc.encode(iter(frames), Fraction(0), Fraction(12, 20))
         outputs.add(w.close())
     assert len(outputs) == 1
@@ -523,8 +638,13 @@ def test_a_frame_stamped_like_the_one_before_is_kept_and_every_frame_decodes_as_
         vs.codec_context.time_base = Fraction(1, 1000)  # (frame i has pts i: mapped to the clock below)
         vs.codec_context.options = {"bf": "0", "g": "30", "preset": "veryfast", "sc_threshold": "0"}
         for i in range(n + 1):
-            frame = None if i == n else av.VideoFrame.from_ndarray(
-                rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), format="rgb24").reformat(format="yuv420p")
+            frame = (
+                None
+                if i == n
+                else av.VideoFrame.from_ndarray(
+                    rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), format="rgb24"
+                ).reformat(format="yuv420p")
+            )
             if frame is not None:
                 frame.pts, frame.time_base = i, Fraction(1, 1000)
             for p in vs.encode(frame):
@@ -540,7 +660,7 @@ def test_a_frame_stamped_like_the_one_before_is_kept_and_every_frame_decodes_as_
     delivered = []
     with Loader(tmp_path / "cat", decode="frames", batch_size=1, shuffle="none", num_workers=1) as loader:
         for b in loader:
-            delivered += list(b["frames"][0][:int(b["lengths"][0])])
+            delivered += list(b["frames"][0][: int(b["lengths"][0])])
     assert len(delivered) == n and all(np.array_equal(a, b) for a, b in zip(delivered, source))
 
 
@@ -555,18 +675,51 @@ def test_a_recording_cut_inside_its_last_frame_is_trimmed_where_the_container_ca
     d = tmp_path / "caps" / f"cut-{container}"
     d.mkdir(parents=True)
     video = d / f"video.{container}"
-    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=320x240:rate=30:duration={SECONDS}", "-c:v", "libx264", "-g", "15",
-           "-bf", "0", "-b:v", "4M", "-pix_fmt", "yuv420p", *args, str(video))
-    out = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries", "packet=pos,size",
-                          "-of", "json", str(video)], capture_output=True, text=True, check=True).stdout
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size=320x240:rate=30:duration={SECONDS}",
+        "-c:v",
+        "libx264",
+        "-g",
+        "15",
+        "-bf",
+        "0",
+        "-b:v",
+        "4M",
+        "-pix_fmt",
+        "yuv420p",
+        *args,
+        str(video),
+    )
+    out = subprocess.run(
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-select_streams",
+            "v:0",
+            "-show_entries",
+            "packet=pos,size",
+            "-of",
+            "json",
+            str(video),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     last = json.loads(out)["packets"][-3]  # inside the third frame from the end
-    video.write_bytes(video.read_bytes()[:int(last["pos"]) + int(last["size"]) // 2])
+    video.write_bytes(video.read_bytes()[: int(last["pos"]) + int(last["size"]) // 2])
     write_streams(d, video.name, d.name)
     r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
     [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
     repairs = session["repairs"]["video"]
     assert repairs["truncated"] and repairs["dropped_undecodable"] >= 1
-    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert report.check("decode").status == "pass", report.check("decode").offenders
 
 
@@ -579,14 +732,33 @@ def test_a_capture_card_whose_input_switched_resolution_labels_each_clip_with_it
 
     a, b = tmp_path / "a.ts", tmp_path / "b.ts"
     for out, size, offset in ((a, "160x120", "0"), (b, "320x240", str(SECONDS))):
-        ffmpeg("-f", "lavfi", "-i", f"testsrc2=size={size}:rate=30:duration={SECONDS}", "-c:v", "libx264", "-g", "15",
-               "-bf", "0", "-pix_fmt", "yuv420p", "-output_ts_offset", offset, str(out))  # (one clock: no B-frame delay)
+        ffmpeg(
+            "-f",
+            "lavfi",
+            "-i",
+            f"testsrc2=size={size}:rate=30:duration={SECONDS}",
+            "-c:v",
+            "libx264",
+            "-g",
+            "15",
+            "-bf",
+            "0",
+            "-pix_fmt",
+            "yuv420p",
+            "-output_ts_offset",
+            offset,
+            str(out),
+        )  # (one clock: no B-frame delay)
     r, session = _convert_capture(tmp_path, "switched", a.read_bytes() + b.read_bytes())
     assert session["repairs"]["video"]["resolution_changes"] == 1
-    sizes = [(row["width"], row["height"])
-             for row in sorted(index_rows(tmp_path / "cat", r.version_id), key=lambda row: row["t_start"])]
+    sizes = [
+        (row["width"], row["height"])
+        for row in sorted(index_rows(tmp_path / "cat", r.version_id), key=lambda row: row["t_start"])
+    ]
     assert sizes == [(160, 120)] * 4 + [(320, 240)] * 4  # 2 s of each in 0.5-s clips
-    report = validate(tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert report.accepted, [(c.name, c.offenders[:2]) for c in report.checks if c.failed]
 
 
@@ -596,9 +768,27 @@ def test_copied_audio_with_a_hole_inside_a_clip_is_not_carried_there_counted(tmp
     passed. Such a clip now carries no audio, counted as partial."""
     d = tmp_path / "caps" / "audio-hole"
     d.mkdir(parents=True)
-    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=160x120:rate=30:duration=4", "-f", "lavfi", "-i",
-           "sine=frequency=440:sample_rate=48000:duration=4", "-af", "aselect='not(between(t\\,0.5\\,1.3))'",
-           "-c:v", "libx264", "-g", "15", "-pix_fmt", "yuv420p", "-c:a", "aac", str(d / "video.ts"))
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=size=160x120:rate=30:duration=4",
+        "-f",
+        "lavfi",
+        "-i",
+        "sine=frequency=440:sample_rate=48000:duration=4",
+        "-af",
+        "aselect='not(between(t\\,0.5\\,1.3))'",
+        "-c:v",
+        "libx264",
+        "-g",
+        "15",
+        "-pix_fmt",
+        "yuv420p",
+        "-c:a",
+        "aac",
+        str(d / "video.ts"),
+    )
     write_streams(d, "video.ts", "audio-hole")
     r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=2.0), executor=ExecutorSpec(workers=1))
     [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
@@ -614,15 +804,35 @@ def test_of_two_video_streams_the_largest_is_converted_and_the_other_counted(tmp
     nothing said a second video stream was left out."""
     d = tmp_path / "caps" / "two-videos"
     d.mkdir(parents=True)
-    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=96x64:rate=30:duration={SECONDS}", "-f", "lavfi", "-i",
-           f"testsrc2=size=160x120:rate=30:duration={SECONDS}", "-map", "0:v", "-map", "1:v", "-c:v", "libx264",
-           "-g", "15", "-pix_fmt", "yuv420p", str(d / "video.mkv"))
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size=96x64:rate=30:duration={SECONDS}",
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size=160x120:rate=30:duration={SECONDS}",
+        "-map",
+        "0:v",
+        "-map",
+        "1:v",
+        "-c:v",
+        "libx264",
+        "-g",
+        "15",
+        "-pix_fmt",
+        "yuv420p",
+        str(d / "video.mkv"),
+    )
     write_streams(d, "video.mkv", "two-videos")
     r = convert(tmp_path / "caps", tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
     [session] = session_records(tmp_path / "cat", r.version_id)["sessions"]
     assert session["repairs"]["video"]["other_video_streams"] == 1
-    assert {(s["json"]["video"]["width"], s["json"]["video"]["height"])
-            for s in _samples(tmp_path / "cat", r.version_id)["two-videos"]} == {(160, 120)}
+    assert {
+        (s["json"]["video"]["width"], s["json"]["video"]["height"])
+        for s in _samples(tmp_path / "cat", r.version_id)["two-videos"]
+    } == {(160, 120)}
 
 
 def test_sequence_headers_are_read_from_annex_b_keyframes_only():
@@ -652,8 +862,9 @@ def test_only_annex_b_and_mpeg2_streams_are_read_for_in_band_sequence_headers(tm
     assert in_band_headers("mpeg2video", None) and not in_band_headers("vp9", None)
 
 
-@pytest.mark.parametrize("ext, cover_args", [("mp4", ("-c:v:1", "png", "-disposition:v:1", "attached_pic")),
-                                             ("mkv", ("-c:v:1", "png"))])
+@pytest.mark.parametrize(
+    "ext, cover_args", [("mp4", ("-c:v:1", "png", "-disposition:v:1", "attached_pic")), ("mkv", ("-c:v:1", "png"))]
+)
 def test_a_cover_image_larger_than_the_video_is_not_taken_for_it(tmp_path, ext, cover_args):
     """Choosing the largest video stream took a cover image (an MP4 attached picture, or a PNG track in
     Matroska) larger than the recording: no clip, or a one-frame PNG clip."""
@@ -662,8 +873,22 @@ def test_a_cover_image_larger_than_the_video_is_not_taken_for_it(tmp_path, ext, 
     screen = tmp_path / "screen.mp4"
     _x264_aac(SECONDS, screen)
     out = tmp_path / f"video.{ext}"
-    ffmpeg("-i", str(screen), "-i", str(cover), "-map", "0:v", "-map", "1:v", "-map", "0:a", "-c", "copy",
-           *cover_args, str(out))
+    ffmpeg(
+        "-i",
+        str(screen),
+        "-i",
+        str(cover),
+        "-map",
+        "0:v",
+        "-map",
+        "1:v",
+        "-map",
+        "0:a",
+        "-c",
+        "copy",
+        *cover_args,
+        str(out),
+    )
     r, session = _convert_capture(tmp_path, "with-cover", out.read_bytes(), ext)
     assert r.samples == SECONDS / CLIP and session["repairs"]["video"]["other_video_streams"] == 0
     assert {s["json"]["video"]["codec"] for s in _samples(tmp_path / "cat", r.version_id)["with-cover"]} == {"h264"}
@@ -677,11 +902,23 @@ def test_a_finished_recording_in_a_container_without_a_frame_count_is_not_decode
     real = VideoSource._decodable
     monkeypatch.setattr(VideoSource, "_decodable", lambda self, p, r: decoded.append(len(p)) or real(self, p, r))
     path = tmp_path / f"video.{ext}"
-    ffmpeg("-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=30:duration={SECONDS}", "-c:v", "libx264", "-g", "15",
-           "-pix_fmt", "yuv420p", *args, str(path))
+    ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size=160x120:rate=30:duration={SECONDS}",
+        "-c:v",
+        "libx264",
+        "-g",
+        "15",
+        "-pix_fmt",
+        "yuv420p",
+        *args,
+        str(path),
+    )
     with VideoSource(path) as src:
         assert len(list(src.clips(CLIP, DemuxReport()))) == SECONDS / CLIP and decoded == []
-    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) * 2 // 3])  # a copy cut short
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) * 2 // 3])  # a copy cut short
     with VideoSource(path) as src:
         list(src.clips(CLIP, DemuxReport()))
     assert decoded  # its tail is proven by decoding
@@ -696,10 +933,11 @@ def test_a_finished_matroska_file_cut_short_is_a_counted_truncation(tmp_path):
     data = full.read_bytes()
     r, session = _convert_capture(tmp_path / "whole", "whole", data, "mkv")
     assert session["repairs"]["video"]["truncated"] is None and r.samples == SECONDS / CLIP
-    r, session = _convert_capture(tmp_path / "cut", "cut", data[:len(data) * 3 // 4], "mkv")
+    r, session = _convert_capture(tmp_path / "cut", "cut", data[: len(data) * 3 // 4], "mkv")
     assert "before the end its Matroska header declares" in session["repairs"]["video"]["truncated"]
-    report = validate(tmp_path / "cut" / "cat", r.version_id, options=ValidateOptions(level="full"),
-                      executor=ExecutorSpec(workers=1))
+    report = validate(
+        tmp_path / "cut" / "cat", r.version_id, options=ValidateOptions(level="full"), executor=ExecutorSpec(workers=1)
+    )
     assert report.accepted, [c for c in report.checks if c.failed]
 
 

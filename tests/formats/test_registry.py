@@ -27,7 +27,7 @@ class FramedReader(ShardReader):
         out, pos = [], 0
         for ext in MEMBERS:
             (n,) = struct.unpack_from("<Q", data, pos)
-            out.append((ext, data[pos + 8:pos + 8 + n]))
+            out.append((ext, data[pos + 8 : pos + 8 + n]))
             pos += 8 + n
         if pos != len(data):
             raise FormatError(f"{entry.key}: framing does not fill its range")
@@ -65,8 +65,12 @@ class FramedFormat(ShardFormat):
 def test_a_registered_third_format_converts_verifies_and_reads_back(captures, tmp_path):
     register_format(FramedFormat())
     assert "framed" in format_names()
-    r = convert(captures, tmp_path / "cat", ConvertConfig(format="framed", clip_seconds=3.0, shard_size=300_000),
-                executor=ExecutorSpec(workers=2))
+    r = convert(
+        captures,
+        tmp_path / "cat",
+        ConvertConfig(format="framed", clip_seconds=3.0, shard_size=300_000),
+        executor=ExecutorSpec(workers=2),
+    )
     cat = Catalog.open(tmp_path / "cat")
     assert verify(cat, r.version_id).ok and r.shards > 1
     m = cat.manifest(r.version_id)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsbuild.formats.shards import plan_shards
 
@@ -42,9 +43,9 @@ def test_one_session_added_or_removed_changes_only_shards_near_it():
         # a new session of 5 clips lands at `at` (keys sort there); or 5 clips are removed there
         if trial % 2:
             new = [f"{keys[at][:9]}a__{j:06d}" for j in range(5)]
-            k2, s2 = keys[:at + 1] + new + keys[at + 1:], sizes[:at + 1] + [20_000] * 5 + sizes[at + 1:]
+            k2, s2 = keys[: at + 1] + new + keys[at + 1 :], sizes[: at + 1] + [20_000] * 5 + sizes[at + 1 :]
         else:
-            k2, s2 = keys[:at] + keys[at + 5:], sizes[:at] + sizes[at + 5:]
+            k2, s2 = keys[:at] + keys[at + 5 :], sizes[:at] + sizes[at + 5 :]
         after = _composition(k2, s2)
         changed.append(len(after - before))
     assert sum(changed) / len(changed) <= 2.5 and max(changed) <= 6, changed

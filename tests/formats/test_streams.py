@@ -10,7 +10,8 @@ import json
 import resource
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsbuild.formats.streams import (
     RUN_LINES,
@@ -41,8 +42,10 @@ def _hold_reference(evs, frame_t, before):
     return out
 
 
-actions_st = st.lists(st.tuples(st.integers(0, 400).map(lambda x: x / 40), st.sampled_from("abc"),
-                                st.sampled_from([0.0, 1.0, -0.5])), max_size=40)
+actions_st = st.lists(
+    st.tuples(st.integers(0, 400).map(lambda x: x / 40), st.sampled_from("abc"), st.sampled_from([0.0, 1.0, -0.5])),
+    max_size=40,
+)
 cuts_st = st.lists(st.integers(1, 400).map(lambda x: x / 40), max_size=5).map(lambda c: sorted(set(c)))
 
 
@@ -65,8 +68,14 @@ def test_action_track_clip_by_clip_equals_the_whole_stream_reference(tmp_path_fa
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 200).map(lambda x: x / 20), st.sampled_from(["speed", "rpm"]),
-                          st.integers(-5, 5)), min_size=1, max_size=30), cuts_st)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 200).map(lambda x: x / 20), st.sampled_from(["speed", "rpm"]), st.integers(-5, 5)),
+        min_size=1,
+        max_size=30,
+    ),
+    cuts_st,
+)
 def test_telemetry_track_holds_and_backfills_only_before_the_first_reading(tmp_path_factory, evs, cuts):
     p = tmp_path_factory.mktemp("t") / "telemetry.jsonl"
     _write(p, [{"t": t, ch: v} for t, ch, v in evs])
@@ -84,15 +93,29 @@ def test_telemetry_track_holds_and_backfills_only_before_the_first_reading(tmp_p
 
 
 # Telemetry values that ``_telemetry`` keeps, changes or drops: the run conversion must tell them apart.
-_value_st = st.one_of(st.integers(-3, 3), st.floats(-2.5, 2.5), st.sampled_from(
-    [True, False, None, "7", 1e39, -1e39, 2 ** 53 + 1, 2 ** 63, 2 ** 64 + 3, -(2 ** 63) - 1, 10 ** 400, [1, 2], {}]))
-_layout_st = st.lists(st.tuples(st.sampled_from(["ram", "pos", "pos.0", "pos.1", "lives", "a" * 129, "", "is_true"]),
-                                st.one_of(st.integers(0, 4), st.none())), min_size=0, max_size=4)
+_value_st = st.one_of(
+    st.integers(-3, 3),
+    st.floats(-2.5, 2.5),
+    st.sampled_from(
+        [True, False, None, "7", 1e39, -1e39, 2**53 + 1, 2**63, 2**64 + 3, -(2**63) - 1, 10**400, [1, 2], {}]
+    ),
+)
+_layout_st = st.lists(
+    st.tuples(
+        st.sampled_from(["ram", "pos", "pos.0", "pos.1", "lives", "a" * 129, "", "is_true"]),
+        st.one_of(st.integers(0, 4), st.none()),
+    ),
+    min_size=0,
+    max_size=4,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.booleans()), min_size=1, max_size=6),
-       st.lists(_layout_st, min_size=1, max_size=4), st.data())
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.booleans()), min_size=1, max_size=6),
+    st.lists(_layout_st, min_size=1, max_size=4),
+    st.data(),
+)
 def test_telemetry_converted_a_run_at_a_time_equals_line_by_line(tmp_path_factory, runs, layouts, data):
     """Lines of one layout are converted together; whatever their values (bools, strings, null, NaN and
     huge or float32-overflowing numbers, nested lists, colliding or invalid names), the events and the
@@ -119,8 +142,9 @@ def test_telemetry_converted_a_run_at_a_time_equals_line_by_line(tmp_path_factor
         if obj is not None:
             ref.append(_telemetry(obj, ref_report))
     got = list(events(p, "telemetry", report=got_report))
-    assert [(t, names, values.tolist()) for t, names, values in got] == \
-        [(t, names, values.tolist()) for t, names, values in ref]
+    assert [(t, names, values.tolist()) for t, names, values in got] == [
+        (t, names, values.tolist()) for t, names, values in ref
+    ]
     assert all(values.dtype == np.float64 for _, _, values in got)
     got_report.lines = ref_report.lines = 0  # (counted by the line reader, which the reference skips)
     assert got_report == ref_report
@@ -148,9 +172,16 @@ def test_a_sorted_stream_is_handed_out_without_buffering_the_session(tmp_path):
 
 def test_out_of_order_events_are_sorted_stably_and_counted(tmp_path):
     p = tmp_path / "a.jsonl"
-    _write(p, [{"t": 1.0, "control": "b", "value": 1}, {"t": 0.5, "control": "a", "value": 1},
-               {"t": 0.5, "control": "a", "value": 0}, {"t": 0.7, "control": "a", "value": 3},
-               {"t": 0.8, "control": "a", "value": True}])
+    _write(
+        p,
+        [
+            {"t": 1.0, "control": "b", "value": 1},
+            {"t": 0.5, "control": "a", "value": 1},
+            {"t": 0.5, "control": "a", "value": 0},
+            {"t": 0.7, "control": "a", "value": 3},
+            {"t": 0.8, "control": "a", "value": True},
+        ],
+    )
     s = scan(p, "actions")
     assert s.names == ("a", "b") and s.report.out_of_order == 2 and s.report.malformed == 2 and s.lag == 0.5
     _, raw = ActionTrack(s).clip(np.array([0.0]), 0.0, 2.0)
@@ -183,12 +214,18 @@ def test_telemetry_lists_become_indexed_channels_and_bad_fields_are_counted(tmp_
 def test_numbers_beyond_the_float_range_bools_and_infinities_are_dropped_fields_not_crashes(tmp_path):
     huge = "1" + "0" * 400  # valid JSON; float() of it raises OverflowError
     p = tmp_path / "t.jsonl"
-    p.write_text(f'{{"t":0,"x":{huge},"l":[1,2]}}\n{{"t":1,"x":2,"l":[{huge},2]}}\n'
-                 '{"t":2,"x":3,"l":[true,2]}\n{"t":3,"x":4,"l":[1e999,2]}\n')
+    p.write_text(
+        f'{{"t":0,"x":{huge},"l":[1,2]}}\n{{"t":1,"x":2,"l":[{huge},2]}}\n'
+        '{"t":2,"x":3,"l":[true,2]}\n{"t":3,"x":4,"l":[1e999,2]}\n'
+    )
     s = scan(p, "telemetry")
     assert s.report.dropped_fields == 4 and s.report.events == 4  # x, a list, a list, one element
     assert [dict(zip(e[1], e[2].tolist())) for e in events(p, "telemetry")] == [
-        {"l.0": 1.0, "l.1": 2.0}, {"x": 2.0}, {"x": 3.0}, {"l.1": 2.0, "x": 4.0}]
+        {"l.0": 1.0, "l.1": 2.0},
+        {"x": 2.0},
+        {"x": 3.0},
+        {"l.1": 2.0, "x": 4.0},
+    ]
     a = tmp_path / "a.jsonl"
     a.write_text(f'{{"t":0,"control":"fire","value":{huge}}}\n{{"t":{huge},"control":"fire","value":1}}\n')
     assert scan(a, "actions").report.malformed == 2
@@ -210,8 +247,10 @@ def test_telemetry_beyond_the_float32_range_it_is_stored_in_is_a_dropped_field_n
 
 def test_duplicate_keys_and_list_flat_collisions_are_counted_repairs(tmp_path):
     p = tmp_path / "t.jsonl"
-    p.write_text('{"t":0,"speed":1,"speed":2}\n{"t":1,"pos":[1,2],"pos.0":9}\n{"t":2,"text":"a \\":b"}\n'
-                 '{"t":3,"pos":[NaN,2],"pos.0":9}\n')
+    p.write_text(
+        '{"t":0,"speed":1,"speed":2}\n{"t":1,"pos":[1,2],"pos.0":9}\n{"t":2,"text":"a \\":b"}\n'
+        '{"t":3,"pos":[NaN,2],"pos.0":9}\n'
+    )
     s = scan(p, "telemetry")
     assert s.report.duplicate_keys == 1 and s.report.collisions == 1 and s.report.dropped_fields == 2
     got = [dict(zip(names, values.tolist())) for _, names, values in events(p, "telemetry")]
@@ -223,20 +262,25 @@ def test_duplicate_keys_and_list_flat_collisions_are_counted_repairs(tmp_path):
 
 def test_text_keeps_unicode_optional_speakers_and_drops_invalid_utf8(tmp_path):
     p = tmp_path / "x.jsonl"
-    p.write_bytes('{"t":1,"text":"ünï"}\n'.encode() + b'{"t":2,"text":"\xff"}\n'
-                  + b'{"t":3,"speaker":"p1","text":"gg"}\n')
+    p.write_bytes(
+        '{"t":1,"text":"ünï"}\n'.encode() + b'{"t":2,"text":"\xff"}\n' + b'{"t":3,"speaker":"p1","text":"gg"}\n'
+    )
     s = scan(p, "text")
     assert s.report.malformed == 1 and s.report.events == 2
-    assert TextTrack(s).clip(0.0, 5.0) == [{"t": 1.0, "speaker": None, "text": "ünï"},
-                                          {"t": 3.0, "speaker": "p1", "text": "gg"}]
+    assert TextTrack(s).clip(0.0, 5.0) == [
+        {"t": 1.0, "speaker": None, "text": "ünï"},
+        {"t": 3.0, "speaker": "p1", "text": "gg"},
+    ]
 
 
 def test_a_lone_surrogate_escape_is_a_malformed_line_not_a_quarantined_session(tmp_path):
     """JSON accepts "\\ud800" alone, but no text holds it: the line used to pass and the sample's
     canonical JSON then failed, quarantining the whole session (blaming its video)."""
     p = tmp_path / "x.jsonl"
-    p.write_text('{"t":1,"text":"bad \\ud800 x"}\n{"t":2,"text":"pair \\ud83d\\ude00 ok"}\n'
-                 '{"t":3,"text":"nan beside a pair \\ud83d\\ude00","n":NaN}\n')
+    p.write_text(
+        '{"t":1,"text":"bad \\ud800 x"}\n{"t":2,"text":"pair \\ud83d\\ude00 ok"}\n'
+        '{"t":3,"text":"nan beside a pair \\ud83d\\ude00","n":NaN}\n'
+    )
     s = scan(p, "text")
     assert s.report.malformed == 1 and "lone surrogate" in s.report.examples[0] and s.report.events == 2
     assert [e["text"] for e in TextTrack(s).clip(0.0, 5.0)] == ["pair \U0001f600 ok", "nan beside a pair \U0001f600"]
@@ -269,8 +313,10 @@ def test_cuts_never_make_a_clip_shorter_than_the_target_except_the_last(gaps, cl
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.floats(0, 100, allow_nan=False), max_size=30).map(sorted),
-       st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=30))
+@given(
+    st.lists(st.floats(0, 100, allow_nan=False), max_size=30).map(sorted),
+    st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=30),
+)
 def test_hold_is_the_last_value_at_or_before_each_frame(event_t, frame_t):
     values = np.arange(len(event_t), dtype=np.float32) + 1
     out = hold(np.array(event_t), values, np.array(frame_t), before=-1.0)

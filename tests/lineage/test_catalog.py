@@ -12,7 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.errors import LineageError, UsageError
@@ -31,8 +32,10 @@ CONFIG = ConvertConfig(clip_seconds=1.0, shard_size=120_000)
 
 
 def _small_sessions(root: Path, first: int, count: int) -> None:
-    specs = [dataclasses.replace(session_spec(8, i, 2), session_id=f"s-{i:03d}", video=VideoSpec(160, 120, 30, 30))
-             for i in range(first, first + count)]
+    specs = [
+        dataclasses.replace(session_spec(8, i, 2), session_id=f"s-{i:03d}", video=VideoSpec(160, 120, 30, 30))
+        for i in range(first, first + count)
+    ]
     generate(root, sessions=count, seconds=2, seed=8, specs=specs)
 
 
@@ -138,8 +141,9 @@ def test_a_setting_given_as_an_int_is_the_same_setting_as_a_float(grown, tmp_pat
     heal command (which passes --clip-seconds 1.0) refused as "other settings ()"."""
     caps, src, _, v2 = grown
     assert ConvertConfig(clip_seconds=1, shard_size=120_000).to_json() == CONFIG.to_json()
-    again = convert(caps, _copy(src, tmp_path), ConvertConfig(clip_seconds=1, shard_size=120_000),
-                    executor=ExecutorSpec(workers=1))
+    again = convert(
+        caps, _copy(src, tmp_path), ConvertConfig(clip_seconds=1, shard_size=120_000), executor=ExecutorSpec(workers=1)
+    )
     assert again.version_id == v2.version_id
 
 
@@ -238,14 +242,23 @@ def test_query_views_are_created_only_when_named_and_read_in_place(grown):
     assert rows == [(len(index_rows(cat, v2.version_id)), 22)]
     assert run_query(c, v2.version_id, "select count(*) from versions")[1][0][0] >= 2
     roles = run_query(c, v2.version_id, "select distinct role from lineage order by 1")[1]
-    assert [r for r, in roles] == ["actions", "session", "telemetry", "text", "video"]
+    assert [r for (r,) in roles] == ["actions", "session", "telemetry", "text", "video"]
     with pytest.raises(UsageError, match="query failed"):
         run_query(c, v2.version_id, "select nope from samples")
 
 
-@pytest.mark.parametrize("sql", ["select * from read_csv('/etc/passwd')", "copy (select 1) to '/tmp/dsbuild-x.csv'",
-                                 "select * from glob('/root/*')", "attach '/tmp/dsbuild-y.db'", "install httpfs",
-                                 "load httpfs", "set enable_external_access=true"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "select * from read_csv('/etc/passwd')",
+        "copy (select 1) to '/tmp/dsbuild-x.csv'",
+        "select * from glob('/root/*')",
+        "attach '/tmp/dsbuild-y.db'",
+        "install httpfs",
+        "load httpfs",
+        "set enable_external_access=true",
+    ],
+)
 def test_query_is_sandboxed(grown, sql):
     _, cat, _, v2 = grown
     with pytest.raises(UsageError, match="query (refused|failed)"):
@@ -559,10 +572,19 @@ def test_two_converts_into_one_catalog_at_once_both_commit(tmp_path):
     _small_sessions(tmp_path / "b", 3, 3)
     cat = tmp_path / "cat"
     Catalog.open(cat, create=True)
-    code = ("import sys, json; from dsbuild.convert import convert, ConvertConfig; "
-            "r = convert(sys.argv[1], sys.argv[2], ConvertConfig(clip_seconds=1.0)); print(r.version_id)")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / d), str(cat)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for d in "ab"]
+    code = (
+        "import sys, json; from dsbuild.convert import convert, ConvertConfig; "
+        "r = convert(sys.argv[1], sys.argv[2], ConvertConfig(clip_seconds=1.0)); print(r.version_id)"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path / d), str(cat)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for d in "ab"
+    ]
     outs = [p.communicate() for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     ids = {o.strip() for o, _ in outs}
@@ -636,8 +658,13 @@ def test_index_columns_convert_timestamps_like_pyarrow(grown):
     _, cat, v1, _ = grown
     table = Catalog.open(cat).index(v1.version_id)
     assert table_columns(table) == table.to_pydict()
-    odd = pa.table({"started_at": pa.array([0, None, -1_500_000, 1_700_000_000_123_456],
-                                           type=pa.int64()).cast(index_schema().field("started_at").type)})
+    odd = pa.table(
+        {
+            "started_at": pa.array([0, None, -1_500_000, 1_700_000_000_123_456], type=pa.int64()).cast(
+                index_schema().field("started_at").type
+            )
+        }
+    )
     assert table_columns(odd) == odd.to_pydict()  # before 1970, NULL, microseconds
 
 
@@ -653,8 +680,23 @@ def test_a_commit_whose_pinned_files_differ_from_the_pins_publishes_nothing(grow
     other = dataclasses.replace(m, content_id="0" * 64)  # a new version id, so nothing exists yet
     before = sorted(p.name for p in (cat / "versions").iterdir())
     with c.build_area() as area, pytest.raises(LineageError, match="sessions.json is not the file its manifest pins"):
-        c.commit(area, [], other, pinned, CommitRecord("2026-01-01T00:00:00Z", 0, None, None, "webdataset",
-                                                        m.stats.samples, m.stats.bytes, other.content_id, {}))
+        c.commit(
+            area,
+            [],
+            other,
+            pinned,
+            CommitRecord(
+                "2026-01-01T00:00:00Z",
+                0,
+                None,
+                None,
+                "webdataset",
+                m.stats.samples,
+                m.stats.bytes,
+                other.content_id,
+                {},
+            ),
+        )
     assert sorted(p.name for p in (cat / "versions").iterdir()) == before
 
 
@@ -696,14 +738,12 @@ def test_a_failed_copy_never_removes_a_version_another_command_committed_meanwhi
 
     _, cat, v1, _ = grown
     dest = tmp_path / "dest"
-    with pytest.raises(RuntimeError, match="the push failed"):
-        with catalog_to_fill(dest):
-            transfer(Catalog.open(cat), v1.version_id, Catalog.open(dest))  # another command's pull
-            raise RuntimeError("the push failed")
+    with pytest.raises(RuntimeError, match="the push failed"), catalog_to_fill(dest):
+        transfer(Catalog.open(cat), v1.version_id, Catalog.open(dest))  # another command's pull
+        raise RuntimeError("the push failed")
     assert Catalog.open(dest).resolve(v1.version_id) == v1.version_id and verify(Catalog.open(dest), v1.version_id).ok
-    with pytest.raises(RuntimeError):
-        with catalog_to_fill(tmp_path / "alone"):
-            raise RuntimeError("the push failed")
+    with pytest.raises(RuntimeError), catalog_to_fill(tmp_path / "alone"):
+        raise RuntimeError("the push failed")
     assert not (tmp_path / "alone").exists()
 
 
@@ -745,10 +785,12 @@ def test_a_pulled_older_version_takes_its_place_by_date_and_does_not_become_the_
     assert dest.resolve(None) == v2.version_id
 
 
-@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["2024", "2025", "2026"])), max_size=6),
-       st.sampled_from(["2023", "2025", "2027"]), st.data())
-def test_a_copy_sorts_after_every_version_made_earlier_and_its_parent_and_before_later_ones(existing, created_at,
-                                                                                         data):
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["2024", "2025", "2026"])), max_size=6),
+    st.sampled_from(["2023", "2025", "2027"]),
+    st.data(),
+)
+def test_a_copy_sorts_after_every_version_made_earlier_and_its_parent_and_before_later_ones(existing, created_at, data):
     from dsbuild.lineage.transfer import copy_sequence
 
     parent = data.draw(st.sampled_from(existing)) if existing and data.draw(st.booleans()) else None
@@ -784,19 +826,17 @@ def test_a_failed_first_build_never_removes_another_builds_work_in_the_same_new_
 
     location = tmp_path / "cat"
     b = None
-    with pytest.raises(RuntimeError, match="A failed"):
-        with catalog_to_fill(location):
-            b = Catalog.open(location, create=True).build_area()  # B, running meanwhile (and after A)
-            area = b.__enter__()
-            (area.path / "shard-000000.tar.part").write_bytes(b"x")
-            raise RuntimeError("A failed")
+    with pytest.raises(RuntimeError, match="A failed"), catalog_to_fill(location):
+        b = Catalog.open(location, create=True).build_area()  # B, running meanwhile (and after A)
+        area = b.__enter__()
+        (area.path / "shard-000000.tar.part").write_bytes(b"x")
+        raise RuntimeError("A failed")
     try:
         assert (area.path / "shard-000000.tar.part").exists()  # B's build was live: nothing removed
     finally:
         b.__exit__(None, None, None)
-    with pytest.raises(RuntimeError):
-        with catalog_to_fill(location / "other"):
-            raise RuntimeError("alone")
+    with pytest.raises(RuntimeError), catalog_to_fill(location / "other"):
+        raise RuntimeError("alone")
     assert not (location / "other").exists()
 
 

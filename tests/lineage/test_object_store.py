@@ -76,9 +76,12 @@ def test_a_hostile_bucket_cannot_make_dsbuild_write_outside_its_cache(s3, captur
     r = convert(captures, url, CONFIG, executor=ExecutorSpec(workers=1))
     fs = _fs()
     target = tmp_path / "pwned"
-    for key in [f"data/hostile//{target}", f"data/hostile/versions/../../{target.name}",
-                f"data/hostile/versions/{r.version_id}/../../../../{target}",
-                f"data/hostile/splits/{r.version_id}/x/..\\..\\pwned.json"]:
+    for key in [
+        f"data/hostile//{target}",
+        f"data/hostile/versions/../../{target.name}",
+        f"data/hostile/versions/{r.version_id}/../../../../{target}",
+        f"data/hostile/splits/{r.version_id}/x/..\\..\\pwned.json",
+    ]:
         fs.pipe(key, b"owned")
     cat = Catalog.open(url)
     assert [v.version_id for v in cat.versions()] == [r.version_id]
@@ -166,16 +169,25 @@ def test_loader_processes_sharing_a_small_shard_cache_all_read_every_epoch(s3, r
     catalog, vid = open_ref(url)
     shards = catalog.manifest(vid).shards
     assert len(shards) >= 4
-    code = ("from dsbuild.loader import Loader\n"
-            "n = 0\n"
-            "for epoch in range(3):\n"
-            f"    with Loader({url!r}, decode='bytes', batch_size=2, seed=epoch, verify='shard') as loader:\n"
-            "        n += sum(len(b['keys']) for b in loader)\n"
-            "print(n)\n")
-    env = {**os.environ, "DSBUILD_CACHE": str(tmp_path / "shared"),
-           "DSBUILD_CACHE_BYTES": str(max(s.bytes for s in shards) + 1)}
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(4)]
+    code = (
+        "from dsbuild.loader import Loader\n"
+        "n = 0\n"
+        "for epoch in range(3):\n"
+        f"    with Loader({url!r}, decode='bytes', batch_size=2, seed=epoch, verify='shard') as loader:\n"
+        "        n += sum(len(b['keys']) for b in loader)\n"
+        "print(n)\n"
+    )
+    env = {
+        **os.environ,
+        "DSBUILD_CACHE": str(tmp_path / "shared"),
+        "DSBUILD_CACHE_BYTES": str(max(s.bytes for s in shards) + 1),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err[-600:] for _, err in outs]
     assert {out.strip() for out, _ in outs} == {str(3 * r.samples)}
@@ -235,7 +247,6 @@ def test_object_store_gc_keeps_referenced_and_young_shards(s3, remote):
     done = collect(cat, grace=1, now=time.time() + 2)  # two seconds later: the orphan is past its grace
     assert [s["path"] for s in done["shards"]] == [orphan] and not fs.exists(f"data/catalog/{orphan}")
     assert verify(Catalog.open(url), r.version_id).ok
-
 
 
 def test_a_record_whose_size_is_not_the_remote_objects_neither_empties_the_cache_nor_downloads(s3, remote, tmp_path):
@@ -348,8 +359,9 @@ def test_capture_folders_named_with_spaces_or_accents_convert_from_s3_as_locally
     second.rename(mine / "kś-0-0000")
     local = convert(mine, tmp_path / "local", CONFIG, executor=ExecutorSpec(workers=1))
     _fs().put(str(mine), "data/named-caps", recursive=True)
-    p = cli("convert", "s3://data/named-caps", tmp_path / "cat", "--clip-seconds", "2", "--shard-size", "300000",
-            "--json")
+    p = cli(
+        "convert", "s3://data/named-caps", tmp_path / "cat", "--clip-seconds", "2", "--shard-size", "300000", "--json"
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["version_id"] == local.version_id
     _fs().pipe("data/named-caps/" + "x" * 300 + "/session.json", b"{}")

@@ -48,8 +48,9 @@ def run(ref, n=None, state=None, **kw) -> tuple[list, dict]:
     return out, loader.state_dict()
 
 
-def make_clip(frames: int = 60, gop: int = 9, bframes: int = 2, audio: bool = True, size=(64, 48),
-              fps: int = 30) -> bytes:
+def make_clip(
+    frames: int = 60, gop: int = 9, bframes: int = 2, audio: bool = True, size=(64, 48), fps: int = 30
+) -> bytes:
     """An MP4 made with real encoders: H.264 with a fixed IBBPBBPBB pattern (non-reference B-frames, a
     keyframe every ``gop`` frames) and, with ``audio``, a 440 Hz AAC stereo track at 48 kHz."""
     import io
@@ -62,8 +63,10 @@ def make_clip(frames: int = 60, gop: int = 9, bframes: int = 2, audio: bool = Tr
     with av.open(buf, "w", format="mp4") as c:
         v = c.add_stream("libx264", rate=Fraction(fps))
         v.width, v.height, v.pix_fmt = size[0], size[1], "yuv420p"
-        v.options = {"preset": "veryfast", "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:"
-                                                           f"bframes={bframes}:b-adapt=0:b-pyramid=none"}
+        v.options = {
+            "preset": "veryfast",
+            "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes={bframes}:b-adapt=0:b-pyramid=none",
+        }
         a = None
         if audio:
             a = c.add_stream("aac", rate=48000)

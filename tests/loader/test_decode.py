@@ -127,25 +127,32 @@ def test_a_crops_audio_span_follows_the_frames_when_the_rate_label_is_nominal(ca
     assert frame_step(29.97, ts) == 1 / 29.97 and frame_step(0.0, ts[:1]) == 0.0
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"audio_channels": 6}, r"audio_channels must be 1 \(mono\) or 2 \(stereo\)"),  # failed every sample as damage
-    ({"device": "mps"}, "device must be"), ({"device": "gpu"}, "device must be"),  # (CPU tensors / a torch error)
-    ({"resize": (64.5, 64)}, "resize must be"),  # (a TypeError)
-    ({"decode": "bytes", "clip_frames": 4}, "need decode='frames'"),  # (rows cut, clip whole: misaligned)
-    ({"decode": "bytes", "frame_stride": 2}, "need decode='frames'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"audio_channels": 6}, r"audio_channels must be 1 \(mono\) or 2 \(stereo\)"),  # failed every sample as damage
+        ({"device": "mps"}, "device must be"),
+        ({"device": "gpu"}, "device must be"),  # (CPU tensors / a torch error)
+        ({"resize": (64.5, 64)}, "resize must be"),  # (a TypeError)
+        ({"decode": "bytes", "clip_frames": 4}, "need decode='frames'"),  # (rows cut, clip whole: misaligned)
+        ({"decode": "bytes", "frame_stride": 2}, "need decode='frames'"),
+    ],
+)
 def test_options_that_cannot_work_are_refused_when_made(cat, options, message):
     ref, _ = cat
     with pytest.raises(UsageError, match=message):
         Loader(ref, **options)
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda s: {**s, "frames": s["frames"][:1]}, "'frames' as uint8 (1,"),  # was broadcast into every slot
-    (lambda s: {**s, "frames": s["frames"] / 255.0}, "'frames' as float64"),  # was truncated to zeros
-    (lambda s: {**s, "actions": s["actions"][:2]}, "'actions' as float32 (2,"),  # was padded with zeros
-    (lambda s: None, "map returned NoneType"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (lambda s: {**s, "frames": s["frames"][:1]}, "'frames' as uint8 (1,"),  # was broadcast into every slot
+        (lambda s: {**s, "frames": s["frames"] / 255.0}, "'frames' as float64"),  # was truncated to zeros
+        (lambda s: {**s, "actions": s["actions"][:2]}, "'actions' as float32 (2,"),  # was padded with zeros
+        (lambda s: None, "map returned NoneType"),
+    ],
+)
 def test_a_map_that_changes_shapes_or_dtypes_is_refused_naming_the_array(cat, change, says):
     ref, _ = cat
     loader = Loader(ref, batch_size=2, seed=1, resize=(8, 8), map=lambda sample, rng: change(sample))
@@ -201,19 +208,27 @@ def test_the_loader_falls_back_to_pyav_on_this_machine_and_says_so(cat):
 
 def test_device_auto_without_torch_delivers_numpy_with_a_note(cat):
     ref, _ = cat
-    script = ("import sys; sys.modules['torch'] = None\n"
-              "import numpy as np\nfrom dsbuild.loader import Loader\n"
-              f"L = Loader({ref!r}, decode='bytes', batch_size=2, device='auto')\n"
-              "b = next(iter(L)); assert isinstance(b['actions'], np.ndarray)\n"
-              "print(L.stats()['notes'])\n")
+    script = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import numpy as np\nfrom dsbuild.loader import Loader\n"
+        f"L = Loader({ref!r}, decode='bytes', batch_size=2, device='auto')\n"
+        "b = next(iter(L)); assert isinstance(b['actions'], np.ndarray)\n"
+        "print(L.stats()['notes'])\n"
+    )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "torch is not installed" in r.stdout
 
 
-@pytest.mark.parametrize("options", [{"resize": (16, 24)}, {"bucket_by": "resolution"},
-                                     {"resize": (16, 24), "clip_frames": 5, "frame_stride": 2},
-                                     {"resize": (16, 24), "pack_frames": 40}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"resize": (16, 24)},
+        {"bucket_by": "resolution"},
+        {"resize": (16, 24), "clip_frames": 5, "frame_stride": 2},
+        {"resize": (16, 24), "pack_frames": 40},
+    ],
+)
 def test_batches_hold_each_clips_own_frames_then_zeros(cat, options):
     """Frames decoded straight into the batch (or copied there, when packing) are PyAV's frames of the
     sample's own clip, and the padding after them is zero: across two epochs of reused memory."""
@@ -222,8 +237,11 @@ def test_batches_hold_each_clips_own_frames_then_zeros(cat, options):
     import av
 
     ref, _ = cat
-    clips = {k: bytes(v) for b in Loader(ref, decode="bytes", batch_size=4, verify="none")
-             for k, v in zip(b["keys"], b["video"])}
+    clips = {
+        k: bytes(v)
+        for b in Loader(ref, decode="bytes", batch_size=4, verify="none")
+        for k, v in zip(b["keys"], b["video"])
+    }
     loader = Loader(ref, batch_size=3, seed=2, **options)
     size = options.get("resize")
     kw = {"format": "rgb24"} if size is None else {"format": "rgb24", "width": size[1], "height": size[0]}
@@ -243,11 +261,11 @@ def test_batches_hold_each_clips_own_frames_then_zeros(cat, options):
                     k = b["keys"][j].index(key)
                     got = b["frames"][j][rows[j] == k]
                 stride = options.get("frame_stride", 1)
-                assert any(np.array_equal(got, full[s::stride][:len(got)]) for s in range(len(full))), key
+                assert any(np.array_equal(got, full[s::stride][: len(got)]) for s in range(len(full))), key
                 checked += 1
             if rows is None:
                 for i in range(len(keys)):
-                    assert not b["frames"][i, int(b["lengths"][i]):].any()
+                    assert not b["frames"][i, int(b["lengths"][i]) :].any()
             else:
                 for j in range(len(b["keys"])):
                     assert not b["frames"][j][rows[j] < 0].any()

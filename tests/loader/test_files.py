@@ -37,8 +37,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def run_limited(ref: str, max_open: int) -> dict:
-    r = subprocess.run([sys.executable, "-c", SCRIPT, ref, str(max_open)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, ref, str(max_open)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -166,8 +165,10 @@ def test_batches_in_reused_memory_equal_batches_kept_alive(cat):
     opts = dict(batch_size=3, seed=2, resize=(240, 320), num_workers=2, shuffle="global")
 
     def digests(batches) -> list[str]:
-        return [hashlib.sha256(b["frames"].tobytes() + b["actions"].tobytes() + b["lengths"].tobytes()).hexdigest()
-                for b in batches]
+        return [
+            hashlib.sha256(b["frames"].tobytes() + b["actions"].tobytes() + b["lengths"].tobytes()).hexdigest()
+            for b in batches
+        ]
 
     kept = list(Loader(ref, **opts))
     loader = Loader(ref, **opts)

@@ -53,17 +53,22 @@ def launch(ref, procs, devices, take, state="-"):
     number = port.getsockname()[1]
     port.close()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    ps = [subprocess.Popen([sys.executable, "-c", SCRIPT, ref, str(procs), str(i), str(number), str(take),
-                            state], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-          for i in range(procs)]
+    ps = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, ref, str(procs), str(i), str(number), str(take), state],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(procs)
+    ]
     outs = []
     for p in ps:
         stdout, stderr = p.communicate(timeout=180)
         assert p.returncode == 0, stderr[-3000:]
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     return outs
-
-
 
 
 def expected_rows(ref, procs, take):
@@ -74,7 +79,7 @@ def expected_rows(ref, procs, take):
         rows = []
         for b in Loader(ref, batch_size=4, seed=3, resize=(8, 8), rank=rank, world_size=procs):
             ts = np.zeros((4, longest))
-            ts[:len(b["timestamps"]), :b["timestamps"].shape[1]] = b["timestamps"]
+            ts[: len(b["timestamps"]), : b["timestamps"].shape[1]] = b["timestamps"]
             rows.append(ts)
             if len(rows) == take:
                 break

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from dsbuild.core.errors import CorruptDataError, UsageError
-from dsbuild.lineage.catalog import Catalog
 from dsbuild.formats.webdataset import payload_offsets
+from dsbuild.lineage.catalog import Catalog
 from dsbuild.loader import Loader, Mixture
 from tests.loader.conftest import index_rows, run
 
@@ -112,8 +112,10 @@ def test_plain_batches_are_the_general_routes_batches(cat):
     """Bytes mode with nothing to run per sample is collated straight from the read buffers; a map that
     changes nothing sends the same samples through the general route, with the same batches."""
     ref, _ = cat
-    assert_same_batches(Loader(ref, decode="bytes", batch_size=3, seed=5),
-                        Loader(ref, decode="bytes", batch_size=3, seed=5, map=lambda s, rng: s))
+    assert_same_batches(
+        Loader(ref, decode="bytes", batch_size=3, seed=5),
+        Loader(ref, decode="bytes", batch_size=3, seed=5, map=lambda s, rng: s),
+    )
 
 
 def test_worker_threads_share_one_set_of_readers_and_one_preparer(cat):
@@ -190,8 +192,9 @@ def test_a_stop_mixture_ends_when_a_source_runs_out(cat, wds_catalog):
 def test_mixing_per_sample_mixes_sources_within_batches_and_keeps_each_sample_once(cat, wds_catalog):
     ref, vid = cat
     other, ovid = str(wds_catalog[0]), wds_catalog[1]
-    m = Mixture([(ref, None, 0.5), (other, None, 0.5)], per="sample", decode="bytes", batch_size=4, seed=3,
-                policy="stop")
+    m = Mixture(
+        [(ref, None, 0.5), (other, None, 0.5)], per="sample", decode="bytes", batch_size=4, seed=3, policy="stop"
+    )
     batches = list(m)
     assert any(len(set(b["source"])) == 2 for b in batches)
     by_source = {0: [], 1: []}
@@ -208,16 +211,23 @@ def test_restore_refuses_other_data_or_order_naming_the_option(cat, wds_catalog)
     _, state = run(ref, n=1)
     with pytest.raises(UsageError, match="checkpoint has seed=5, loader has seed=6"):
         Loader(ref, decode="bytes", batch_size=3, seed=6).load_state_dict(state)
-    for name, value in (("batch_size", 4), ("block_size", 8), ("block_window", 2), ("shuffle", "blocks"),
-                        ("frame_stride", 2), ("bucket_by", "length")):
+    for name, value in (
+        ("batch_size", 4),
+        ("block_size", 8),
+        ("block_window", 2),
+        ("shuffle", "blocks"),
+        ("frame_stride", 2),
+        ("bucket_by", "length"),
+    ):
         mode = {"resize": (8, 8)} if name == "frame_stride" else {"decode": "bytes"}  # (a stride needs frames)
         with pytest.raises(UsageError, match=f"checkpoint has {name}="):
             Loader(ref, **mode, **{"batch_size": 3, "seed": 5, name: value}).load_state_dict(state)
     with pytest.raises(UsageError, match="checkpoint has source 0 = version"):
         Loader(str(wds_catalog[0]), decode="bytes", batch_size=3, seed=5).load_state_dict(state)
     # what may change on resume: the partition, threads, decoding, verification, prefetch
-    Loader(ref, batch_size=3, seed=5, world_size=2, rank=1, num_workers=0, verify="shard", prefetch=1,
-           resize=(8, 8)).load_state_dict(state)
+    Loader(
+        ref, batch_size=3, seed=5, world_size=2, rank=1, num_workers=0, verify="shard", prefetch=1, resize=(8, 8)
+    ).load_state_dict(state)
 
 
 def test_a_checkpoint_names_data_by_content_so_a_moved_catalog_resumes(cat, tmp_path, monkeypatch):
@@ -292,8 +302,12 @@ def test_batches_carry_whole_samples(cat):
         row = rows[k]
         assert (b["title"][i], b["player"][i], b["session_id"][i]) == (row["title"], row["player"], row["session_id"])
         assert b["conditions"][i] == dict(row["conditions"])
-        assert (b["codec"][i], b["width"][i], b["height"][i], b["container"][i]) == \
-            (row["codec"], row["width"], row["height"], "mp4")
+        assert (b["codec"][i], b["width"][i], b["height"][i], b["container"][i]) == (
+            row["codec"],
+            row["width"],
+            row["height"],
+            "mp4",
+        )
         assert len(b["text"][i]) == row["text_events"] and all("text" in e for e in b["text"][i])
         assert bytes(b["video"][i])[4:8] == b"ftyp"  # an MP4 a GPU decoder can be handed as is
     vocabulary = Catalog.open(ref).manifest(vid).vocabulary
@@ -305,8 +319,10 @@ def test_clip_frames_crops_are_seeded_resumable_and_aligned(cat):
     kw = dict(batch_size=2, seed=4, resize=(16, 16), clip_frames=6, frame_stride=2)
     a = list(Loader(ref, **kw))
     b = list(Loader(ref, **kw))
-    assert all(np.array_equal(x["frames"], y["frames"]) and np.array_equal(x["timestamps"], y["timestamps"])
-               for x, y in zip(a, b))
+    assert all(
+        np.array_equal(x["frames"], y["frames"]) and np.array_equal(x["timestamps"], y["timestamps"])
+        for x, y in zip(a, b)
+    )
     assert all(x["frames"].shape[1] == 6 for x in a)
     full = Loader(ref, batch_size=1, seed=4, resize=(16, 16), shuffle="none")
     whole = {bt["keys"][0]: bt for bt in full}
@@ -314,9 +330,9 @@ def test_clip_frames_crops_are_seeded_resumable_and_aligned(cat):
         for i, k in enumerate(x["keys"]):
             ts = whole[k]["timestamps"][0]
             at = np.searchsorted(ts, x["timestamps"][i][0])
-            assert np.array_equal(x["timestamps"][i], ts[at:at + 12:2])
-            assert np.array_equal(x["frames"][i], whole[k]["frames"][0][at:at + 12:2])
-            assert np.array_equal(x["actions"][i], whole[k]["actions"][0][at:at + 12:2])
+            assert np.array_equal(x["timestamps"][i], ts[at : at + 12 : 2])
+            assert np.array_equal(x["frames"][i], whole[k]["frames"][0][at : at + 12 : 2])
+            assert np.array_equal(x["actions"][i], whole[k]["actions"][0][at : at + 12 : 2])
 
 
 def test_a_crop_delivers_the_text_lines_of_the_time_its_frames_stand_for(cat):
@@ -427,8 +443,11 @@ def test_numpy_by_default_and_torch_tensors_on_cpu(cat):
 def test_parquet_and_webdataset_versions_deliver_the_same_samples(wds_catalog, parquet_catalog):
     def by_key(ref):
         loader = Loader(str(ref), decode="bytes", batch_size=2, seed=1, verify="sample")
-        out = {k: (bytes(v), a[:n].tobytes()) for b in loader
-               for k, v, a, n in zip(b["keys"], b["video"], b["actions"], b["lengths"])}
+        out = {
+            k: (bytes(v), a[:n].tobytes())
+            for b in loader
+            for k, v, a, n in zip(b["keys"], b["video"], b["actions"], b["lengths"])
+        }
         stats = loader.stats()
         # bytes read: at least the clips' (a Parquet version's rows counted -1 each)
         assert stats["corrupt"] == 0 and stats["bytes"] >= sum(len(v) for v, _ in out.values()) > 0
@@ -451,15 +470,18 @@ def test_sessions_with_different_controls_land_in_their_own_columns(captures, tm
     own = {}
     for i, session in enumerate(sorted(p.parent for p in caps.rglob("session.json"))):
         controls = ("up", "fire") if i % 2 else ("fire", "down")
-        (session / "actions.jsonl").write_text("".join(json.dumps({"t": 0.0, "control": c, "value": 1.0}) + "\n"
-                                                       for c in controls))
+        (session / "actions.jsonl").write_text(
+            "".join(json.dumps({"t": 0.0, "control": c, "value": 1.0}) + "\n" for c in controls)
+        )
         own[json.loads((session / "session.json").read_text())["session_id"]] = set(controls)
     out = tmp_path / "cat"
     vid = convert(caps, out, ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1)).version_id
     vocab = Catalog.open(out).manifest(vid).vocabulary.controls
     assert sorted(vocab) == ["down", "fire", "up"]
-    assert_same_batches(Loader(str(out), decode="bytes", batch_size=4, seed=3),
-                        Loader(str(out), decode="bytes", batch_size=4, seed=3, map=lambda s, rng: s))
+    assert_same_batches(
+        Loader(str(out), decode="bytes", batch_size=4, seed=3),
+        Loader(str(out), decode="bytes", batch_size=4, seed=3, map=lambda s, rng: s),
+    )
     seen = 0
     for b in Loader(str(out), decode="bytes", batch_size=4, seed=3):
         for i, session in enumerate(b["session_id"]):
@@ -487,8 +509,10 @@ def test_captures_without_telemetry_or_actions_deliver_empty_columns(captures, t
             f.unlink()
     out = str(tmp_path / "cat")
     convert(caps, out, ConvertConfig(clip_seconds=1.0), executor=ExecutorSpec(workers=1))
-    assert_same_batches(Loader(out, decode="bytes", batch_size=4, seed=3),
-                        Loader(out, decode="bytes", batch_size=4, seed=3, map=lambda s, rng: s))
+    assert_same_batches(
+        Loader(out, decode="bytes", batch_size=4, seed=3),
+        Loader(out, decode="bytes", batch_size=4, seed=3, map=lambda s, rng: s),
+    )
     for b in Loader(out, decode="frames", batch_size=4, seed=3, resize=(16, 16), bucket_by="resolution"):
         n = len(b["keys"])
         assert b["telemetry"].shape[::2] == (n, 0) and b["timestamps"].shape[0] == n
@@ -544,8 +568,9 @@ def test_the_checkpoint_after_an_epochs_last_batch_is_the_same_at_any_world_size
         fresh = Loader(ref, rank=last, world_size=world, **opts)
         list(fresh)  # epoch 0
         assert [b["keys"] for b in resumed] == [b["keys"] for b in fresh]  # then both deliver epoch 1
-    assert len(states) >= 2 and all(s["position"] == states[1]["position"] and s["cursors"] == states[1]["cursors"]
-                                    for s in states.values())
+    assert len(states) >= 2 and all(
+        s["position"] == states[1]["position"] and s["cursors"] == states[1]["cursors"] for s in states.values()
+    )
 
 
 def test_a_restore_inside_a_running_loop_takes_effect_at_once(cat):
@@ -605,8 +630,15 @@ def test_sources_that_share_keys_get_their_own_map_draws(cat, wds_catalog):
         return sample
 
     def draws():
-        m = Mixture([(ref, None, 0.5), (other, None, 0.5)], per="sample", decode="bytes", batch_size=4, seed=3,
-                    policy="stop", map=draw)
+        m = Mixture(
+            [(ref, None, 0.5), (other, None, 0.5)],
+            per="sample",
+            decode="bytes",
+            batch_size=4,
+            seed=3,
+            policy="stop",
+            map=draw,
+        )
         return {(s, k): float(a[0, 0]) for b in m for s, k, a in zip(b["source"], b["keys"], b["actions"])}
 
     got = draws()

@@ -37,8 +37,15 @@ def assert_equal_epochs(a: list[dict], b: list[dict]) -> None:
         assert_equal_batch(x, y)
 
 
-@pytest.mark.parametrize("kw", [dict(verify="none"), dict(verify="shard"), dict(verify="none", shuffle="blocks"),
-                                dict(decode="frames", resize=(24, 32), verify="none")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(verify="none"),
+        dict(verify="shard"),
+        dict(verify="none", shuffle="blocks"),
+        dict(decode="frames", resize=(24, 32), verify="none"),
+    ],
+)
 def test_mapped_and_copied_reads_deliver_the_same_batches(cat, kw):
     ref, _ = cat
     mapped, _ = epoch(ref, **kw)
@@ -53,8 +60,10 @@ def test_plain_batches_from_mapped_shards_are_the_general_routes_batches(cat):
     """With nothing to run per sample, batches are collated straight from the mappings (``collate_spans``);
     a map that changes nothing sends the same samples through the general route."""
     ref, _ = cat
-    assert_same_batches(Loader(ref, decode="bytes", batch_size=3, seed=5, verify="none"),
-                        Loader(ref, decode="bytes", batch_size=3, seed=5, verify="none", map=lambda s, rng: s))
+    assert_same_batches(
+        Loader(ref, decode="bytes", batch_size=3, seed=5, verify="none"),
+        Loader(ref, decode="bytes", batch_size=3, seed=5, verify="none", map=lambda s, rng: s),
+    )
 
 
 def test_delivered_clips_are_read_only_and_outlive_the_lru(cat):

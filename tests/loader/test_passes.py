@@ -12,8 +12,11 @@ from dsbuild.loader.walk import Position
 
 # a pass: its workers, whether all of them finish, whether the main process moved its loader before it, and
 # the order its workers' start/done events come in (a worker's done always after its start)
-passes = st.lists(st.tuples(st.integers(1, 4), st.booleans(), st.booleans(), st.randoms(use_true_random=False)),
-                  min_size=1, max_size=8)
+passes = st.lists(
+    st.tuples(st.integers(1, 4), st.booleans(), st.booleans(), st.randoms(use_true_random=False)),
+    min_size=1,
+    max_size=8,
+)
 
 
 def _events(workers: int, finish: bool, rnd) -> list[tuple[str, int]]:
@@ -62,8 +65,14 @@ def test_a_pass_named_like_a_finished_one_is_a_new_pass():
 def test_the_record_file_survives_only_whole_records_and_positions_round_trip(tmp_path):
     p = Position(12, ((3, 4), (0, 9)), 2)
     assert decode(encode(p)) == p
-    for bad in (b"", b"{", b"[]", b'{"record": {"pass": [1, 1]}}', b'{"record": {"pass": [1, 1], "workers": -1, '
-                b'"base": [0, [], 0], "start": [0, [], 0], "end": null, "done": 0}, "main": [0, [[-1, 0]], 0]}'):
+    for bad in (
+        b"",
+        b"{",
+        b"[]",
+        b'{"record": {"pass": [1, 1]}}',
+        b'{"record": {"pass": [1, 1], "workers": -1, '
+        b'"base": [0, [], 0], "start": [0, [], 0], "end": null, "done": 0}, "main": [0, [[-1, 0]], 0]}',
+    ):
         assert _parse(bad) == (None, None)
     passes = PassFile()
     assert passes.start([1, 1], 2, p) == p

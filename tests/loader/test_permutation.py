@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsbuild.loader.permutation import block_order, derive_key, global_order
 
@@ -18,7 +19,7 @@ def test_global_order_is_a_permutation(n, key):
 @given(st.integers(1, 3000), st.integers(0, 2**63), st.integers(0, 3000), st.integers(0, 500))
 def test_any_window_of_the_order_is_computed_alone(n, key, start, count):
     full = global_order(n, key, 0, n)
-    assert global_order(n, key, start, count).tolist() == full[start:start + count].tolist()
+    assert global_order(n, key, start, count).tolist() == full[start : start + count].tolist()
 
 
 @settings(max_examples=100, deadline=None)
@@ -26,12 +27,12 @@ def test_any_window_of_the_order_is_computed_alone(n, key, start, count):
 def test_block_order_is_a_permutation_with_random_access(n, key, block, window, start):
     full = block_order(n, key, 0, n, block, window)
     assert sorted(full.tolist()) == list(range(n))
-    assert block_order(n, key, start, 100, block, window).tolist() == full[start:start + 100].tolist()
+    assert block_order(n, key, start, 100, block, window).tolist() == full[start : start + 100].tolist()
 
 
 def test_block_order_keeps_reads_local():
     order = block_order(10_000, 7, 0, 10_000, block=100, window=4)
-    span_blocks = [len(set((order[i:i + 400] // 100).tolist())) for i in range(0, 10_000, 400)]
+    span_blocks = [len(set((order[i : i + 400] // 100).tolist())) for i in range(0, 10_000, 400)]
     assert max(span_blocks) <= 4
 
 

@@ -4,7 +4,8 @@ workers cover every batch once, and a golden vector pins the plan."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsbuild.loader.crop import crop_start, frame_indices, frame_window, kept_frames
 from dsbuild.loader.plan import PlanSpec, first_fit, plan_chunk, rank_batch_ids
@@ -39,9 +40,19 @@ def test_golden_vector_pins_the_batch_plan():
     keys = np.array([0, 1, 0, 1, 0, 0, 1, 1, 0, 1])
     lengths = np.array([5, 3, 8, 2, 6, 4, 7, 1, 3, 9])
     assert plan_chunk(idx, PlanSpec(2, bucketed=True), keys, lengths) == [
-        [(7,), (9,)], [(3,), (1,)], [(4,), (8,)], [(0,), (2,)], [(6,)], [(5,)]]
+        [(7,), (9,)],
+        [(3,), (1,)],
+        [(4,), (8,)],
+        [(0,), (2,)],
+        [(6,)],
+        [(5,)],
+    ]
     assert plan_chunk(idx, PlanSpec(2, bucketed=True, pack_frames=10), keys, lengths) == [
-        [(7, 8), (9,)], [(3, 1, 2), (0,)], [(4, 6)], [(5,)]]
+        [(7, 8), (9,)],
+        [(3, 1, 2), (0,)],
+        [(4, 6)],
+        [(5,)],
+    ]
 
 
 @settings(max_examples=100, deadline=None)
@@ -66,12 +77,20 @@ def _round_robin(lists):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, 300), st.integers(1, 5), st.one_of(st.none(), st.integers(1, 40)),
-       st.one_of(st.none(), st.integers(1, 40)), st.integers(0, 2**32), st.integers(0, 9))
+@given(
+    st.integers(1, 300),
+    st.integers(1, 5),
+    st.one_of(st.none(), st.integers(1, 40)),
+    st.one_of(st.none(), st.integers(1, 40)),
+    st.integers(0, 2**32),
+    st.integers(0, 9),
+)
 def test_crops_fit_the_clip_and_match_the_planned_length(frames, stride, clip, cap, seed, epoch):
     window = frame_window(frames, stride, clip, cap, seed, epoch, ("v", "s__000001"))
     idx = frame_indices(window)
-    assert len(idx) == kept_frames(frames, stride, clip, cap) == kept_frames(np.array([frames]), stride, clip, cap)[0] >= 1
+    assert (
+        len(idx) == kept_frames(frames, stride, clip, cap) == kept_frames(np.array([frames]), stride, clip, cap)[0] >= 1
+    )
     assert idx[0] >= 0 and idx[-1] < frames and np.all(np.diff(idx) == stride)
     assert np.array_equal(np.arange(frames)[window], idx)  # the slice cuts arrays to exactly these frames
     assert window == frame_window(frames, stride, clip, cap, seed, epoch, ("v", "s__000001"))

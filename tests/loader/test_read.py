@@ -11,8 +11,7 @@ from dsbuild.loader.read import COALESCE_GAP, coalesce
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 400_000), st.integers(1, 90_000)), min_size=1,
-                max_size=40))
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 400_000), st.integers(1, 90_000)), min_size=1, max_size=40))
 def test_every_sample_lies_in_exactly_one_run_of_its_shard(samples):
     shard, off, length = (np.array(c, dtype=np.int64) for c in zip(*samples))
     runs = coalesce(shard, off, length)

@@ -22,8 +22,11 @@ def test_the_loader_reads_an_fsspec_catalog_like_the_local_one(cat, tmp_path, mo
             fs.pipe(f"/loader-remote/{p.relative_to(root).as_posix()}", p.read_bytes())
 
     def stream(where):
-        return [(k, bytes(v)) for b in Loader(where, decode="bytes", batch_size=2, seed=3) for k, v in
-                zip(b["keys"], b["video"])]
+        return [
+            (k, bytes(v))
+            for b in Loader(where, decode="bytes", batch_size=2, seed=3)
+            for k, v in zip(b["keys"], b["video"])
+        ]
 
     assert stream("memory://loader-remote") == stream(ref)
     assert stream(f"memory://loader-remote@{vid[:10]}") == stream(ref)

@@ -81,7 +81,9 @@ def test_an_index_whose_ranges_overlap_or_whose_members_do_not_fit_is_refused(ca
         if damage == "overlap":
             same[1]["byte_offset"] = same[0]["byte_offset"] + 512
         elif damage == "member_sizes":
-            rows[0]["member_bytes"] = [rows[0]["member_bytes"][0] + rows[0]["byte_length"]] + rows[0]["member_bytes"][1:]
+            rows[0]["member_bytes"] = [rows[0]["member_bytes"][0] + rows[0]["byte_length"]] + rows[0]["member_bytes"][
+                1:
+            ]
         else:
             rows[0]["member_bytes"] = rows[0]["member_bytes"][:5]
         return rows
@@ -91,9 +93,15 @@ def test_an_index_whose_ranges_overlap_or_whose_members_do_not_fit_is_refused(ca
         Source(f"{ref}@{forged}").open()
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("width", 1_000_000, "1000000x.* picture, outside"), ("height", 0, "x0 picture, outside"),
-    ("key", "../../etc/passwd\x1b[2J", "is not a sample key"), ("key", "k" * 100_000, "is not a sample key")])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("width", 1_000_000, "1000000x.* picture, outside"),
+        ("height", 0, "x0 picture, outside"),
+        ("key", "../../etc/passwd\x1b[2J", "is not a sample key"),
+        ("key", "k" * 100_000, "is not a sample key"),
+    ],
+)
 def test_an_index_with_forged_picture_sizes_or_keys_is_refused_at_open(cat_copy, field, value, message):
     """Frame buffers were sized from the index's width and height before anything was decoded (30000 x
     30000: a MemoryError traceback; 1500 x 1500 for 160 x 210 clips: gigabytes), and any string was
@@ -126,9 +134,18 @@ def test_a_split_loads_only_its_samples_and_is_named_by_its_hash(cat_copy):
         Source(ref, "train").open()
 
 
-@pytest.mark.parametrize("field,value", [("position", 1 << 63), ("position", -1), ("cursors", [{"epoch": 1 << 63, "at": 0}]),
-                                         ("cursors", [{"epoch": 0, "at": 10**6}]), ("inner", 10**9),
-                                         ("position", "3"), ("format", "dsbuild.loader/1")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("position", 1 << 63),
+        ("position", -1),
+        ("cursors", [{"epoch": 1 << 63, "at": 0}]),
+        ("cursors", [{"epoch": 0, "at": 10**6}]),
+        ("inner", 10**9),
+        ("position", "3"),
+        ("format", "dsbuild.loader/1"),
+    ],
+)
 def test_checkpoint_fields_are_range_checked_naming_the_field(cat, field, value):
     ref, _ = cat
     _, state = run(ref, n=1)
@@ -172,8 +189,10 @@ def test_a_position_the_cursors_do_not_account_for_is_refused(cat, wds_catalog):
     other = 1 - nxt  # one more batch, credited to the source the schedule does not give it to
     cursors = [dict(c) for c in state["cursors"]]
     cursors[other]["at"] += 1
-    for bad, message in [({**state, "position": 25}, "position = 25, but the cursors say the sources gave 20"),
-                         ({**state, "position": 21, "cursors": cursors}, "first 21 batches draw .* but the cursors say")]:
+    for bad, message in [
+        ({**state, "position": 25}, "position = 25, but the cursors say the sources gave 20"),
+        ({**state, "position": 21, "cursors": cursors}, "first 21 batches draw .* but the cursors say"),
+    ]:
         with pytest.raises(FormatError, match=message):
             mixture().load_state_dict(bad)
     assert sources.count(0) == state["cursors"][0]["at"]  # the checks' premise, on the run itself
@@ -183,8 +202,9 @@ def test_a_position_the_cursors_do_not_account_for_is_refused(cat, wds_catalog):
     # mixing per sample: the cursors count samples; one credited to the source the first slot does not go to
     from dsbuild.loader.mixture import normalise, schedule
 
-    per_sample = Mixture([(ref, None, 0.7), (str(wds_catalog[0]), None, 0.3)], per="sample", decode="bytes",
-                         batch_size=1, seed=2)
+    per_sample = Mixture(
+        [(ref, None, 0.7), (str(wds_catalog[0]), None, 0.3)], per="sample", decode="bytes", batch_size=1, seed=2
+    )
     state = per_sample.state_dict()
     wrong = 1 - int(schedule(normalise([0.7, 0.3]), 2, 0, 1)[0])
     cursors = [{"epoch": 0, "at": int(k == wrong)} for k in range(2)]

@@ -53,8 +53,9 @@ def test_each_pass_over_a_dataloader_is_the_next_epoch(cat, workers, persistent)
     epochs = [[b["keys"] for b in loader] for _ in range(3)]
     assert epochs[0] != epochs[1]
     again = Loader(ref, decode="bytes", batch_size=3, seed=5)
-    dl = torch.utils.data.DataLoader(again.as_torch_dataset(), batch_size=None, num_workers=workers,
-                                     persistent_workers=persistent)
+    dl = torch.utils.data.DataLoader(
+        again.as_torch_dataset(), batch_size=None, num_workers=workers, persistent_workers=persistent
+    )
     assert _passes(dl, 3) == epochs
     last = None
     for last in dl:
@@ -69,8 +70,9 @@ def test_a_pass_broken_off_is_resumed_in_process_and_taken_again_with_workers(ca
     ref, _ = cat
     loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
     epochs = [[b["keys"] for b in loader] for _ in range(2)]
-    dl = torch.utils.data.DataLoader(Loader(ref, decode="bytes", batch_size=3, seed=5).as_torch_dataset(),
-                                     batch_size=None, num_workers=workers)
+    dl = torch.utils.data.DataLoader(
+        Loader(ref, decode="bytes", batch_size=3, seed=5).as_torch_dataset(), batch_size=None, num_workers=workers
+    )
     first, second, third = _passes(dl, 3, stop_after=2)
     assert first == epochs[0][:2]
     assert second == (epochs[0][2:] if workers == 0 else epochs[0])
@@ -86,18 +88,19 @@ def test_a_restore_in_the_main_process_is_where_the_next_pass_starts(cat, persis
     loader = Loader(ref, decode="bytes", batch_size=3, seed=5)
     stream = [b["keys"] for b in loader] + [b["keys"] for b in loader]
     there = Loader(ref, decode="bytes", batch_size=3, seed=5)
-    dl = torch.utils.data.DataLoader(there.as_torch_dataset(), batch_size=None, num_workers=2,
-                                     persistent_workers=persistent)
+    dl = torch.utils.data.DataLoader(
+        there.as_torch_dataset(), batch_size=None, num_workers=2, persistent_workers=persistent
+    )
     states = [there.state_after(b) for b in dl]
     there.load_state_dict(states[1])  # roll back to after the second batch of epoch 0
-    assert [b["keys"] for b in dl] == stream[2:len(states)]
+    assert [b["keys"] for b in dl] == stream[2 : len(states)]
     got = []
     for b in dl:  # break a pass off after two batches, restore the last state_after (the README's recipe)
         got.append(b["keys"])
         if len(got) == 2:
             break
     there.load_state_dict(there.state_after(b))
-    assert got + [b["keys"] for b in dl] == stream[len(states):]
+    assert got + [b["keys"] for b in dl] == stream[len(states) :]
 
 
 @pytest.mark.parametrize("persistent", [False, True])
@@ -110,8 +113,9 @@ def test_a_restore_to_where_the_last_pass_started_is_not_taken_for_an_unmoved_lo
     epoch0, epoch1 = [b["keys"] for b in loader], [b["keys"] for b in loader]
     there = Loader(ref, decode="bytes", batch_size=3, seed=5)
     start = there.state_dict()
-    dl = torch.utils.data.DataLoader(there.as_torch_dataset(), batch_size=None, num_workers=2,
-                                     persistent_workers=persistent)
+    dl = torch.utils.data.DataLoader(
+        there.as_torch_dataset(), batch_size=None, num_workers=2, persistent_workers=persistent
+    )
     assert [b["keys"] for b in dl] == epoch0
     there.load_state_dict(start)
     assert [b["keys"] for b in dl] == epoch0
@@ -140,7 +144,9 @@ def test_process_workers_hand_payloads_over_in_shared_memory(cat):
         small = {k: t for k, t in tensors.items() if k != "video_data"}
         assert len({t.untyped_storage().data_ptr() for t in small.values()}) == 1
         block = b["lengths"].untyped_storage()
-        assert block.nbytes() < b["video_data"].nbytes and b["video_data"].untyped_storage().data_ptr() != block.data_ptr()
+        assert (
+            block.nbytes() < b["video_data"].nbytes and b["video_data"].untyped_storage().data_ptr() != block.data_ptr()
+        )
         clips = [bytes(b["video_data"][a:z].numpy()) for a, z in zip(b["video_offsets"][:-1], b["video_offsets"][1:])]
         assert clips == [bytes(v) for v in mine["video"]]
         for k, v in mine.items():

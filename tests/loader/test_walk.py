@@ -9,7 +9,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsbuild.loader.epoch import EpochPlan
 from dsbuild.loader.mixture import normalise, schedule, schedule_counts
@@ -23,8 +24,9 @@ def make_plans(sizes, batch, seed, shuffle="global", bucket=False, pack=None):
     for k, n in enumerate(sizes):
         keys = (np.arange(n) * 7 + k) % 3 if bucket else None
         lengths = (np.arange(n) * 5 + k) % 9 + 1
-        plans.append(EpochPlan(n, seed, f"v{k}/", spec, shuffle=shuffle, block=3, window=2, bucket_keys=keys,
-                               lengths=lengths))
+        plans.append(
+            EpochPlan(n, seed, f"v{k}/", spec, shuffle=shuffle, block=3, window=2, bucket_keys=keys, lengths=lengths)
+        )
     return plans, spec
 
 
@@ -42,22 +44,24 @@ def take(it, n):
     return list(itertools.islice(it, n))
 
 
-setups = st.fixed_dictionaries({
-    "sizes": st.lists(st.integers(1, 13), min_size=1, max_size=3),
-    "weights": st.lists(st.integers(1, 5), min_size=3, max_size=3),
-    "batch": st.integers(1, 4),
-    "seed": st.integers(0, 2**32),
-    "shuffle": st.sampled_from(["global", "blocks", "none"]),
-    "bucket": st.booleans(),
-    "pack": st.sampled_from([None, 12]),
-    "mix": st.sampled_from(["batch", "sample"]),
-    "stop": st.booleans(),
-})
+setups = st.fixed_dictionaries(
+    {
+        "sizes": st.lists(st.integers(1, 13), min_size=1, max_size=3),
+        "weights": st.lists(st.integers(1, 5), min_size=3, max_size=3),
+        "batch": st.integers(1, 4),
+        "seed": st.integers(0, 2**32),
+        "shuffle": st.sampled_from(["global", "blocks", "none"]),
+        "bucket": st.booleans(),
+        "pack": st.sampled_from([None, 12]),
+        "mix": st.sampled_from(["batch", "sample"]),
+        "stop": st.booleans(),
+    }
+)
 
 
 def build(s):
     plans, spec = make_plans(s["sizes"], s["batch"], s["seed"], s["shuffle"], s["bucket"], s["pack"])
-    weights = normalise(s["weights"][:len(plans)])
+    weights = normalise(s["weights"][: len(plans)])
     start = Position(0, tuple((0, 0) for _ in plans))
     return plans, spec, weights, start
 
@@ -71,15 +75,17 @@ def test_restoring_at_every_step_continues_the_uninterrupted_walk(s):
         if isinstance(item, End):
             break
         rest = take(walk(item.after, plans, spec, weights, s["seed"], s["mix"], s["stop"]), 40 - k - 1)
-        expected = full[k + 1:]
-        assert [flat(x, plans) if not isinstance(x, End) else x for x in rest] == \
-            [flat(x, plans) if not isinstance(x, End) else x for x in expected]
+        expected = full[k + 1 :]
+        assert [flat(x, plans) if not isinstance(x, End) else x for x in rest] == [
+            flat(x, plans) if not isinstance(x, End) else x for x in expected
+        ]
 
 
 @settings(max_examples=60, deadline=None)
 @given(setups, st.integers(1, 4), st.integers(1, 3), st.integers(0, 12), st.integers(1, 4), st.integers(1, 3))
-def test_ranks_and_workers_take_each_global_batch_once_across_an_elastic_restore(s, world, workers, cut, world2,
-                                                                                  workers2):
+def test_ranks_and_workers_take_each_global_batch_once_across_an_elastic_restore(
+    s, world, workers, cut, world2, workers2
+):
     plans, spec, weights, start = build(s)
     horizon = 30
     full = [x for x in take(walk(start, plans, spec, weights, s["seed"], s["mix"], s["stop"]), horizon)]
@@ -89,8 +95,14 @@ def test_ranks_and_workers_take_each_global_batch_once_across_an_elastic_restore
         got = {}
         for rank in range(w):
             for worker in range(k):
-                it = rank_steps(walk(position, plans, spec, weights, s["seed"], s["mix"], s["stop"]), position.step,
-                                w, rank, worker, k)
+                it = rank_steps(
+                    walk(position, plans, spec, weights, s["seed"], s["mix"], s["stop"]),
+                    position.step,
+                    w,
+                    rank,
+                    worker,
+                    k,
+                )
                 for step, after in it:
                     if step is None or step.j >= until:
                         break
@@ -103,7 +115,9 @@ def test_ranks_and_workers_take_each_global_batch_once_across_an_elastic_restore
     resume_at = steps[boundary - 1].after if boundary else start
     positions = set()
     for rank in range(world):
-        for step, after in rank_steps(walk(start, plans, spec, weights, s["seed"], s["mix"], s["stop"]), 0, world, rank):
+        for step, after in rank_steps(
+            walk(start, plans, spec, weights, s["seed"], s["mix"], s["stop"]), 0, world, rank
+        ):
             if step is None or step.j >= boundary:
                 break
             if (step.j // world + 1) * world == boundary:
@@ -163,8 +177,14 @@ def test_mixture_schedule_matches_weights_within_one_percent_from_any_start():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 4), st.integers(0, 2**31),
-       st.integers(0, 300), st.booleans(), st.integers(1, 64))
+@given(
+    st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    st.integers(1, 4),
+    st.integers(0, 2**31),
+    st.integers(0, 300),
+    st.booleans(),
+    st.integers(1, 64),
+)
 def test_every_position_of_a_batch_walk_is_what_the_restore_check_recounts(sizes, batch, seed, steps, stop, block):
     """The invariant ``load_state_dict`` checks (``_check_drawn``): after any number of global batches, ended
     epochs included, each source gave (plain batches a whole epoch) x epoch + at batches, those sum to the
@@ -176,13 +196,22 @@ def test_every_position_of_a_batch_walk_is_what_the_restore_check_recounts(sizes
         pos = step.at if isinstance(step, End) else step.after
     gave = [p.batches_in_epoch(0) * e + a for p, (e, a) in zip(plans, pos.cursors)]
     assert sum(gave) == pos.step
-    assert schedule_counts(w, seed, pos.step, block) == gave == np.bincount(
-        schedule(w, seed, 0, pos.step), minlength=len(sizes)).tolist()
+    assert (
+        schedule_counts(w, seed, pos.step, block)
+        == gave
+        == np.bincount(schedule(w, seed, 0, pos.step), minlength=len(sizes)).tolist()
+    )
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 4), st.integers(0, 2**31),
-       st.integers(0, 120), st.booleans(), st.sampled_from([None, 4]))
+@given(
+    st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    st.integers(1, 4),
+    st.integers(0, 2**31),
+    st.integers(0, 120),
+    st.booleans(),
+    st.sampled_from([None, 4]),
+)
 def test_every_position_of_a_sample_walk_is_what_the_restore_check_recounts(sizes, batch, seed, steps, stop, pack):
     """mix="sample": wherever a walk stands (ended epochs and chunks cut short under ``stop`` included),
     the schedule's first sum(epoch x samples + at) slots draw exactly epoch x samples + at from each source."""
@@ -200,16 +229,32 @@ def test_golden_vectors_pin_the_mixture_schedule_and_the_walks():
     w = normalise([0.7, 0.3])
     assert schedule(w, 3, 0, 16).tolist() == GOLDEN_SCHEDULE
     plans, spec = make_plans([5, 3], 2, 11)
-    batches = [(s.source, s.epoch, s.batch) for s in take(walk_batches(Position(0, ((0, 0), (0, 0))), plans, w, 11,
-                                                                          False), 10)]
+    batches = [
+        (s.source, s.epoch, s.batch) for s in take(walk_batches(Position(0, ((0, 0), (0, 0))), plans, w, 11, False), 10)
+    ]
     assert batches == GOLDEN_BATCHES
-    samples = [flat(s, plans)[1] for s in take(walk_samples(Position(0, ((0, 0), (0, 0))), plans, w, 11, False,
-                                                            spec), 4)]
+    samples = [
+        flat(s, plans)[1] for s in take(walk_samples(Position(0, ((0, 0), (0, 0))), plans, w, 11, False, spec), 4)
+    ]
     assert samples == GOLDEN_SAMPLES
 
 
 GOLDEN_SCHEDULE = [0, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0]
-GOLDEN_BATCHES = [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (1, 0, 0), (0, 1, 1), (0, 1, 2), (1, 0, 1), (0, 2, 0),
-                  (1, 1, 0)]
-GOLDEN_SAMPLES = [(((0, 0, 2),), ((0, 0, 0),)), (((0, 0, 4),), ((0, 0, 1),)), (((1, 0, 0),), ((0, 0, 3),)),
-                  (((0, 1, 3),), ((1, 0, 2),))]
+GOLDEN_BATCHES = [
+    (0, 0, 0),
+    (0, 0, 1),
+    (0, 0, 2),
+    (0, 1, 0),
+    (1, 0, 0),
+    (0, 1, 1),
+    (0, 1, 2),
+    (1, 0, 1),
+    (0, 2, 0),
+    (1, 1, 0),
+]
+GOLDEN_SAMPLES = [
+    (((0, 0, 2),), ((0, 0, 0),)),
+    (((0, 0, 4),), ((0, 0, 1),)),
+    (((1, 0, 0),), ((0, 0, 3),)),
+    (((0, 1, 3),), ((1, 0, 2),)),
+]

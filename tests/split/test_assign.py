@@ -46,13 +46,19 @@ def ratio_sets(draw, min_splits: int = 1) -> tuple[tuple[str, float], ...]:
 
 # -- the keyed hash --------------------------------------------------------------------------------
 
+
 def test_golden_vector_pins_the_rule():
     assert RULE == "dsbuild.split.assign/1"
     assert unit("dsbuild", "p-0000") == 0.04710901993997596
     assert unit("", "") == 0.7875143894179436
     a = assign_groups([f"p-{i:04x}" for i in range(24)], ratios=DEFAULT_RATIOS, salt="dsbuild")
     assert {g: s for g, s in a.splits.items() if s != "train"} == {
-        "p-0000": "test", "p-0003": "test", "p-0007": "val", "p-000b": "val", "p-000d": "test"}
+        "p-0000": "test",
+        "p-0003": "test",
+        "p-0007": "val",
+        "p-000b": "val",
+        "p-000d": "test",
+    }
 
 
 @given(SALT, GROUP)
@@ -77,6 +83,7 @@ def test_thresholds_tile_the_unit_interval(ratios, u):
 
 
 # -- the assignment --------------------------------------------------------------------------------
+
 
 @given(GROUPS, ratio_sets(), SALT, st.randoms(use_true_random=False))
 def test_assignment_is_independent_of_the_order_groups_arrive_in(groups, ratios, salt, rnd):
@@ -106,7 +113,7 @@ def test_a_group_depends_on_nothing_but_itself(groups, ratios, salt):
 def test_every_group_gets_exactly_one_split_and_pins_hold(groups, ratios, salt, data):
     names = [n for n, _ in ratios]
     pinned_split = data.draw(st.sampled_from(names))
-    pinned = {g: pinned_split for g in data.draw(st.lists(st.sampled_from(groups), unique=True, max_size=5))}
+    pinned = dict.fromkeys(data.draw(st.lists(st.sampled_from(groups), unique=True, max_size=5)), pinned_split)
     a = assign_groups(groups, ratios=ratios, salt=salt, fixed=pinned, exclusive={pinned_split})
     assert set(a.splits) == set(groups)
     assert all(s in names for s in a.splits.values())
@@ -116,14 +123,18 @@ def test_every_group_gets_exactly_one_split_and_pins_hold(groups, ratios, salt, 
 
 @given(GROUPS, SALT)
 def test_pinned_split_is_frozen_whatever_the_ratios(groups, salt):
-    pinned = {g: "test" for g in groups[:3]}
-    for ratios in ({"train": 0.8, "val": 0.1, "test": 0.1}, {"train": 0.5, "val": 0.4, "test": 0.1},
-                   {"train": 0.9, "test": 0.1}):
+    pinned = dict.fromkeys(groups[:3], "test")
+    for ratios in (
+        {"train": 0.8, "val": 0.1, "test": 0.1},
+        {"train": 0.5, "val": 0.4, "test": 0.1},
+        {"train": 0.9, "test": 0.1},
+    ):
         a = assign_groups(groups, ratios=canonical_ratios(ratios), salt=salt, fixed=pinned, exclusive={"test"})
         assert {g for g, s in a.splits.items() if s == "test"} == set(pinned)
 
 
 # -- stratified coverage ---------------------------------------------------------------------------
+
 
 @st.composite
 def stratified(draw):
@@ -181,13 +192,14 @@ def test_majority_stratum_takes_most_samples_then_the_smallest_label():
 
 # -- realised ratios -------------------------------------------------------------------------------
 
+
 @settings(max_examples=15, deadline=None)
 @given(ratio_sets(), SALT)
 def test_realised_group_shares_are_within_five_binomial_std_of_the_ratios(ratios, salt):
     n = 3000
     groups = [f"g{i}" for i in range(n)]
     a = assign_groups(groups, ratios=ratios, salt=salt)
-    share = shares(a.splits, {g: 1 for g in groups}, ratios)
+    share = shares(a.splits, dict.fromkeys(groups, 1), ratios)
     for name, p in ratios:
         assert abs(share[name].ratio_groups - p) <= 5 * expected_std(p, n) + 1e-9
         assert share[name].expected_std_groups == round(math.sqrt(p * (1 - p) / n), 6)
@@ -209,9 +221,9 @@ def test_documented_binomial_std_matches_the_spread_over_salts():
 def test_shares_renormalise_around_a_pinned_split():
     groups = [f"g{i}" for i in range(2000)]
     ratios = DEFAULT_RATIOS
-    fixed = {g: "test" for g in groups[:200]}
+    fixed = dict.fromkeys(groups[:200], "test")
     a = assign_groups(groups, ratios=ratios, salt="x", fixed=fixed, exclusive={"test"})
-    share = shares(a.splits, {g: 2 for g in groups}, ratios, exclusive={"test"})
+    share = shares(a.splits, dict.fromkeys(groups, 2), ratios, exclusive={"test"})
     assert share["test"].target is None and share["test"].groups == 200
     assert share["train"].target == round(0.8 / 0.9, 6)
     assert abs(share["train"].deviation_std) < 5 and abs(share["val"].deviation_std) < 5
@@ -259,6 +271,7 @@ def test_many_groups_of_one_size_stay_within_the_tolerance(ratios, salt):
 
 # -- parameters ------------------------------------------------------------------------------------
 
+
 @given(ratio_sets(), st.randoms(use_true_random=False))
 def test_ratios_parse_to_one_canonical_form_in_any_order(ratios, rnd):
     items = list(ratios)
@@ -270,15 +283,19 @@ def test_ratios_parse_to_one_canonical_form_in_any_order(ratios, rnd):
 
 @given(ratio_sets(), st.floats(1e-5, 0.5))
 def test_ratios_that_do_not_sum_to_one_are_a_usage_error(ratios, delta):
-    text = ",".join(f"{n}={r!r}" for n, r in ratios[:-1]) + (
-        "," if len(ratios) > 1 else "") + f"{ratios[-1][0]}={ratios[-1][1] + delta!r}"
+    text = (
+        ",".join(f"{n}={r!r}" for n, r in ratios[:-1])
+        + ("," if len(ratios) > 1 else "")
+        + f"{ratios[-1][0]}={ratios[-1][1] + delta!r}"
+    )
     assume(ratios[-1][1] + delta <= 1)
     with pytest.raises(UsageError, match="sum to"):
         parse_ratios(text)
 
 
-@pytest.mark.parametrize("text", ["train=0.8,train=0.2", "train", "tr.ain=1", "train=nan", "train=-1,val=2",
-                                  "unassigned=1", "", "train=x"])
+@pytest.mark.parametrize(
+    "text", ["train=0.8,train=0.2", "train", "tr.ain=1", "train=nan", "train=-1,val=2", "unassigned=1", "", "train=x"]
+)
 def test_malformed_ratios_are_one_line_usage_errors(text):
     with pytest.raises(UsageError) as e:
         parse_ratios(text)
@@ -294,15 +311,17 @@ def test_a_group_pinned_to_two_splits_or_everything_pinned_is_refused():
 
 # -- carry-over, overlaps and diffs ----------------------------------------------------------------
 
+
 @given(st.dictionaries(GROUP, st.sampled_from(["train", "val", "test", "gone"]), max_size=30), GROUPS, st.data())
 def test_carry_over_keeps_old_splits_that_still_take_groups(old, present, data):
-    pinned = {g: "test" for g in data.draw(st.lists(st.sampled_from(present), unique=True, max_size=3))}
+    pinned = dict.fromkeys(data.draw(st.lists(st.sampled_from(present), unique=True, max_size=3)), "test")
     c = carry_over(old, present, ["train", "val"], pinned)
     assert set(c.new) == set(present) - set(old)
     assert set(c.removed) == set(old) - set(present)
     assert all(old[g] == s and s in ("train", "val") and g not in pinned for g, s in c.fixed.items())
-    assert set(c.fixed) | set(c.reassigned) | {g for g in pinned if g in old and old[g] == "test"} \
-        == set(present) & set(old)
+    assert set(c.fixed) | set(c.reassigned) | {g for g in pinned if g in old and old[g] == "test"} == set(
+        present
+    ) & set(old)
 
 
 @given(st.dictionaries(st.sampled_from("abc"), st.lists(st.sampled_from("wxyz"), max_size=4)))
@@ -315,8 +334,10 @@ def test_overlaps_finds_exactly_the_values_in_two_splits(members):
             assert found[v] == holders
 
 
-@given(st.dictionaries(GROUP, st.sampled_from("abc"), max_size=20),
-       st.dictionaries(GROUP, st.sampled_from("abc"), max_size=20))
+@given(
+    st.dictionaries(GROUP, st.sampled_from("abc"), max_size=20),
+    st.dictionaries(GROUP, st.sampled_from("abc"), max_size=20),
+)
 def test_compare_assignments_accounts_for_every_item(a, b):
     d = compare_assignments(a, b)
     assert len(d["moved"]) + d["unchanged"] + len(d["added"]) == len(b)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import io
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -43,26 +43,62 @@ def rows(cat: Path, vid: str):
     return rows_from_table(Catalog.open(cat).index(vid))
 
 
-def write_still_session(root: Path, session_id: str, image: np.ndarray, seconds: float = 2.0, fps: int = 30,
-                        title: str = "Still Life", player: str = "p-still") -> None:
+def write_still_session(
+    root: Path,
+    session_id: str,
+    image: np.ndarray,
+    seconds: float = 2.0,
+    fps: int = 30,
+    title: str = "Still Life",
+    player: str = "p-still",
+) -> None:
     """A session whose video repeats one image: every clip cut from it is frozen (black if the image is)."""
     h, w = image.shape[:2]
     spec = SessionSpec(session_id, title, player, VideoSpec(w, h, fps, fps), conditions={"track": "menu"})
-    write_session(root / session_id, spec, [image] * int(seconds * fps), [{"t": 0.0, "control": "button_a", "value": 1.0}],
-                  [{"t": 0.0, "speed": 0.0}], [], seed=0)
+    write_session(
+        root / session_id,
+        spec,
+        [image] * int(seconds * fps),
+        [{"t": 0.0, "control": "button_a", "value": 1.0}],
+        [{"t": 0.0, "speed": 0.0}],
+        [],
+        seed=0,
+    )
 
 
-def write_moving_session(root: Path, session_id: str, title: str, player: str, seconds: float = 2.0, seed: int = 0,
-                         size: tuple[int, int] = (160, 120), conditions: dict | None = None,
-                         text: list[dict] | None = None) -> Path:
+def write_moving_session(
+    root: Path,
+    session_id: str,
+    title: str,
+    player: str,
+    seconds: float = 2.0,
+    seed: int = 0,
+    size: tuple[int, int] = (160, 120),
+    conditions: dict | None = None,
+    text: list[dict] | None = None,
+) -> Path:
     rng = np.random.default_rng(seed)
-    spec = SessionSpec(session_id, title, player, VideoSpec(size[0], size[1], 30, 30),
-                       conditions=conditions if conditions is not None else {"track": "harbor"})
-    actions = [{"t": round(t, 3), "control": c, "value": float(v)} for i, t in enumerate(np.arange(0, seconds, 0.25))
-               for c, v in (("button_a", i % 2), ("steer_x", np.sin(t)))]
-    return write_session(root / session_id, spec, moving_frames(spec.video, int(seconds * 30), rng), actions,
-                         [{"t": float(t), "speed": float(t)} for t in np.arange(0, seconds, 0.1)],
-                         text if text is not None else [{"t": 0.5, "speaker": player, "text": "gg"}], seed=seed)
+    spec = SessionSpec(
+        session_id,
+        title,
+        player,
+        VideoSpec(size[0], size[1], 30, 30),
+        conditions=conditions if conditions is not None else {"track": "harbor"},
+    )
+    actions = [
+        {"t": round(t, 3), "control": c, "value": float(v)}
+        for i, t in enumerate(np.arange(0, seconds, 0.25))
+        for c, v in (("button_a", i % 2), ("steer_x", np.sin(t)))
+    ]
+    return write_session(
+        root / session_id,
+        spec,
+        moving_frames(spec.video, int(seconds * 30), rng),
+        actions,
+        [{"t": float(t), "speed": float(t)} for t in np.arange(0, seconds, 0.1)],
+        text if text is not None else [{"t": 0.5, "speaker": player, "text": "gg"}],
+        seed=seed,
+    )
 
 
 def write_vfr_session(root: Path, session_id: str, intervals_ms: list[int], size=(96, 64), gop: int = 30) -> Path:
@@ -88,11 +124,25 @@ def write_vfr_session(root: Path, session_id: str, intervals_ms: list[int], size
         for packet in s.encode():
             c.mux(packet)
     seconds = pts[-1] / 1000
-    write_jsonl(d / "actions.jsonl", [{"t": round(float(t), 3), "control": "button_a", "value": float(i % 2)}
-                                      for i, t in enumerate(np.arange(0, seconds, 0.2))])
-    (d / "session.json").write_text(json.dumps({"format": "capture/1", "session_id": session_id, "title": "Drift VFR",
-                                                "player": "p-vfr", "video": "video.mp4",
-                                                "streams": {"actions": "actions.jsonl"}}))
+    write_jsonl(
+        d / "actions.jsonl",
+        [
+            {"t": round(float(t), 3), "control": "button_a", "value": float(i % 2)}
+            for i, t in enumerate(np.arange(0, seconds, 0.2))
+        ],
+    )
+    (d / "session.json").write_text(
+        json.dumps(
+            {
+                "format": "capture/1",
+                "session_id": session_id,
+                "title": "Drift VFR",
+                "player": "p-vfr",
+                "video": "video.mp4",
+                "streams": {"actions": "actions.jsonl"},
+            }
+        )
+    )
     return d
 
 
@@ -108,8 +158,12 @@ def canonical_meta(members: Members, edit: Callable[[dict], None]) -> Members:
     return out
 
 
-def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None = None,
-           shard_bytes: Callable[[int, bytes], bytes] | None = None) -> str:
+def reseal(
+    cat: Path,
+    vid: str,
+    edit: Callable[[str, Members], Members] | None = None,
+    shard_bytes: Callable[[int, bytes], bytes] | None = None,
+) -> str:
     """Rewrite every shard with ``edit(key, members)`` applied (through the format's encoder and writer;
     ``shard_bytes(n, data)`` may then change a written shard), re-hash samples and shards, rewrite the index
     and the manifest; return the new version id (the old version is removed)."""
@@ -119,8 +173,10 @@ def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None =
     all_rows = rows_from_table(catalog.index(vid))
     new_rows, shards = [], []
     for n, rec in enumerate(m.shards):
-        srows = sorted((r for r in all_rows if r.shard == rec.path),
-                       key=lambda r: (r.byte_offset or 0, r.row_group or 0, r.row_index or 0))
+        srows = sorted(
+            (r for r in all_rows if r.shard == rec.path),
+            key=lambda r: (r.byte_offset or 0, r.row_group or 0, r.row_index or 0),
+        )
         segments, sizes = [], []
         with fmt.reader(cat / rec.path) as reader:
             for r in srows:
@@ -128,8 +184,9 @@ def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None =
                 members = edit(r.key, members) if edit else members
                 sha = members_sha256(members)
                 segments.append(fmt.encode(r.key, sha, members))
-                sizes.append((sum(len(p) for _, p in members), len(dict(members).get(MEMBERS[1], b"")),
-                              members_blake3(members)))
+                sizes.append(
+                    (sum(len(p) for _, p in members), len(dict(members).get(MEMBERS[1], b"")), members_blake3(members))
+                )
         buf = io.BytesIO()
         entries = fmt.write(segments, buf)
         data = shard_bytes(n, buf.getvalue()) if shard_bytes else buf.getvalue()
@@ -140,11 +197,14 @@ def reseal(cat: Path, vid: str, edit: Callable[[str, Members], Members] | None =
         (cat / path).write_bytes(data)
         shards.append(ShardRecord(path, sha, len(data), len(srows)))
         for r, e, (total, video, blake3) in zip(srows, entries, sizes):
-            new_rows.append(replace(r.located(path, e), sha256=e.sha256, bytes=total, video_bytes=video,
-                                    blake3=blake3))
+            new_rows.append(replace(r.located(path, e), sha256=e.sha256, bytes=total, video_bytes=video, blake3=blake3))
     index = index_bytes(new_rows)
-    new = replace(m, shards=tuple(shards), index=FilePin(m.index.path, sha256_bytes(index), len(new_rows), len(index)),
-                  content_id=content_id([(r.key, r.sha256) for r in new_rows]))
+    new = replace(
+        m,
+        shards=tuple(shards),
+        index=FilePin(m.index.path, sha256_bytes(index), len(new_rows), len(index)),
+        content_id=content_id([(r.key, r.sha256) for r in new_rows]),
+    )
     vdir = cat / "versions" / new.version_id
     vdir.mkdir()
     (vdir / m.index.path).write_bytes(index)

@@ -37,7 +37,9 @@ def test_every_check_is_one_definition_with_a_doc_a_run_function_and_reasoned_de
         if c.sample is not None and c.run.__name__ == "count_offenders":
             assert c.thresholds[0].kind == "count"  # the default run counts offenders against it
     assert len(THRESHOLDS) == sum(len(c.thresholds) for c in CHECKS)  # no key belongs to two checks
-    assert [c.stage for c in CHECKS] == sorted((c.stage for c in CHECKS), key=("structural", "content", "dataset").index)
+    assert [c.stage for c in CHECKS] == sorted(
+        (c.stage for c in CHECKS), key=("structural", "content", "dataset").index
+    )
 
 
 def test_a_malformed_check_definition_is_refused():
@@ -50,16 +52,22 @@ def test_a_malformed_check_definition_is_refused():
 def test_no_validators_module_knows_a_shard_format_by_name():
     names = "|".join(map(re.escape, [*format_names(), "tar", "tarfile", "pyarrow.parquet"]))
     pattern = re.compile(rf"""["']({names})["']|import tarfile|pyarrow\.parquet""")
-    found = [f"{p.relative_to(PACKAGE)}: {m.group(0)}" for p in PACKAGE.rglob("*.py")
-             for m in pattern.finditer(p.read_text())]
+    found = [
+        f"{p.relative_to(PACKAGE)}: {m.group(0)}"
+        for p in PACKAGE.rglob("*.py")
+        for m in pattern.finditer(p.read_text())
+    ]
     assert found == []
 
 
 def test_defaults_round_trip_through_their_printed_toml():
     spec = default_spec()
     again = parse_spec(spec.to_toml(), "printed")
-    assert (again.thresholds, again.severity, again.max_offenders) == (spec.thresholds, spec.severity,
-                                                                        spec.max_offenders)
+    assert (again.thresholds, again.severity, again.max_offenders) == (
+        spec.thresholds,
+        spec.severity,
+        spec.max_offenders,
+    )
 
 
 def test_committed_example_sets_every_threshold_and_parses():
@@ -76,31 +84,39 @@ def test_keys_left_out_keep_their_defaults():
     assert spec["max_decode_failures"] == 0 and spec.severity_of("decode") == "fail"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[thresholds]\nmax_decode_failures = 0\nmax_decod_failures = 1\n",
-     r"s\.toml:3: unknown threshold 'max_decod_failures' \(did you mean 'max_decode_failures'\?\)"),
-    ("[limits]\nx = 1\n", r"s\.toml:1: unknown key 'limits'"),
-    ("\n[severity]\nframes = \"warn\"\n", r"s\.toml:3: unknown check 'frames'"),
-    ("[severity]\ndecode = \"loud\"\n", r"s\.toml:2: severity of 'decode' must be one of fail, warn, off"),
-    # integrity and safety cannot be switched off (a flipped shard passed --level full)
-    ("[severity]\nshard_hashes = \"off\"\n", r"s\.toml:2: 'shard_hashes' proves the version is whole .* always fail"),
-    ("[severity]\nmanifest = \"warn\"\n", r"'manifest' proves .* not 'warn'"),
-    ("[severity]\nunsafe_members = \"off\"\n", r"'unsafe_members' proves"),
-    ("[report]\nmax_offender = 3\n", r"s\.toml:2: unknown key 'max_offender' in \[report\]"),
-    ("[thresholds]\nmax_decode_failures = -1\n", r"s\.toml:2: max_decode_failures must be a whole number in \[0, "),
-    ("[thresholds]\nmax_decode_failures = 0.5\n", r"whole number"),
-    # beyond 64 bits the JSON report could not be written (exit 70): counts end where JSON stays exact
-    ("[thresholds]\nmax_bad_shards = 99999999999999999999\n", r"max_bad_shards must be a whole number in \[0, 9007199254740991\]"),
-    ("[thresholds]\nmax_frozen_fraction = 2\n", r"max_frozen_fraction must be a fraction in \[0, 1\], not 2"),
-    ("[thresholds]\nrequired_titles = \"Kart Storm\"\n", r"list of strings"),
-    ("[thresholds]\nallowed_resolutions = [\"720p\"]\n", r"'720p' is not WxH"),
-    ("[thresholds]\nrequired_conditions = [\"rain\"]\n", r"'rain' is not key=value"),
-    ("format = \"dsbuild.acceptance/9\"\n", r"s\.toml:1: format"),
-    # written as a dotted key, an inline table or a quoted header: the line was not found
-    ("# gate\nthresholds.max_decod_failures = 1\n", r"s\.toml:2: unknown threshold"),
-    ("# gate\nthresholds = { max_decod_failures = 1 }\n", r"s\.toml:2: unknown threshold"),
-    ("# gate\n[\"thresholds\"]\nmax_decod_failures = 1\n", r"s\.toml:3: unknown threshold"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "[thresholds]\nmax_decode_failures = 0\nmax_decod_failures = 1\n",
+            r"s\.toml:3: unknown threshold 'max_decod_failures' \(did you mean 'max_decode_failures'\?\)",
+        ),
+        ("[limits]\nx = 1\n", r"s\.toml:1: unknown key 'limits'"),
+        ('\n[severity]\nframes = "warn"\n', r"s\.toml:3: unknown check 'frames'"),
+        ('[severity]\ndecode = "loud"\n', r"s\.toml:2: severity of 'decode' must be one of fail, warn, off"),
+        # integrity and safety cannot be switched off (a flipped shard passed --level full)
+        ('[severity]\nshard_hashes = "off"\n', r"s\.toml:2: 'shard_hashes' proves the version is whole .* always fail"),
+        ('[severity]\nmanifest = "warn"\n', r"'manifest' proves .* not 'warn'"),
+        ('[severity]\nunsafe_members = "off"\n', r"'unsafe_members' proves"),
+        ("[report]\nmax_offender = 3\n", r"s\.toml:2: unknown key 'max_offender' in \[report\]"),
+        ("[thresholds]\nmax_decode_failures = -1\n", r"s\.toml:2: max_decode_failures must be a whole number in \[0, "),
+        ("[thresholds]\nmax_decode_failures = 0.5\n", r"whole number"),
+        # beyond 64 bits the JSON report could not be written (exit 70): counts end where JSON stays exact
+        (
+            "[thresholds]\nmax_bad_shards = 99999999999999999999\n",
+            r"max_bad_shards must be a whole number in \[0, 9007199254740991\]",
+        ),
+        ("[thresholds]\nmax_frozen_fraction = 2\n", r"max_frozen_fraction must be a fraction in \[0, 1\], not 2"),
+        ('[thresholds]\nrequired_titles = "Kart Storm"\n', r"list of strings"),
+        ('[thresholds]\nallowed_resolutions = ["720p"]\n', r"'720p' is not WxH"),
+        ('[thresholds]\nrequired_conditions = ["rain"]\n', r"'rain' is not key=value"),
+        ('format = "dsbuild.acceptance/9"\n', r"s\.toml:1: format"),
+        # written as a dotted key, an inline table or a quoted header: the line was not found
+        ("# gate\nthresholds.max_decod_failures = 1\n", r"s\.toml:2: unknown threshold"),
+        ("# gate\nthresholds = { max_decod_failures = 1 }\n", r"s\.toml:2: unknown threshold"),
+        ('# gate\n["thresholds"]\nmax_decod_failures = 1\n', r"s\.toml:3: unknown threshold"),
+    ],
+)
 def test_mistakes_are_usage_errors_naming_the_file_line_and_key(text, message):
     with pytest.raises(UsageError, match=message):
         parse_spec(text, "s.toml")
@@ -114,7 +130,9 @@ def allowed(t: Threshold) -> str:
     """The words the refusal of a value of ``t`` must hold: its kind and its range."""
     lo, hi = t.allowed
     what = {"count": "a whole number", "fraction": "a fraction", "number": "a finite number"}[t.kind]
-    return f"{what} in [{lo:g}, {hi:{'d' if isinstance(hi, int) else 'g'}}]" if math.isfinite(hi) else f"{what} >= {lo:g}"
+    return (
+        f"{what} in [{lo:g}, {hi:{'d' if isinstance(hi, int) else 'g'}}]" if math.isfinite(hi) else f"{what} >= {lo:g}"
+    )
 
 
 def outside(t: Threshold) -> list[str]:
@@ -163,21 +181,28 @@ def validate_with(tiny: Path, tmp_path: Path, line: str, *args, check: int) -> s
 def test_cli_refuses_a_fraction_above_one_or_below_zero_with_exit_2(tiny, tmp_path, key):
     for value in (1.5, -0.01):
         p = validate_with(tiny, tmp_path, f"{key} = {value}", check=2)
-        assert p.stderr.startswith(f"error: {tmp_path / 'spec.toml'}:2: {key} must be a fraction in [0, 1], "
-                                   f"not {value}"), p.stderr
+        assert p.stderr.startswith(
+            f"error: {tmp_path / 'spec.toml'}:2: {key} must be a fraction in [0, 1], not {value}"
+        ), p.stderr
     validate_with(tiny, tmp_path, f"{key} = 1", "--quiet", check=0)
 
 
-@pytest.mark.parametrize("line, message", [
-    ("max_decode_failures = 2.0", "max_decode_failures must be a whole number in [0, 9007199254740991], not 2.0"),
-    ("max_decode_failures = 1e30", "max_decode_failures must be a whole number in [0, 9007199254740991], not 1e+30"),
-    ("near_duplicate_bits = 65", "near_duplicate_bits must be a whole number in [0, 64], not 65"),
-    ("black_luma = 300", "black_luma must be a finite number in [0, 255], not 300"),
-    ("duration_tolerance_frames = inf", "duration_tolerance_frames must be a finite number >= 0, not inf"),
-    ("max_action_imbalance = 0.5", "max_action_imbalance must be a finite number >= 1, not 0.5"),
-    ("min_hours_per_title = 1" + "0" * 400, "min_hours_per_title must be a finite number >= 0, not 1000"),
-    ("max_decode_failures = 1" + "0" * 5000, "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("max_decode_failures = 2.0", "max_decode_failures must be a whole number in [0, 9007199254740991], not 2.0"),
+        (
+            "max_decode_failures = 1e30",
+            "max_decode_failures must be a whole number in [0, 9007199254740991], not 1e+30",
+        ),
+        ("near_duplicate_bits = 65", "near_duplicate_bits must be a whole number in [0, 64], not 65"),
+        ("black_luma = 300", "black_luma must be a finite number in [0, 255], not 300"),
+        ("duration_tolerance_frames = inf", "duration_tolerance_frames must be a finite number >= 0, not inf"),
+        ("max_action_imbalance = 0.5", "max_action_imbalance must be a finite number >= 1, not 0.5"),
+        ("min_hours_per_title = 1" + "0" * 400, "min_hours_per_title must be a finite number >= 0, not 1000"),
+        ("max_decode_failures = 1" + "0" * 5000, "not valid TOML"),
+    ],
+)
 def test_cli_refuses_a_count_or_number_outside_its_range_with_exit_2(tiny, tmp_path, line, message):
     error = json.loads(validate_with(tiny, tmp_path, line, "--json", check=2).stderr)
     assert error["exit_code"] == 2 and message in error["error"], error

@@ -16,8 +16,8 @@ from hypothesis.extra import numpy as hnp
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.executor import ExecutorSpec
-from dsbuild.formats.sample import SampleMeta, npy_bytes, npy_load
 from dsbuild.formats.probe import frame_rate
+from dsbuild.formats.sample import SampleMeta, npy_bytes, npy_load
 from dsbuild.validators import ValidateOptions, parse_spec, render_html, to_json, validate
 from dsbuild.validators.checks.content import (
     action_problems,
@@ -42,8 +42,21 @@ from tests.validators.support import (
     write_vfr_session,
 )
 
-CONTENT = ("decode", "frame_count", "fps", "resolution", "duration", "black_clips", "frozen_clips", "audio",
-           "actions", "telemetry", "timestamps", "action_events", "text")
+CONTENT = (
+    "decode",
+    "frame_count",
+    "fps",
+    "resolution",
+    "duration",
+    "black_clips",
+    "frozen_clips",
+    "audio",
+    "actions",
+    "telemetry",
+    "timestamps",
+    "action_events",
+    "text",
+)
 FULL = ValidateOptions(level="full")
 ONE = ExecutorSpec(workers=1)
 
@@ -78,8 +91,13 @@ def test_clean_versions_pass_every_content_check(fixture, workers, request):
 def test_what_convert_makes_from_vfr_captures_and_speakerless_text_passes(tmp_path):
     caps = tmp_path / "caps"
     write_vfr_session(caps, "vfr", [33] * 45 + [67] * 45 + [20] * 60)  # 30, then 15, then 50 fps
-    write_moving_session(caps, "narrated", "Kart Storm", "p-1",
-                         text=[{"t": 0.4, "text": "race start"}, {"t": 1.2, "speaker": "p-1", "text": "go"}])
+    write_moving_session(
+        caps,
+        "narrated",
+        "Kart Storm",
+        "p-1",
+        text=[{"t": 0.4, "text": "race start"}, {"t": 1.2, "speaker": "p-1", "text": "go"}],
+    )
     cat, vid = build(caps, tmp_path / "cat", clip_seconds=1.0)
     metas = {r.key: r for r in rows(cat, vid) if r.session_id == "vfr"}
     assert len({round(r.fps, 3) for r in metas.values()}) == 1  # one stream rate for every clip...
@@ -118,8 +136,15 @@ def test_undecodable_video_fails_decode_naming_the_sample(stills, tmp_path):
     victim = [r.key for r in rows(cat, stills[1])][2]
 
     def edit(key, members):
-        return [(e, b"\x00\x00\x00\x18ftypisom" + bytes(range(256)) * (len(p) // 256) if e == "mp4" and key == victim
-                 else p) for e, p in members]
+        return [
+            (
+                e,
+                b"\x00\x00\x00\x18ftypisom" + bytes(range(256)) * (len(p) // 256)
+                if e == "mp4" and key == victim
+                else p,
+            )
+            for e, p in members
+        ]
 
     vid = reseal(cat, stills[1], edit)
     report = validate(cat, vid, options=FULL, executor=ONE)
@@ -172,8 +197,10 @@ def test_hostile_arrays_are_findings_never_crashes(stills, tmp_path):
     cat = copy_catalog(stills[0], tmp_path / "cat")
     keys = [r.key for r in rows(cat, stills[1])]
     pair = [("t", "<f8"), ("u", "<f8")]
-    odd = {keys[0]: {"timestamps.npy": np.zeros(30, dtype=pair), "actions.npy": np.zeros((30, 2), dtype=pair)},
-           keys[1]: {"timestamps.npy": np.full(30, np.nan), "telemetry.npy": np.full((30, 1), np.inf, np.float32)}}
+    odd = {
+        keys[0]: {"timestamps.npy": np.zeros(30, dtype=pair), "actions.npy": np.zeros((30, 2), dtype=pair)},
+        keys[1]: {"timestamps.npy": np.full(30, np.nan), "telemetry.npy": np.full((30, 1), np.inf, np.float32)},
+    }
 
     def edit(key, members):
         return [(e, npy_bytes(odd[key][e]) if e in odd.get(key, {}) else p) for e, p in members]
@@ -255,8 +282,16 @@ def test_rates_and_spans_come_from_frame_times_the_way_convert_computes_them():
     assert frame_rate(np.array([1.0])) is None and span(np.array([1.0])) is None
 
 
-VIDEO = {"decoded": 30, "error": None, "sizes": [(64, 48)], "fps": 30.0, "span": 1.0, "audio": False,
-         "luma_max": 100.0, "motion": 40.0}
+VIDEO = {
+    "decoded": 30,
+    "error": None,
+    "sizes": [(64, 48)],
+    "fps": 30.0,
+    "span": 1.0,
+    "audio": False,
+    "luma_max": 100.0,
+    "motion": 40.0,
+}
 EXPECT = {"frames": 30, "fps": 30.0, "width": 64, "height": 48, "duration": 1.0, "t_start": 0.0, "audio": None}
 
 
@@ -264,8 +299,12 @@ def test_video_problems_apply_the_spec_tolerances():
     spec = default_spec()
     assert video_problems(VIDEO, EXPECT, spec, audio_expected=False) == []
     assert video_problems({**VIDEO, "fps": 30.5, "span": 1.04}, EXPECT, spec, False) == []  # within 2%, 1.5 frames
-    bad = video_problems({**VIDEO, "fps": 25.0, "span": 1.2, "sizes": [(64, 48), (32, 24)]}, {**EXPECT, "frames": 31},
-                         spec, audio_expected=True)
+    bad = video_problems(
+        {**VIDEO, "fps": 25.0, "span": 1.2, "sizes": [(64, 48), (32, 24)]},
+        {**EXPECT, "frames": 31},
+        spec,
+        audio_expected=True,
+    )
     assert [c for c, _ in bad] == ["frame_count", "fps", "resolution", "duration", "audio"]
     dark = video_problems({**VIDEO, "luma_max": 3.0, "motion": 0.5}, EXPECT, spec, False)
     assert [c for c, _ in dark] == ["black_clips", "frozen_clips"]
@@ -277,13 +316,22 @@ def test_video_problems_apply_the_spec_tolerances():
 
 def test_audio_must_start_and_end_with_the_video_and_where_the_metadata_says():
     spec, frame = default_spec(), 1024 / 48000
-    audio = {"codec": "aac", "sample_rate": 48000, "start": 0.0, "end": 1.0, "frame_seconds": frame, "packets": 47,
-             "error": None}
+    audio = {
+        "codec": "aac",
+        "sample_rate": 48000,
+        "start": 0.0,
+        "end": 1.0,
+        "frame_seconds": frame,
+        "packets": 47,
+        "error": None,
+    }
     placed = {**EXPECT, "window_end": 1.0, "audio": {"start": 0.0, "duration": 1.0}}
     assert video_problems({**VIDEO, "audio": audio}, placed, spec, audio_expected=True) == []
     assert video_problems({**VIDEO, "audio": {**audio, "start": frame / 2}}, placed, spec, True) == []
     late = video_problems({**VIDEO, "audio": {**audio, "start": 0.1, "end": 1.1}}, placed, spec, True)
-    assert [c for c, _ in late] == ["audio", "audio"] and "starts +0.1000 s" in late[0][1] and "out of sync" in late[1][1]
+    assert (
+        [c for c, _ in late] == ["audio", "audio"] and "starts +0.1000 s" in late[0][1] and "out of sync" in late[1][1]
+    )
     short = video_problems({**VIDEO, "audio": {**audio, "end": 0.5}}, placed, spec, True)
     assert "lasts 0.5000 s, metadata says 1.0000 s" in short[0][1]
     assert "no packets" in video_problems({**VIDEO, "audio": {**audio, "start": None}}, placed, spec, True)[0][1]
@@ -302,12 +350,21 @@ def test_dhash_is_stable_under_small_noise_and_differs_for_other_images():
 
 
 def _meta(frames=3, t0=0.0, t1=0.1, action_events=1, text=()) -> SampleMeta:
-    return SampleMeta.from_json({
-        "format": "dsbuild.sample/2", "key": "s__000000",
-        "session": {"session_id": "s", "title": "T", "player": "p"},
-        "clip": {"index": 0, "t_start": t0, "t_end": t1, "frames": frames, "duration": t1 - t0},
-        "video": {"codec": "h264", "width": 8, "height": 8, "fps": 30.0}, "controls": ["a", "x"],
-        "telemetry_channels": ["speed"], "text": list(text), "action_events": action_events, "sources": {}}, "test")
+    return SampleMeta.from_json(
+        {
+            "format": "dsbuild.sample/2",
+            "key": "s__000000",
+            "session": {"session_id": "s", "title": "T", "player": "p"},
+            "clip": {"index": 0, "t_start": t0, "t_end": t1, "frames": frames, "duration": t1 - t0},
+            "video": {"codec": "h264", "width": 8, "height": 8, "fps": 30.0},
+            "controls": ["a", "x"],
+            "telemetry_channels": ["speed"],
+            "text": list(text),
+            "action_events": action_events,
+            "sources": {},
+        },
+        "test",
+    )
 
 
 def test_array_problems_name_shape_range_finiteness_and_order():
@@ -337,7 +394,9 @@ def test_events_problems_check_window_controls_values_count_and_the_loaders_boun
 
 
 def test_text_events_need_no_speaker_but_must_lie_in_the_window():
-    assert text_problems(_meta(text=[{"t": 0.05, "text": "narration"}, {"t": 0.06, "speaker": "p", "text": "ok"}])) == []
+    assert (
+        text_problems(_meta(text=[{"t": 0.05, "text": "narration"}, {"t": 0.06, "speaker": "p", "text": "ok"}])) == []
+    )
     assert "outside the window" in text_problems(_meta(text=[{"t": 3.0, "speaker": "p", "text": "late"}]))[0][1]
     with pytest.raises(FormatError, match=r"text\[0\]: speaker"):  # types are proven when the metadata is read
         _meta(text=[{"t": 0.05, "speaker": 7, "text": "x"}])

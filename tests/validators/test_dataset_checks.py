@@ -45,7 +45,9 @@ def dup(tmp_path_factory):
 
 
 def run(cat, vid, text: str = "", **options):
-    return validate(cat, vid, parse_spec(text, "spec.toml"), ValidateOptions(**options), executor=ExecutorSpec(workers=1))
+    return validate(
+        cat, vid, parse_spec(text, "spec.toml"), ValidateOptions(**options), executor=ExecutorSpec(workers=1)
+    )
 
 
 def test_a_capture_converted_twice_is_a_duplicate_named_by_its_later_keys(dup):
@@ -62,8 +64,12 @@ def test_a_capture_converted_twice_is_a_duplicate_named_by_its_later_keys(dup):
 
 def test_title_and_condition_coverage_follow_the_spec_and_carry_hours_per_value(dup):
     cat, vid = dup
-    report = run(cat, vid, RELAXED + 'required_titles = ["Kart Storm", "Dungeon Drift"]\n'
-                                     'min_hours_per_title = 0.002\nrequired_conditions = ["weather=snow"]\n')
+    report = run(
+        cat,
+        vid,
+        RELAXED + 'required_titles = ["Kart Storm", "Dungeon Drift"]\n'
+        'min_hours_per_title = 0.002\nrequired_conditions = ["weather=snow"]\n',
+    )
     titles = report.check("titles")
     assert titles.status == "fail" and titles.offenders[0].kind == "title"
     per = {row[0]: row[1:] for row in titles.table.rows}
@@ -96,11 +102,14 @@ def test_sessions_convert_quarantined_are_reported_as_a_warning_naming_each(tmp_
     report = run(tmp_path / "cat", r.version_id)
     check = report.check("quarantine")
     assert report.accepted and check.status == "warn" and check.measured == 1
-    assert [(o.item, o.kind) for o in check.offenders] == [(q.session, "session")] and "not a readable video" in \
-        check.offenders[0].detail
-    assert run(tmp_path / "cat", r.version_id, "[severity]\nquarantine = \"fail\"\n").accepted is False
-    assert run(tmp_path / "cat", r.version_id, "[thresholds]\nmax_quarantined_sessions = 1\n"
-               ).check("quarantine").status == "pass"
+    assert [(o.item, o.kind) for o in check.offenders] == [
+        (q.session, "session")
+    ] and "not a readable video" in check.offenders[0].detail
+    assert run(tmp_path / "cat", r.version_id, '[severity]\nquarantine = "fail"\n').accepted is False
+    assert (
+        run(tmp_path / "cat", r.version_id, "[thresholds]\nmax_quarantined_sessions = 1\n").check("quarantine").status
+        == "pass"
+    )
 
 
 def test_allow_lists_for_resolution_and_frame_rate(dup):
@@ -143,8 +152,10 @@ def _balance(samples, spec=None):
 
 
 def test_action_balance_names_unused_controls_and_measures_imbalance():
-    samples = [SampleFacts("a", (), Usage(("a", "b", "c"), (50, 1, 0), 100)),
-               SampleFacts("b", (), Usage(("a", "b"), (50, 0), 100))]
+    samples = [
+        SampleFacts("a", (), Usage(("a", "b", "c"), (50, 1, 0), 100)),
+        SampleFacts("b", (), Usage(("a", "b"), (50, 0), 100)),
+    ]
     r = _balance(samples)
     assert r.status == "warn" and [o.item for o in r.offenders] == ["c"] and r.offenders[0].kind == "control"
     assert {b.label: b.value for b in r.distribution.bars} == {"a": 0.5, "b": 0.005, "c": 0.0}
@@ -171,8 +182,9 @@ def _regroup(cat, vid, name: str, moves: dict[str, str]) -> None:
     for sp in s.splits:
         files[f"{sp}.parquet"] = data = table_bytes(tables[sp])
         doc["splits"][sp].update(sha256=sha256_bytes(data), bytes=len(data))
-    publish_split_set(catalog, vid, name, files, SplitManifest.from_json({**doc, "hash": ""}, "edited").sealed(),
-                      force=True)
+    publish_split_set(
+        catalog, vid, name, files, SplitManifest.from_json({**doc, "hash": ""}, "edited").sealed(), force=True
+    )
 
 
 def test_a_leaking_split_fails_naming_the_samples_and_a_clean_one_passes(dup, tmp_path):
@@ -215,9 +227,14 @@ def test_coverage_compares_titles_in_nfc_as_the_split_rule_does(tmp_path):
     from split val") when one form was all in train and the other all in val."""
     caps = tmp_path / "caps"
     composed = unicodedata.normalize("NFC", "Café Kart")
-    for i, (sid, title) in enumerate([("a-nfc", composed), ("b-nfc", composed),
-                                      ("c-nfd", unicodedata.normalize("NFD", composed)),
-                                      ("d-nfd", unicodedata.normalize("NFD", composed))]):
+    for i, (sid, title) in enumerate(
+        [
+            ("a-nfc", composed),
+            ("b-nfc", composed),
+            ("c-nfd", unicodedata.normalize("NFD", composed)),
+            ("d-nfd", unicodedata.normalize("NFD", composed)),
+        ]
+    ):
         write_moving_session(caps, sid, title, f"p-{i}", seed=i)
     cat, vid = build(caps, tmp_path / "cat", clip_seconds=1.0)
     make_split(cat, vid, "main", SplitOptions(ratios="train=0.5,val=0.5"))

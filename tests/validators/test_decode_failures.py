@@ -53,7 +53,7 @@ def test_a_sample_that_cannot_be_read_is_a_decode_failure_with_its_reason(clean,
 
 def test_samples_cut_off_by_a_truncated_shard_are_decode_failures(clean, tmp_path):
     cat = copy_catalog(clean[0], tmp_path / "cat")
-    vid = reseal(cat, clean[1], shard_bytes=lambda n, data: data[:len(data) // 2])
+    vid = reseal(cat, clean[1], shard_bytes=lambda n, data: data[: len(data) // 2])
     check, found = decode_failures(cat, vid)
     cut = [k for k in found if "shard ends inside the sample" in found[k]]
     assert cut and sorted(cut) == sorted(found) and check.measured == len(found) < len(rows(cat, vid))
@@ -74,8 +74,11 @@ def test_a_row_whose_shard_the_manifest_lacks_is_a_decode_failure(clean, tmp_pat
 
     def elsewhere(table: pa.Table) -> pa.Table:
         shards = [nowhere if k == victim else s for k, s in zip(table["key"].to_pylist(), table["shard"].to_pylist())]
-        return table.set_column(table.schema.get_field_index("shard"), table.schema.field("shard"),
-                                pa.array(shards, table.schema.field("shard").type))
+        return table.set_column(
+            table.schema.get_field_index("shard"),
+            table.schema.field("shard"),
+            pa.array(shards, table.schema.field("shard").type),
+        )
 
     check, found = decode_failures(cat, with_index(cat, clean[1], elsewhere, remove=True))
     assert found == {victim: f"not decoded: never read from its shard {nowhere}"} and check.measured == 1

@@ -34,8 +34,10 @@ CHROMIUM = Path("/usr/bin/chromium")
 NAMES = [c.name for c in CHECKS]
 TITLE = "[bold red]x <script>alert(1)</script>"
 HOSTILE = (TITLE, "[/]", "[link=file:///etc]")
-SPEC = ('[thresholds]\nrequired_conditions = ["weather=rain"]\nmin_hours_per_title = 1.0\n'
-        'min_hours_per_condition = 1.0\n[severity]\nconditions = "warn"\n')
+SPEC = (
+    '[thresholds]\nrequired_conditions = ["weather=rain"]\nmin_hours_per_title = 1.0\n'
+    'min_hours_per_condition = 1.0\n[severity]\nconditions = "warn"\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +62,14 @@ def hostile(tmp_path_factory):
     vid = reseal(cat, vid, edit)
     make_split(cat, vid, "main", SplitOptions(by="player", ratios="train=0.5,val=0.5"))
     calls = []
-    report = validate(cat, vid, parse_spec(SPEC, "spec.toml"), ValidateOptions(level="full", split="main"),
-                      executor=ExecutorSpec(workers=1), progress=lambda *a: calls.append(a))
+    report = validate(
+        cat,
+        vid,
+        parse_spec(SPEC, "spec.toml"),
+        ValidateOptions(level="full", split="main"),
+        executor=ExecutorSpec(workers=1),
+        progress=lambda *a: calls.append(a),
+    )
     return cat, report, keys, calls
 
 
@@ -134,11 +142,13 @@ def test_the_terminal_table_escapes_control_sequences_from_the_catalog(hostile):
 
     _, report, _, _ = hostile
     evil = "a\x1b[2Jb\x1b]52;c;ZXZpbA==\x07c\u202ed"
-    check = dataclasses.replace(report.checks[0], status="fail", message=evil,
-                                offenders=(Offender(evil, evil, "sample"),), offender_count=1)
+    check = dataclasses.replace(
+        report.checks[0], status="fail", message=evil, offenders=(Offender(evil, evil, "sample"),), offender_count=1
+    )
     out = io.StringIO()
     Console(file=out, width=200, force_terminal=True, color_system=None).print(
-        report_table(dataclasses.replace(report, checks=(check, *report.checks[1:]))))
+        report_table(dataclasses.replace(report, checks=(check, *report.checks[1:])))
+    )
     text = out.getvalue()
     assert "\x1b[2J" not in text and "\x1b]52" not in text and "\u202e" not in text
     assert "a\\x1b[2Jb" in text  # shown escaped, as every other command shows catalog text
@@ -180,10 +190,24 @@ def test_html_renders_in_headless_chromium_and_the_screenshot_is_not_blank(page,
     import av
 
     shot = tmp_path / "shot.png"
-    r = subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--no-first-run", "--disable-component-update", "--disable-sync",
-                        f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600",
-                        f"--screenshot={shot}", page.resolve().as_uri()], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1200,1600",
+            f"--screenshot={shot}",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0 and shot.exists(), r.stderr[-2000:]
     with av.open(str(shot)) as c:
         img = next(c.decode(video=0)).to_ndarray(format="rgb24")
@@ -200,5 +224,7 @@ def test_thumbnails_are_jpegs_that_decode_back_and_an_undecodable_clip_has_none(
     img[:, 5:] = 200
     with av.open(io.BytesIO(jpeg(img)), format="mjpeg") as c:
         frame = next(c.decode(video=0)).to_ndarray(format="rgb24")
-    assert frame.shape == (8, 12, 3) and abs(int(frame[3, 1].mean()) - 0) < 12 and abs(int(frame[3, 9].mean()) - 200) < 12
+    assert (
+        frame.shape == (8, 12, 3) and abs(int(frame[3, 1].mean()) - 0) < 12 and abs(int(frame[3, 9].mean()) - 200) < 12
+    )
     assert strip(b"not a video", 10) is None

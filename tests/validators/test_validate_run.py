@@ -47,13 +47,15 @@ def test_what_a_validation_needs_before_its_workers_fork_leaves_the_report_modul
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "from dsbuild.validators import ValidateOptions, load_spec, validate, verdict_line\n"
-            "import dsbuild.validators.run\n"
-            "later = ['dsbuild.validators.html', 'dsbuild.validators.charts', 'dsbuild.validators.thumbs',\n"
-            "         'xml.etree.ElementTree', 'dsbuild.lineage.splitsets', 'dsbuild.split']\n"
-            "print(sorted(m for m in later if m in sys.modules))\n"
-            "from dsbuild.validators import html_page\n"
-            "print('dsbuild.validators.html' in sys.modules)\n")
+    code = (
+        "import sys\n"
+        "from dsbuild.validators import ValidateOptions, load_spec, validate, verdict_line\n"
+        "import dsbuild.validators.run\n"
+        "later = ['dsbuild.validators.html', 'dsbuild.validators.charts', 'dsbuild.validators.thumbs',\n"
+        "         'xml.etree.ElementTree', 'dsbuild.lineage.splitsets', 'dsbuild.split']\n"
+        "print(sorted(m for m in later if m in sys.modules))\n"
+        "from dsbuild.validators import html_page\n"
+        "print('dsbuild.validators.html' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["[]", "True"]

@@ -29,17 +29,35 @@ def _distribution(label: str, values: list[float], key: str, limit: float, bad: 
 
 def _fps(j: Judge, d: VersionFacts) -> CheckResult:
     errors = [abs(m.fps / m.fps_expected - 1) for _, m in d.clips() if m.fps and m.fps_expected]
-    return j.count(d.offenders("fps"), distribution=_distribution(
-        "relative frame-rate error per clip (decoded vs the sample's timestamps)", errors, "fps_tolerance",
-        j["fps_tolerance"], "above"))
+    return j.count(
+        d.offenders("fps"),
+        distribution=_distribution(
+            "relative frame-rate error per clip (decoded vs the sample's timestamps)",
+            errors,
+            "fps_tolerance",
+            j["fps_tolerance"],
+            "above",
+        ),
+    )
 
 
 def _duration(j: Judge, d: VersionFacts) -> CheckResult:
-    errors = [abs(m.span - m.span_expected) / m.frame_seconds for _, m in d.clips()
-              if m.span is not None and m.span_expected is not None and m.frame_seconds]
-    return j.count(d.offenders("duration"), distribution=_distribution(
-        "|decoded span - the sample's frames' span| per clip, in frames", errors, "duration_tolerance_frames",
-        j["duration_tolerance_frames"], "above", "frames"))
+    errors = [
+        abs(m.span - m.span_expected) / m.frame_seconds
+        for _, m in d.clips()
+        if m.span is not None and m.span_expected is not None and m.frame_seconds
+    ]
+    return j.count(
+        d.offenders("duration"),
+        distribution=_distribution(
+            "|decoded span - the sample's frames' span| per clip, in frames",
+            errors,
+            "duration_tolerance_frames",
+            j["duration_tolerance_frames"],
+            "above",
+            "frames",
+        ),
+    )
 
 
 def _decode_sample(v: SampleView) -> list[str]:
@@ -63,11 +81,18 @@ def _decode(j: Judge, d: VersionFacts) -> CheckResult:
 
 def _fraction(name: str, key: str, limit: str, field: str, what: str, label: str):
     """A fraction check over the decoded clips, plotting each clip's ``field`` against ``limit``."""
+
     def run(j: Judge, d: VersionFacts) -> CheckResult:
         clips = d.clips()
         values = [getattr(m, field) for _, m in clips]
-        return j.fraction(key, d.offenders(name), len(clips), what, _distribution(
-            label, [x for x in values if x is not None], limit, j[limit], "below"))
+        return j.fraction(
+            key,
+            d.offenders(name),
+            len(clips),
+            what,
+            _distribution(label, [x for x in values if x is not None], limit, j[limit], "below"),
+        )
+
     run.__name__ = f"run_{name}"
     return run
 
@@ -75,6 +100,7 @@ def _fraction(name: str, key: str, limit: str, field: str, what: str, label: str
 def _arrays(field: str, problems):
     def sample(v: SampleView) -> list[str]:
         return problems(v.sample.meta, getattr(v.sample, field)) if v.content else []
+
     sample.__name__ = f"sample_{field}"
     return sample
 
@@ -88,60 +114,168 @@ def _text(v: SampleView) -> list[str]:
 
 
 def _c(name: str, doc: str, key: str, counts: str, **kw) -> Check:
-    return Check(name, "content", doc, (Threshold(key, 0, "count", ZERO), *kw.pop("extra", ())), level="full",
-                 counts=counts, **kw)
+    return Check(
+        name,
+        "content",
+        doc,
+        (Threshold(key, 0, "count", ZERO), *kw.pop("extra", ())),
+        level="full",
+        counts=counts,
+        **kw,
+    )
 
 
 CHECKS = (
-    _c("decode", "Every clip of the index opens and decodes with PyAV to its last frame, strictly (a concealed "
-       "bitstream error is a failure); a clip that cannot be read (its sample or shard is unreadable) fails too.",
-       "max_decode_failures", "clip(s) fail to decode", sample=_decode_sample, run=_decode),
-    _c("frame_count", "Decoded frames = metadata frames = timestamps length.", "max_frame_count_mismatches",
-       "clip(s) with a wrong frame count", sample=video_finding("frame_count")),
-    _c("fps", "The decoded clip's frame rate (formats.probe.frame_rate of its frame times) matches the rate of "
-       "the sample's timestamps, computed the same way: variable-rate clips compare like for like.",
-       "max_fps_mismatches", "clip(s) with a wrong frame rate", sample=video_finding("fps"), run=_fps,
-       extra=(Threshold("fps_tolerance", 0.02, "fraction", "relative; both rates come from the same frame "
-                                                           "times, so only a broken clock differs"),)),
-    _c("resolution", "Decoded frames have the metadata's width and height.", "max_resolution_mismatches",
-       "clip(s) with a wrong resolution", sample=video_finding("resolution")),
-    _c("duration", "The decoded span (frames / frame rate) matches the span of the sample's timestamps, the "
-       "frames convert carried after dropping (and counting) undecodable ones; timestamps must lie in the "
-       "window (timestamps), and the window may not run more than 1 s past its last frame (a gap in the "
-       "recording).", "max_duration_mismatches", "clip(s) with a wrong duration",
-       sample=video_finding("duration"), run=_duration,
-       extra=(Threshold("duration_tolerance_frames", 1.5, "number",
-                        "frames; the last frame's length is an estimate, plus jitter"),)),
-    Check("black_clips", "content", "Clips whose every sampled frame is darker than black_luma (0-255 gray, "
-          "sampled frames at 64 px wide).",
-          (Threshold("max_black_fraction", 0.01, "fraction", "a few loading screens are normal; more is a broken "
-                                                             "capture"),
-           Threshold("black_luma", 16.0, "number", "mean gray level of a black frame", GRAY)), level="full",
-          sample=video_finding("black_clips"),
-          run=_fraction("black_clips", "max_black_fraction", "black_luma", "luma_max", "decoded clips are black",
-                        "mean gray of the brightest sampled frame per clip")),
-    Check("frozen_clips", "content", "Clips whose largest gray difference anywhere between consecutive sampled "
-          "frames (a strided subset at 64 px wide; median over pairs) stays below frozen_motion: a stuck "
-          "capture. A black clip is also frozen.",
-          (Threshold("max_frozen_fraction", 0.01, "fraction", "pauses happen; a stuck encoder is rare"),
-           Threshold("frozen_motion", 8.0, "number", "gray levels; a still image re-encoded changes by a few "
-                                                     "levels, one small moving sprite by tens", GRAY)), level="full",
-          sample=video_finding("frozen_clips"),
-          run=_fraction("frozen_clips", "max_frozen_fraction", "frozen_motion", "motion", "decoded clips are frozen",
-                        "largest gray change between sampled frames per clip")),
-    _c("audio", "A clip carries an audio track exactly when its metadata says so; the track starts and ends "
-       "with the video and where the metadata places it, within one audio frame.", "max_audio_mismatches",
-       "clip(s) with wrong audio", sample=video_finding("audio")),
-    _c("actions", "The action array is float32 [frames, controls], finite, in [-1, 1].", "max_action_errors",
-       "bad action array(s)", sample=_arrays("actions", action_problems)),
-    _c("telemetry", "The telemetry array is float32 [frames, channels] and finite.", "max_telemetry_errors",
-       "bad telemetry array(s)", sample=_arrays("telemetry", telemetry_problems)),
-    _c("timestamps", "Timestamps are float64, one per frame, strictly increasing, inside the clip window, which "
-       "the metadata's duration spans.",
-       "max_timestamp_errors", "bad timestamp array(s)", sample=_arrays("timestamps", timestamp_problems)),
-    _c("action_events", "Raw action events decompress (bounded like the loader), parse, lie inside the clip "
-       "window, name known controls, stay in [-1, 1] and match the metadata's count.", "max_action_event_errors",
-       "sample(s) with bad action events", sample=_events),
-    _c("text", "Text events lie inside the clip window; speaker is optional (system lines, narration).",
-       "max_text_errors", "sample(s) with bad text events", sample=_text),
+    _c(
+        "decode",
+        "Every clip of the index opens and decodes with PyAV to its last frame, strictly (a concealed "
+        "bitstream error is a failure); a clip that cannot be read (its sample or shard is unreadable) fails too.",
+        "max_decode_failures",
+        "clip(s) fail to decode",
+        sample=_decode_sample,
+        run=_decode,
+    ),
+    _c(
+        "frame_count",
+        "Decoded frames = metadata frames = timestamps length.",
+        "max_frame_count_mismatches",
+        "clip(s) with a wrong frame count",
+        sample=video_finding("frame_count"),
+    ),
+    _c(
+        "fps",
+        "The decoded clip's frame rate (formats.probe.frame_rate of its frame times) matches the rate of "
+        "the sample's timestamps, computed the same way: variable-rate clips compare like for like.",
+        "max_fps_mismatches",
+        "clip(s) with a wrong frame rate",
+        sample=video_finding("fps"),
+        run=_fps,
+        extra=(
+            Threshold(
+                "fps_tolerance",
+                0.02,
+                "fraction",
+                "relative; both rates come from the same frame times, so only a broken clock differs",
+            ),
+        ),
+    ),
+    _c(
+        "resolution",
+        "Decoded frames have the metadata's width and height.",
+        "max_resolution_mismatches",
+        "clip(s) with a wrong resolution",
+        sample=video_finding("resolution"),
+    ),
+    _c(
+        "duration",
+        "The decoded span (frames / frame rate) matches the span of the sample's timestamps, the "
+        "frames convert carried after dropping (and counting) undecodable ones; timestamps must lie in the "
+        "window (timestamps), and the window may not run more than 1 s past its last frame (a gap in the "
+        "recording).",
+        "max_duration_mismatches",
+        "clip(s) with a wrong duration",
+        sample=video_finding("duration"),
+        run=_duration,
+        extra=(
+            Threshold(
+                "duration_tolerance_frames",
+                1.5,
+                "number",
+                "frames; the last frame's length is an estimate, plus jitter",
+            ),
+        ),
+    ),
+    Check(
+        "black_clips",
+        "content",
+        "Clips whose every sampled frame is darker than black_luma (0-255 gray, sampled frames at 64 px wide).",
+        (
+            Threshold(
+                "max_black_fraction", 0.01, "fraction", "a few loading screens are normal; more is a broken capture"
+            ),
+            Threshold("black_luma", 16.0, "number", "mean gray level of a black frame", GRAY),
+        ),
+        level="full",
+        sample=video_finding("black_clips"),
+        run=_fraction(
+            "black_clips",
+            "max_black_fraction",
+            "black_luma",
+            "luma_max",
+            "decoded clips are black",
+            "mean gray of the brightest sampled frame per clip",
+        ),
+    ),
+    Check(
+        "frozen_clips",
+        "content",
+        "Clips whose largest gray difference anywhere between consecutive sampled "
+        "frames (a strided subset at 64 px wide; median over pairs) stays below frozen_motion: a stuck "
+        "capture. A black clip is also frozen.",
+        (
+            Threshold("max_frozen_fraction", 0.01, "fraction", "pauses happen; a stuck encoder is rare"),
+            Threshold(
+                "frozen_motion",
+                8.0,
+                "number",
+                "gray levels; a still image re-encoded changes by a few levels, one small moving sprite by tens",
+                GRAY,
+            ),
+        ),
+        level="full",
+        sample=video_finding("frozen_clips"),
+        run=_fraction(
+            "frozen_clips",
+            "max_frozen_fraction",
+            "frozen_motion",
+            "motion",
+            "decoded clips are frozen",
+            "largest gray change between sampled frames per clip",
+        ),
+    ),
+    _c(
+        "audio",
+        "A clip carries an audio track exactly when its metadata says so; the track starts and ends "
+        "with the video and where the metadata places it, within one audio frame.",
+        "max_audio_mismatches",
+        "clip(s) with wrong audio",
+        sample=video_finding("audio"),
+    ),
+    _c(
+        "actions",
+        "The action array is float32 [frames, controls], finite, in [-1, 1].",
+        "max_action_errors",
+        "bad action array(s)",
+        sample=_arrays("actions", action_problems),
+    ),
+    _c(
+        "telemetry",
+        "The telemetry array is float32 [frames, channels] and finite.",
+        "max_telemetry_errors",
+        "bad telemetry array(s)",
+        sample=_arrays("telemetry", telemetry_problems),
+    ),
+    _c(
+        "timestamps",
+        "Timestamps are float64, one per frame, strictly increasing, inside the clip window, which "
+        "the metadata's duration spans.",
+        "max_timestamp_errors",
+        "bad timestamp array(s)",
+        sample=_arrays("timestamps", timestamp_problems),
+    ),
+    _c(
+        "action_events",
+        "Raw action events decompress (bounded like the loader), parse, lie inside the clip "
+        "window, name known controls, stay in [-1, 1] and match the metadata's count.",
+        "max_action_event_errors",
+        "sample(s) with bad action events",
+        sample=_events,
+    ),
+    _c(
+        "text",
+        "Text events lie inside the clip window; speaker is optional (system lines, narration).",
+        "max_text_errors",
+        "sample(s) with bad text events",
+        sample=_text,
+    ),
 )

@@ -18,8 +18,8 @@ import numpy as np
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import loads_bounded
 from dsbuild.formats.audio import SYNC_SLACK
-from dsbuild.formats.sample import GAP_SECONDS, SampleMeta, decompress_events
 from dsbuild.formats.probe import SWSCALE_THREADS, frame_rate
+from dsbuild.formats.sample import GAP_SECONDS, SampleMeta, decompress_events
 
 SAMPLED_FRAMES = 16  # frames converted per clip: enough for a motion statistic, cheap next to decoding
 GRAY_WIDTH = 64  # px; motion and darkness survive this downscale, and swscale at this size is ~free
@@ -78,15 +78,23 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
         if not size:
             gw = min(GRAY_WIDTH, frame.width)
             size[:] = [gw, max(8, round(gw * frame.height / frame.width))]
-        grays.append(gray.reformat(frame, width=size[0], height=size[1], format="gray",
-                                   threads=SWSCALE_THREADS).to_ndarray())
+        grays.append(
+            gray.reformat(frame, width=size[0], height=size[1], format="gray", threads=SWSCALE_THREADS).to_ndarray()
+        )
 
     p = probe_clip(data, sample)
     readable = p.codec is not None
-    out = {"decoded": p.frames, "error": p.error, "sizes": list(p.sizes),
-           "fps": frame_rate(p.frame_t), "span": span(p.frame_t) if len(p.frame_t) >= 2 else None,
-           "audio": (p.audio.to_json() if p.audio else False) if readable else None,
-           "luma_max": None, "motion": None, "phash": None}
+    out = {
+        "decoded": p.frames,
+        "error": p.error,
+        "sizes": list(p.sizes),
+        "fps": frame_rate(p.frame_t),
+        "span": span(p.frame_t) if len(p.frame_t) >= 2 else None,
+        "audio": (p.audio.to_json() if p.audio else False) if readable else None,
+        "luma_max": None,
+        "motion": None,
+        "phash": None,
+    }
     if grays:
         g = np.stack(grays).astype(np.float32)
         out["luma_max"] = float(g.mean(axis=(1, 2)).max())
@@ -124,21 +132,33 @@ def video_problems(v: dict, expect: dict, spec, audio_expected: bool) -> list[tu
     if fps and v["span"] is not None and expect["duration"] is not None:
         tol = spec["duration_tolerance_frames"] / fps
         if abs(v["span"] - expect["duration"]) > tol:
-            out.append(("duration", f"decoded span {v['span']:.3f} s, the sample's frames span "
-                                    f"{expect['duration']:.3f} s"))
+            out.append(
+                ("duration", f"decoded span {v['span']:.3f} s, the sample's frames span {expect['duration']:.3f} s")
+            )
     window = expect.get("window_end")
     if window is not None and expect["duration"] is not None and window - expect["duration"] > GAP_SECONDS:
         # a window stretched over a gap in the recording (convert ends it at its last frame since
         # 2026-12-01): the events in it are held against frames that do not exist
-        out.append(("duration", f"the clip's window runs {window - expect['duration']:.3f} s past its last "
-                                "frame (a gap in the recording inside the window)"))
+        out.append(
+            (
+                "duration",
+                f"the clip's window runs {window - expect['duration']:.3f} s past its last "
+                "frame (a gap in the recording inside the window)",
+            )
+        )
     if v["luma_max"] is not None and v["luma_max"] < spec["black_luma"]:
         out.append(("black_clips", f"brightest sampled frame has mean gray {v['luma_max']:.1f}"))
     if v["motion"] is not None and v["motion"] < spec["frozen_motion"]:
         out.append(("frozen_clips", f"largest gray change between sampled frames {v['motion']:.3f}"))
     if v["audio"] is not None and bool(v["audio"]) != audio_expected:
-        out.append(("audio", "clip has an audio stream the metadata does not announce" if v["audio"] else
-                    "metadata announces audio, the clip has none"))
+        out.append(
+            (
+                "audio",
+                "clip has an audio stream the metadata does not announce"
+                if v["audio"]
+                else "metadata announces audio, the clip has none",
+            )
+        )
     elif v["audio"] and audio_expected:
         out += [("audio", p) for p in _audio_problems(v["audio"], expect)]
     return out
@@ -161,8 +181,10 @@ def _audio_problems(a: dict, expect: dict) -> list[str]:
         out.append(f"audio lasts {a['end'] - a['start']:.4f} s, metadata says {meta['duration']:.4f} s")
     end = expect.get("window_end")
     if abs(a["start"]) > tol or (end is not None and abs(a["end"] - end) > tol):
-        out.append(f"audio [{a['start']:+.4f}, {a['end']:.4f}] s is out of sync with the clip "
-                   f"[0, {end or 0:.4f}] s by more than one audio frame ({tol:.4f} s)")
+        out.append(
+            f"audio [{a['start']:+.4f}, {a['end']:.4f}] s is out of sync with the clip "
+            f"[0, {end or 0:.4f}] s by more than one audio frame ({tol:.4f} s)"
+        )
     return out
 
 
@@ -225,8 +247,12 @@ def events_problems(meta: SampleMeta, blob: bytes) -> list[str]:
             e = loads_bounded(line, max_bytes=1 << 16, what=f"event {n}")
         except FormatError as err:
             why, e = str(err), None
-        if why is None and not (isinstance(e, dict) and isinstance(e.get("t"), (int, float))
-                                and isinstance(e.get("value"), (int, float)) and isinstance(e.get("control"), str)):
+        if why is None and not (
+            isinstance(e, dict)
+            and isinstance(e.get("t"), (int, float))
+            and isinstance(e.get("value"), (int, float))
+            and isinstance(e.get("control"), str)
+        ):
             why = f"event {n} is not {{t, control, value}}"
         elif why is None and not (t0 - TIME_EPS <= e["t"] < t1 + TIME_EPS):
             why = f"event {n} at t={e['t']} is outside the window [{t0}, {t1})"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -49,8 +49,15 @@ def _coverage_table(what: str, table: dict[str, tuple[int, float]]) -> Table:
     return Table((what, "samples", "hours"), [[k, n, round(h, 6)] for k, (n, h) in table.items()])
 
 
-def _coverage(j: Judge, table: dict[str, tuple[int, float]], required: list[str], min_hours: float,
-              min_samples: int, what: str, hours_key: str) -> CheckResult:
+def _coverage(
+    j: Judge,
+    table: dict[str, tuple[int, float]],
+    required: list[str],
+    min_hours: float,
+    min_samples: int,
+    what: str,
+    hours_key: str,
+) -> CheckResult:
     offenders, breaches = [], []
     missing = [v for v in required if v not in table]
     offenders += [(v, f"required {what} has no samples") for v in missing]
@@ -62,30 +69,55 @@ def _coverage(j: Judge, table: dict[str, tuple[int, float]], required: list[str]
         breaches.append(f"{len(thin)} {what}(s) under the minimum")
     least = min((h for _, h in table.values()), default=0.0)
     bars = tuple(Bar(k, h) for k, (_, h) in table.items()) + tuple(Bar(v, 0.0) for v in missing)
-    return j.result(measured=round(least, 6), breaches=breaches, message=f"{len(table)} {what}(s), least {least:.4f} h",
-                    offenders=offenders, kind=what, table=_coverage_table(what, table),
-                    distribution=Distribution(f"hours per {what}", "h", bars=bars, threshold=float(min_hours),
-                                              threshold_key=hours_key, bad="below"))
+    return j.result(
+        measured=round(least, 6),
+        breaches=breaches,
+        message=f"{len(table)} {what}(s), least {least:.4f} h",
+        offenders=offenders,
+        kind=what,
+        table=_coverage_table(what, table),
+        distribution=Distribution(
+            f"hours per {what}", "h", bars=bars, threshold=float(min_hours), threshold_key=hours_key, bad="below"
+        ),
+    )
 
 
 def _titles(j: Judge, d: VersionFacts) -> CheckResult:
-    return _coverage(j, hours_by(d.rows, lambda r: [r.title]), j["required_titles"], j["min_hours_per_title"],
-                     j["min_samples_per_title"], "title", "min_hours_per_title")
+    return _coverage(
+        j,
+        hours_by(d.rows, lambda r: [r.title]),
+        j["required_titles"],
+        j["min_hours_per_title"],
+        j["min_samples_per_title"],
+        "title",
+        "min_hours_per_title",
+    )
 
 
 def _conditions(j: Judge, d: VersionFacts) -> CheckResult:
-    return _coverage(j, hours_by(d.rows, conditions_of), j["required_conditions"], j["min_hours_per_condition"], 0,
-                     "condition", "min_hours_per_condition")
+    return _coverage(
+        j,
+        hours_by(d.rows, conditions_of),
+        j["required_conditions"],
+        j["min_hours_per_condition"],
+        0,
+        "condition",
+        "min_hours_per_condition",
+    )
 
 
 def _allowed(j: Judge, key: str, table: dict[str, tuple[int, float]], match, what: str) -> CheckResult:
     allowed = j[key]
     bad = [v for v in table if allowed and not any(match(v, a) for a in allowed)]
-    return j.result(measured=len(table), breaches=[f"{len(bad)} {what}(s) not in {key}"] if bad else [],
-                    message=f"{len(table)} {what}(s): " + ", ".join(f"{v} ({n})" for v, (n, _) in table.items()),
-                    offenders=[(v, f"{table[v][0]} samples not allowed") for v in bad], kind=what,
-                    table=_coverage_table(what, table),
-                    distribution=Distribution(f"samples per {what}", bars=tuple(Bar(k, n) for k, (n, _) in table.items())))
+    return j.result(
+        measured=len(table),
+        breaches=[f"{len(bad)} {what}(s) not in {key}"] if bad else [],
+        message=f"{len(table)} {what}(s): " + ", ".join(f"{v} ({n})" for v, (n, _) in table.items()),
+        offenders=[(v, f"{table[v][0]} samples not allowed") for v in bad],
+        kind=what,
+        table=_coverage_table(what, table),
+        distribution=Distribution(f"samples per {what}", bars=tuple(Bar(k, n) for k, (n, _) in table.items())),
+    )
 
 
 def _resolutions(j: Judge, d: VersionFacts) -> CheckResult:
@@ -139,7 +171,7 @@ def near_duplicate_pairs(keys: list[str], hashes: np.ndarray, max_bits: int) -> 
                 continue
             idx = np.asarray(members)
             for start in range(0, len(idx), 64):  # bounded memory for huge buckets (e.g. many black clips)
-                part = idx[start:start + 64]
+                part = idx[start : start + 64]
                 dist = np.bitwise_count(hashes[part][:, None, :] ^ hashes[idx][None, :, :]).sum(axis=2)
                 dist[part[:, None] == idx[None, :]] = HASH_BITS + 1
                 for a, row in zip(part.tolist(), dist):
@@ -162,8 +194,9 @@ def _near_duplicates(j: Judge, d: VersionFacts) -> CheckResult:
     hashes = np.array([h for _, h in hashed], dtype=np.uint64).reshape(len(hashed), 4)
     found = near_duplicate_pairs(keys, hashes, j["near_duplicate_bits"])
     offenders = [(k, f"{dist} bits from {other}") for k, (dist, other) in sorted(found.items(), key=lambda x: x[1][0])]
-    return j.fraction("max_near_duplicate_fraction", offenders, len(d.clips()),
-                      f"clips have a near-duplicate ({len(hashed)} hashed)")
+    return j.fraction(
+        "max_near_duplicate_fraction", offenders, len(d.clips()), f"clips have a near-duplicate ({len(hashed)} hashed)"
+    )
 
 
 def action_usage(d: VersionFacts) -> dict[str, float]:
@@ -191,12 +224,20 @@ def _action_balance(j: Judge, d: VersionFacts) -> CheckResult:
     ratio = f"{imbalance:.1f}" if imbalance is not None else "unbounded"  # a control never used: hi / 0
     if hi > 0 and (imbalance is None or imbalance > j["max_action_imbalance"]):
         breaches.append(f"imbalance {ratio} > max_action_imbalance = {j['max_action_imbalance']}")
-    return j.result(measured=lo, breaches=breaches, message=f"{len(usage)} controls, usage {lo:.4f}..{hi:.4f}, "
-                                                            f"imbalance {ratio}",
-                    offenders=[(c, f"active on {usage[c]:.4%} of frames") for c in low], kind="control",
-                    distribution=Distribution("share of frames on which each control is active", bars=tuple(
-                        Bar(c, u) for c, u in usage.items()), threshold=float(j["min_action_usage"]),
-                        threshold_key="min_action_usage", bad="below"))
+    return j.result(
+        measured=lo,
+        breaches=breaches,
+        message=f"{len(usage)} controls, usage {lo:.4f}..{hi:.4f}, imbalance {ratio}",
+        offenders=[(c, f"active on {usage[c]:.4%} of frames") for c in low],
+        kind="control",
+        distribution=Distribution(
+            "share of frames on which each control is active",
+            bars=tuple(Bar(c, u) for c, u in usage.items()),
+            threshold=float(j["min_action_usage"]),
+            threshold_key="min_action_usage",
+            bad="below",
+        ),
+    )
 
 
 def _quarantine(j: Judge, d: VersionFacts) -> CheckResult:
@@ -205,40 +246,90 @@ def _quarantine(j: Judge, d: VersionFacts) -> CheckResult:
 
 
 CHECKS = (
-    Check("quarantine", "dataset", "Sessions convert quarantined (left out of the version, each with the file and "
-          "the reason): data left out is reported, never silent.",
-          (Threshold("max_quarantined_sessions", 0, "count", "every session of the captures made it in"),),
-          severity="warn", counts="session(s) quarantined by convert", run=_quarantine),
-    Check("titles", "dataset", "Samples and hours per title; every required title is present and every title "
-          "has enough data.",
-          (Threshold("min_hours_per_title", 0.0, "number", "no minimum unless the project sets one"),
-           Threshold("min_samples_per_title", 1, "count", "a title that is listed must have data"),
-           Threshold("required_titles", [], "strings", "titles the model must see; none by default")), run=_titles),
-    Check("conditions", "dataset", "Hours per condition value (key=value); required values are present and every "
-          "value has enough data.",
-          (Threshold("min_hours_per_condition", 0.0, "number", "no minimum unless the project sets one"),
-           Threshold("required_conditions", [], "strings", "key=value pairs, e.g. weather=rain")), run=_conditions),
-    Check("resolutions", "dataset", "Samples and hours per resolution; only allowed ones (empty = any).",
-          (Threshold("allowed_resolutions", [], "strings", "WxH, e.g. 1280x720; any by default"),), run=_resolutions),
-    Check("frame_rates", "dataset", "Samples and hours per frame rate (the stream's nominal rate, as its "
-          "container declares it); only allowed ones (empty = any).",
-          (Threshold("allowed_fps", [], "strings", "e.g. \"30\", \"59.94\"; any by default"),), run=_frame_rates),
-    Check("duplicates", "dataset", "Samples with the same sample hash, or the same window of the same source "
-          "video (a capture converted twice under two session ids).",
-          (Threshold("max_duplicate_fraction", 0.001, "fraction", "one in a thousand is noise; more skews training"),),
-          run=_duplicates),
-    Check("near_duplicates", "dataset", "Clips whose perceptual hash (dHash of 4 sampled frames, 256 bits) is "
-          "within near_duplicate_bits of another clip's.",
-          (Threshold("max_near_duplicate_fraction", 0.05, "fraction",
-                     "menus and replays look alike; report, don't block"),
-           Threshold("near_duplicate_bits", 12, "count", "of 256; re-encodes differ by <8, different clips by ~100",
-                     (0, 64))),  # past a quarter of the bits, unrelated clips match
-          severity="warn", level="full", sample=_hash_clip, run=_near_duplicates),
-    Check("action_balance", "dataset", "Share of frames on which each control is active (|value| >= 0.5); a "
-          "control no one uses, or one dwarfing another, is reported.",
-          (Threshold("min_action_usage", 0.001, "fraction",
-                     "a control active on under 0.1% of frames is barely learnable"),
-           Threshold("max_action_imbalance", 1000.0, "number", "most-used / least-used control share",
-                     (1, math.inf))),  # a ratio of the most used to the least: never below 1
-          severity="warn", run=_action_balance),
+    Check(
+        "quarantine",
+        "dataset",
+        "Sessions convert quarantined (left out of the version, each with the file and "
+        "the reason): data left out is reported, never silent.",
+        (Threshold("max_quarantined_sessions", 0, "count", "every session of the captures made it in"),),
+        severity="warn",
+        counts="session(s) quarantined by convert",
+        run=_quarantine,
+    ),
+    Check(
+        "titles",
+        "dataset",
+        "Samples and hours per title; every required title is present and every title has enough data.",
+        (
+            Threshold("min_hours_per_title", 0.0, "number", "no minimum unless the project sets one"),
+            Threshold("min_samples_per_title", 1, "count", "a title that is listed must have data"),
+            Threshold("required_titles", [], "strings", "titles the model must see; none by default"),
+        ),
+        run=_titles,
+    ),
+    Check(
+        "conditions",
+        "dataset",
+        "Hours per condition value (key=value); required values are present and every value has enough data.",
+        (
+            Threshold("min_hours_per_condition", 0.0, "number", "no minimum unless the project sets one"),
+            Threshold("required_conditions", [], "strings", "key=value pairs, e.g. weather=rain"),
+        ),
+        run=_conditions,
+    ),
+    Check(
+        "resolutions",
+        "dataset",
+        "Samples and hours per resolution; only allowed ones (empty = any).",
+        (Threshold("allowed_resolutions", [], "strings", "WxH, e.g. 1280x720; any by default"),),
+        run=_resolutions,
+    ),
+    Check(
+        "frame_rates",
+        "dataset",
+        "Samples and hours per frame rate (the stream's nominal rate, as its "
+        "container declares it); only allowed ones (empty = any).",
+        (Threshold("allowed_fps", [], "strings", 'e.g. "30", "59.94"; any by default'),),
+        run=_frame_rates,
+    ),
+    Check(
+        "duplicates",
+        "dataset",
+        "Samples with the same sample hash, or the same window of the same source "
+        "video (a capture converted twice under two session ids).",
+        (Threshold("max_duplicate_fraction", 0.001, "fraction", "one in a thousand is noise; more skews training"),),
+        run=_duplicates,
+    ),
+    Check(
+        "near_duplicates",
+        "dataset",
+        "Clips whose perceptual hash (dHash of 4 sampled frames, 256 bits) is "
+        "within near_duplicate_bits of another clip's.",
+        (
+            Threshold(
+                "max_near_duplicate_fraction", 0.05, "fraction", "menus and replays look alike; report, don't block"
+            ),
+            Threshold(
+                "near_duplicate_bits", 12, "count", "of 256; re-encodes differ by <8, different clips by ~100", (0, 64)
+            ),
+        ),  # past a quarter of the bits, unrelated clips match
+        severity="warn",
+        level="full",
+        sample=_hash_clip,
+        run=_near_duplicates,
+    ),
+    Check(
+        "action_balance",
+        "dataset",
+        "Share of frames on which each control is active (|value| >= 0.5); a "
+        "control no one uses, or one dwarfing another, is reported.",
+        (
+            Threshold(
+                "min_action_usage", 0.001, "fraction", "a control active on under 0.1% of frames is barely learnable"
+            ),
+            Threshold("max_action_imbalance", 1000.0, "number", "most-used / least-used control share", (1, math.inf)),
+        ),  # a ratio of the most used to the least: never below 1
+        severity="warn",
+        run=_action_balance,
+    ),
 )

@@ -34,15 +34,23 @@ def read_split(catalog: Catalog, version_id: str, name: str) -> SplitData:
         keys = {split: tuple(s.table(split, ["key"])["key"].to_pylist()) for split in s.splits}
         by = s.manifest.parameters.by
     except (FormatError, KeyError, TypeError, OSError, pa.ArrowException) as e:
-        raise LineageError(f"{catalog.url}: split set {name!r} of {version_id[:12]} is damaged ({str(e)[:200]})",
-                           hint="make it again with `dsbuild split --force`") from None
+        raise LineageError(
+            f"{catalog.url}: split set {name!r} of {version_id[:12]} is damaged ({str(e)[:200]})",
+            hint="make it again with `dsbuild split --force`",
+        ) from None
     return SplitData(name, str(by), keys)
 
 
 def session_of(r: IndexRow) -> dict:
     """The session fields of a sample's row, as ``field_value`` reads them."""
-    return {"session_id": r.session_id, "title": r.title, "player": r.player, "platform": r.platform,
-            "build": r.build, "conditions": dict(r.conditions)}
+    return {
+        "session_id": r.session_id,
+        "title": r.title,
+        "player": r.player,
+        "platform": r.platform,
+        "build": r.build,
+        "conditions": dict(r.conditions),
+    }
 
 
 def _leakage(j: Judge, d: VersionFacts) -> CheckResult:
@@ -64,18 +72,23 @@ def _leakage(j: Judge, d: VersionFacts) -> CheckResult:
     twice = {k: sorted(s) for k, s in splits_of_key.items() if len(s) > 1}
     offenders = [(k, f"sample is in {', '.join(s)}") for k, s in sorted(twice.items())]
     for sp, keys in sorted(split.keys.items()):
-        offenders += [(k, f"{split.by} {group_of[k]!r} is in {', '.join(leaked[group_of[k]])}; this sample is in {sp}")
-                      for k in sorted(keys) if group_of.get(k) in leaked and k not in twice]
+        offenders += [
+            (k, f"{split.by} {group_of[k]!r} is in {', '.join(leaked[group_of[k]])}; this sample is in {sp}")
+            for k in sorted(keys)
+            if group_of.get(k) in leaked and k not in twice
+        ]
     limit = j["max_leaked_groups"]
     breaches = [f"{len(leaked)} > max_leaked_groups = {limit}"] if len(leaked) > limit else []
     if twice:
         breaches.append(f"{len(twice)} sample(s) in two splits")
-    return j.result(measured=len(leaked), breaches=breaches,
-                    message=f"split set {split.name!r} by {split.by}: {len(splits_of_group)} groups in "
-                            f"{len(split.keys)} splits, {len(leaked)} in more than one",
-                    offenders=offenders,
-                    table=Table((split.by, "splits"), [[g, ", ".join(s)] for g, s in
-                                                       sorted(leaked.items())[:MAX_LISTED_GROUPS]]))
+    return j.result(
+        measured=len(leaked),
+        breaches=breaches,
+        message=f"split set {split.name!r} by {split.by}: {len(splits_of_group)} groups in "
+        f"{len(split.keys)} splits, {len(leaked)} in more than one",
+        offenders=offenders,
+        table=Table((split.by, "splits"), [[g, ", ".join(s)] for g, s in sorted(leaked.items())[:MAX_LISTED_GROUPS]]),
+    )
 
 
 def _coverage(j: Judge, d: VersionFacts) -> CheckResult:
@@ -100,22 +113,44 @@ def _coverage(j: Judge, d: VersionFacts) -> CheckResult:
     breaches = [f"{titles_missing} > max_missing_titles = {limit}"] if titles_missing > limit else []
     if unknown:
         breaches.append(f"{len(unknown)} split key(s) are not samples of this version")
-    table = Table(("title", *(f"{sp} samples" for sp in splits), *(f"{sp} hours" for sp in splits)),
-                  [[t, *(cells[(sp, t)][0] for sp in splits), *(round(cells[(sp, t)][1], 6) for sp in splits)]
-                   for t in titles])
-    return j.result(measured=titles_missing, breaches=breaches,
-                    message=f"{len(titles)} titles x {len(splits)} splits: {titles_missing} title(s) missing from "
-                            f"a split ({len(missing)} pair(s) empty)",
-                    offenders=missing + unknown, kind="title", table=table)
+    table = Table(
+        ("title", *(f"{sp} samples" for sp in splits), *(f"{sp} hours" for sp in splits)),
+        [[t, *(cells[(sp, t)][0] for sp in splits), *(round(cells[(sp, t)][1], 6) for sp in splits)] for t in titles],
+    )
+    return j.result(
+        measured=titles_missing,
+        breaches=breaches,
+        message=f"{len(titles)} titles x {len(splits)} splits: {titles_missing} title(s) missing from "
+        f"a split ({len(missing)} pair(s) empty)",
+        offenders=missing + unknown,
+        kind="title",
+        table=table,
+    )
 
 
 CHECKS = (
-    Check("split_leakage", "dataset", "No group of the split set (its --by field, NFC-normalised like the split "
-          "rule) and no sample is in two splits.",
-          (Threshold("max_leaked_groups", 0, "count", "one leaked player inflates every metric"),), needs_split=True,
-          run=_leakage),
-    Check("split_coverage", "dataset", "Every title of the version appears in every split of the split set.",
-          (Threshold("max_missing_titles", 0, "count", "a split without a title cannot measure it (counts titles "
-                     "missing from at least one split)"),),
-          needs_split=True, run=_coverage),
+    Check(
+        "split_leakage",
+        "dataset",
+        "No group of the split set (its --by field, NFC-normalised like the split "
+        "rule) and no sample is in two splits.",
+        (Threshold("max_leaked_groups", 0, "count", "one leaked player inflates every metric"),),
+        needs_split=True,
+        run=_leakage,
+    ),
+    Check(
+        "split_coverage",
+        "dataset",
+        "Every title of the version appears in every split of the split set.",
+        (
+            Threshold(
+                "max_missing_titles",
+                0,
+                "count",
+                "a split without a title cannot measure it (counts titles missing from at least one split)",
+            ),
+        ),
+        needs_split=True,
+        run=_coverage,
+    ),
 )

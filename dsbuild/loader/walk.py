@@ -14,19 +14,22 @@ walk restored from any step's ``after`` continues exactly as the uninterrupted w
   epoch order, so each source still delivers each of its samples once per epoch of it.
 - ``rank_steps``: rank r of W takes j = p + r, p + r + W, ... from the restored position p (and a
   DataLoader worker k of K every K-th of those), each with the position after the whole global step,
-  so every rank that checkpoints after the same step writes the same state.
+  so every rank that checkpoints after the same step writes the same state. Under a model-parallel
+  layout W and r are the data-parallel size and index (``dsbuild.loader.parallel``); ``balance_steps``
+  deals a global step's samples anew among them (an order option: a pure function of the step).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from dsbuild.loader.mixture import schedule
+from dsbuild.loader.parallel import balance
 from dsbuild.loader.plan import Batch, PlanSpec, plan_chunk, rank_batch_ids
 
 SCHEDULE_BLOCK = 1024  # mixing decisions computed per vectorised call
@@ -198,25 +201,59 @@ def step_items(step: Step, plans: Sequence[Plan]) -> tuple[Item, ...]:
 
 
 def rank_steps(
-    walk: Iterator[Step | End], start: int, world: int, rank: int, worker: int = 0, workers: int = 1
+    walk: Iterator[Step | End],
+    start: int,
+    world: int,
+    rank: int,
+    worker: int = 0,
+    workers: int = 1,
+    regroup: Callable[[list[Step]], list[Step]] | None = None,
 ) -> Iterator[tuple[Step | None, Position]]:
     """This rank's (and worker's) steps of ``walk`` (which starts at global batch ``start``), each with
     the position after its whole global step. If the walk ends, a last ``(None, end position)`` follows.
     A walk that ends mid-step gives its steps there the position after the walk's last step: the same
     position the last batch of an epoch has at any world size (the end position would have moved a
     checkpoint taken after it into the next epoch only where the epoch's batches are not a multiple of
-    the world size)."""
+    the world size). ``regroup`` (``balance_steps``) deals each global step's samples to its ranks anew;
+    rank r then takes the r-th of its steps."""
     mine = rank_batch_ids(start, sys.maxsize, world, rank, worker, workers)
-    held = last = None
+    group: list[Step] = []
     for item in walk:
         if isinstance(item, End):
-            if held is not None:
-                yield held, last.after
+            if len(group) > rank and group[rank].j in mine:
+                yield (group if regroup is None else regroup(group))[rank], group[-1].after
             yield None, item.at
             return
-        last = item
-        if item.j in mine:
-            held = item
-        if held is not None and (item.j - start) % world == world - 1:
-            yield held, item.after
-            held = None
+        group.append(item)
+        if (item.j - start) % world == world - 1:
+            if group[rank].j in mine:
+                yield (group if regroup is None else regroup(group))[rank], item.after
+            group = []
+
+
+def item_work(items: Sequence[Item], plans: Sequence[Plan], pack_frames: int | None) -> np.ndarray:
+    """Each item's work: its samples' delivered frames (``Plan.lengths``; none: 1 a sample), at most
+    ``pack_frames``."""
+    lengths = [p.lengths for p in plans]
+    work = np.array(
+        [sum(1 if (n := lengths[r.source]) is None else int(n[r.index]) for r in item) for item in items], np.int64
+    )
+    return work if pack_frames is None else np.minimum(work, pack_frames)
+
+
+def balance_steps(
+    group: list[Step], plans: Sequence[Plan], pack_frames: int | None
+) -> tuple[list[Step], np.ndarray, np.ndarray]:
+    """One global step's batches with their items dealt anew (``parallel.balance``): each keeps its item
+    count, the work per batch as even as the greedy deal makes it; items keep their order in the step.
+    Also each batch's work as drawn and as dealt."""
+    per = [step_items(step, plans) for step in group]
+    items = [item for its in per for item in its]
+    work = item_work(items, plans, pack_frames)
+    owner = balance(work, [len(its) for its in per])
+    steps = [
+        Step(step.j, step.after, items=tuple(item for item, o in zip(items, owner.tolist()) if o == k))
+        for k, step in enumerate(group)
+    ]
+    drawn = np.repeat(np.arange(len(per)), [len(its) for its in per])
+    return steps, np.bincount(drawn, work, len(per)), np.bincount(owner, work, len(per))

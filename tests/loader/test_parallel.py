@@ -1,0 +1,255 @@
+"""Model-parallel layouts: the rank arithmetic (orders, coordinates, DeviceMesh), the CP chunks, the balanced
+deal, exactly-once at 4,096 ranks over an index-only source of 10^6 samples restored under other layouts,
+and the loader on a real catalog at W = 8 under TP, CP and PP."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dsbuild.core.errors import UsageError
+from dsbuild.loader import Parallel
+from dsbuild.loader.epoch import EpochPlan
+from dsbuild.loader.parallel import balance, cp_bounds, cp_gather, cp_slice, cp_spans, parse_order
+from dsbuild.loader.plan import PlanSpec, rank_batch_ids
+from dsbuild.loader.walk import Position, balance_steps, rank_steps, step_items, walk_batches
+
+# -- the rank arithmetic ---------------------------------------------------------------------------------
+
+
+def test_default_order_varies_tp_fastest_and_pp_slowest():
+    p = Parallel(tp=2, cp=2, pp=2)
+    rows = [(c.tp, c.cp, c.dp, c.pp) for c in (p.coords(r, 16) for r in range(16))]
+    assert rows[:4] == [(0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 1, 0, 0)]
+    assert rows[4] == (0, 0, 1, 0) and rows[8] == (0, 0, 0, 1) and rows[15] == (1, 1, 1, 1)
+    assert p.coords(5, 16).dp_size == 2
+
+
+def test_megatron_default_order_is_accepted_with_ep_of_one():
+    mine, megatron = Parallel(tp=2, cp=2, pp=2), Parallel(tp=2, cp=2, pp=2, order="tp-cp-ep-dp-pp")
+    assert [mine.coords(r, 16) for r in range(16)] == [megatron.coords(r, 16) for r in range(16)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.permutations(["tp", "cp", "dp", "pp"]),
+)
+def test_coordinates_are_a_bijection_and_groups_share_their_data_index(tp, cp, pp, dp, order):
+    p, world = Parallel(tp, cp, pp, "-".join(order)), tp * cp * pp * dp
+    c = p.coordinates(np.arange(world), world)
+    tuples = set(zip(*(c[t].tolist() for t in ("tp", "cp", "dp", "pp"))))
+    assert len(tuples) == world  # every (tp, cp, dp, pp) once
+    # ranks that differ only in tp, cp or pp share the DP index: they get the same samples
+    for r in range(world):
+        mine = p.coords(r, world)
+        assert (mine.tp, mine.cp, mine.dp, mine.pp) == tuple(int(c[t][r]) for t in ("tp", "cp", "dp", "pp"))
+    readers = {int(d) for d, s in zip(c["dp"], c["pp"]) if s in (0, pp - 1)}
+    assert readers == set(range(dp))
+
+
+@pytest.mark.parametrize(
+    ("order", "message"),
+    [
+        ("tp-cp-xp-dp-pp", "unknown token 'xp'"),
+        ("tp-tp-cp-dp-pp", "token 'tp' appears 2 times"),
+        ("tp-cp-dp", "lacks pp"),
+        ("", "unknown token ''"),
+    ],
+)
+def test_a_bad_order_is_one_line_naming_the_token(order, message):
+    with pytest.raises(UsageError, match=message):
+        parse_order(order)
+    with pytest.raises(UsageError, match=message):
+        Parallel(order=order)
+
+
+def test_a_product_that_does_not_divide_the_world_and_a_rank_outside_are_refused():
+    with pytest.raises(UsageError, match=r"tp=2 x cp=3 x pp=1 = 6 does not divide world_size 16"):
+        Parallel(tp=2, cp=3).coords(0, 16)
+    with pytest.raises(UsageError, match="rank 16 is outside world_size 16"):
+        Parallel(tp=2).coords(16, 16)
+    with pytest.raises(UsageError, match="tp must be an integer >= 1, not 0"):
+        Parallel(tp=0)
+
+
+def test_a_mesh_shape_maps_to_the_order_it_lays_out():
+    ranks = np.arange(16)
+    p = Parallel.from_mesh_shape(("pp", "dp", "cp", "tp"), (2, 2, 2, 2), ranks)
+    assert p == Parallel(tp=2, cp=2, pp=2, order="tp-cp-dp-pp")
+    hsdp = Parallel.from_mesh_shape(("dp_replicate", "dp_shard", "tp"), (2, 2, 4), ranks)
+    assert hsdp == Parallel(tp=4, order="tp-dp-cp-pp") and hsdp.coords(13, 16).dp == 3
+    with pytest.raises(UsageError, match=r"\{'tp': 4, 'cp': 4\} has no data-parallel dimension"):
+        Parallel.from_mesh_shape(("tp", "cp"), (4, 4), ranks)
+    with pytest.raises(UsageError, match="not neighbours"):
+        Parallel.from_mesh_shape(("dp_replicate", "tp", "dp_shard"), (2, 4, 2), ranks)
+    with pytest.raises(UsageError, match="'ep'"):
+        Parallel.from_mesh_shape(("dp", "ep"), (8, 2), ranks)
+    with pytest.raises(UsageError, match="row-major"):
+        Parallel.from_mesh_shape(("dp", "tp"), (2, 4), np.arange(8)[::-1].copy())
+
+
+# -- context parallelism -------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 8), st.data())
+def test_cp_chunks_of_every_rank_reassemble_any_length_of_at_least_2c(cp, data):
+    n = data.draw(st.integers(2 * cp, 400))
+    b = cp_bounds(n, cp)
+    assert b[0] == 0 and b[-1] == n and np.all(np.diff(b) >= 1)
+    owner = {}
+    for rank in range(cp):
+        (a0, a1), (b0, b1) = cp_spans(n, cp, rank).tolist()
+        owner[(a0, a1)], owner[(b0, b1)] = rank, rank
+        assert (a0, a1) == (int(b[rank]), int(b[rank + 1])) and (b0, b1) == (
+            int(b[2 * cp - 1 - rank]),
+            int(b[2 * cp - rank]),
+        )
+    assert sorted(owner) == [(int(b[j]), int(b[j + 1])) for j in range(2 * cp)]
+    # a Megatron length (a multiple of 2C) gets Megatron's equal chunks
+    assert np.all(np.diff(cp_bounds(2 * cp * 5, cp)) == 5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 4), st.lists(st.integers(8, 40), min_size=1, max_size=4))
+def test_cp_gather_slices_each_packed_segment_on_its_own(cp, lengths):
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    pieces = []
+    for rank in range(cp):
+        pos, seg = cp_gather(starts, lengths, cp, rank)
+        for s, (lo, hi) in enumerate(zip(starts, starts + np.asarray(lengths))):
+            assert np.all((pos[seg == s] >= lo) & (pos[seg == s] < hi))
+        pieces.append(pos)
+    assert sorted(np.concatenate(pieces).tolist()) == list(range(sum(lengths)))
+
+
+def _reassemble(slices: list[dict], key: str, row: int, length_key: str = "lengths") -> np.ndarray:
+    """A row's array put back together from every CP rank's slice, in chunk order."""
+    chunks = {}
+    for s in slices:
+        bounds = s["cp_bounds" if key != "audio" else "audio_cp_bounds"][row]
+        a = s[key][row] if key != "audio" else s[key][row].T
+        (a0, a1), (b0, b1) = bounds.tolist()
+        chunks[a0], chunks[b0] = a[: a1 - a0], a[a1 - a0 : a1 - a0 + b1 - b0]
+    out = np.concatenate([chunks[k] for k in sorted(chunks)])
+    return out if key != "audio" else out.T
+
+
+def test_cp_slice_of_a_padded_batch_reassembles_every_array():
+    rng = np.random.default_rng(3)
+    lengths = np.array([9, 4, 13], np.int32)
+    t = 13
+    batch = {
+        "frames": rng.integers(0, 255, (3, t, 2, 2, 3), dtype=np.uint8),
+        "actions": rng.random((3, t, 2), dtype=np.float32),
+        "telemetry": rng.random((3, t, 1), dtype=np.float32),
+        "timestamps": rng.random((3, t)),
+        "lengths": lengths,
+        "audio": rng.random((3, 2, 50), dtype=np.float32),
+        "audio_lengths": np.array([33, 20, 50], np.int32),
+        "keys": ["a", "b", "c"],
+    }
+    slices = [cp_slice(batch, 2, r) for r in range(2)]
+    for s in slices:
+        assert s["cp_size"] == 2 and s["keys"] == ["a", "b", "c"]
+    for row, n in enumerate(lengths.tolist()):
+        for key in ("frames", "actions", "telemetry", "timestamps"):
+            assert np.array_equal(_reassemble(slices, key, row), batch[key][row, :n])
+        audio = _reassemble(slices, "audio", row)
+        assert np.array_equal(audio, batch["audio"][row, :, : batch["audio_lengths"][row]])
+    assert sum(s["lengths"] for s in slices).tolist() == lengths.tolist()
+
+
+# -- balance ---------------------------------------------------------------------------------------------
+
+
+def test_balance_puts_largest_first_on_the_least_loaded_rank_with_room():
+    assert balance([5, 1, 4, 2], [2, 2]).tolist() == [0, 0, 1, 1]  # 5 -> r0, 4 -> r1, 2 -> r1, 1 -> r0
+    assert balance([3, 3, 3, 3], [2, 2]).tolist() == [0, 1, 0, 1]  # ties by index, both ways
+    assert balance([9, 1, 1], [1, 2]).tolist() == [0, 1, 1]  # r0 is full after one
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 600), min_size=2, max_size=64), st.integers(1, 8))
+def test_balance_keeps_every_rank_s_count_and_spreads_by_less_than_the_largest_item(work, ranks):
+    per = len(work) // ranks
+    if per == 0:
+        return
+    work = work[: per * ranks]
+    owner = balance(work, [per] * ranks)
+    assert np.bincount(owner, minlength=ranks).tolist() == [per] * ranks
+    dealt = np.bincount(owner, work, ranks)
+    assert dealt.max() - dealt.min() <= max(work)  # (a deal as drawn may be off by the sum of a batch)
+    assert balance(work, [per] * ranks).tolist() == owner.tolist()
+
+
+# -- exactly once at the sizes users run ------------------------------------------------------------------
+
+N, B = 1_000_000, 8
+LAYOUTS_4096 = [(1, 1, 1), (8, 4, 4), (8, 1, 1), (2, 4, 2), (4, 2, 8)]
+LAYOUTS_3072 = [(1, 1, 1), (8, 4, 4), (4, 2, 3), (3, 1, 2), (2, 8, 1)]
+
+
+def _delivered(plan: EpochPlan, layout: tuple, world: int, start: int, stop: int) -> tuple[np.ndarray, int]:
+    """Samples that the reading ranks of ``layout`` at ``world`` deliver from global batch ``start`` to
+    ``stop`` (what their ``rank_batch_ids`` name), each DP index's once, and the DP size; every rank of
+    the layout is checked to name the same batches as its DP index's first reader."""
+    p = Parallel(*layout)
+    c = p.coordinates(np.arange(world), world)
+    dp = p.data_parallel(world)
+    reads = (c["pp"] == 0) | (c["pp"] == layout[2] - 1)
+    assert set(c["dp"][reads].tolist()) == set(range(dp))  # every DP index has readers
+    ids = [rank_batch_ids(start, stop, dp, d) for d in range(dp)]
+    for r in np.random.default_rng(world).choice(world, 64, replace=False).tolist():  # any rank: its DP index's batches
+        assert rank_batch_ids(start, stop, dp, p.coords(r, world).dp) == ids[int(c["dp"][r])]
+    batches = np.concatenate([np.arange(i.start, i.stop, i.step) for i in ids]) if stop > start else np.zeros(0, int)
+    order = plan.order(0, 0, plan.n)
+    samples = (batches[:, None] * B + np.arange(B)).reshape(-1)
+    return order[samples[samples < plan.n]], dp
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.sampled_from(LAYOUTS_4096), st.sampled_from(LAYOUTS_3072), st.integers(0, 10**6), st.integers(0, 2**32))
+def test_4096_ranks_restored_into_3072_deliver_every_sample_of_the_epoch_once(before, after, cut, seed):
+    plan = EpochPlan(N, seed, "index-only/", PlanSpec(B))
+    total = plan.batches_in_epoch(0)
+    dp = Parallel(*before).data_parallel(4096)
+    position = min(total, (cut % (total // dp + 1)) * dp)  # a checkpoint after a whole global step
+    first, _ = _delivered(plan, before, 4096, 0, position)
+    rest, _ = _delivered(plan, after, 3072, position, total)
+    seen = np.bincount(np.concatenate([first, rest]), minlength=N)
+    assert seen.min() == seen.max() == 1
+
+
+def test_4096_ranks_walk_the_loader_s_own_steps_as_the_arithmetic_says():
+    """The arithmetic above is the loader's: at W = 4,096 with tp=8, cp=4, pp=4 (dp = 32) the walk and
+    ``rank_steps`` give a DP index the batches ``rank_batch_ids`` names, from a restored position too."""
+    plan = EpochPlan(N, 7, "index-only/", PlanSpec(B))
+    p = Parallel(8, 4, 4)
+    for rank in (0, 1234, 4095):
+        at = p.coords(rank, 4096)
+        start = Position(96, ((0, 96),))
+        got = list(itertools.islice(rank_steps(walk_batches(start, [plan], np.ones(1), 7, True), 96, 32, at.dp), 3))
+        assert [s.j for s, _ in got] == list(rank_batch_ids(96, 96 + 3 * 32, 32, at.dp))
+        assert [a.step for _, a in got] == [96 + 32 * k for k in (1, 2, 3)]
+
+
+def test_balanced_steps_at_4096_ranks_keep_every_sample_and_even_the_work():
+    lengths = np.random.default_rng(0).integers(30, 600, N)
+    plan = EpochPlan(N, 3, "index-only/", PlanSpec(B), lengths=lengths)
+    dp = Parallel(8, 4, 4).data_parallel(4096)
+    walk = walk_batches(Position(0, ((0, 0),)), [plan], np.ones(1), 3, True)
+    group = list(itertools.islice(walk, dp))
+    steps, drawn, dealt = balance_steps(group, [plan], None)
+    before = sorted(r.index for s in group for item in step_items(s, [plan]) for r in item)
+    assert sorted(r.index for s in steps for item in s.items for r in item) == before
+    assert [len(s.items) for s in steps] == [B] * dp and [s.j for s in steps] == [s.j for s in group]
+    assert dealt.max() / dealt.mean() < drawn.max() / drawn.mean() and dealt.sum() == drawn.sum()

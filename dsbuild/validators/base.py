@@ -19,11 +19,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dsbuild.validators.model import CheckResult, Distribution, Offender, Table
+from dsbuild.validators.model import Acceptance, CheckResult, Distribution, Offender, Table
 
 if TYPE_CHECKING:
     from dsbuild.validators.facts import VersionFacts
-    from dsbuild.validators.spec import AcceptanceSpec
     from dsbuild.validators.view import SampleView
 
 STAGES = ("structural", "content", "dataset")
@@ -80,7 +79,7 @@ class Judge:
     """A check bound to the spec: the one place where thresholds and severities become a status."""
 
     check: Check
-    spec: AcceptanceSpec
+    spec: Acceptance
 
     def __getitem__(self, key: str):
         return self.spec[key]

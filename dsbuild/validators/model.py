@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from dsbuild.core.errors import CheckFailed
 from dsbuild.core.records import JsonValue, Record
@@ -23,6 +24,19 @@ from dsbuild.core.records import JsonValue, Record
 STATUSES = ("pass", "warn", "fail", "skip")
 REPORT_FORMAT = "dsbuild.validate/2"
 MAX_PLOTTED = 20_000  # per-sample values a report keeps for a plot; an even subsample beyond this
+
+
+class Acceptance(Protocol):
+    """What a check reads of the acceptance spec (``spec.AcceptanceSpec`` is the one implementation). The
+    spec is built from the checks' definitions, so checks, views and ``base`` see it through this
+    protocol and never import ``spec`` (which imports them all through the registry)."""
+
+    @property
+    def max_offenders(self) -> int: ...
+
+    def __getitem__(self, key: str) -> Any: ...
+
+    def severity_of(self, check: str) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)

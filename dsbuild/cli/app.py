@@ -53,6 +53,7 @@ TERMINATED = 143
 # One module per command, in the order of `dsbuild --help`; each exposes `register(app)`.
 COMMANDS = (
     "samples",
+    "schema",
     "convert",
     "info",
     "log",

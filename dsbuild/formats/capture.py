@@ -1,13 +1,21 @@
-"""The raw capture contract (DESIGN.md section 2): discover sessions and read `session.json` safely.
+"""The raw capture contract (docs/capture-format.md): discover sessions and read `session.json` safely.
 
 Everything here treats the capture as untrusted: sizes are bounded, every field is type-checked, and no
 path may leave the session folder (``..``, absolute paths and symlinks pointing outside are refused).
+
+The fields of ``session.json`` are checked against the JSON Schema the package ships
+(``formats/schemas/session.schema.json``, printed by ``dsbuild schema capture session``), by a small
+validator of the keywords that schema uses: the published schema *is* the checker, so they cannot drift.
+Every problem of a file is reported at once, not one per run.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,14 +26,11 @@ from dsbuild.core.jsonio import clip_text, loads_bounded, printable, repeated_ke
 
 CAPTURE_FORMAT = "capture/1"
 SESSION_FILE = "session.json"
-SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 STREAM_KINDS = ("actions", "telemetry", "text")
+SCHEMAS = ("session", *STREAM_KINDS)  # the JSON Schemas of a capture's files (``capture_schema``)
+DOCS = "docs/capture-format.md"  # where users read the contract; every message about it points there
 # A session.json is a few hundred bytes; 1 MiB leaves room for rich conditions and stops hostile files.
 MAX_SESSION_JSON_BYTES = 1 << 20
-MAX_CONDITIONS = 1024
-MAX_FIELD_CHARS = 1024
-REQUIRED = ("format", "session_id", "title", "player", "video")
-OPTIONAL_STRINGS = ("platform", "build", "started_at")
 
 
 @dataclass(frozen=True)
@@ -113,34 +118,108 @@ def _sessions_outside(link: Path, root: Path) -> bool:
     return False
 
 
-def _string(doc: dict, key: str, path: str, *, required: bool) -> str | None:
-    value = doc.get(key)
-    if value is None:
-        if required:
-            raise CaptureError(path, f"missing required field '{key}'")
-        return None
-    if not isinstance(value, str) or not value or len(value) > MAX_FIELD_CHARS:
-        shown = f" (found {clip_text(value, 40)!r})" if isinstance(value, str) and value else ""
-        raise CaptureError(path, f"field '{key}' must be a non-empty string of at most {MAX_FIELD_CHARS} chars" + shown)
-    return value
+@functools.cache
+def capture_schema(name: str) -> dict:
+    """The JSON Schema of one capture file (``SCHEMAS``: session, actions, telemetry, text), as shipped
+    in the package. Callers must not mutate it (it is cached)."""
+    from importlib.resources import files
+
+    if name not in SCHEMAS:
+        raise ValueError(f"no capture schema {name!r}; expected one of {', '.join(SCHEMAS)}")
+    return json.loads(files("dsbuild.formats").joinpath("schemas", f"{name}.schema.json").read_text("utf-8"))
 
 
-def safe_member(directory: Path, name: object, path: str, what: str) -> str:
-    """Validate a file name from session.json: relative, no '..', resolving inside ``directory``."""
-    if not isinstance(name, str) or not name or len(name) > MAX_FIELD_CHARS:
-        raise CaptureError(path, f"{what} must be a non-empty relative path")
+_JSON_TYPES = {"string": (str,), "object": (dict,), "number": (int, float), "array": (list,), "null": (type(None),)}
+
+
+def _is(value: object, type_name: str) -> bool:
+    return not isinstance(value, bool) and isinstance(value, _JSON_TYPES[type_name])
+
+
+def _found(value: object) -> str:
+    if isinstance(value, str):
+        return repr(clip_text(value, 40))
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return json.dumps(value)
+
+
+def _expected(node: dict) -> str:
+    """What a schema node asks for, in words (the keywords ``_problems`` implements)."""
+    if "const" in node:
+        return repr(node["const"])
+    types = [t for t in ([node["type"]] if isinstance(node.get("type"), str) else node.get("type", [])) if t != "null"]
+    if types == ["object"]:
+        items = node.get("additionalProperties")
+        text = "an object" + (f" of {items['type']}s" if isinstance(items, dict) and "type" in items else "")
+        return text + (f" of at most {node['maxProperties']} entries" if "maxProperties" in node else "")
+    if node.get("format") == "date-time":
+        return "an ISO 8601 time (e.g. 2026-11-01T10:00:00Z)"
+    if "pattern" in node:
+        return f"a string matching {node['pattern'].strip('^$')}"
+    if "enum" in node:
+        return "one of " + ", ".join(map(str, node["enum"]))
+    what = "a non-empty string" if node.get("minLength", 0) >= 1 else "a string"
+    return what + (f" of at most {node['maxLength']} characters" if "maxLength" in node else "")
+
+
+def _problems(value: object, node: dict, name: str) -> Iterator[tuple[str, str]]:
+    """(field, what is wrong) for every way ``value`` breaks the schema ``node`` (``name``: its field,
+    "" for the whole file; a missing field is ``(name, "missing")``).
+
+    The keywords the capture schemas use, and only those: type, const, enum, pattern, minLength,
+    maxLength, format (date-time), required, properties, additionalProperties, propertyNames,
+    maxProperties. A field that is null counts as absent."""
+    types = [node["type"]] if isinstance(node.get("type"), str) else node.get("type")
+    wrong = f"expected {_expected(node)}, found {_found(value)}"
+    if types is not None and not any(_is(value, t) for t in types):
+        yield name, wrong
+        return
+    if ("const" in node and value != node["const"]) or ("enum" in node and value not in node["enum"]):
+        yield name, wrong
+    if isinstance(value, str) and (
+        not node.get("minLength", 0) <= len(value) <= node.get("maxLength", len(value))
+        or ("pattern" in node and not re.search(node["pattern"], value))
+        or (node.get("format") == "date-time" and parse_started_at(value) is None)
+    ):
+        yield name, wrong
+    if isinstance(value, dict):
+        if len(value) > node.get("maxProperties", len(value)):
+            yield name, f"{len(value)} entries, expected at most {node['maxProperties']}"
+            return
+        known, keys = node.get("properties", {}), node.get("propertyNames")
+        for key in node.get("required", ()):
+            if value.get(key) is None:
+                yield key, "missing"
+        for key, item in value.items():
+            inner = f"{name}.{key}" if name else key
+            if keys is not None and next(_problems(key, keys, inner), None) is not None:
+                yield name, f"key {clip_text(key, 64)!r} is not allowed; expected {_expected(keys)}"
+            elif item is None and (key in known or not isinstance(node.get("additionalProperties"), dict)):
+                continue  # null is absent (a required one was said to be missing)
+            elif key in known or isinstance(node.get("additionalProperties"), dict):
+                yield from _problems(item, known.get(key) or node["additionalProperties"], inner)
+
+
+def _message(field: str, problem: str) -> str:
+    return f"missing required field '{field}'" if problem == "missing" else f"field '{field}': {problem}"
+
+
+def _member_problem(directory: Path, name: str, what: str) -> str | None:
+    """Why a file name from session.json cannot be used (it must be relative, without '..', and resolve
+    inside ``directory``), or None."""
     if "\n" in name or "\r" in name or "\x00" in name:
-        raise CaptureError(path, f"{what} path contains a control character")
+        return f"{what}: the path contains a control character"
     pure = Path(name)
     if pure.is_absolute() or name.startswith(("/", "\\")):
-        raise CaptureError(
-            path, f"{what} path {clip_text(name, 80)!r} is absolute; it must be inside the session folder"
-        )
+        return f"{what}: the path {clip_text(name, 80)!r} is absolute; it must be inside the session folder"
     if ".." in pure.parts:
-        raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} escapes the session folder")
+        return f"{what}: the path {clip_text(name, 80)!r} escapes the session folder"
     if not inside(directory / pure, directory):
-        raise CaptureError(path, f"{what} path {clip_text(name, 80)!r} resolves outside the session folder (symlink?)")
-    return pure.as_posix()
+        return f"{what}: the path {clip_text(name, 80)!r} resolves outside the session folder (symlink?)"
+    return None
 
 
 def parse_started_at(text: str | None) -> datetime | None:
@@ -155,18 +234,27 @@ def parse_started_at(text: str | None) -> datetime | None:
     return (t if t.tzinfo else t.replace(tzinfo=UTC)).astimezone(UTC)
 
 
-def _object_field(doc: dict, key: str, where: str, what: str) -> dict:
-    """An optional object field: absent or null is empty; any other non-object (false, 0, "") is refused."""
-    value = doc.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise CaptureError(where, f"{key} must be {what}, not {type(value).__name__}")
-    return value
+def session_problems(doc: object, directory: Path) -> list[str]:
+    """Every way a parsed session.json breaks the contract, one line each: the schema's findings, then
+    the paths it names that lead out of the session folder. Empty when the session is usable."""
+    found = list(_problems(doc, capture_schema("session"), ""))
+    problems = [_message(f, p) if f else f"{p} (the file must hold one JSON object)" for f, p in found]
+    if not isinstance(doc, dict):
+        return problems
+    named = [("video", doc.get("video"))]
+    if isinstance(doc.get("streams"), dict):
+        named += [(f"streams.{k}", v) for k, v in doc["streams"].items()]
+    bad = {f for f, _ in found}
+    for key, name in named:
+        if isinstance(name, str) and key not in bad and "streams" not in bad:
+            problem = _member_problem(directory, name, f"field '{key}'")
+            if problem is not None:
+                problems.append(problem)
+    return problems
 
 
 def read_session(directory: Path, root: Path) -> Session:
-    """Parse and validate ``directory/session.json``; raise CaptureError with the precise reason."""
+    """Parse and validate ``directory/session.json``; raise CaptureError naming every problem it has."""
     rel = directory.relative_to(root).as_posix()
     sj = directory / SESSION_FILE
     where = f"{rel}/{SESSION_FILE}" if rel != "." else SESSION_FILE
@@ -181,47 +269,24 @@ def read_session(directory: Path, root: Path) -> Session:
         raise CaptureError(where, f"cannot read: {e.strerror or e}") from None
     except FormatError as e:
         raise CaptureError(where, str(e).removeprefix(f"{where}: ").removeprefix(f"{sj}: ")) from None
-    if not isinstance(doc, dict):
-        raise CaptureError(where, "must be a JSON object")
-    twice = repeated_key(data)  # a parser keeps the last value: which session_id was meant is unknown
-    if twice is not None:
-        raise CaptureError(where, f"key {clip_text(twice, 64)!r} appears more than once in an object")
-    for key in REQUIRED:
-        if key not in doc:
-            raise CaptureError(where, f"missing required field '{key}'")
-    if doc["format"] != CAPTURE_FORMAT:
-        raise CaptureError(where, f"format is {clip_text(str(doc['format']), 80)!r}, expected {CAPTURE_FORMAT!r}")
-    sid = doc["session_id"]
-    if not isinstance(sid, str) or not SESSION_ID_RE.fullmatch(sid):
-        raise CaptureError(where, f"session_id {clip_text(str(sid), 80)!r} must match [A-Za-z0-9_-]{{1,64}}")
-    conditions = _object_field(doc, "conditions", where, "an object of strings")
-    if len(conditions) > MAX_CONDITIONS:
-        raise CaptureError(where, f"{len(conditions)} conditions exceeds the limit of {MAX_CONDITIONS}")
-    for k, v in conditions.items():
-        if not isinstance(v, str) or len(k) > MAX_FIELD_CHARS or len(v) > MAX_FIELD_CHARS:
-            raise CaptureError(where, f"condition {k[:64]!r} must map to a string")
-    streams = _object_field(doc, "streams", where, "an object")
-    started_at = _string(doc, "started_at", where, required=False)
-    if started_at is not None and parse_started_at(started_at) is None:
-        raise CaptureError(
-            where, f"started_at {clip_text(started_at, 64)!r} is not an ISO 8601 time (e.g. 2026-11-01T10:00:00Z)"
-        )
-    checked_streams = {}
-    for kind, name in streams.items():
-        if kind not in STREAM_KINDS:
-            raise CaptureError(where, f"unknown stream {kind[:64]!r}; expected one of {', '.join(STREAM_KINDS)}")
-        checked_streams[kind] = safe_member(directory, name, where, f"stream '{kind}'")
+    twice = repeated_key(data) if isinstance(doc, dict) else None  # a parser keeps the last value
+    problems = session_problems(doc, directory)
+    if twice is not None:  # (which session_id was meant is unknown)
+        problems.insert(0, f"key {clip_text(twice, 64)!r} appears more than once in an object")
+    if problems or not isinstance(doc, dict):  # (session_problems names a non-object)
+        many = f"{len(problems)} problems: " if len(problems) > 1 else ""
+        raise CaptureError(where, many + "; ".join(problems) + f" (see {DOCS})")
     return Session(
-        session_id=sid,
-        title=_string(doc, "title", where, required=True),
-        player=_string(doc, "player", where, required=True),
-        video=safe_member(directory, doc["video"], where, "video"),
+        session_id=doc["session_id"],
+        title=doc["title"],
+        player=doc["player"],
+        video=Path(doc["video"]).as_posix(),
         rel=rel,
         directory=directory,
-        platform=_string(doc, "platform", where, required=False),
-        build=_string(doc, "build", where, required=False),
-        started_at=started_at,
-        conditions=dict(sorted(conditions.items())),
-        streams=checked_streams,
+        platform=doc.get("platform"),
+        build=doc.get("build"),
+        started_at=doc.get("started_at"),
+        conditions=dict(sorted((doc.get("conditions") or {}).items())),
+        streams={k: Path(v).as_posix() for k, v in (doc.get("streams") or {}).items()},
         read_as=(st.st_size, st.st_mtime_ns, st.st_ino),
     )

@@ -41,19 +41,19 @@ def test_a_valid_session_reads_with_relative_paths(tmp_path):
 @pytest.mark.parametrize(
     "change, reason",
     [
-        ({"session_id": "has space"}, "must match"),
-        ({"session_id": "x" * 65}, "must match"),
+        ({"session_id": "has space"}, "field 'session_id': expected a string matching"),
+        ({"session_id": "x" * 65}, "expected a string matching"),
         ({"format": "capture/2"}, "expected 'capture/1'"),
         ({"title": 7}, "field 'title'"),
-        ({"conditions": {"a": 1}}, "must map to a string"),
-        ({"conditions": {str(i): "v" for i in range(2000)}}, "exceeds the limit"),
-        ({"streams": {"video2": "x"}}, "unknown stream"),
+        ({"conditions": {"a": 1}}, "field 'conditions.a': expected a string"),
+        ({"conditions": {str(i): "v" for i in range(2000)}}, "2000 entries, expected at most 1024"),
+        ({"streams": {"video2": "x"}}, "key 'video2' is not allowed; expected one of actions"),
         ({"video": "a/../../x.mp4"}, "escapes"),
         ({"video": "/etc/passwd"}, "absolute"),
         ({"video": "bad\nname.mp4"}, "control character"),
-        ({"streams": False}, "streams must be an object, not bool"),
-        ({"conditions": 0}, "conditions must be an object of strings, not int"),
-        ({"started_at": "yesterday"}, "not an ISO 8601 time"),
+        ({"streams": False}, "field 'streams': expected an object of strings, found false"),
+        ({"conditions": 0}, "field 'conditions': expected an object of strings"),
+        ({"started_at": "yesterday"}, "expected an ISO 8601 time"),
     ],
 )
 def test_bad_session_fields_are_named(tmp_path, change, reason):

@@ -77,7 +77,3 @@ def diff_versions(catalog_a: Catalog, a: str, catalog_b: Catalog, b: str, *, lim
         "resolution": {"a": sa["resolution"], "b": sb["resolution"]},
         "fps": {"a": sa["fps"], "b": sb["fps"]},
     }
-
-
-def summary_line(d: dict) -> str:
-    return f"+{d['added']} -{d['removed']} ~{d['changed']} samples"

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dsbuild.core.errors import DsbuildError, FormatError, LineageError, UsageError
+from dsbuild.core.errors import FormatError, LineageError, UsageError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.splitsets import SplitSet, open_split_set
 from dsbuild.split.files import split_schema
@@ -24,12 +24,6 @@ from dsbuild.split.params import SplitOptions, SplitParams
 # warnings that version of dsbuild knew to give: they comment on the data, the rule does not change).
 NOT_COMPARED = ("hash", "tool_version", "splits", "warnings")
 SPLIT_FIELDS_NOT_COMPARED = ("sha256", "bytes")
-
-
-class SplitCheckFailed(DsbuildError):
-    """A stored split set does not match its rule, or a group is in two splits."""
-
-    exit_code = 1
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,6 @@ HASH_FRAMES = 4  # frames in the perceptual hash (4 x 64-bit dHash = 256 bits)
 TIME_EPS = 1e-6  # seconds; window edges are compared with float tolerance
 
 
-def _why(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return (msg[0][:160] if msg else "") or type(e).__name__
-
-
 def span(frame_t: np.ndarray) -> float | None:
     """Time covered by frames at ``frame_t``: frames / frame_rate (each frame lasts one mean interval)."""
     rate = frame_rate(frame_t)

@@ -53,7 +53,8 @@ class StreamReport:
     collisions: int = 0  # a list field `pos` beside a flat `pos.0` in one line (the list wins)
     outside_video: int = 0  # events in no clip: after the video's last one (text: or before its first);
     # counted, not a repair: input loggers routinely run a little past the video
-    missing: bool = False
+    missing: bool = False  # session.json names the stream and its file is not there (a stream it does
+    # not name is absent, not missing: every stream is optional)
     unreadable: str | None = None
     examples: list[str] = field(default_factory=list)
 
@@ -61,6 +62,17 @@ class StreamReport:
         self.malformed += 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(f"line {lineno}: {clip_text(reason, 160)}")
+
+    @property
+    def dropped(self) -> int:
+        """Lines lost whole: malformed JSON, not an object, no finite ``t``, a wrong field or a value out of
+        range (telemetry channels dropped from a line that is kept are ``dropped_fields``)."""
+        return self.malformed
+
+    @property
+    def dropped_fraction(self) -> float:
+        """The share of the stream's lines that were dropped (0 for an empty or absent stream)."""
+        return self.dropped / self.lines if self.lines else 0.0
 
     def to_json(self) -> dict:
         return {
@@ -377,11 +389,12 @@ class StreamScan:
 
 
 def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
-    """Pass 1 over a stream (or a missing one). OSErrors (permission denied) propagate to the caller."""
+    """Pass 1 over a stream: ``path`` None when the session names none (absent, nothing to report); a
+    named file that is not there is counted as missing. OSErrors (permission denied) propagate."""
     out = StreamScan(kind, path)
     rep = out.report
     if path is None or not path.exists():
-        rep.missing = True
+        rep.missing = path is not None
         return out
     names: set[str] = set()
     latest = -math.inf
@@ -440,7 +453,8 @@ class EventStream:
 
     def __init__(self, s: StreamScan, root: Path | None = None):
         self.scan = s
-        if s.report.missing:
+        self._it: Iterator[tuple]
+        if s.path is None or s.report.missing:
             self._it = iter(())
         elif s.retained is not None:
             self._it, s.retained = iter(s.retained), None  # handed over once: the track owns them now

@@ -135,6 +135,7 @@ class DemuxReport:
     gaps: int = 0  # windows ended at their last frame: the next came more than GAP_SECONDS later
     truncated: str | None = None  # set when the file ended early: the final clip is then decode-checked
     long_clips: int = 0
+    keyframe_gap: tuple[float, int] | None = None  # the widest (seconds, frames) between keyframes of a long clip
     audio: AudioReport = field(default_factory=AudioReport)
 
     @property
@@ -158,7 +159,11 @@ class DemuxReport:
             "truncated": self.truncated,
             "long_clips": self.long_clips,
             "audio": self.audio.to_json(),
-        }
+        } | (  # (only with long clips: the records of every other session keep their bytes)
+            {"keyframe_gap_seconds": self.keyframe_gap[0], "keyframe_gap_frames": self.keyframe_gap[1]}
+            if self.keyframe_gap
+            else {}
+        )
 
 
 @dataclass
@@ -468,6 +473,10 @@ class VideoSource:
         t_start, t_end = self._t(seg.key_pts), self._t(end_pts)
         if t_end - t_start > 1.5 * clip_seconds:
             report.long_clips += 1
+            keys = sorted({p.pts for p in seg.packets if p.keyframe} | {end_pts})
+            a, b = max(zip(keys, keys[1:]), key=lambda ab: ab[1] - ab[0])
+            gap = (round(self._t(b) - self._t(a), 3), sum(1 for p in seg.packets if a <= p.pts < b))
+            report.keyframe_gap = max(report.keyframe_gap or gap, gap)
         cut = self._audio.cut(t_start, t_end) if self._audio is not None else None
         packets = seg.packets
         if cut is not None and not covers(cut, self._t(min(p.pts for p in packets)), t_end):

@@ -5,14 +5,15 @@ from __future__ import annotations
 import typer
 
 from dsbuild.cli.params import EXECUTOR, JSON, QUIET, RAY_ADDRESS, WORKERS
-from dsbuild.cli.render import Out, Progress, rate
+from dsbuild.cli.render import Out, Progress, rate, to_stderr
 
 EXAMPLES = """\b
 Examples:
   dsbuild convert caps catalog --clip-seconds 4 --shard-size 64MB
   dsbuild convert caps catalog --dry-run          # new, changed, reused, healed, quarantined sessions
   dsbuild convert s3://raw/caps s3://datasets/cat --workers 8
-Exit: 0 committed (or already there), 1 --strict and a session was quarantined, 2 bad input, 3 storage."""
+Exit: 0 committed (or already there), 1 --strict and a session was quarantined or a stream lost over 1%
+of its lines, 2 bad input, 3 storage. The capture format: docs/capture-format.md."""
 
 
 def convert(
@@ -60,7 +61,9 @@ def convert(
         "--dry-run",
         help="Only say which sessions are new, changed, reused, healed, quarantined or removed; write nothing.",
     ),
-    strict: bool = typer.Option(False, "--strict", help="Exit 1 if any session was quarantined."),
+    strict: bool = typer.Option(
+        False, "--strict", help="Exit 1 if any session was quarantined or a stream lost over 1% of its lines."
+    ),
     as_json: bool = JSON,
     quiet: bool = QUIET,
 ) -> None:
@@ -111,10 +114,15 @@ def convert(
         o.value(r.version_id)
     else:
         _render(o, r)
-    if strict and r.quarantined:
+    warnings = [s.message() for s in r.lossy_streams] + ([r.keyframe_hint] if r.keyframe_hint else [])
+    for w in warnings if not quiet else ():  # (on stderr also under --json, whose report lists them too)
+        to_stderr(("warning ", "yellow"), w)
+    failed = ([f"{len(r.quarantined)} session(s) quarantined"] if r.quarantined else []) + (
+        [f"{len(r.lossy_streams)} stream(s) lost over 1% of their lines"] if r.lossy_streams else []
+    )
+    if strict and failed:
         raise CheckFailed(
-            f"{len(r.quarantined)} session(s) quarantined and --strict is set (version "
-            f"{r.version_id[:12]} was committed)",
+            f"{' and '.join(failed)} and --strict is set (version {r.version_id[:12]} was committed)",
             hint="`--json` lists every reason",
         )
 

@@ -24,6 +24,7 @@ from dsbuild import __version__
 from dsbuild.convert.assemble import Assembly, SampleRef, ShardTask, assemble_shard
 from dsbuild.convert.captures import read_sessions, staged
 from dsbuild.convert.config import ConvertConfig
+from dsbuild.convert.notes import LossyStream, keyframe_hint, lossy_streams
 from dsbuild.convert.session import SessionJob, SessionResult, process_session, source_roles, source_set
 from dsbuild.core.errors import CheckFailed, LineageError, UsageError
 from dsbuild.core.executor import ExecutorSpec, TaskPool
@@ -89,12 +90,25 @@ class ConvertResult(Record):
     written_bytes: int  # shard bytes this build added to the catalog
     seconds: float
     repairs: dict[str, dict[str, int]]  # the version's repairs and drops by stream, summed over its sessions
+    lossy_streams: tuple[LossyStream, ...] = ()  # streams that lost more than 1% of their lines (--strict: exit 1)
+    keyframe_hint: str | None = None  # long clips from sparse keyframes: the interval and the --transcode fix
 
 
 QUARANTINE_SHOWN = 5  # sessions whose reasons an all-quarantined build names (then "and N more")
 # per-session counts of volume (not of anything repaired or dropped), and how a codec was carried
 _NOT_REPAIRS = frozenset(
-    {"lines", "events", "packets", "tracks", "clips_with_audio", "long_clips", "reencoded_from", "examples"}
+    {
+        "lines",
+        "events",
+        "packets",
+        "tracks",
+        "clips_with_audio",
+        "long_clips",
+        "reencoded_from",
+        "examples",
+        "keyframe_gap_seconds",
+        "keyframe_gap_frames",
+    }
 )
 
 
@@ -398,6 +412,8 @@ def _build(
             written_bytes=new_bytes,
             seconds=round(time.monotonic() - started, 3),
             repairs=repair_totals([r.repairs for r in sessions]),
+            lossy_streams=lossy_streams(sessions),
+            keyframe_hint=keyframe_hint(sessions, config.clip_seconds),
         )
 
 

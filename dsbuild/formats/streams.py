@@ -46,7 +46,8 @@ class StreamReport:
 
     lines: int = 0
     events: int = 0
-    malformed: int = 0
+    malformed: int = 0  # lines dropped whole: invalid JSON, not an object, no finite t, a field of the wrong
+    # type or out of range (convert warns, and validate's max_dropped_fraction judges, malformed / lines)
     out_of_order: int = 0  # events that arrived after a later one (each is counted)
     dropped_fields: int = 0
     duplicate_keys: int = 0  # lines with a key given twice (the last value is kept, as JSON parsers do)
@@ -62,17 +63,6 @@ class StreamReport:
         self.malformed += 1
         if len(self.examples) < MAX_EXAMPLES:
             self.examples.append(f"line {lineno}: {clip_text(reason, 160)}")
-
-    @property
-    def dropped(self) -> int:
-        """Lines lost whole: malformed JSON, not an object, no finite ``t``, a wrong field or a value out of
-        range (telemetry channels dropped from a line that is kept are ``dropped_fields``)."""
-        return self.malformed
-
-    @property
-    def dropped_fraction(self) -> float:
-        """The share of the stream's lines that were dropped (0 for an empty or absent stream)."""
-        return self.dropped / self.lines if self.lines else 0.0
 
     def to_json(self) -> dict:
         return {

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dsbuild.core.errors import UsageError
+from dsbuild.loader.parallel import BALANCES, Parallel
 
 SHUFFLES = ("global", "blocks", "none")
 BUCKETS = (None, "resolution", "length", "shape")
@@ -62,9 +63,20 @@ class LoaderOptions:
     policy: str = option(
         "reepoch", "a mixture source that runs out starts its next epoch, or stops the mixture", order=True
     )
+    balance: str | None = option(
+        None,
+        "frames or tokens (packed items): each global step's samples reassigned among the data-parallel "
+        "ranks so their work is even (largest first onto the least-loaded rank); None: as drawn",
+        order=True,
+    )
     # -- the partition (elastic: may change on restore) ----------------------------------------------
     rank: int = option(0, "this process's rank")
     world_size: int = option(1, "ranks that share the stream; each sample once per epoch across them")
+    parallel: Parallel | None = option(  # noqa: RUF009 (a frozen dataclass, or None)
+        None,
+        "a model-parallel layout (Parallel(tp=, cp=, pp=) or a torch DeviceMesh): data follows the rank's "
+        "data-parallel index, CP ranks get their slices, middle pipeline stages read nothing",
+    )
     # -- delivery (free to change) ----------------------------------------------------------------------
     num_workers: int = option(2, "threads that read and decode (PyAV, preadv and the hashes release the GIL)")
     prefetch: int = option(4, "batches in flight: bounds memory")
@@ -116,6 +128,7 @@ class LoaderOptions:
         _choice("verify", self.verify, VERIFY)
         _choice("read", self.read, READS)
         _choice("decode_backend", self.decode_backend, BACKENDS)
+        _choice("balance", self.balance, BALANCES)
         for name in (
             "batch_size",
             "block_size",
@@ -133,9 +146,19 @@ class LoaderOptions:
         for name in ("pack_frames", "max_frames", "clip_frames"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
+        if self.parallel is not None and not isinstance(self.parallel, Parallel):
+            self._take_mesh(self.parallel)
         if self.rank >= self.world_size:
             raise UsageError(
                 f"rank {self.rank} is outside world_size {self.world_size}", hint="ranks are 0 .. world_size - 1"
+            )
+        self.layout.coords(self.rank, self.world_size)  # a product that does not divide the world: said now
+        if self.balance == "tokens" and self.pack_frames is None:
+            raise UsageError("balance='tokens' needs pack_frames", hint="use balance='frames' for unpacked clips")
+        if self.balance is not None and self.bucket_by in ("resolution", "shape"):
+            raise UsageError(
+                f"balance={self.balance!r} with bucket_by={self.bucket_by!r} would mix shapes in a batch",
+                hint="drop one of them, or use resize=(height, width) instead of buckets",
             )
         if self.pack_frames is not None and self.decode != "frames":
             raise UsageError("pack_frames needs decode='frames'", hint="drop pack_frames or decode frames")
@@ -157,6 +180,26 @@ class LoaderOptions:
             )
         if self.map is not None and not callable(self.map):
             raise UsageError(f"map must be a function map(sample, rng) -> sample, not {type(self.map).__name__}")
+
+    def _take_mesh(self, mesh: Any) -> None:
+        """A torch DeviceMesh as ``parallel``: its layout, and the rank and world size it gives (which a
+        rank or world size also given must match)."""
+        if not hasattr(mesh, "mesh_dim_names"):
+            raise UsageError(f"parallel must be a Parallel or a torch DeviceMesh, not {type(mesh).__name__}")
+        layout, world, rank = Parallel.from_mesh(mesh), int(mesh.size()), int(mesh.get_rank())
+        if (self.rank, self.world_size) not in ((0, 1), (rank, world)):
+            raise UsageError(
+                f"rank={self.rank}, world_size={self.world_size}, but the DeviceMesh says rank {rank} of {world}",
+                hint="leave rank and world_size out with a DeviceMesh",
+            )
+        object.__setattr__(self, "parallel", layout)
+        object.__setattr__(self, "rank", rank)
+        object.__setattr__(self, "world_size", world)
+
+    @property
+    def layout(self) -> Parallel:
+        """The model-parallel layout (none given: every rank is its own data-parallel index)."""
+        return self.parallel or Parallel()
 
     @property
     def whole_clips(self) -> bool:

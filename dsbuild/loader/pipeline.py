@@ -39,6 +39,7 @@ from dsbuild.loader.files import ShardFiles
 from dsbuild.loader.mixture import normalise, schedule_counts
 from dsbuild.loader.options import LoaderOptions, order_options, with_overrides
 from dsbuild.loader.pace import Pace
+from dsbuild.loader.parallel import check_cp_lengths, cp_slice, spread
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
 from dsbuild.loader.prepare import Preparer
@@ -50,6 +51,7 @@ from dsbuild.loader.walk import (
     Position,
     SampleRef,
     Step,
+    balance_steps,
     rank_steps,
     sample_chunk_batches,
     step_items,
@@ -191,6 +193,11 @@ class Mixture:
                 )
         if o.audio and o.pack_frames:
             raise UsageError("audio=True with pack_frames is not supported", hint="drop one of them")
+        self.coords = o.layout.coords(o.rank, o.world_size)
+        for s in self.sources:
+            lengths = kept_frames(s.frames, o.frame_stride, o.clip_frames, o.max_frames)
+            check_cp_lengths(lengths, s.keys, self.coords.cp_size, o.pack_frames)
+        self._spread: dict[str, float] = {"steps": 0, "drawn": 0.0, "dealt": 0.0}
         self.position = Position(0, tuple((0, 0) for _ in self.sources))
         self._device, note = resolve_device(o.device)
         self._stats.note(note)
@@ -234,6 +241,7 @@ class Mixture:
             position=p.step,
             cursors=tuple(Cursor(e, a) for e, a in p.cursors),
             inner=p.inner,
+            layout=self.options.layout.to_json(self.options.world_size),
         )
 
     def state_dict(self) -> dict:
@@ -323,14 +331,26 @@ class Mixture:
     ) -> Iterator[tuple[Step | None, Position]]:
         """This rank's (and DataLoader worker's) steps from ``start`` (default: the current position), each
         with the position after its global step; a last ``(None, end)`` if the stream ends (see
-        ``walk.rank_steps``)."""
+        ``walk.rank_steps``). Under a model-parallel layout the ranks are the data-parallel ones; a middle
+        pipeline stage has no steps (it reads nothing)."""
         self.open()
-        o, start = self.options, start or self.position
+        o, start, at = self.options, start or self.position, self.coords
+        if not at.reads:
+            return iter(())
         if o.mix == "sample":
             walk = walk_samples(start, self.plans, self.weights, o.seed, self._stops(), self.spec)
         else:
             walk = walk_batches(start, self.plans, self.weights, o.seed, self._stops())
-        return rank_steps(walk, start.step, o.world_size, o.rank, worker, workers)
+        regroup = None if o.balance is None else self._balanced
+        return rank_steps(walk, start.step, at.dp_size, at.dp, worker, workers, regroup)
+
+    def _balanced(self, group: list[Step]) -> list[Step]:
+        """``walk.balance_steps``, with the per-rank work spread of each step as drawn and as dealt."""
+        steps, drawn, dealt = balance_steps(group, self.plans, self.options.pack_frames)
+        self._spread["steps"] += 1
+        self._spread["drawn"] += spread(drawn)["max_over_mean"]
+        self._spread["dealt"] += spread(dealt)["max_over_mean"]
+        return steps
 
     # -- loading -------------------------------------------------------------------------------------
     def _read(self, refs: list[SampleRef]) -> list:
@@ -410,6 +430,8 @@ class Mixture:
         self.open()
         t0 = time.perf_counter()
         batch = self._build(step)
+        if self.coords.cp_size > 1:  # this CP rank's chunks of every sequence (``parallel.cp_slice``)
+            batch = cp_slice(batch, self.coords.cp_size, self.coords.cp)
         self._pace.built(time.perf_counter() - t0)
         return batch
 
@@ -723,8 +745,20 @@ class Mixture:
         self.load_state_dict(state["state"])
 
     def stats(self) -> dict:
-        """Counts (batches, samples, frames, padding, truncated, corrupt + keys), seconds per stage, notes."""
-        return self._stats.to_json()
+        """Counts (batches, samples, frames, padding, truncated, corrupt + keys), seconds per stage, notes;
+        ``parallel``: this rank's place in the layout and its role, and with ``balance`` the mean over steps
+        of the busiest data-parallel rank's work over the mean rank's, as drawn and as dealt."""
+        self.open()
+        out = self._stats.to_json()
+        out["parallel"] = self.coords.to_json()
+        if self.options.balance is not None:
+            k = self._spread["steps"]
+            out["parallel"]["spread"] = {
+                "steps": k,
+                "drawn": self._spread["drawn"] / k if k else 1.0,
+                "dealt": self._spread["dealt"] / k if k else 1.0,
+            }
+        return out
 
 
 class _Held:
@@ -776,4 +810,5 @@ class Loader(Mixture):
         # (one source: its chunks are the plan's own), plus ``inner`` batches into that chunk
         done = at if o.mix == "batch" else plan.batches_before(epoch, at) + self.position.inner
         remaining = plan.batches_in_epoch(epoch) - done
-        return max(0, -(-(remaining - o.rank) // o.world_size))
+        me = self.coords
+        return max(0, -(-(remaining - me.dp) // me.dp_size)) if me.reads else 0

@@ -4,7 +4,9 @@ A source is named by what its data *is* — the version id (the sha256 of its ma
 split, the split set's hash — never by the path it was opened from, so a moved or remounted catalog
 (``./cat`` or ``/mnt/cat``) resumes. The order-defining options (``LoaderOptions`` fields marked
 ``order=True``) are recorded by name; restoring under another value is refused, naming the option.
-World size and worker count are absent on purpose: resuming with other values is supported.
+The layout that saved it (world size, dp, tp, cp, pp) is recorded to be read, never matched: the position
+counts global batches of every data-parallel rank together, so any other layout or worker count resumes
+it exactly once.
 Every count is range-checked on reading (at most 2^53 - 1, exact in every JSON reader), so a
 hostile or damaged checkpoint is a one-line FormatError naming the field, never an empty epoch.
 """
@@ -60,6 +62,13 @@ class LoaderState(Record):
     position: int = count("global batches consumed by all ranks together")
     cursors: tuple[Cursor, ...]
     inner: int = count("mix=sample: batches of the current planning chunk consumed (cursors are at its start)")
+    layout: dict[str, int] | None = field(
+        default=None,
+        metadata=spec(
+            absent_when_none=True,
+            doc="the layout that saved it (world_size, dp, tp, cp, pp): informative, any layout restores",
+        ),
+    )
 
     def check_compatible(self, checkpoint: LoaderState) -> None:
         """Raise if ``checkpoint`` was made for other data or under options that define another order."""

@@ -5,6 +5,7 @@ and the loader on a real catalog at W = 8 under TP, CP and PP."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -12,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsbuild.core.errors import UsageError
-from dsbuild.loader import Parallel
+from dsbuild.loader import Loader, Parallel
 from dsbuild.loader.epoch import EpochPlan
 from dsbuild.loader.parallel import balance, cp_bounds, cp_gather, cp_slice, cp_spans, parse_order
 from dsbuild.loader.plan import PlanSpec, rank_batch_ids
 from dsbuild.loader.walk import Position, balance_steps, rank_steps, step_items, walk_batches
+from tests.loader.conftest import index_rows
 
 # -- the rank arithmetic ---------------------------------------------------------------------------------
 
@@ -253,3 +255,184 @@ def test_balanced_steps_at_4096_ranks_keep_every_sample_and_even_the_work():
     assert sorted(r.index for s in steps for item in s.items for r in item) == before
     assert [len(s.items) for s in steps] == [B] * dp and [s.j for s in steps] == [s.j for s in group]
     assert dealt.max() / dealt.mean() < drawn.max() / drawn.mean() and dealt.sum() == drawn.sum()
+
+
+# -- the loader under TP, CP and PP at W = 8 ---------------------------------------------------------------
+
+LAYOUTS_8 = [(2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1, 2), (2, 2, 2)]
+
+
+def _layout_id(layout: tuple) -> str:
+    return "tp{}-cp{}-pp{}".format(*layout)
+
+
+ARRAYS = ("actions", "telemetry", "timestamps")
+
+
+def _loader(ref: str, rank: int, world: int, layout: tuple | None = None, **kw) -> Loader:
+    parallel = Parallel(*layout) if layout else None
+    return Loader(
+        ref, **{"decode": "bytes", "batch_size": 2, "seed": 5, **kw}, rank=rank, world_size=world, parallel=parallel
+    )
+
+
+def _reader(layout: tuple, world: int, dp: int) -> int:
+    """The first rank of ``layout`` that reads for DP index ``dp`` (tp = cp = 0, first stage)."""
+    p = Parallel(*layout)
+    return next(r for r in range(world) if (c := p.coords(r, world)).dp == dp and c.reads and c.tp == c.cp == 0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS_8, ids=_layout_id)
+def test_each_rank_delivers_what_a_plain_loader_at_its_dp_index_delivers(cat, layout):
+    ref, _ = cat
+    p = Parallel(*layout)
+    plain = {d: list(_loader(ref, d, p.data_parallel(8))) for d in range(p.data_parallel(8))}
+    for rank in range(8):
+        at = p.coords(rank, 8)
+        loader = _loader(ref, rank, 8, layout)
+        got = list(loader)
+        role = loader.stats()["parallel"]
+        assert (role["dp_rank"], role["cp_rank"], role["pp_rank"]) == (at.dp, at.cp, at.pp)
+        if not at.reads:  # a middle pipeline stage: nothing, and no shard opened
+            assert got == [] and len(loader) == 0 and loader._held.files == []
+            assert "reads nothing" in role["role"] and loader.stats()["bytes"] == 0
+            continue
+        want = plain[at.dp]
+        assert [b["keys"] for b in got] == [b["keys"] for b in want] and len(got) > 0
+        for mine, theirs in zip(got, want):
+            assert [bytes(v) for v in mine["video"]] == [bytes(v) for v in theirs["video"]]
+            if at.cp_size == 1:  # TP peers and pipeline ends: the plain loader's batch, array for array
+                for k in (*ARRAYS, "lengths"):
+                    assert np.array_equal(mine[k], theirs[k])
+            else:
+                assert (mine["cp_rank"], mine["cp_size"]) == (at.cp, at.cp_size)
+
+
+def test_cp_slices_of_frames_actions_telemetry_and_audio_reassemble_the_sample(cat):
+    ref, _ = cat
+    kw = {"decode": "frames", "resize": (24, 32), "audio": True, "batch_size": 2}
+    plain = next(iter(_loader(ref, 1, 2, **kw)))
+    slices = [next(iter(_loader(ref, 2 + r, 4, (1, 2, 1), **kw))) for r in range(2)]  # ranks 2, 3: dp 1
+    assert slices[0]["keys"] == slices[1]["keys"] == plain["keys"]
+    for row, n in enumerate(plain["lengths"].tolist()):
+        for key in ("frames", *ARRAYS):
+            assert np.array_equal(_reassemble(slices, key, row), plain[key][row, :n])
+        audio = _reassemble(slices, "audio", row)
+        assert np.array_equal(audio, plain["audio"][row, :, : plain["audio_lengths"][row]])
+
+
+def test_cp_slices_each_packed_sub_sequence_and_keeps_its_segment_ids(cat):
+    ref, _ = cat
+    kw = {"decode": "frames", "resize": (24, 32), "pack_frames": 240, "batch_size": 2, "num_workers": 0}
+    plain = next(iter(_loader(ref, 0, 1, **kw)))
+    slices = [next(iter(_loader(ref, r, 3, (1, 3, 1), **kw))) for r in range(3)]
+    for row, bounds in enumerate(plain["cu_seqlens"]):
+        for seg, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+            chunks = {}
+            for s in slices:
+                mine = s["segment_ids"][row] == seg
+                assert mine.any()
+                (a0, a1), (b0, _) = s["cp_bounds"][row][seg].tolist()
+                pieces = s["actions"][row][mine]
+                chunks[a0], chunks[b0] = pieces[: a1 - a0], pieces[a1 - a0 :]
+                assert s["cu_seqlens"][row][seg + 1] - s["cu_seqlens"][row][seg] == mine.sum()
+            whole = np.concatenate([chunks[k] for k in sorted(chunks)])
+            assert np.array_equal(whole, plain["actions"][row, lo:hi])
+
+
+_runs: dict = {}
+
+
+def _first_steps(ref: str, layout: tuple, steps: int) -> tuple[list[str], dict]:
+    """Keys the ranks of ``layout`` (W = 8) deliver in their first ``steps`` global steps, and the
+    checkpoint after them (every reading rank writes the same one)."""
+    if (layout, steps) not in _runs:
+        keys, states = [], []
+        for d in range(Parallel(*layout).data_parallel(8)):
+            loader = _loader(ref, _reader(layout, 8, d), 8, layout, batch_size=1)
+            keys += [k for b in itertools.islice(loader, steps) for k in b["keys"]]
+            states.append(loader.state_dict())
+        assert all(s == states[0] for s in states) and states[0]["layout"]["world_size"] == 8
+        _runs[layout, steps] = keys, json.loads(json.dumps(states[0]))
+    return _runs[layout, steps]
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [(a, b) for a in LAYOUTS_8 for b in LAYOUTS_8 if a != b],
+    ids=_layout_id,
+)
+def test_restore_under_another_layout_delivers_the_rest_of_the_epoch_once(cat, before, after):
+    ref, vid = cat
+    every = sorted(r["key"] for r in index_rows(ref, vid))
+    for steps in (1, 3):
+        seen, state = _first_steps(ref, before, steps)
+        seen = list(seen)
+        for d in range(Parallel(*after).data_parallel(8)):
+            loader = _loader(ref, _reader(after, 8, d), 8, after, batch_size=1)
+            loader.load_state_dict(state)
+            seen += [k for b in loader for k in b["keys"]]
+        assert sorted(seen) == every, (before, after, steps)
+
+
+def test_balance_evens_the_frames_per_rank_and_keeps_exactly_once(cat):
+    ref, vid = cat
+    every = sorted(r["key"] for r in index_rows(ref, vid))
+    spreads = {}
+    for balance_by in (None, "frames"):
+        seen, frames, drawn = [], [], []
+        for rank in range(4):
+            loader = _loader(ref, rank, 4, batch_size=2, balance=balance_by)
+            batches = list(loader)
+            seen += [k for b in batches for k in b["keys"]]
+            frames.append([int(b["lengths"].sum()) for b in batches])
+            drawn.append(loader.stats()["parallel"].get("spread"))
+        assert sorted(seen) == every
+        steps = min(len(f) for f in frames)
+        per_step = np.array([f[:steps] for f in frames])  # [rank, step]
+        spreads[balance_by] = float(np.mean(per_step.max(0) / per_step.mean(0)))
+    assert spreads["frames"] < spreads[None]
+    assert drawn[0]["dealt"] < drawn[0]["drawn"] and drawn[0]["steps"] >= steps
+
+
+def test_balance_restores_under_another_world_size_once_and_refuses_another_balance(cat):
+    ref, vid = cat
+    every = sorted(r["key"] for r in index_rows(ref, vid))
+    seen, states = [], []
+    for rank in range(4):
+        loader = _loader(ref, rank, 4, balance="frames")
+        seen += [k for b in itertools.islice(loader, 1) for k in b["keys"]]
+        states.append(loader.state_dict())
+    for rank in range(3):
+        loader = _loader(ref, rank, 3, balance="frames")
+        loader.load_state_dict(states[0])
+        seen += [k for b in loader for k in b["keys"]]
+    assert sorted(seen) == every
+    with pytest.raises(UsageError, match="checkpoint has balance='frames', loader has balance=None"):
+        _loader(ref, 0, 2).load_state_dict(states[0])
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            {"rank": 0, "world_size": 6, "parallel": Parallel(tp=4)},
+            "tp=4 x cp=1 x pp=1 = 4 does not divide world_size 6",
+        ),
+        ({"rank": 8, "world_size": 8, "parallel": Parallel(tp=2)}, "rank 8 is outside world_size 8"),
+        ({"parallel": "tp=2"}, "parallel must be a Parallel or a torch DeviceMesh, not str"),
+        ({"balance": "tokens"}, "balance='tokens' needs pack_frames"),
+        ({"balance": "frames", "bucket_by": "resolution"}, "would mix shapes"),
+    ],
+)
+def test_bad_layouts_are_one_line_usage_errors(cat, kw, message):
+    with pytest.raises(UsageError, match=message):
+        Loader(cat[0], **kw)
+
+
+def test_a_clip_shorter_than_2c_frames_is_named_with_its_length(cat):
+    ref, vid = cat
+    rows = index_rows(ref, vid)
+    with pytest.raises(UsageError, match=r"clip \S+ delivers 2 frame\(s\), fewer than 2 x cp = 4") as e:
+        Loader(ref, max_frames=2, resize=(24, 32), rank=0, world_size=2, parallel=Parallel(cp=2)).open()
+    assert any(r["key"] in str(e.value) for r in rows)

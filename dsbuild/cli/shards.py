@@ -32,10 +32,14 @@ def shards(
     content-addressed names cannot be written as a brace range, so hand this list to webdataset or wids."""
     from dsbuild.lineage.catalog import open_ref
     from dsbuild.lineage.history import shard_locations
+    from dsbuild.lineage.verify import check_shards
 
     o = Out(as_json, quiet)
     catalog, version = open_ref(ref)
     found = shard_locations(catalog, version, split=split)
+    if catalog.root is not None:  # (an object store's shards are listed unread: `verify` reads them)
+        listed = {s.sha256 for s in found}
+        check_shards(catalog, version, [r for r in catalog.manifest(version).shards if r.sha256 in listed])
     if as_json:
         return o.json(
             {

@@ -64,6 +64,7 @@ def export(
         )
     dest = local_path(dest)  # (file:///x is /x, not a folder "file:" here)
     source = open_source(ref, split)
+    source.check_shards()
     if to in CHECKS:
         CHECKS[to](source)
     splits = {s.name: s.samples for s in source.splits}

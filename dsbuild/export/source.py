@@ -21,6 +21,7 @@ from dsbuild.lineage.catalog import Catalog, open_ref
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
 from dsbuild.lineage.manifest import Manifest, ShardRecord
 from dsbuild.lineage.splitsets import open_split_set
+from dsbuild.lineage.verify import check_shards
 
 WHOLE = "train"
 HEAL = "`dsbuild verify` names the damage and the command that heals it"  # the split name of a version exported without a split set
@@ -65,6 +66,13 @@ class ExportSource:
     @property
     def samples(self) -> int:
         return sum(s.samples for s in self.splits)
+
+    def check_shards(self) -> None:
+        """Every shard the export reads or links, refused (exit 3, naming shard and member) unless it
+        passes the one shard-safety check ``verify`` runs: a linked tar is extracted by other tools."""
+        parts = {p.shard.path: p for s in self.splits for p in s.parts}
+        entries = {path: [*p.entries, *p.foreign] for path, p in parts.items()}
+        check_shards(self.catalog, self.version_id, [p.shard for p in parts.values()], entries)
 
     def members(self, items: list[tuple[ShardRecord, Entry]]) -> Iterator[tuple[Entry, Members]]:
         return proven_members(self.catalog, self.manifest.shard_format, items)

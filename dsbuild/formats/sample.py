@@ -6,8 +6,10 @@ the same hash in a WebDataset tar and in a Parquet row: content ids compare acro
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -125,18 +127,79 @@ def npy_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def npy_load(data: bytes) -> np.ndarray:
+ARRAY_DESCRS = ("<f4", "<f4", "<f8")  # the dtypes of ARRAY_MEMBERS (actions, telemetry, timestamps) as written
+MAX_NPY_HEADER = 4096  # a .npy header of ours is 128 bytes; one claiming more is refused unparsed
+
+
+@functools.lru_cache(maxsize=1024)
+def npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    """The exact header (magic to padding) ``npy_bytes`` writes for a C-order array of ``descr`` and
+    ``shape``: a member that starts with it and holds exactly the array's bytes after it needs no parse."""
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+def npy_problem(data: bytes | memoryview, descr: str, shape: tuple[int, ...], total: int | None = None) -> str | None:
+    """What keeps the .npy member ``data`` from being exactly a C-order ``descr`` array of ``shape``
+    (None: nothing). The common case is one comparison with the header the writer makes; anything else is
+    parsed by its header (magic, version, a length of at most ``MAX_NPY_HEADER``, then dtype, byte order,
+    ``fortran_order`` and shape) and named: a big-endian float64 or a Fortran-order array of the right
+    size is a damaged sample, never bytes reinterpreted as float32. Nothing is converted. ``total``: the
+    member's size, when ``data`` is only its first bytes (at least ``MAX_NPY_HEADER + 16`` of them)."""
+    need = math.prod(shape) * int(descr[2:])  # ("<f4": 4 bytes a value; numpy is not needed to say so)
+    head = npy_header(descr, shape)
+    total = len(data) if total is None else total
+    if total == len(head) + need and data[: len(head)] == head:
+        return None
+    import numpy as np
+
+    want = np.dtype(descr)
+    data = bytes(data[: MAX_NPY_HEADER + 16])
+    if data[:6] != b"\x93NUMPY" or len(data) < 10:
+        return "not a .npy array (no NUMPY magic)"
+    major = data[6]
+    width = 2 if major == 1 else 4 if major in (2, 3) else 0
+    if not width:
+        return f".npy version {major} is unknown"
+    hlen = int.from_bytes(data[8 : 8 + width], "little")
+    if hlen > MAX_NPY_HEADER:
+        return f".npy header claims {hlen} bytes, over the limit of {MAX_NPY_HEADER}"
+    f = io.BytesIO(data)
+    try:
+        np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        got_shape, fortran, dtype = read(f, max_header_size=MAX_NPY_HEADER)
+    except (ValueError, TypeError, SyntaxError, OSError, EOFError) as e:
+        return f".npy header does not parse ({str(e)[:80]})"
+    what = f"{dtype.str} {list(got_shape)}{' fortran_order' if fortran else ''}"
+    if dtype != want or dtype.byteorder not in ("<", "=", "|") or tuple(got_shape) != tuple(shape):
+        return f"is {what}, expected {descr} {list(shape)}"
+    if fortran and sum(n > 1 for n in shape) > 1:
+        return f"is {what} (Fortran order), expected C order"
+    if total - f.tell() != need:
+        return f"holds {total - f.tell()} bytes after its header, its {descr} {list(shape)} array needs {need}"
+    return None  # the right array, its header formatted otherwise (another numpy wrote it)
+
+
+def npy_load(data: bytes, descr: str | None = None) -> np.ndarray:
     """A plain .npy array; its header's shape and dtype must account for exactly the bytes that follow it
     (ValueError otherwise): ``np.load`` allocates what the header declares before reading, so a 100-byte
-    member declaring (2**40,) floats was an out-of-memory failure, not a damaged sample."""
+    member declaring (2**40,) floats was an out-of-memory failure, not a damaged sample. ``descr``: the
+    dtype it must have, byte order included, in C order (what the writer makes; readers that slice the
+    bytes, like the loader, would read anything else as other numbers)."""
     import numpy as np
 
     f = io.BytesIO(data)
     version = np.lib.format.read_magic(f)
     read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, _, dtype = read_header(f)
+    shape, fortran, dtype = read_header(f, max_header_size=MAX_NPY_HEADER)
     if dtype.hasobject:
         raise ValueError("object arrays are refused (they would need pickle)")
+    if descr is not None and (dtype.str != descr or (fortran and sum(n > 1 for n in shape) > 1)):
+        raise ValueError(f"it is {dtype.str}{' in Fortran order' if fortran else ''}, expected {descr} in C order")
     need = dtype.itemsize
     for n in shape:
         need *= n
@@ -234,7 +297,7 @@ def sample_from_members(key: str, members: dict[str, bytes]) -> Sample:
         loads_bounded(bytes(members["json"]), max_bytes=MAX_META_BYTES, what=f"{key}.json"), f"{key}.json"
     )
     try:
-        arrays = [npy_load(bytes(members[m])) for m in ARRAY_MEMBERS]
+        arrays = [npy_load(bytes(members[m]), d) for m, d in zip(ARRAY_MEMBERS, ARRAY_DESCRS)]
     except (ValueError, OSError, EOFError) as e:
         raise FormatError(f"{key}: an array member is not a plain .npy array ({str(e)[:120]})") from None
     return Sample(key, meta, members[VIDEO_EXT], *arrays, members[EVENTS_MEMBER])

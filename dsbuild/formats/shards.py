@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsbuild.core.errors import StorageError
+from dsbuild.core.errors import CorruptDataError, FormatError, StorageError
 from dsbuild.core.hashing import HashingWriter
 from dsbuild.formats.base import Entry, Segment, ShardFormat
 
@@ -96,3 +96,46 @@ def write_shard(fmt: ShardFormat, segments: Iterable[Segment], path: Path) -> Wr
             hint="check free space and permissions, then run the command again",
         ) from None
     return WrittenShard(path, out.hexdigest(), out.blake3_hexdigest(), out.tell_bytes, tuple(entries))
+
+
+UNSAFE_HINT = "the catalog is damaged or forged: `dsbuild verify` names every problem and the command that heals it"
+
+
+def shard_problems(
+    fmt: ShardFormat, path: Path, entries: Sequence[Entry], size: int, *, whole: bool = True
+) -> list[tuple[str, str]]:
+    """The one shard-safety check: (key, what is wrong) for every sample of the shard at ``path`` (``size``
+    bytes, as recorded) that is not framed exactly as the writer frames it. For a tar: regular files only,
+    member names ``<key>.<ext>`` of their own sample, no links, devices or FIFOs, mode 0644 (no
+    setuid/setgid bits), sizes inside the sample, and (``whole``: ``entries`` are every sample of the
+    shard) samples tiling the shard with nothing but end-of-archive padding after them. Every path that
+    hands a shard's bytes to another tool, or reads them, runs it: ``verify``, exports, ``shards``,
+    ``push``/``pull`` and the loader."""
+    with fmt.reader(path) as reader:
+        if whole:
+            return reader.check_all(list(entries), size)
+        found = []
+        for e in entries:
+            try:
+                reader.check(e, size)
+            except FormatError as err:
+                found.append((e.key, str(err)))
+        return found
+
+
+def check_shard(
+    fmt: ShardFormat, path: Path, name: str, entries: Sequence[Entry], size: int, *, whole: bool = True
+) -> None:
+    """``shard_problems``, refused: CorruptDataError naming the shard (``name``), the sample and what is
+    wrong with which member, and how many other samples are damaged."""
+    try:
+        actual = os.stat(path).st_size
+    except OSError as e:
+        raise StorageError(f"{name}: cannot read shard ({e.strerror or e})", hint=UNSAFE_HINT) from None
+    if actual != size:
+        raise CorruptDataError(f"{name}: holds {actual} bytes, its record says {size}", hint=UNSAFE_HINT)
+    found = shard_problems(fmt, path, entries, size, whole=whole)
+    if found:
+        key, why = found[0]
+        more = f" (and {len(found) - 1} more sample(s))" if len(found) > 1 else ""
+        raise CorruptDataError(f"{name}: {key}: {why[:300]}{more}", hint=UNSAFE_HINT)

@@ -26,6 +26,7 @@ BLOCK = 512
 RECORD = 20 * BLOCK  # tar's record size; archives are padded to it like GNU tar and tarfile do
 MAX_MEMBER_BYTES = 1 << 34  # 16 GiB: more than any clip; a header claiming more is corrupt
 PICKLE_EXTS = (".pyd", ".pickle", ".pkl", ".pt", ".pth", ".joblib", ".npz")
+MODE = 0o644  # every member's mode: what tar -x as root creates (setuid/setgid/sticky bits are refused)
 
 
 _HEAD = b"0000644\x000000000\x000000000\x00"  # mode, uid, gid
@@ -74,7 +75,15 @@ def _member(block: bytes, pos: int, key: str | None) -> tarfile.TarInfo:
         raise FormatError(f"tar member {name[:120]!r} does not belong to sample {key or '?'}")
     if not 0 <= info.size <= MAX_MEMBER_BYTES:
         raise FormatError(f"tar member {name[:120]!r} claims {info.size} bytes")
+    if info.mode != MODE:
+        raise FormatError(f"tar member {name[:120]!r} has {_mode_problem(info.mode)}; members are written 0644")
     return info
+
+
+def _mode_problem(mode: int) -> str:
+    """What is wrong with a member's mode bits (anything but 0644)."""
+    special = [what for bit, what in ((0o4000, "setuid"), (0o2000, "setgid"), (0o1000, "sticky")) if mode & bit]
+    return f"mode {mode:04o}" + (f" ({', '.join(special)} bit)" if special else "")
 
 
 def parse_members(buf: bytes | memoryview, key: str | None = None, *, views: bool = False) -> Members:
@@ -151,17 +160,34 @@ class TarReader(ShardReader):
         return fmt.encode(entry.key, entry.sha256, members)
 
     def check(self, entry: Entry, size: int) -> None:
+        """Every member header of ``entry`` read (512 bytes each): a regular file named ``<key>.<ext>``,
+        mode 0644, of a size inside the sample's range. A header byte-identical to what the writer makes
+        for its recorded name and size is proven by one comparison; any other is parsed and vetted."""
         if entry.offset is None or entry.length is None or entry.offset < 0 or entry.offset + entry.length > size:
             raise FormatError(f"byte range {entry.offset}+{entry.length} is outside the shard")
         f = self._file()
+        end = entry.offset + entry.length
+        expected = (
+            entry.member_bytes if entry.member_bytes is not None and len(entry.member_bytes) == len(MEMBERS) else ()
+        )
         pos, sizes = entry.offset, []
-        while pos < entry.offset + entry.length:
+        while pos < end:
             block = os.pread(f.fileno(), BLOCK, pos)
             if len(block) < BLOCK:
                 raise FormatError(f"shard ends inside the header at offset {pos}")
-            info = _member(block, pos, entry.key)
-            sizes.append(info.size)
-            pos += BLOCK + info.size + (-info.size % BLOCK)
+            k = len(sizes)
+            if k < len(expected) and block == _header(f"{entry.key}.{MEMBERS[k]}", expected[k]):
+                n = expected[k]
+            else:
+                info = _member(block, pos, entry.key)
+                n = info.size
+                if pos + BLOCK + n > end:
+                    raise FormatError(
+                        f"tar member {info.name[:120]!r} claims {n} bytes, beyond its sample's range "
+                        f"(which ends {end - pos - BLOCK} bytes after its header)"
+                    )
+            sizes.append(n)
+            pos += BLOCK + n + (-n % BLOCK)
         if pos != entry.offset + entry.length or not sizes:
             raise FormatError(
                 f"index range {entry.offset}+{entry.length} does not end on a member boundary of {entry.key}"
@@ -190,10 +216,15 @@ class TarReader(ShardReader):
                 out.append((e.key, f"length {e.length} is not its {len(e.member_bytes)} members' framed size"))
             pos = e.offset + e.length
         tail = size - pos
-        if ordered and not (tail >= 2 * BLOCK and tail % BLOCK == 0 and (size % RECORD == 0)):
+        if ordered and not (
+            2 * BLOCK <= tail <= WebDatasetFormat.max_overhead and tail % BLOCK == 0 and size % RECORD == 0
+        ):
             out.append(
                 (ordered[-1].key, f"shard does not end with tar padding after the last sample ({tail} bytes left)")
             )
+        elif ordered and os.pread(self._file().fileno(), tail, pos).strip(b"\0"):
+            # (tar readers stop at the first zero block: a member hidden in the padding is what they extract)
+            out.append((ordered[-1].key, f"the end-of-archive padding after the last sample holds data (at {pos})"))
         flagged = {k for k, _ in out}
         for e in ordered:
             if e.key not in flagged:
@@ -239,6 +270,8 @@ def _member_problems(info: tarfile.TarInfo, keys: set[str]) -> list[str]:
         out.append(f"{kind} member (only regular files are allowed)")
     if "/" in name or "\\" in name or name.startswith(".") or ".." in name:
         out.append("member name has a path")
+    if info.mode != MODE:
+        out.append(_mode_problem(info.mode) + " (members are written 0644)")
     if name.lower().endswith(PICKLE_EXTS):
         out.append("pickle-like member (never unpickled; must not be shipped)")
     key, _, ext = name.partition(".")

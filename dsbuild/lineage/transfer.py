@@ -21,12 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dsbuild.core.errors import LineageError, StorageError, UsageError
+from dsbuild.core.errors import DsbuildError, LineageError, StorageError, UsageError
 from dsbuild.core.files import UnsafeFile, open_regular
 from dsbuild.core.hashing import CHUNK, hashes_to
 from dsbuild.core.jsonio import pretty_json
 from dsbuild.core.records import Record
+from dsbuild.formats import get_format
+from dsbuild.formats.shards import check_shard
 from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
 from dsbuild.lineage.manifest import ShardRecord
 from dsbuild.lineage.splitsets import SplitSet, list_split_sets, publish_split_set
 
@@ -115,11 +118,17 @@ def transfer(
     sets = _split_sets_to_copy(source, dest, vid) if splits else []
     state = _Progress(total=len(m.shards))
     sent = skipped = nbytes = 0
+    fmt = get_format(m.shard_format)
+    by_shard = entries_by_shard(source.index(vid, list(LOCATOR_COLUMNS)))
+
+    def check(rec: ShardRecord, copy: Path) -> None:
+        check_shard(fmt, copy, f"{source.url}/{rec.path}", by_shard.get(rec.path, []), rec.bytes)
+
     with dest.build_area() as area:
 
         def send(rec: ShardRecord) -> None:
             nonlocal sent, nbytes
-            _send(source, dest, rec, area.path)
+            _send(source, dest, rec, area.path, check)
             sent, nbytes = sent + 1, nbytes + rec.bytes
 
         def send_again(rec: ShardRecord) -> None:  # one counted as skipped, gone before the commit
@@ -173,16 +182,25 @@ def _present(dest: Catalog, vid: str) -> bool:
     return True
 
 
-def _send(source: Catalog, dest: Catalog, rec: ShardRecord, scratch: Path) -> None:
-    """One shard from ``source`` into ``dest``, proven on the way (through ``scratch``, a build folder)."""
+def _send(
+    source: Catalog, dest: Catalog, rec: ShardRecord, scratch: Path, check: Callable[[ShardRecord, Path], None]
+) -> None:
+    """One shard from ``source`` into ``dest``, proven on the way (through ``scratch``, a build folder):
+    its bytes against its hashes, then ``check(rec, copy)``: the shard-safety check ``verify`` runs, so a
+    forged catalog's linked, escaping or setuid members never land."""
     local = scratch / f"{rec.sha256}.part"
     try:
         _fetch_verified(source, rec, local)
+        check(rec, local)
     except (UnsafeFile, FileNotFoundError) as e:
+        local.unlink(missing_ok=True)
         why = "missing" if isinstance(e, FileNotFoundError) else str(e).split(": ", 1)[-1]
         raise LineageError(
             f"{source.url}/{rec.path}: {why}", hint="run `dsbuild verify` on the source catalog"
         ) from None
+    except DsbuildError:
+        local.unlink(missing_ok=True)
+        raise
     if dest.root is not None:
         (dest.root / rec.path).parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -29,6 +29,7 @@ from dsbuild.core.files import open_regular
 from dsbuild.core.hashing import CHUNK
 from dsbuild.core.records import JsonValue
 from dsbuild.formats import Entry, get_format
+from dsbuild.formats.shards import check_shard, shard_problems
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
 from dsbuild.lineage.manifest import MAX_SESSIONS_BYTES, Manifest, ShardRecord
@@ -127,13 +128,29 @@ def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: lis
     try:
         # (an object store's cached copy is proven first: damage on local disk is the cache's, never the
         # version's, and is fetched again)
-        with fmt.reader(catalog.shard_file(rec, proven=True)) as reader:
-            found = reader.check_all(entries, rec.bytes)
+        found = shard_problems(fmt, catalog.shard_file(rec, proven=True), entries, rec.bytes)
     except PermissionError as e:
         raise _not_allowed(catalog, rec, e) from None
     except (OSError, DsbuildError) as e:
         return [_unreadable(catalog, rec, e)]
     return [{"sample": key, "shard": rec.path, "problem": "bad locator", "detail": why} for key, why in found]
+
+
+def check_shards(
+    catalog: Catalog,
+    version_id: str,
+    records: list[ShardRecord] | None = None,
+    entries: dict[str, list[Entry]] | None = None,
+) -> None:
+    """Refuse (CorruptDataError, exit 3) the version if one of its shards (``records``: those of them) fails
+    the format's shard-safety check (``formats.shards.check_shard``): what exports, ``shards`` and ``pull``
+    run before they link, list or copy a shard on. ``entries``: the index's entries by shard, if read."""
+    m = catalog.manifest(version_id)
+    fmt = get_format(m.shard_format)
+    if entries is None:
+        entries = entries_by_shard(catalog.index(version_id, list(LOCATOR_COLUMNS)))
+    for rec in m.shards if records is None else records:
+        check_shard(fmt, catalog.shard_file(rec, proven=True), rec.path, entries.get(rec.path, []), rec.bytes)
 
 
 def _not_allowed(catalog: Catalog, rec: ShardRecord, e: OSError) -> StorageError:

@@ -22,21 +22,37 @@ Verification (``LoaderOptions.verify``):
 - ``"none"``: bytes are trusted. Framing stays bounded (the index was checked at open), so damage
   yields wrong content, never an unbounded read.
 Arrays are cut by the shapes the index gives (the last ``frames * width * itemsize`` bytes of each
-``.npy`` member), so no ``.npy`` header is parsed either, and stay in the read buffer (``Rows``) until
-collation copies them into the batch.
+``.npy`` member), so no ``.npy`` header is parsed per read, and stay in the read buffer (``Rows``) until
+collation copies them into the batch. What makes that safe is checked once per shard, on its first read
+(``SampleReader.refused``): every member header by the shard-safety check ``verify`` runs, and every
+array member's .npy header compared with the one the writer makes for the index's shape (a big-endian
+float64 or Fortran-order array is a damaged sample, never float32 garbage).
 """
 
 from __future__ import annotations
 
 import itertools
 import mmap
+import os
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from dsbuild.core.errors import FormatError
-from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS, VIDEO_EXT, members_blake3, members_sha256
+from dsbuild.formats.sample import (
+    ARRAY_DESCRS,
+    ARRAY_MEMBERS,
+    MAX_NPY_HEADER,
+    MEMBERS,
+    VIDEO_EXT,
+    members_blake3,
+    members_sha256,
+    npy_problem,
+)
+from dsbuild.formats.shards import shard_problems
 from dsbuild.loader.files import BufferPool, ShardFiles, storage_error
 from dsbuild.loader.source import ARRAY_DTYPES, Source
 
@@ -68,11 +84,68 @@ class SampleReader:
         self.pool = BufferPool()
         self.fast = source.payload_offsets is not None
         self.map = self.fast and mapped  # (``LoaderOptions.mapped``)
+        self._refused: dict[int, dict[int, FormatError]] = {}  # shard -> its samples the safety check refuses
+        self._checking = threading.Lock()
+        self._rows: list[np.ndarray] | None = None  # shard -> its samples' indices
+
+    def refused(self, shards: list[int]) -> dict[int, FormatError]:
+        """Samples (by index) of ``shards`` that fail the shard-safety check ``verify`` and the exports run
+        (``formats.shards.shard_problems``: links, paths, modes, sizes, padding) or whose array members'
+        .npy headers are not the dtype, order and shape the index gives (``npy_problem``): damaged
+        samples, replaced and counted like any other. Each shard is checked once per reader, on its first
+        read (its member headers only: a few hundred bytes a sample)."""
+        out: dict[int, FormatError] = {}
+        for s in set(shards):
+            found = self._refused.get(s)
+            if found is None:
+                with self._checking:
+                    found = self._refused.get(s)
+                    if found is None:
+                        found = self._refused[s] = self._check_shard(s)
+            out.update(found)
+        return out
+
+    def _check_shard(self, shard: int) -> dict[int, FormatError]:
+        src = self.source
+        if self._rows is None:
+            order = np.argsort(src.shard_id, kind="stable")
+            cuts = np.searchsorted(src.shard_id[order], np.arange(len(src.shards) + 1))
+            self._rows = [order[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
+        rows, rec = self._rows[shard].tolist(), src.shards[shard]
+        with self.files.handle(shard) as h:
+            fd = self.files.fd(h)
+            path = h.path if src.catalog.root is not None else f"/proc/self/fd/{fd}"
+            try:
+                found = dict(
+                    shard_problems(src.format, Path(path), [src.entry(i) for i in rows], rec.bytes, whole=not src.split)
+                )
+                if self.fast:
+                    for i in rows:
+                        if src.keys[i] not in found and (why := self._array_problem(fd, i)):
+                            found[src.keys[i]] = why
+            except OSError as e:
+                raise storage_error(f"{rec.path}: cannot read shard", e) from None
+        return {
+            i: FormatError(f"{rec.path}: {src.keys[i]}: {found[src.keys[i]]}") for i in rows if src.keys[i] in found
+        }
+
+    def _array_problem(self, fd: int, i: int) -> str | None:
+        """What is wrong with sample ``i``'s array members' .npy headers (read from the shard), or None."""
+        src = self.source
+        frames = int(src.frames[i])
+        shapes = ((frames, int(src.n_controls[i])), (frames, int(src.n_channels[i])), (frames,))
+        for slot, descr, shape in zip(ARRAY_SLOTS, ARRAY_DESCRS, shapes):
+            size = int(src.member_bytes[i, slot])
+            head = os.pread(fd, min(size, MAX_NPY_HEADER + 16), int(src.byte_offset[i] + src.payload_offsets[i, slot]))
+            if why := npy_problem(head, descr, shape, total=size):
+                return f"{MEMBERS[slot]} {why}"
+        return None
 
     def read(self, indices: list[int]) -> list[RawSample | FormatError]:
         """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place)."""
         src = self.source
         idx = np.asarray(indices, dtype=np.int64)
+        refused = self.refused(src.shard_id[idx].tolist())
         facts = list(
             zip(
                 indices,
@@ -91,6 +164,7 @@ class SampleReader:
                 out.append(RawSample(f[0], f[1], [v[a:b] for a, b in zip(st, en)], *f[2:]))
             return out
         got = self._ranges(idx, facts) if self.fast else [self._generic(f) for f in facts]
+        got = [refused.get(i, r) for i, r in zip(indices, got)] if refused else got
         if self.verify == "none":
             return got
         shards = src.shard_id[idx].tolist()
@@ -111,6 +185,9 @@ class SampleReader:
             return None
         src = self.source
         shards = src.shard_id[idx].tolist()
+        refused = self.refused(shards)
+        if refused and not refused.keys().isdisjoint(idx.tolist()):
+            return None
         views = {s: self.files.mapped(s) for s in set(shards)}
         if None in views.values():
             return None
@@ -164,6 +241,11 @@ class SampleReader:
             raise storage_error(f"{src.shards[int(src.shard_id[i])].path}: cannot read shard", e) from None
         if tuple(name for name, _ in pairs) != MEMBERS:
             return FormatError(f"{src.keys[i]}: members are not the canonical {', '.join(MEMBERS)}")
+        frames = int(src.frames[i])
+        shapes = ((frames, int(src.n_controls[i])), (frames, int(src.n_channels[i])), (frames,))
+        for slot, descr, shape in zip(ARRAY_SLOTS, ARRAY_DESCRS, shapes):
+            if why := npy_problem(pairs[slot][1], descr, shape):
+                return FormatError(f"{src.keys[i]}: {MEMBERS[slot]} {why}")
         return RawSample(i, facts[1], [p for _, p in pairs], *facts[2:])
 
     def _hashed(self, raw: RawSample) -> RawSample | FormatError:

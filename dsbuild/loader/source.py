@@ -254,11 +254,11 @@ class Source:
         (vectorised takes over per-session tables; no sample is read)."""
         if not hasattr(self, "_tables"):
             obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # 1-d even for dicts
+            self._codecs = obj(list(self.codecs))  # (before ``_tables``: another thread may see it set)
             self._tables = {
                 name: obj([getattr(s, name) for s in self.sessions])
                 for name in ("session_id", "title", "player", "conditions")
             }
-            self._codecs = obj(list(self.codecs))
         codes = self.session_code[idx]
         out = {name: table[codes].tolist() for name, table in self._tables.items()}
         fps = self.fps[idx]

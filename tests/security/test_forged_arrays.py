@@ -1,0 +1,79 @@
+"""Array members are read by their headers: a forged sample whose ``actions.npy`` is a valid big-endian
+float64 or Fortran-order array (hashes re-pinned) is a damaged sample for the loader (counted as corrupt,
+never delivered as float32 garbage) and for ``validate`` at its default level; nothing is converted."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from dsbuild.formats.sample import npy_bytes, npy_problem
+from dsbuild.loader import Loader
+from tests.cli.clitools import run
+
+
+def _fortran(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.asfortranarray(a), version=(1, 0), allow_pickle=False)
+    return buf.getvalue()
+
+
+REWRITE = {
+    "big_endian_float64": lambda a: npy_bytes(a.astype(">f8")),
+    "big_endian_float32": lambda a: npy_bytes(a.astype(">f4")),
+    "fortran_order": _fortran,
+}
+
+
+def _victim(rewrite):
+    """An edit of the first sample with more than one control: its actions array rewritten."""
+    hit = {}
+
+    def edit(key, members):
+        a = np.load(io.BytesIO(dict(members)["actions.npy"]))
+        if hit or a.shape[1] < 2 or a.shape[0] < 2:
+            return members
+        hit["key"] = key
+        return [(ext, rewrite(a) if ext == "actions.npy" else p) for ext, p in members]
+
+    return edit, hit
+
+
+@pytest.fixture(scope="session")
+def forged_arrays(forged):
+    out = {}
+    for name, rewrite in REWRITE.items():
+        edit, hit = _victim(rewrite)
+        out[name] = (*forged(f"array-{name}", members=edit), hit["key"])
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(REWRITE))
+def test_the_loader_counts_an_array_of_another_dtype_or_order_as_corrupt(case, forged_arrays):
+    cat, _, key = forged_arrays[case]
+    for verify in ("none", "sample"):
+        loader = Loader(str(cat), decode="bytes", batch_size=2, seed=3, verify=verify)
+        delivered = [k for b in loader for k in b["keys"]]
+        assert key not in delivered
+        assert loader.stats()["corrupt"] == 1 and loader.stats()["corrupt_keys"][0].startswith(key), loader.stats()
+        assert "actions.npy is " in loader.stats()["corrupt_keys"][0]
+
+
+@pytest.mark.parametrize("case", sorted(REWRITE))
+def test_validate_at_its_default_level_rejects_it(case, forged_arrays):
+    cat, _, key = forged_arrays[case]
+    p = run("validate", cat, check=1)
+    assert key in p.stdout + p.stderr
+
+
+def test_a_header_is_parsed_only_when_it_is_not_the_writers():
+    a = np.arange(12, dtype=np.float32).reshape(6, 2)
+    assert npy_problem(npy_bytes(a), "<f4", (6, 2)) is None
+    assert npy_problem(npy_bytes(a), "<f4", (6, 3)) == "is <f4 [6, 2], expected <f4 [6, 3]"
+    assert "fortran" in npy_problem(_fortran(a), "<f4", (6, 2))
+    assert npy_problem(npy_bytes(a)[:-4], "<f4", (6, 2)).startswith("holds 44 bytes")
+    claims = b"\x93NUMPY\x01\x00" + (60000).to_bytes(2, "little") + b" " * 200
+    assert "over the limit" in npy_problem(claims, "<f4", (6, 2))
+    assert npy_problem(b"PK\x03\x04" + b"\0" * 100, "<f4", (6, 2)).startswith("not a .npy")

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
 
-.PHONY: demo test readme venv clean chromium ffmpeg
+.PHONY: demo demo-run test lint readme venv clean chromium ffmpeg
 
 # torch is pinned (extra "torch"): a plain `torch` pulls a multi-GB CUDA build. ale-py is optional:
 # without it the demo falls back to synthetic captures and the Atari tests skip.
@@ -20,6 +20,13 @@ $(BIN)/dsbuild: pyproject.toml
 venv: $(BIN)/dsbuild
 
 demo: venv
+	@$(MAKE) --no-print-directory demo-run
+	@echo
+	@echo "dsbuild is installed in .venv: 'source .venv/bin/activate' puts it on your PATH (or call .venv/bin/dsbuild)."
+
+# The demo's steps with the dsbuild in $(BIN): tests/cli/test_demo.py runs them with BIN= the environment the
+# tests run in, so the test never builds a second one.
+demo-run:
 	rm -rf $(DEMO)
 	@if $(BIN)/python -c "import ale_py" 2>/dev/null; then \
 	  $(BIN)/dsbuild samples $(DEMO)/captures --source atari --games Breakout,Pong,MsPacman --sessions 4 \
@@ -49,6 +56,12 @@ ffmpeg:
 	@command -v ffmpeg >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq ffmpeg >/dev/null 2>&1; } || \
 	  echo "note: could not install ffmpeg; the recorder-capture tests will skip"
+
+# Lint and types: ruff (lint and format) over the code and tests, mypy over the package (pyproject.toml).
+lint: venv
+	$(BIN)/ruff check dsbuild tests benchmarks
+	$(BIN)/ruff format --check dsbuild tests benchmarks
+	$(BIN)/mypy
 
 test: venv chromium ffmpeg
 	$(BIN)/python -m pytest

@@ -1,6 +1,11 @@
 """`dsbuild bench` as a user and a CI job run it: the real executable in a subprocess. --json/--save/--html,
 the gate's exit codes (0 pass, 1 regression, 2 incomparable), progress naming the round and the baseline,
-Ctrl-C keeping the finished rounds (exit 130), and the HTML page rendered in headless Chromium."""
+Ctrl-C keeping the finished rounds (exit 130), and the HTML page rendered in headless Chromium.
+
+Load-proof: a real run on a busy machine may finish fewer rounds than it asked for (the budget is wall
+time), so runs through the executable assert only what holds whatever the load. The gate's decisions, which
+need three rounds in both runs, are checked on runs made in-process with a stepping clock: the budget then
+grants every round asked for, while each measurement inside its slice still runs on real time."""
 
 from __future__ import annotations
 
@@ -12,8 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dsbuild.bench import Against, enforce, load_report, run_bench
 from dsbuild.bench.measure import Measured
+from dsbuild.bench.options import parse_compare, parse_resize
 from dsbuild.bench.stats import paired_ratios, summarise
+from dsbuild.cli.render import json_text
+from dsbuild.core.errors import CheckFailed, UsageError
+from tests.bench.conftest import BYTES, options
 from tests.cli.clitools import argv, env, run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -35,6 +45,33 @@ GATED = [
 ]
 
 
+class SteppingClock:
+    """A clock that moves a millisecond each time it is read: the budget grants every round asked for."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.001
+        return self.t
+
+
+def measured(cat: Path, against: Against | None = None, **kw):
+    """The gated settings (``GATED``) measured in-process, every round granted (``SteppingClock``)."""
+    rep = run_bench(options(cat, **{**BYTES, **kw}), against=against, clock=SteppingClock())
+    assert rep.time.rounds_done == 3
+    return rep
+
+
+@pytest.fixture(scope="module")
+def baseline(bench_catalog, tmp_path_factory) -> Path:
+    """A saved report of three rounds, written as ``--save`` writes it."""
+    cat, _ = bench_catalog
+    path = tmp_path_factory.mktemp("bench-baseline") / "base.json"
+    path.write_text(json_text(measured(cat).to_json()) + "\n")
+    return path
+
+
 @pytest.fixture(scope="module")
 def saved(bench_catalog, tmp_path_factory):
     """A report saved by the CLI (with --json and --html), and what it printed."""
@@ -45,10 +82,10 @@ def saved(bench_catalog, tmp_path_factory):
 
 
 def test_json_save_and_html_are_the_same_report(saved):
-    cat, out, p = saved
+    _, out, p = saved
     printed = json.loads(p.stdout)
     assert p.stderr == "" and printed == json.loads((out / "base.json").read_text())
-    assert printed["format"] == "dsbuild.bench/2" and printed["time"]["rounds_done"] == 3
+    assert printed["format"] == "dsbuild.bench/2" and 1 <= printed["time"]["rounds_done"] <= 3
     page = (out / "page.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and printed["dataset"]["version_id"] in page
     assert "<script" not in page and "src=" not in page and "href=" not in page and "url(" not in page
@@ -75,7 +112,7 @@ def test_a_report_that_cannot_be_written_whole_leaves_the_previous_one_and_print
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 
     p = run("bench", cat, *GATED, "--json", "--save", base, "--html", page, check=3, preexec_fn=small_files)
-    assert json.loads(p.stdout)["time"]["rounds_done"] == 3 and "base.json: cannot write" in p.stderr
+    assert json.loads(p.stdout)["time"]["rounds_done"] >= 1 and "base.json: cannot write" in p.stderr
     assert base.read_bytes() == good and page.read_bytes() == good_page
     assert sorted(x.name for x in tmp_path.iterdir()) == ["base.json", "page.html"]  # no temp file left
 
@@ -91,12 +128,12 @@ def test_a_baseline_that_is_not_a_regular_file_is_refused_not_waited_on(saved, t
     assert "is a FIFO" in p.stderr
 
 
-def test_a_run_that_finished_too_few_rounds_to_judge_is_refused_not_passed(saved):
+def test_a_run_that_finished_too_few_rounds_to_judge_is_refused_not_passed(bench_catalog, baseline):
     """The gate checked the rounds asked for, not the rounds done: a budget that fit one round was judged on
     it (no spread) and passed with exit 0."""
-    cat, out, _ = saved
+    cat, _ = bench_catalog
     short = [a if a != "3" or GATED[i - 1] != "--duration" else "0.1" for i, a in enumerate(GATED)]
-    p = run("bench", cat, *short, "--json", "--baseline", out / "base.json", check=None)
+    p = run("bench", cat, *short, "--json", "--baseline", baseline, check=None)
     done = json.loads(p.stdout)["time"]["rounds_done"]
     assert done < 3 and p.returncode == 2, (done, p.returncode, p.stderr)
     assert f"{done} of 3 round(s) finished within --duration 0.1" in p.stderr
@@ -126,22 +163,22 @@ def test_more_ranks_than_batches_is_a_usage_error_naming_the_way_out(bench_catal
     assert "fewer batches than there are ranks" in p.stderr and "--ranks" in p.stderr
 
 
-def test_the_same_settings_pass_the_gate(saved):
-    cat, out, _ = saved
+def test_the_same_settings_pass_the_gate(bench_catalog, baseline):
+    cat, _ = bench_catalog
     # two 3-second runs on a shared machine differ by up to ~20% (benchmarks/RESULTS.md): a 2x drop still fails
-    p = run("bench", cat, *GATED, "--baseline", out / "base.json", "--save", out / "again.json", "--fail-below", "0.5")
-    gate = json.loads((out / "again.json").read_text())["gate"]
-    assert {v["baseline"] for v in gate["verdicts"]} == {"raw", "sha256"} and gate["differences"] == []
-    assert "no regression against" in p.stdout and "ours / baseline" in p.stdout
+    rep = measured(cat, Against(load_report(baseline), str(baseline), fail_below=0.5))
+    enforce(rep)
+    assert {v.baseline for v in rep.gate.verdicts} == {"raw", "sha256"} and rep.gate.differences == ()
+    assert not rep.gate.regressed
 
 
-def doctor(out: Path, name: str, factor: dict[str, float]) -> Path:
+def doctor(saved: Path, name: str, factor: dict[str, float]) -> Path:
     """The saved report as if ours had been ``factor`` times better against some baselines, in a steady run:
     their rounds re-measured so that ours / them is ``factor`` times the saved median in every round, and
     the figures and ratios that follow (a report whose ratios are not what its rounds give is refused as
     edited). Steady, because a scaled noisy run scales its spread too: a cold first round of ``raw`` once
     made the saved spread wider than the whole drop, and the gate rightly called that noise."""
-    doc = json.loads((out / "base.json").read_text())
+    doc = json.loads(saved.read_text())
     decode = doc["options"]["decode"]
 
     def figures(who: str) -> dict[int, float]:
@@ -160,59 +197,70 @@ def doctor(out: Path, name: str, factor: dict[str, float]) -> Path:
         rounds = sorted(figures(b["name"]).items())
         b["figure"] = summarise([v for _, v in rounds]).to_json()
         b["ratio"] = summarise(paired_ratios([mine[r] for r, _ in rounds], [v for _, v in rounds])).to_json()
-    (out / name).write_text(json.dumps(doc))
-    return out / name
+    path = saved.with_name(name)
+    path.write_text(json.dumps(doc))
+    return path
 
 
-def test_the_baselines_named_in_another_order_are_the_same_run(saved):
+def test_the_baselines_named_in_another_order_are_the_same_run(bench_catalog, baseline):
     """--compare sha256,raw against a baseline saved with raw,sha256 was refused as not comparable."""
-    cat, out, _ = saved
-    swapped = [("sha256,raw" if a == "raw,sha256" else a) for a in GATED]
-    p = run("bench", cat, *swapped, "--baseline", out / "base.json", check=None)
-    assert p.returncode in (0, 1) and "not comparable" not in p.stderr and "compare" not in p.stderr, p.stderr
-    older = json.loads((out / "base.json").read_text())  # saved before the names were sorted
+    cat, _ = bench_catalog
+    rep = measured(cat, Against(load_report(baseline), "base.json"), compare=parse_compare("sha256,raw"))
+    assert rep.gate.differences == ()
+    older = json.loads(baseline.read_text())  # saved before the names were sorted
     older["options"]["compare"] = ["sha256", "raw"]
-    (out / "unsorted.json").write_text(json.dumps(older))
-    p = run("bench", cat, *GATED, "--baseline", out / "unsorted.json", check=None)
-    assert p.returncode in (0, 1) and "compare" not in p.stderr, p.stderr
+    unsorted = baseline.with_name("unsorted.json")
+    unsorted.write_text(json.dumps(older))
+    assert measured(cat, Against(load_report(unsorted), "unsorted.json")).gate.differences == ()
 
 
-def test_a_drop_against_every_baseline_exits_1_naming_the_ratios(saved):
-    cat, out, _ = saved
-    p = run("bench", cat, *GATED, "--baseline", doctor(out, "slower.json", {"raw": 20, "sha256": 20}), check=1)
+def test_a_drop_against_every_baseline_is_a_regression_naming_the_ratios(bench_catalog, baseline):
+    cat, _ = bench_catalog
+    slower = doctor(baseline, "slower.json", {"raw": 20, "sha256": 20})
+    rep = measured(cat, Against(load_report(slower), "slower.json"))
+    with pytest.raises(CheckFailed, match="regression against slower.json") as e:
+        enforce(rep, Against(load_report(slower), "slower.json"))
+    assert "ours/sha256" in str(e.value) and "ours/raw" in str(e.value)
+
+
+def test_a_regression_exits_1_from_the_command(bench_catalog, baseline):
+    """The executable's side of the gate: exit 1, one error line naming the ratios. A 20x drop is beyond any
+    noise; a machine too loaded to finish three rounds gets exit 2 naming the rounds instead, never 0."""
+    cat, _ = bench_catalog
+    slower = doctor(baseline, "slower-cli.json", {"raw": 20, "sha256": 20})
+    longer = [("9" if a == "3" and GATED[i - 1] == "--duration" else a) for i, a in enumerate(GATED)]
+    p = run("bench", cat, *longer, "--baseline", slower, check=None)
     error = [line for line in p.stderr.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and error[0].startswith("error: regression against") and "ours/sha256" in error[0]
-    assert "ours/raw" in error[0] and "dropped" in p.stdout  # the gate table marks each reference
+    if p.returncode == 2:
+        assert len(error) == 1 and "round(s) finished within --duration 9" in error[0], p.stderr
+        return
+    assert p.returncode == 1 and len(error) == 1 and error[0].startswith("error: regression against"), p.stderr
+    assert "ours/sha256" in error[0] and "ours/raw" in error[0] and "dropped" in p.stdout
 
 
-def test_a_drop_against_one_baseline_alone_is_not_a_regression(saved):
-    cat, out, _ = saved
+def test_a_drop_against_one_baseline_alone_is_not_a_regression(bench_catalog, baseline):
+    cat, _ = bench_catalog
     # raw's saved ratio a twentieth of what it was: ours cannot drop against it, however noisy the machine
-    p = run("bench", cat, *GATED, "--baseline", doctor(out, "one.json", {"sha256": 20, "raw": 0.05}))
-    assert "no regression against" in p.stdout and "held against raw" in p.stdout and "dropped" in p.stdout
+    one = doctor(baseline, "one.json", {"sha256": 20, "raw": 0.05})
+    rep = measured(cat, Against(load_report(one), "one.json"))
+    enforce(rep)
+    dropped = {v.baseline: v.dropped for v in rep.gate.verdicts}
+    assert dropped == {"raw": False, "sha256": True} and not rep.gate.regressed
 
 
-def test_incomparable_runs_exit_2_before_measuring_naming_what_differs(saved):
-    cat, out, _ = saved
-    p = run("bench", cat, *GATED, "--resize", "64x64", "--baseline", out / "base.json", check=2)
+def test_incomparable_runs_exit_2_before_measuring_naming_what_differs(bench_catalog, baseline):
+    cat, _ = bench_catalog
+    p = run("bench", cat, *GATED, "--resize", "64x64", "--baseline", baseline, check=2)
     assert "setting resize: saved None, now [64, 64]" in p.stderr and "--allow-different" in p.stderr
     assert "round 1/" not in p.stderr  # refused at start-up
-    p = run("bench", cat, *GATED, "--split", "main/train", "--baseline", out / "base.json", check=2)
+    p = run("bench", cat, *GATED, "--split", "main/train", "--baseline", baseline, check=2)
     assert "dataset split: saved None, now 'main/train'" in p.stderr
-    p = run(
-        "bench",
-        cat,
-        *GATED,
-        "--resize",
-        "64x64",
-        "--baseline",
-        out / "base.json",
-        "--allow-different",
-        "--json",
-        "--fail-below",
-        "0.5",
-    )  # judged, not refused; a noisy 3-s run must not turn it into a regression
-    assert json.loads(p.stdout)["gate"]["differences"] == ["setting resize: saved None, now [64, 64]"]
+    # judged, not refused, with --allow-different; a noisy 3-s run must not turn it into a regression
+    against = Against(load_report(baseline), "base.json", fail_below=0.5, allow_different=True)
+    rep = measured(cat, against, resize=parse_resize("64x64"))
+    assert rep.gate.differences == ("setting resize: saved None, now [64, 64]",)
+    with pytest.raises(UsageError, match="not comparable"):
+        measured(cat, Against(load_report(baseline), "base.json"), resize=parse_resize("64x64"))
 
 
 def test_usage_errors_are_one_line_and_exit_2(bench_catalog, tmp_path):

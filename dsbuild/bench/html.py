@@ -96,6 +96,10 @@ def render(rep) -> str:
             for b in rep.baselines
             if not b.skipped
         )
+        fed = tables.verdict(rep)
+        if fed is not None:
+            colour = "#1a7f37" if fed[0] == "fed" else "#cf222e"
+            parts.append(f'<p class="verdict"><b style="color:{colour}">{fed[0]}</b>: {escape(fed[1])}</p>')
         parts += [
             f"<h2>Figures ({escape(rep.unit)})</h2>",
             _table(tables.COMPARISON, tables.comparison_rows(rep)),

@@ -95,3 +95,16 @@ def headline(rep) -> list[str]:
         + (", interrupted" if t.interrupted else "")
         + ("; one round: its ranges are one value, no spread" if t.rounds_done == 1 else ""),
     ]
+
+
+def verdict(rep) -> tuple[str, str] | None:
+    """Whether the training loop was fed: ("fed" or "starved", the sentence that says by how much), or None
+    for a run without a training step. The text report and the HTML page both say it."""
+    tr = rep.training
+    if tr is None:
+        return None
+    return (
+        "fed" if tr.fed else "starved",
+        f"with a {tr.step.ms:g} ms step ({tr.step.kind}) the loop waited {tr.wait_fraction.median * 100:.1f}% "
+        f"of the time (fed below {tr.fed_below * 100:g}%)",
+    )

@@ -14,6 +14,8 @@ Examples:
   dsbuild bench catalog --split main/train --resize 96x96 --duration 20 --save base.json
   dsbuild bench catalog --split main/train --resize 96x96 --duration 20 --baseline base.json
   dsbuild bench catalog --decode bytes --verify shard --html bench.html
+  dsbuild bench catalog --model tiny --ranks 1,2 --parallel fsdp --history runs/
+  dsbuild bench history runs/
 Exit: 0 measured (no regression), 1 regression against --baseline, 2 bad option or incomparable baseline,
 130 interrupted (the rounds finished so far are reported, and saved with --save)."""
 
@@ -37,13 +39,9 @@ def _render(o: Out, rep) -> None:
         if b.skipped is not None:
             o.line(("skipped ", "yellow"), f"{b.name}: {b.skipped}")
     o.table(list(tables.OURS), tables.ours_rows(rep))
-    tr = rep.training
-    if tr is not None:
-        o.line(
-            ("fed", "green") if tr.fed else ("starved", "red"),
-            f": with a {tr.step.ms:g} ms step ({tr.step.kind}) the loop waited "
-            f"{tr.wait_fraction.median * 100:.1f}% of the time (fed below {tr.fed_below * 100:g}%)",
-        )
+    fed = tables.verdict(rep)
+    if fed is not None:
+        o.line((fed[0], "green" if fed[0] == "fed" else "red"), f": {fed[1]}")
     stage = rep.stages.get("training") or rep.stages.get("throughput")
     busy = stage.read + stage.decode + stage.collate
     if busy > 0:
@@ -74,13 +72,27 @@ def _render(o: Out, rep) -> None:
             o.line(("note ", "yellow"), d)
 
 
+def _world(text: str) -> int:
+    """--ranks without --model: one count (a list is a scaling sweep of --model)."""
+    from dsbuild.bench.train.options import parse_ranks
+    from dsbuild.core.errors import UsageError
+
+    counts = parse_ranks(text)
+    if len(counts) > 1:
+        raise UsageError(f"--ranks {text}: a list of rank counts is a scaling sweep, which needs --model")
+    return counts[0]
+
+
 def bench(
     ref: str = REF,
+    folder: str = typer.Argument(None, metavar="[DIR]", help="`bench history DIR`: the history to judge."),
     split: str = typer.Option(None, "--split", metavar="NAME/SPLIT", help="One split of a split set, e.g. main/train."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, metavar="N", help="Samples per batch."),
     threads: int = typer.Option(2, "--threads", min=1, metavar="N", help="Loader threads per rank."),
     old_workers: int = typer.Option(None, "--workers", hidden=True),  # renamed: --workers always means processes
-    ranks: int = typer.Option(1, "--ranks", min=1, metavar="N", help="Simulated data-parallel ranks (processes)."),
+    ranks: str = typer.Option(
+        "1", "--ranks", metavar="N|N,M", help="Data-parallel ranks (processes); with --model a list is a scaling sweep."
+    ),
     step_ms: float = typer.Option(50.0, "--step-ms", min=0, metavar="MS", help="Simulated training step (0: none)."),
     decode: str = typer.Option(
         "frames",
@@ -140,6 +152,28 @@ def bench(
     allow_different: bool = typer.Option(
         False, "--allow-different", help="With --baseline: judge even if settings or data differ (noted)."
     ),
+    model: str = typer.Option(
+        None, "--model", metavar="NAME|list", help="Train a world model of this size on the batches (list: the sizes)."
+    ),
+    parallel: str = typer.Option(
+        "ddp", "--parallel", metavar="ddp|fsdp", callback=choice("--parallel", ("ddp", "fsdp")), help="With --model."
+    ),
+    dtype: str = typer.Option(
+        "bf16", "--dtype", metavar="bf16|fp32", callback=choice("--dtype", ("bf16", "fp32")), help="With --model."
+    ),
+    steps: int = typer.Option(5, "--steps", min=1, metavar="N", help="With --model: profiled steps per rank."),
+    warmup: int = typer.Option(2, "--warmup", min=0, metavar="N", help="With --model: steps before the profiled ones."),
+    clip_frames: int = typer.Option(8, "--clip-frames", min=2, metavar="N", help="With --model: frames per clip."),
+    inject_delay: str = typer.Option(
+        None, "--inject-delay", metavar="RANK[:data]:MS", help="With --model: slow one rank (its step or its data)."
+    ),
+    price_per_hour: float = typer.Option(
+        None, "--price-per-hour", min=0, metavar="USD", help="With --model: per device, for the cost figures."
+    ),
+    timeout: float = typer.Option(120.0, "--timeout", min=1, metavar="S", help="With --model: collective timeout."),
+    history: str = typer.Option(
+        None, "--history", metavar="DIR", help="With --model: append this run to a history (Parquet; DIR may be a URL)."
+    ),
     save: str = typer.Option(None, "--save", metavar="FILE", help="Write the JSON report to FILE."),
     html: str = typer.Option(None, "--html", metavar="FILE", help="Write a self-contained HTML page to FILE."),
     as_json: bool = JSON,
@@ -160,6 +194,38 @@ def bench(
     from dsbuild.lineage.catalog import parse_ref
 
     o = Out(as_json, quiet)
+    if ref == "history":
+        from dsbuild.cli import bench_history
+
+        return bench_history.show(o, folder, html)
+    if folder is not None:
+        raise UsageError(f"bench takes one catalog, not also {folder!r}", hint="bench history DIR judges a history")
+    if model is not None:
+        from dsbuild.cli import bench_model
+
+        if model == "list":
+            return bench_model.list_models(o)
+        from dsbuild.bench.train.options import TrainOptions, parse_inject, parse_ranks
+
+        train = TrainOptions(
+            ref=ref,
+            model=model,
+            split=split,
+            ranks=parse_ranks(ranks),
+            parallel=parallel,
+            dtype=dtype,
+            batch_size=batch_size,
+            clip_frames=clip_frames,
+            resize=parse_resize(resize) or (64, 64),
+            threads=threads,
+            steps=steps,
+            warmup=warmup,
+            seed=seed,
+            inject=parse_inject(inject_delay),
+            timeout_s=timeout,
+            price_per_hour=price_per_hour,
+        )
+        return bench_model.run(o, train, save, html, history)
     if old_workers is not None:
         raise UsageError(
             "bench --workers is now --threads (loader threads per rank)",
@@ -170,7 +236,7 @@ def bench(
         split=split,
         batch_size=batch_size,
         threads=threads,
-        ranks=ranks,
+        ranks=_world(ranks),
         step_ms=step_ms,
         decode=decode,
         decode_backend=decode_backend,

@@ -15,6 +15,8 @@ BAD = "#d62728"
 LINE = "#222"
 MAX_BARS = 30  # beyond this a chart stops being readable; the rest are summed into one line
 OFF_SCALE = 3.0  # a threshold this many times the largest bar is drawn at the chart's edge
+CHAR_W = 6.5  # px per character of the 11px labels, rounded up: what a label is assumed to need
+LEGEND_ROW = 16  # px of a legend line
 
 
 def _num(v: float) -> str:
@@ -35,24 +37,58 @@ def _breaks(v: float, threshold: float | None, bad: str) -> bool:
     return threshold is not None and (v < threshold if bad == "below" else v > threshold)
 
 
-def legend(x: int, y: int, what: str, threshold: float | None, threshold_key: str | None, bad: str, unit: str) -> str:
-    """One legend line: the bar colour, and the threshold line and failing colour when there is one."""
+def text_extent(x: float, text: str, anchor: str = "start") -> tuple[float, float]:
+    """The horizontal span a label is assumed to take (``CHAR_W`` a character) at ``x`` with ``anchor``."""
+    w = CHAR_W * len(text)
+    left = {"start": x, "middle": x - w / 2, "end": x - w}[anchor]
+    return left, left + w
+
+
+def legend(
+    x: int, y: int, what: str, threshold: float | None, threshold_key: str | None, bad: str, unit: str, width: int
+) -> tuple[str, int]:
+    """The legend: the bar colour, and the threshold line and failing colour when there is one, with its
+    parts moved to a line of their own where they would run past ``width``. Returns the SVG and the height
+    it takes below ``y`` (0 for one line)."""
     parts = [
         f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{OK}"/>',
         f'<text x="{x + 14}" y="{y}" class="cl">{escape(what)}</text>',
     ]
-    if threshold is not None:
-        x2 = x + 24 + 6 * len(what)
-        side = "under" if bad == "below" else "over"
-        parts += [
-            f'<rect x="{x2}" y="{y - 9}" width="10" height="10" fill="{BAD}"/>',
-            f'<text x="{x2 + 14}" y="{y}" class="cl">{side} the threshold</text>',
-            f'<line x1="{x2 + 136}" y1="{y - 4}" x2="{x2 + 156}" y2="{y - 4}" stroke="{LINE}" '
-            f'stroke-dasharray="4 3" stroke-width="2"/>',
-            f'<text x="{x2 + 162}" y="{y}" class="cl">{escape(threshold_key or "threshold")} = '
-            f"{escape(_num(threshold))}{escape(_u(unit))}</text>",
-        ]
-    return "".join(parts)
+    if threshold is None:
+        return "".join(parts), 0
+    side = f"{'under' if bad == 'below' else 'over'} the threshold"
+    key = f"{threshold_key or 'threshold'} = {_num(threshold)}{_u(unit)}"
+    pieces = [(14 + CHAR_W * len(side) + 16, "bad"), (26 + CHAR_W * len(key), "key")]
+    cx, cy = x + 24 + CHAR_W * len(what), y
+    for need, piece in pieces:
+        if cx + need > width - 4 and cx > x:
+            cx, cy = x, cy + LEGEND_ROW
+        if piece == "bad":
+            parts += [
+                f'<rect x="{cx:.0f}" y="{cy - 9}" width="10" height="10" fill="{BAD}"/>',
+                f'<text x="{cx + 14:.0f}" y="{cy}" class="cl">{escape(side)}</text>',
+            ]
+        else:
+            parts += [
+                f'<line x1="{cx:.0f}" y1="{cy - 4}" x2="{cx + 20:.0f}" y2="{cy - 4}" stroke="{LINE}" '
+                f'stroke-dasharray="4 3" stroke-width="2"/>',
+                f'<text x="{cx + 26:.0f}" y="{cy}" class="cl">{escape(key)}</text>',
+            ]
+        cx += need
+    return "".join(parts), cy - y
+
+
+def _open(title: str, width: int, height: int) -> str:
+    return (
+        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(title)}">'
+    )
+
+
+def _close(parts: list[str], title: str, width: int, height: int, key: tuple[str, int]) -> str:
+    """The chart (``parts[0]`` its opening tag) with its legend, grown by the legend's extra lines."""
+    svg, extra = key
+    return "".join([_open(title, width, height + extra), *parts[1:], svg, "</svg>"])
 
 
 def bar_chart(
@@ -80,26 +116,27 @@ def bar_chart(
     # A threshold far beyond every value would squash the bars to nothing: draw it at the edge, off scale.
     off_scale = threshold is not None and biggest > 0 and threshold > OFF_SCALE * biggest
     vmax = (biggest * 1.1 if off_scale else max(biggest, threshold or 0.0)) or 1
-    parts = [
-        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{escape(title)}">',
-        f'<text x="4" y="16" class="ct">{escape(title)}</text>',
-    ]
+    parts = [_open(title, width, height), f'<text x="4" y="16" class="ct">{escape(title)}</text>']
     if not items:
         parts.append(f'<text x="{label_w}" y="{top + 14}" class="cl">no data</text>')
     for i, (label, v) in enumerate(items):
         y = top + i * row
         w = max(0.0, v / vmax * plot_w)
-        short = label if len(label) <= 26 else label[:25] + "…"
+        short = label if len(label) <= 24 else label[:23] + "…"  # fits label_w at CHAR_W a character
         colour = BAD if _breaks(v, threshold, bad) else OK
         parts.append(
             f'<text x="{label_w - 6}" y="{y + 14}" class="cl" text-anchor="end">{escape(short)}'
             f"<title>{escape(label)}</title></text>"
         )
         parts.append(f'<rect x="{label_w}" y="{y + 3}" width="{w:.1f}" height="{row - 6}" fill="{colour}"/>')
-        parts.append(
-            f'<text x="{label_w + w + 4:.1f}" y="{y + 14}" class="cv">{escape(_num(v))}{escape(_u(unit))}</text>'
-        )
+        value = f"{_num(v)}{_u(unit)}"
+        if text_extent(label_w + w + 4, value)[1] <= width - 2:
+            parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 14}" class="cv">{escape(value)}</text>')
+        else:  # a long bar leaves no room after it: the value goes inside its end
+            parts.append(
+                f'<text x="{label_w + w - 4:.1f}" y="{y + 14}" class="cv" text-anchor="end" '
+                f'style="fill:#fff">{escape(value)}</text>'
+            )
     if threshold is not None:
         x = label_w + (plot_w if off_scale else threshold / vmax * plot_w)
         parts.append(
@@ -111,9 +148,7 @@ def bar_chart(
                 f'<text x="{x - 4:.1f}" y="{top - 4}" class="cv" text-anchor="end">threshold off scale '
                 f"(at {escape(_num(threshold))}{escape(_u(unit))}) →</text>"
             )
-    parts.append(legend(8, height - 8, what, threshold, threshold_key, bad, unit))
-    parts.append("</svg>")
-    return "".join(parts)
+    return _close(parts, title, width, height, legend(8, height - 8, what, threshold, threshold_key, bad, unit, width))
 
 
 def histogram(
@@ -131,11 +166,7 @@ def histogram(
     """Vertical bars of a numeric distribution with the bin edges underneath; a dashed line at
     ``threshold`` and the bins on its ``bad`` side in red."""
     height, left, bottom, top = 210, 40, 52, 26
-    parts = [
-        f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="{escape(title)}">',
-        f'<text x="4" y="16" class="ct">{escape(title)}</text>',
-    ]
+    parts = [_open(title, width, height), f'<text x="4" y="16" class="ct">{escape(title)}</text>']
     if not values:
         parts.append(f'<text x="{left}" y="{top + 30}" class="cl">no data</text></svg>')
         return "".join(parts)
@@ -160,10 +191,11 @@ def histogram(
             f'height="{h:.1f}" fill="{colour}"><title>{_num(edges[i])}–{_num(edges[i + 1])}{escape(_u(unit))}: '
             f"{int(c)}</title></rect>"
         )
-    for i in (0, len(counts) // 2, len(counts)):
+    # the outer edges' labels are anchored inwards, so they stay inside the chart however long they are
+    for i, anchor in ((0, "start"), (len(counts) // 2, "middle"), (len(counts), "end")):
         x = left + i * bw
         parts.append(
-            f'<text x="{x:.1f}" y="{top + plot_h + 14}" class="cv" text-anchor="middle">'
+            f'<text x="{x:.1f}" y="{top + plot_h + 14}" class="cv" text-anchor="{anchor}">'
             f"{escape(_num(edges[i]))}{escape(_u(unit))}</text>"
         )
     if threshold is not None:
@@ -176,6 +208,4 @@ def histogram(
         f'<text x="{left + plot_w:.1f}" y="{top + plot_h + 28}" class="cv" text-anchor="end">'
         f"{len(values)} values</text>"
     )
-    parts.append(legend(8, height - 8, what, threshold, threshold_key, bad, unit))
-    parts.append("</svg>")
-    return "".join(parts)
+    return _close(parts, title, width, height, legend(8, height - 8, what, threshold, threshold_key, bad, unit, width))

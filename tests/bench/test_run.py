@@ -105,6 +105,16 @@ def test_training_loop_and_stages_add_up(frames):
     assert frames.stages["training"].step > 0 and frames.stages["throughput"].step == 0
 
 
+def test_the_html_page_says_whether_the_step_was_fed_as_the_text_report_does(frames):
+    from dsbuild.bench.html import render
+    from dsbuild.bench.tables import verdict
+
+    word, sentence = verdict(frames)
+    assert word == ("fed" if frames.training.fed else "starved")
+    assert f"{frames.training.wait_fraction.median * 100:.1f}% of the time" in sentence
+    assert f'<b style="color:#{"1a7f37" if word == "fed" else "cf222e"}">{word}</b>: {sentence}' in render(frames)
+
+
 def test_bytes_mode_compares_with_reads_hashing_and_the_peer_loaders(peers):
     assert peers.unit == "MB/s"
     names = {b.name: b for b in peers.baselines}

@@ -3,7 +3,10 @@
 Each JAX process is one rank (``rank=jax.process_index()``, ``world_size=jax.process_count()``): it
 loads its own batch of every global step and ``jax.make_array_from_process_local_data`` assembles the
 global array, laid out by ``sharding`` (a ``NamedSharding`` over the batch axis), without moving
-samples between hosts. Global arrays need the same shape on every process and step, so batches are
+samples between hosts. Model axes: a mesh's model (tp) axis replicates the batch (processes of one
+data-parallel index supply the same rows: the global batch is dp x batch_size); under a loader layout
+with cp > 1 the time axis is each process's two CP chunks, the global time cp x that, for a sharding
+whose spec splits axis 1 over the mesh's cp axis (arrays without time take the batch axis's spec alone). Global arrays need the same shape on every process and step, so batches are
 padded to fixed shapes known from the index alone: ``batch_size`` items (``valid`` marks real ones),
 the longest clip's delivered frames (or ``pack_frames``), and one frame size (``resize=`` or a single
 resolution). Every process yields one batch per global step: where the stream ends mid-step, a
@@ -54,6 +57,7 @@ def _empty(loader, time: int) -> dict:
 def jax_batches(loader, sharding) -> Iterator[dict]:
     try:
         import jax
+        from jax.sharding import NamedSharding, PartitionSpec
     except ImportError:
         raise MissingDependency("as_jax_iterator", "jax") from None
     loader.open()
@@ -67,10 +71,21 @@ def jax_batches(loader, sharding) -> Iterator[dict]:
         )
     if o.device is not None or o.audio:
         raise UsageError("as_jax_iterator delivers numpy-backed jax.Arrays", hint="use device=None and audio=False")
+    at = loader.coords
+    if at.pp_size > 1:
+        raise UsageError(
+            f"as_jax_iterator: pipeline parallelism (pp={at.pp_size}) is not supported: every JAX process "
+            "takes part in every global array",
+            hint="iterate the loader itself on the first and last stages",
+        )
     sizes = {(int(w), int(h)) for s in loader.sources for w, h in set(zip(s.width, s.height))}
     if o.decode == "frames" and o.resize is None and len(sizes) > 1:
         raise UsageError(f"as_jax_iterator needs one frame size; the data has {len(sizes)}", hint="use resize=(h, w)")
     time = o.pack_frames or max(int(p.lengths.max()) for p in loader.plans)
+    dp, cp = at.dp_size, at.cp_size
+    if cp > 1 and not o.pack_frames:  # a CP rank's two chunks of the longest clip
+        time = 2 * -(-time // (2 * cp))
+    flat = NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[:1]))  # the batch axis alone
     start, mine = loader.position.step, 0
 
     def to_global(batch: dict) -> dict:
@@ -85,13 +100,15 @@ def jax_batches(loader, sharding) -> Iterator[dict]:
         }
         arrays["valid"] = valid
         for k, local in arrays.items():
-            out[k] = jax.make_array_from_process_local_data(sharding, local, (procs * local.shape[0], *local.shape[1:]))
+            timed = k in PADDED_TIME
+            shape = (dp * local.shape[0], *((cp * local.shape[1],) if timed else local.shape[1:2]), *local.shape[2:])
+            out[k] = jax.make_array_from_process_local_data(sharding if timed else flat, local, shape)
         out["state"] = loader.state_dict()
         return out
 
     for batch in loader:
         mine += 1
         yield to_global(batch)
-    global_steps = -(-(loader.position.step - start) // procs)
+    global_steps = -(-(loader.position.step - start) // dp)
     for _ in range(global_steps - mine):  # the stream ended mid-step: this rank still takes part
         yield to_global(_empty(loader, time))

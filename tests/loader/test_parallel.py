@@ -436,3 +436,101 @@ def test_a_clip_shorter_than_2c_frames_is_named_with_its_length(cat):
     with pytest.raises(UsageError, match=r"clip \S+ delivers 2 frame\(s\), fewer than 2 x cp = 4") as e:
         Loader(ref, max_frames=2, resize=(24, 32), rank=0, world_size=2, parallel=Parallel(cp=2)).open()
     assert any(r["key"] in str(e.value) for r in rows)
+
+
+def _mesh_rank(rank: int, world: int, ref: str, folder: str) -> None:
+    """One gloo process: the Loader under two DeviceMeshes (dp x cp x tp, and HSDP's replicate x shard x tp),
+    written down with what the equivalent ``Parallel`` gives the same rank."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+    try:
+        out = {}
+        for name, shape, dims, equivalent in (
+            ("dp-cp-tp", (1, 2, 2), ("dp", "cp", "tp"), (2, 2, 1)),
+            ("hsdp", (2, 1, 2), ("dp_replicate", "dp_shard", "tp"), (2, 1, 1)),
+        ):
+            mesh = init_device_mesh("cpu", shape, mesh_dim_names=dims)
+            loader = Loader(ref, decode="bytes", batch_size=2, seed=5, parallel=mesh)
+            mine = _loader(ref, rank, world, equivalent)
+            out[name] = {
+                "mesh": [b["keys"] for b in loader],
+                "parallel": [b["keys"] for b in mine],
+                "coords": [loader.stats()["parallel"], mine.stats()["parallel"]],
+            }
+        with open(f"{folder}/rank{rank}.json", "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_device_mesh_gives_every_rank_what_the_equivalent_parallel_gives(cat, tmp_path):
+    mp = pytest.importorskip("torch.multiprocessing")
+    pytest.importorskip("torch.distributed.device_mesh")
+    ref, _ = cat
+    mp.spawn(_mesh_rank, args=(4, ref, str(tmp_path)), nprocs=4, join=True)
+    for rank in range(4):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for name, run in got.items():
+            assert run["mesh"] == run["parallel"] and run["mesh"], (rank, name)
+            assert run["coords"][0] == run["coords"][1] and run["coords"][0]["rank"] == rank
+
+
+JAX_SCRIPT = """
+import json, sys
+import jax, numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+ref, pid, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid,
+                           initialization_timeout=120)
+from dsbuild.loader import Loader, Parallel
+loader = Loader(ref, batch_size=4, seed=3, resize=(8, 8), rank=pid, world_size=2, parallel=Parallel(tp=2))
+sharding = NamedSharding(jax.make_mesh((2, 2), ("data", "model")), P("data"))
+out = []
+for b in loader.as_jax_iterator(sharding):
+    ts = multihost_utils.process_allgather(b["timestamps"], tiled=True)
+    out.append({"shape": list(b["timestamps"].shape), "rows": np.asarray(ts).tolist(), "keys": b["keys"]})
+    if len(out) == 2:
+        break
+print(json.dumps(out))
+jax.distributed.shutdown()
+"""
+
+
+def test_jax_processes_of_one_tp_group_supply_one_data_parallel_batch(cat):
+    """Two JAX processes, tp=2 across them: dp = 1, so the global batch is batch_size rows, each the plain
+    single-rank loader's."""
+    pytest.importorskip("jax", reason="the jax extra is not installed (pip install 'dsbuild[jax]')")
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    ref, _ = cat
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", JAX_SCRIPT, ref, str(i), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=180)
+        assert p.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    plain = list(itertools.islice(Loader(ref, batch_size=4, seed=3, resize=(8, 8)), 2))
+    for k, want in enumerate(plain):
+        assert outs[0][k]["keys"] == outs[1][k]["keys"] == want["keys"]
+        assert outs[0][k]["shape"][0] == 4  # dp x batch_size, not processes x batch_size
+        n = want["timestamps"].shape[1]
+        assert np.array_equal(np.array(outs[0][k]["rows"], np.float32)[:, :n], want["timestamps"].astype(np.float32))

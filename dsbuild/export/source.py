@@ -103,10 +103,7 @@ def open_source(ref: str, split: str | None) -> ExportSource:
             raise UsageError(f"split {split!r}: use NAME or NAME/SPLIT, e.g. main or main/train")
         sset = open_split_set(catalog, vid, name)
         wanted = [only] if only else list(sset.splits)
-        assigned = {}  # (a split the set lacks is refused by its table, naming the closest one)
-        for s in wanted:
-            for key in sset.table(s, ["key"]).column("key").to_pylist():
-                assigned[key] = s
+        assigned = sset.key_assignment(sizes, only=only or None)  # (keys proven the version's, in one split)
         split_hash = sset.hash
     splits = []
     for s in wanted:

@@ -154,7 +154,10 @@ def shard_locations(catalog: Catalog, version_id: str, split: str | None = None)
         name, slash, part = split.partition("/")
         if not slash or not name or not part:
             raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train")
-        counts = Counter(open_split_set(catalog, version_id, name).table(part, ["shard"])["shard"].to_pylist())
+        index = catalog.index(version_id, ["key", "shard"])  # (a split file's own shard column is not trusted)
+        shard_of = dict(zip(index["key"].to_pylist(), index["shard"].to_pylist()))
+        keys = open_split_set(catalog, version_id, name).key_assignment(shard_of, only=part)
+        counts = Counter(shard_of[k] for k in keys)
     out = []
     for s in m.shards:
         if counts is not None and not counts.get(s.path):

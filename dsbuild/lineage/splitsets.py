@@ -16,6 +16,7 @@ parameters, the counts and every split file's sha256, so equal hashes mean equal
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from dsbuild.core.errors import FormatError, LineageError, UsageError
@@ -228,6 +229,30 @@ class SplitSet:
 
         # in this thread, like the index (lineage.index.table_from_bytes says why)
         return pq.ParquetFile(pa.BufferReader(self.file_bytes(split))).read(columns=columns, use_threads=False)
+
+    def key_assignment(self, version_keys: Iterable[str], only: str | None = None) -> dict[str, str]:
+        """sample key -> split (of split ``only``, or of every split), each key proven to be a sample of the
+        version (``version_keys``: its index's keys) and to lie in one split of the set: a split file
+        naming a key the version lacks, or a key two splits share, is a damaged split set (LineageError
+        naming the first keys and how many), never a key dropped or put in one of them silently."""
+        out: dict[str, str] = {}
+        twice: list[str] = []
+        for split in self.splits:
+            for key in self.table(split, ["key"])["key"].to_pylist():
+                if out.setdefault(key, split) != split:
+                    twice.append(key)
+        lacking = sorted(set(out) - set(version_keys))
+        for keys, what in ((sorted(set(twice)), "lie in two splits"), (lacking, "are not samples of the version")):
+            if keys:
+                shown = ", ".join(repr(k[:80]) for k in keys[:3])
+                raise LineageError(
+                    f"{self.path}: {len(keys)} key(s) {what} ({shown}{', ...' if len(keys) > 3 else ''})",
+                    hint="the split set is damaged or forged: make it again with `dsbuild split`",
+                )
+        if only is not None:
+            self.file_bytes(only)  # (a split the set lacks is refused, naming the closest one)
+            return {k: s for k, s in out.items() if s == only}
+        return out
 
     def group_assignment(self) -> dict[str, str]:
         """group value -> split, read from the files."""

@@ -807,15 +807,17 @@ def catalog_to_fill(location: str | Path) -> Iterator[Catalog]:
     """The catalog at ``location``, created if needed, for a command that fills it (convert, push, pull). If
     the command fails, a location that held nothing is left holding nothing: a folder it made is removed
     (with the parents it made), an empty one emptied, an object store prefix cleared; a failed copy is not
-    a new catalog. Ctrl-C keeps what was sent: running the command again resumes."""
+    a new catalog. Ctrl-C keeps what was sent, so running the command again resumes; Ctrl-C before anything
+    was sent leaves nothing, as a failure does (a first convert stopped in its first second left a marker
+    and two lock files, a catalog of nothing)."""
     store = open_store(location)
     made = _outermost_missing(store.local_root) if store.local_root is not None else None
     fresh = made is not None or _holds_nothing(store)
     try:
         yield Catalog.open(location, create=True)
-    except Exception:
+    except BaseException as e:
         with suppress(StorageError, OSError):  # the failure is what must be reported, not the cleanup's
-            if fresh:
+            if fresh and (isinstance(e, Exception) or _nothing_sent(store)):
                 _clear_unless_used(store, made)
         raise
 
@@ -832,6 +834,18 @@ def _clear_unless_used(store: Store, made: Path | None) -> None:
         if local and catalog.live_builds():
             return
         _clear(store, made)
+
+
+def _nothing_sent(store: Store) -> bool:
+    """The location holds only what opening a catalog writes: its marker and, locally, the lock files."""
+    if store.local_root is None:
+        return set(store.list("")) <= {MARKER}
+    for folder, _, files in os.walk(store.local_root):
+        for name in files:
+            key = (Path(folder) / name).relative_to(store.local_root).as_posix()
+            if key != MARKER and not (key.startswith(".tmp/") and key.endswith(".lock") and "/" not in key[5:]):
+                return False
+    return True
 
 
 def _outermost_missing(path: Path) -> Path | None:

@@ -62,8 +62,29 @@ def test_an_interrupted_convert_commits_nothing_and_leaves_nothing(many, tmp_pat
     assert p.returncode == code, (p.returncode, err)
     assert err.strip().splitlines()[-1] == f"{word}; nothing was committed" and "Traceback" not in err, err
     assert wait_for_no_process(p.pid) == []
-    assert not (cat / "versions").exists() or not any((cat / "versions").iterdir())
-    assert sorted(x.name for x in (cat / ".tmp").iterdir()) == ["builds.lock", "commit.lock"]  # no build folder left
+    if cat.exists():  # shards were sent: the next run reuses them (else a first convert leaves nothing)
+        assert not (cat / "versions").exists() or not any((cat / "versions").iterdir())
+        assert any((cat / "shards").rglob("*.tar"))
+        assert sorted(x.name for x in (cat / ".tmp").iterdir()) == ["builds.lock", "commit.lock"]  # no build folder
+
+
+def test_a_first_convert_stopped_before_it_sent_anything_leaves_no_catalog(many, tmp_path):
+    """Ctrl-C as soon as the catalog's marker appeared left the marker and two lock files: a catalog of
+    nothing, which the README's "nothing half-written" does not allow."""
+    cat = tmp_path / "made" / "cat"
+    p = subprocess.Popen(argv("convert", many, cat, "--workers", 1), stderr=subprocess.PIPE, text=True, env=env())
+    while not (cat / "catalog.json").exists() and p.poll() is None:
+        time.sleep(0.005)  # a poll for the marker, not a wait for the clock
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate()
+    assert p.returncode == 130 and err.strip().splitlines()[-1] == "interrupted; nothing was committed", err
+    if (cat / "catalog.json").exists():  # the build got as far as sending something: the next run resumes it
+        assert any(x.name not in ("builds.lock", "commit.lock") for x in (cat / ".tmp").iterdir()) or any(
+            (cat / "shards").rglob("*.tar")
+        )
+        run("convert", many, cat, "--workers", 1)
+    else:
+        assert not (tmp_path / "made").exists()  # the folders it made went too
 
 
 def test_kill_9_of_convert_leaves_no_worker_and_gc_removes_its_build_folder(many, tmp_path):

@@ -90,10 +90,10 @@ def split(
                 f"({len(r.problems)} problem(s))"
             )
         return
-    r = make_split(path, version, name, options, force=force)
+    made = make_split(path, version, name, options, force=force)
     if as_json:
-        return o.json(r.to_json())
-    _render(o, r)
+        return o.json(made.to_json())
+    _render(o, made)
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -145,6 +145,8 @@ def _render(o: Out, r) -> None:
         )
     for w in m.warnings:
         o.note(("warning ", "yellow"), w)
+    for h in r.hints:
+        o.note(("hint ", "cyan"), h)
     o.line("written to ", r.path)
 
 

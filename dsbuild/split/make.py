@@ -21,7 +21,9 @@ from dsbuild.lineage.splitsets import (
     Stratification,
     Stratum,
     Unassigned,
+    open_split_set,
     publish_split_set,
+    split_set_names,
 )
 from dsbuild.split.assign import assign_groups, intervals, sample_share_gaps, shares, split_for, unit
 from dsbuild.split.carry import Carry, carry_over, resolve_split_set
@@ -65,6 +67,7 @@ class SplitResult:
     path: str
     state: str  # created | existed | replaced
     manifest: SplitManifest
+    hints: tuple[str, ...] = ()  # what the user may have meant to do instead (see ``moved_groups_hint``)
 
     @property
     def warnings(self) -> list[str]:
@@ -92,6 +95,7 @@ class SplitResult:
                     "warnings",
                 )
             },
+            "hints": list(self.hints),
         }
 
 
@@ -101,7 +105,7 @@ def _named(values) -> str:
     return ", ".join(repr(v) for v in values[:NAMED]) + more
 
 
-def open_version(catalog: Path | Catalog, ref: str | None) -> tuple[Catalog, str]:
+def open_version(catalog: str | Path | Catalog, ref: str | None) -> tuple[Catalog, str]:
     cat = catalog if isinstance(catalog, Catalog) else open_catalog(catalog)
     return cat, cat.resolve(ref)
 
@@ -197,13 +201,13 @@ def compute(
             f"({unassigned_samples} samples): {_named(unassigned)}"
         )
     stratification = None
-    if strata is not None:
+    if strata is not None and params.stratify is not None:  # (strata are made only when it is set)
         uncovered = {label: r for label, r in a.strata.items() if r.missing}
         for label, r in uncovered.items():
             warnings.append(
                 f"stratum {label or '(none)'!r} ({r.groups} group(s)) is missing from split(s) {', '.join(r.missing)}"
             )
-        warnings += _strata_without_samples(vs, tables, params, set(uncovered), hashed_splits)
+        warnings += _strata_without_samples(vs, tables, params.stratify, set(uncovered), hashed_splits)
         stratification = Stratification(
             field=params.stratify,
             multi_stratum_groups=multi,
@@ -214,7 +218,7 @@ def compute(
                 for label, r in a.strata.items()
             },
         )
-    carried = _carried_doc(carry, a.splits, old, params) if carry else None
+    carried = _carried_doc(carry, a.splits, old, params) if carry and old is not None else None
     if carry and carry.reassigned:
         warnings.append(
             f"{len(carry.reassigned)} carried group(s) were reassigned because their old split "
@@ -244,22 +248,22 @@ def compute(
 
 
 def _strata_without_samples(
-    vs: VersionSamples, tables: dict, params: SplitParams, warned: set[str], hashed_splits: list[str]
+    vs: VersionSamples, tables: dict, stratify: str, warned: set[str], hashed_splits: list[str]
 ) -> list[str]:
-    """Warnings for values of the stratify field that reach no sample of a hashed split although no
+    """Warnings for values of the ``stratify`` field that reach no sample of a hashed split although no
     stratum was reported missing: a value every group of which belongs mostly to other strata (a
     title each player played once) has no groups of its own, so stratification cannot place it."""
     reach: dict[str, set[str]] = {}
     for split, table in tables.items():
         for sid in set(table["session_id"].to_pylist()):
-            reach.setdefault(field_value(vs.sessions[sid], params.stratify) or NO_STRATUM, set()).add(split)
-    labels = {field_value(vs.sessions[sid], params.stratify) or NO_STRATUM for sid in vs.session_ids}
+            reach.setdefault(field_value(vs.sessions[sid], stratify) or NO_STRATUM, set()).add(split)
+    labels = {field_value(vs.sessions[sid], stratify) or NO_STRATUM for sid in vs.session_ids}
     out = []
     for label in sorted(labels - warned):
         missing = [s for s in hashed_splits if s not in reach.get(label, set())]
         if missing:
             out.append(
-                f"{params.stratify} {label or '(none)'!r} reaches no sample of split(s) {', '.join(missing)}: "
+                f"{stratify} {label or '(none)'!r} reaches no sample of split(s) {', '.join(missing)}: "
                 "no group has most of its samples there, so stratification cannot place it"
             )
     return out
@@ -279,7 +283,12 @@ def _carried_doc(carry: Carry, final: dict, old: SplitSet, params: SplitParams) 
 
 
 def make_split(
-    catalog: Path | Catalog, version: str | None, name: str, options: SplitOptions | None = None, *, force: bool = False
+    catalog: str | Path | Catalog,
+    version: str | None,
+    name: str,
+    options: SplitOptions | None = None,
+    *,
+    force: bool = False,
 ) -> SplitResult:
     """Compute the split set ``name`` of a version (None = newest) and write it into the catalog.
 
@@ -300,6 +309,7 @@ def make_split(
     vs = read_version(cat, version_id)
     computed = compute(vs, name, params, old, pins_given=options.pins is not None)
     state = publish_split_set(cat, version_id, name, computed.files, computed.manifest, force=force)
+    hint = moved_groups_hint(cat, version_id, name) if state != "existed" and old is None else None
     return SplitResult(
         catalog=cat.url,
         version_id=version_id,
@@ -307,4 +317,33 @@ def make_split(
         path=f"{cat.url}/splits/{version_id}/{name}/{computed.manifest.hash}",
         state=state,
         manifest=computed.manifest,
+        hints=(hint,) if hint else (),
+    )
+
+
+def moved_groups_hint(cat: Catalog, version_id: str, name: str) -> str | None:
+    """A split set made by its rule alone for a new version need not follow the one of the same name in
+    an earlier version (other ratios, a stratification, pins): a group that moves from train to test leaks
+    what a model trained on into its evaluation. When the newest earlier version's split set puts groups
+    both hold elsewhere, say how many and how to carry its assignments instead."""
+    earlier = next(
+        (
+            v.version_id
+            for v in cat.versions()
+            if v.version_id != version_id and name in split_set_names(cat, v.version_id)
+        ),
+        None,
+    )
+    if earlier is None:
+        return None
+    before = open_split_set(cat, earlier, name).group_assignment()
+    now = open_split_set(cat, version_id, name).group_assignment()
+    moved = sorted(g for g in before.keys() & now.keys() if before[g] != now[g])
+    if not moved:
+        return None
+    return (
+        f"{len(moved)} of the {len(before.keys() & now.keys())} groups that version {earlier[:12]} also holds "
+        f"are in another split than in its split set {name!r} (e.g. {moved[0]!r}: {before[moved[0]]} there, "
+        f"{now[moved[0]]} here); to keep every group where it was, make it with --from-split "
+        f"{earlier[:12]}/{name} --force"
     )

@@ -562,3 +562,25 @@ def test_readers_never_see_a_split_set_half_replaced(catalog):
     for t in threads:
         t.join()
     assert errors == [] and reads[0] > 20
+
+
+def test_a_new_versions_split_set_that_moves_groups_hints_from_split(grown):
+    """A new version's split set followed its own rule alone, silently: with other ratios, groups the old
+    version held moved between splits (train data into test) and nothing said --from-split."""
+    cat, v1, v2 = grown
+    run("split", f"{cat}@{v1}", "--name", "hinted", "--by", "session_id", "--ratios", "train=0.5,test=0.5")
+    p = run("split", f"{cat}@{v2}", "--name", "hinted", "--by", "session_id", "--ratios", "train=0.1,test=0.9")
+    old = open_split(cat, v1, "hinted").group_assignment()
+    new = open_split(cat, v2, "hinted").group_assignment()
+    moved = [g for g in old if new[g] != old[g]]
+    assert moved, "the ratios chosen must move a group for this test to say anything"
+    hint = [line for line in p.stderr.splitlines() if line.startswith("hint")]
+    assert len(hint) == 1 and f"{len(moved)} of the {len(old)} groups" in hint[0], p.stderr
+    assert f"--from-split {v1[:12]}/hinted --force" in hint[0]
+    assert (
+        run_json("split", f"{cat}@{v2}", "--name", "hinted", "--from-split", f"{v1[:12]}/hinted", "--force")["hints"]
+        == []
+    )
+    assert {g: open_split(cat, v2, "hinted").group_assignment()[g] for g in old} == old
+    same = run("split", f"{cat}@{v2}", "--name", "unmoved", "--by", "session_id")  # no earlier set: nothing to say
+    assert "hint" not in same.stderr

@@ -126,6 +126,7 @@ def _nested(values: list, type, valid: list[bool], nulls: int):
     import pyarrow as pa
 
     n = len(values)
+    entries: list  # of lists of (key, item) pairs for a map, else of sequences or numpy rows
     if pa.types.is_map(type):
         entries = [[] if v is None else list(v.items() if isinstance(v, dict) else v) for v in values]
     else:

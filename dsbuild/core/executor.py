@@ -23,6 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
+from typing import Any, cast
 
 from dsbuild.core.errors import MissingDependency, StorageError, UsageError, WorkerDied
 from dsbuild.core.files import PARENT_ONLY_FDS
@@ -98,10 +99,10 @@ class TaskPool:
         self._inline = spec.kind == "local" and (inline or self._workers <= 1)
         self._start_method = start_method
         self._pool: ProcessPoolExecutor | None = None
-        self._ray = None  # the ray module, when this pool runs on Ray
+        self._ray: Any = None  # the ray module (untyped), when this pool runs on Ray
         self._ray_started = False  # whether this pool started the local Ray it must stop
-        self._remotes: dict[Callable, object] = {}
-        self._running: dict[object, tuple[int, object, str]] = {}  # future or ray ref -> (seq, tag, what)
+        self._remotes: dict[Callable, Any] = {}  # fn -> its (untyped) ray remote function
+        self._running: dict[Any, tuple[int, object, str]] = {}  # Future or (untyped) ray ref -> (seq, tag, what)
         self._done: deque[tuple[object, object]] = deque()  # (tag, result) finished, not yet returned
         self._seq = 0
         self._interrupted = False
@@ -160,8 +161,8 @@ class TaskPool:
         return self._done.popleft()
 
     def _collect(self) -> None:
-        done, _ = wait(self._running, return_when=FIRST_COMPLETED)
-        done = sorted(done, key=lambda f: self._running[f][0])
+        finished, _ = wait(self._running, return_when=FIRST_COMPLETED)
+        done = sorted(finished, key=lambda f: self._running[f][0])
         broken = [f for f in done if isinstance(f.exception(), BrokenProcessPool)]
         if broken:
             names = ", ".join(self._running[f][2] for f in broken[:4]) + (", ..." if len(broken) > 4 else "")
@@ -211,7 +212,8 @@ def run_tasks(
         for i, item in enumerate(items):
             pool.submit(fn, item, i, describe(item))
         while pool.pending:
-            on_result(*pool.next())
+            tag, result = pool.next()
+            on_result(cast(int, tag), result)  # the tags are the indices submitted above
 
 
 RAY_CONNECT_TIMEOUT = 5  # seconds for the cluster's address to accept a connection

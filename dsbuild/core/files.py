@@ -29,14 +29,14 @@ class UnsafeFile(FormatError):
     """A path that is not a regular file inside its root."""
 
 
-def inside(path: Path, root: Path) -> bool:
+def inside(path: Path | str, root: Path | str) -> bool:
     """``path`` resolves (symlinks followed) to ``root`` or below it.
 
     Lexically inside with no symlink on the way (one lstat per component below ``root``: the common
     case) settles it without resolving; anything else is resolved in full."""
-    path, root = os.path.abspath(path), os.path.abspath(root)
-    if path.startswith(root.rstrip(os.sep) + os.sep) and ".." not in path[len(root) :].split(os.sep):
-        rest, probe = path[len(root) :].strip(os.sep).split(os.sep), root
+    here, top = os.path.abspath(path), os.path.abspath(root)
+    if here.startswith(top.rstrip(os.sep) + os.sep) and ".." not in here[len(top) :].split(os.sep):
+        rest, probe = here[len(top) :].strip(os.sep).split(os.sep), top
         try:
             for part in rest:
                 probe = os.path.join(probe, part)
@@ -46,8 +46,8 @@ def inside(path: Path, root: Path) -> bool:
                 return True
         except OSError:
             pass
-    real_root = os.path.realpath(root)
-    real = os.path.realpath(path)
+    real_root = os.path.realpath(top)
+    real = os.path.realpath(here)
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 

@@ -9,7 +9,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from blake3 import blake3
 
@@ -17,6 +17,14 @@ from dsbuild.core.files import open_regular
 from dsbuild.core.jsonio import canonical_json
 
 CHUNK = 4 << 20
+
+
+class Hasher(Protocol):
+    """What ``FileProof`` asks of a hash: hashlib's and blake3's objects both are one."""
+
+    def update(self, data: bytes, /) -> object: ...
+
+    def hexdigest(self) -> str: ...
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -66,7 +74,7 @@ class FileProof:
     pair an honest name with other bytes and their BLAKE3."""
 
     def __init__(self, sha256: str, blake3_hex: str | None, *, named: bool = False):
-        self._checks = []  # (hash name, hasher, expected hex digest)
+        self._checks: list[tuple[str, Hasher, str]] = []  # (hash name, hasher, expected hex digest)
         if blake3_hex:
             self._checks.append(("blake3", blake3(max_threads=_blake3_threads()), blake3_hex))
         if named or not blake3_hex:

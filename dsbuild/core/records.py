@@ -74,6 +74,8 @@ class Record:
 
     __slots__ = ()
     FORMAT: ClassVar[str | None] = None  # when set, the JSON carries {"format": FORMAT} and it is checked
+    if typing.TYPE_CHECKING:  # what ``@dataclass`` gives each subclass, so ``dataclasses.fields`` takes a Record
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     # -- writing ----------------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -96,7 +98,7 @@ class Record:
             found = doc.pop("format", None)
             if found != cls.FORMAT:
                 raise FormatError(f"{what}: format is {str(found)[:80]!r}, expected {cls.FORMAT!r}")
-        plan, names = _plan(cls)
+        plan, names = _plan(cls)  # type: ignore[arg-type]  # a class is hashable; mypy checks the instances' __hash__
         if len(doc) > len(names) or not names.issuperset(doc):
             unknown = sorted(set(doc) - names, key=str)
             raise FormatError(f"{what}: unknown field {str(unknown[0])[:80]!r}")

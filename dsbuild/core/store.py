@@ -124,7 +124,9 @@ class Store(Protocol):
     """The interface. ``url`` names the store in messages; ``local_root`` is set for local folders."""
 
     url: str
-    local_root: Path | None
+
+    @property
+    def local_root(self) -> Path | None: ...
 
     def read(self, key: str, cap: int, *, proven: Callable[[bytes], bool] | None = None) -> bytes: ...
     def exists(self, key: str) -> bool: ...
@@ -282,6 +284,7 @@ def retry(what: str, fn: Callable):
     not transient: FileNotFoundError passes."""
     started = time.monotonic()
     for attempt in range(RETRIES):
+        failure: Exception | None
         try:
             return fn()
         except FileNotFoundError as e:

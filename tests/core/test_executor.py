@@ -91,21 +91,27 @@ def test_results_come_back_by_index_for_any_worker_count():
         assert got == {i: i * i for i in range(7)}
 
 
+def _events_of_five_tasks(workers: int) -> list:
+    """("started", live worker processes) and ("result", index), in the order ``run_tasks`` made them."""
+    events: list = []
+
+    def started() -> None:
+        events.append(("started", len(multiprocessing.active_children())))
+
+    run_tasks(
+        _square,
+        list(range(5)),
+        ExecutorSpec(workers=workers),
+        lambda i, r: events.append(("result", i)),
+        started=started,
+    )
+    return events
+
+
 def test_started_is_called_once_the_workers_exist_and_before_any_result():
     """validate starts its shard hashing thread there: forking after it would copy a thread's locks."""
     for workers in (1, 2):
-        events = []
-
-        def started() -> None:
-            events.append(("started", len(multiprocessing.active_children())))
-
-        run_tasks(
-            _square,
-            list(range(5)),
-            ExecutorSpec(workers=workers),
-            lambda i, r: events.append(("result", i)),
-            started=started,
-        )
+        events = _events_of_five_tasks(workers)
         assert events[0] == ("started", 0 if workers == 1 else workers)
         assert [e for e in events if e[0] == "started"] == [events[0]] and len(events) == 6
     events = []

@@ -67,17 +67,17 @@ __all__ = [
 ]
 
 
-def _root(catalog: Path | Catalog) -> Catalog:
+def _root(catalog: str | Path | Catalog) -> Catalog:
     return catalog if isinstance(catalog, Catalog) else open_catalog(catalog)
 
 
-def open_split(catalog: Path | Catalog, version_id: str | None, name: str) -> SplitSet:
+def open_split(catalog: str | Path | Catalog, version_id: str | None, name: str) -> SplitSet:
     """The split set ``name`` of a version (id, unique prefix, or None for the newest)."""
     cat = _root(catalog)
     return open_split_set(cat, cat.resolve(version_id), name)
 
 
-def load_split(catalog: Path | Catalog, version_id: str | None, spec: str) -> pa.Table:
+def load_split(catalog: str | Path | Catalog, version_id: str | None, spec: str) -> pa.Table:
     """``spec`` = "NAME/SPLIT" -> that split's rows (keys + shard locators), sorted by key, verified."""
     name, slash, split = str(spec).partition("/")
     if not slash or not name or not split:
@@ -85,7 +85,7 @@ def load_split(catalog: Path | Catalog, version_id: str | None, spec: str) -> pa
     return open_split(catalog, version_id, name).table(split)
 
 
-def list_split_sets(catalog: Path | Catalog, version_id: str | None) -> list[SplitSet]:
+def list_split_sets(catalog: str | Path | Catalog, version_id: str | None) -> list[SplitSet]:
     """The split sets of a version, sorted by name (``.summary()`` gives a JSON-ready overview)."""
     cat = _root(catalog)
     return _list(cat, cat.resolve(version_id))

@@ -143,7 +143,7 @@ def assign_groups(
         raise ValueError("no split takes hashed groups (every split with a ratio is pinned)")
     u = {g: unit(salt, g) for g in hashed}
     base = {g: split_for(u[g], bounds) for g in hashed}
-    current = {g: fixed.get(g, base.get(g)) for g in all_groups}
+    current = {g: fixed[g] if g in fixed else base[g] for g in all_groups}  # a group is pinned or hashed
     repaired: dict[str, tuple[str, str]] = {}
     reports: dict[str, StratumReport] = {}
     if strata is not None:
@@ -223,7 +223,8 @@ def shares(
     n_groups = len(assignment)
     n_samples = sum(samples_per_group[g] for g in assignment)
     n_hashed = sum(1 for s in assignment.values() if s not in excl)
-    g_count, s_count = Counter(), Counter()
+    g_count: Counter[str] = Counter()
+    s_count: Counter[str] = Counter()
     for g, s in assignment.items():
         g_count[s] += 1
         s_count[s] += samples_per_group[g]
@@ -231,7 +232,7 @@ def shares(
     for n in names:
         p = ratio_of[n] / free_total if n not in excl and free_total > 0 else None
         std = expected_std(p, n_hashed) if p is not None else None
-        dev = (g_count[n] / n_hashed - p) / std if std else None
+        dev = (g_count[n] / n_hashed - p) / std if p is not None and std else None
         out[n] = SplitShare(
             groups=g_count[n],
             samples=s_count[n],

@@ -49,7 +49,7 @@ def overlaps(members: Mapping[str, Iterable[str]]) -> dict[str, list[str]]:
 
 
 def check_split(
-    catalog: Path | Catalog, version: str | None, name: str, options: SplitOptions | None = None
+    catalog: str | Path | Catalog, version: str | None, name: str, options: SplitOptions | None = None
 ) -> CheckResult:
     """Check the split set ``name`` of a version. Parameters not given in ``options`` are the recorded ones."""
     cat, version_id = open_version(catalog, version)

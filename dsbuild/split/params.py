@@ -55,18 +55,20 @@ def check_field(text: str, option: str = "--by") -> str:
 
 def parse_ratios(text: str | Mapping[str, float]) -> Ratios:
     """'train=0.8,val=0.1,test=0.1' (or a mapping) -> canonical ratios; they must sum to 1."""
+    pairs: list[tuple[str, str | float]]  # the values are checked below
     if isinstance(text, Mapping):
         pairs = [(str(k), v) for k, v in text.items()]
     else:
         pairs = []
         for item in str(text).split(","):
-            name, eq, value = item.strip().partition("=")
+            name, eq, ratio_text = item.strip().partition("=")
             if not eq:
                 raise UsageError(
                     f"--ratios {text!r}: {item.strip()!r} is not NAME=RATIO (e.g. train=0.8,val=0.1,test=0.1)"
                 )
-            pairs.append((name.strip(), value.strip()))
-    seen, out = set(), []
+            pairs.append((name.strip(), ratio_text.strip()))
+    seen: set[str] = set()
+    out: list[tuple[str, float]] = []
     for name, value in pairs:
         check_name(name, "split name")
         if name in seen:
@@ -95,7 +97,7 @@ def parse_pin(text: str) -> tuple[str, Path]:
     return check_name(name.strip(), "pinned split"), Path(path)
 
 
-def read_pin_file(path: Path) -> tuple[str, ...]:
+def read_pin_file(path: Path | str) -> tuple[str, ...]:
     """Group values, one per line, each exactly as the line holds it (NFC; spaces are part of a value, as
     they are of group values: stripping them pinned another group); blank lines and lines starting with
     '#' are skipped, and a leading backslash is dropped (``\\#7`` pins the value ``#7``)."""

@@ -42,8 +42,9 @@ try:  # typer >= 0.16 ships its own copy of click; older releases use the click 
     from typer._click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption
     from typer._click.exceptions import UsageError as ParserError
 except ImportError:  # pragma: no cover - depends on the installed typer
-    from click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption
-    from click.exceptions import UsageError as ParserError
+    # (the same classes, from the package typer < 0.16 uses; mypy sees typer's copy as another type)
+    from click.exceptions import ClickException, NoArgsIsHelpError, NoSuchOption  # type: ignore[assignment]
+    from click.exceptions import UsageError as ParserError  # type: ignore[assignment]
 
 INTERNAL = 70
 INTERRUPTED = 130
@@ -109,8 +110,38 @@ app = typer.Typer(
 def _root(
     version: bool = typer.Option(False, "--version", help="Print the version and exit (works after any command)."),
     debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error (works after any command)."),
+    lock_timeout: float = typer.Option(
+        None,
+        "--lock-timeout",
+        min=0,
+        metavar="SECONDS",
+        help="Give up (exit 3) when another command holds the catalog's lock this long (works after any "
+        "command; default: wait, saying for whom).",
+    ),
 ) -> None:
     """Turn raw game captures into versioned, validated, deterministic training datasets."""
+    if lock_timeout is not None:
+        from dsbuild.lineage.catalog import set_lock_timeout
+
+        set_lock_timeout(lock_timeout)
+
+
+def _root_options_first(args: list[str]) -> list[str]:
+    """``--lock-timeout SECONDS`` given after the command (before any ``--``) moved in front of it, where the
+    root option is parsed: like --debug, it works after any command."""
+    end = args.index("--") if "--" in args else len(args)
+    front, rest, i = [], [], 0
+    while i < len(args):
+        if i < end and args[i] == "--lock-timeout" and i + 1 < end:
+            front += args[i : i + 2]
+            i += 2
+        elif i < end and args[i].startswith("--lock-timeout="):
+            front.append(args[i])
+            i += 1
+        else:
+            rest.append(args[i])
+            i += 1
+    return front + rest
 
 
 for _name in COMMANDS:
@@ -304,7 +335,7 @@ def _streams_present() -> None:
     command runs and what would go there is dropped, as the caller asked."""
     for name in ("stdout", "stderr"):
         if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, "w"))
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 (open for the life of the process)
 
 
 def run(args: list[str], command=None, *, signals: bool = False) -> int:
@@ -323,6 +354,8 @@ def run(args: list[str], command=None, *, signals: bool = False) -> int:
     catalog = sys.modules.get("dsbuild.lineage.catalog")
     if catalog is not None:  # (a command run in a process that ran others: only its own commits count)
         catalog.PUBLISHED.clear()
+        catalog.set_lock_timeout(None)
+    args = _root_options_first(list(args))
     try:
         if signals:  # (a signal the parent set to be ignored stays ignored: a script's background job)
             _RUNNING[:] = [command_name]
@@ -350,7 +383,7 @@ def run(args: list[str], command=None, *, signals: bool = False) -> int:
             return _quiet_broken_pipe()
 
 
-def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+def _interrupt_behind(e: BaseException | None) -> KeyboardInterrupt | None:
     """The Ctrl-C (or SIGTERM) that caused ``e``, if one did: Python wraps an interrupt that lands in a
     class body's ``__set_name__`` (a lazy import while the options are parsed) in a RuntimeError, which
     was reported as an internal error."""

@@ -25,8 +25,14 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from functools import cache
+from typing import TYPE_CHECKING, TypeGuard
 
 from dsbuild.core.jsonio import clean  # (text from a catalog or capture never drives the terminal)
+
+if TYPE_CHECKING:
+    from rich.console import ConsoleRenderable
+    from rich.progress import Progress as Bars
+    from rich.progress import TaskID
 
 SHORT_ID = 12
 NO_TRUNC_WIDTH = 1000  # columns a --no-trunc table may take (the terminal wraps what it cannot show)
@@ -80,9 +86,13 @@ def mute_stderr() -> None:
         pass
 
 
-def _cell(c: object) -> object:
+def _renderable(c: object) -> TypeGuard[ConsoleRenderable]:
+    return hasattr(c, "__rich_console__")  # (without importing rich)
+
+
+def _cell(c: object) -> ConsoleRenderable | str:
     """A table cell: a rich renderable (from a caller that styles it) is kept, anything else cleaned."""
-    return c if hasattr(c, "__rich_console__") else clean(c)
+    return c if _renderable(c) else clean(c)
 
 
 def _plain_cell(c: object) -> str:
@@ -190,14 +200,14 @@ class Out:
     ) -> None:
         """A table: rich on a terminal (``wide`` columns never wrap), tab-separated lines under a header line
         otherwise (the header alone when there are no rows: a script reads "none", not "no output")."""
-        rows = [[_cell(c) for c in row] for row in rows]
-        if not self.human or (not rows and self.console is not None):
+        cells = [[_cell(c) for c in row] for row in rows]
+        if not self.human or (not cells and self.console is not None):
             return
         if self.console is None:
             if title:
                 sys.stdout.write(f"# {clean(title)}\n")
             sys.stdout.write("\t".join(columns) + "\n")
-            for row in rows:
+            for row in cells:
                 sys.stdout.write("\t".join(_plain_cell(c) for c in row) + "\n")
             return
         from rich.table import Table
@@ -219,7 +229,7 @@ class Out:
                 min_width=None if name in wide else 4,
                 style=(styles or {}).get(name, ""),
             )
-        for row in rows:
+        for row in cells:
             t.add_row(*(Text(c) if isinstance(c, str) else c for c in row))
         if not self.no_trunc:
             self.console.print(t)
@@ -235,11 +245,11 @@ class Out:
 
     def pairs(self, items: Iterable[tuple[str, object]]) -> None:
         """Key/value lines: aligned on a terminal, ``key<TAB>value`` otherwise."""
-        items = [(k, clean(v)) for k, v in items]
+        lines = [(k, clean(v)) for k, v in items]
         if not self.human:
             return
         if self.console is None:
-            for k, v in items:
+            for k, v in lines:
                 sys.stdout.write(f"{k}\t{v}\n")
             return
         from rich.table import Table
@@ -248,7 +258,7 @@ class Out:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
-        for k, v in items:
+        for k, v in lines:
             grid.add_row(Text(k), Text(v))
         self.console.print(grid)
 
@@ -271,8 +281,8 @@ class Progress:
         self.label = label
         self.enabled = out.human
         self.live = self.enabled and sys.stderr.isatty()
-        self._bar = None
-        self._tasks: dict[str, object] = {}  # stage -> its bar
+        self._bar: Bars | None = None
+        self._tasks: dict[str, TaskID] = {}  # stage -> its bar
         self._lock = threading.Lock()
         self._last_line = 0.0
         self._pending: dict[str, tuple[float, str]] = {}  # stage -> (when, its latest line), not printed yet

@@ -93,7 +93,7 @@ def samples(
             seed=seed,
             upscale=upscale or 1,
         )
-        paths, plan = [r.path for r in record(Path(out), options)], {}
+        paths, plan = [r.path for r in record(Path(out), options)], dict[int, str]()
     else:
         if games is not None or policy is not None or upscale is not None:
             raise UsageError("--games, --policy and --upscale work with --source atari only")

@@ -17,14 +17,16 @@ Reports (--save/--junit/--html) are written also when the version is rejected.""
 SHOWN = 3  # offenders per check in piped output; --save/--json/--html/--junit carry up to max_offenders
 
 
-def _write(path: str, write, what: str) -> None:
-    """``write(path)``; an OSError is a StorageError naming the file (exit 3)."""
+def _write(path: str, data: bytes, what: str) -> None:
+    """Replace the file at ``path`` with ``data`` atomically; an OSError is a StorageError naming the file
+    (exit 3)."""
     from pathlib import Path
 
     from dsbuild.core.errors import StorageError
+    from dsbuild.core.files import replace_atomically
 
     try:
-        write(Path(path))
+        replace_atomically(Path(path), data)
     except OSError as e:
         raise StorageError(
             f"{path}: cannot write the {what} ({e.strerror or e})", hint="check the folder and its permissions"
@@ -91,7 +93,6 @@ def validate(
 
     Structure, content, coverage, duplicates and split leakage."""
     from dsbuild.core.executor import ExecutorSpec
-    from dsbuild.core.files import replace_atomically
     from dsbuild.lineage.catalog import open_catalog, parse_ref
     from dsbuild.validators import ValidateOptions, load_spec, verdict_line
     from dsbuild.validators import validate as run_validate
@@ -102,7 +103,7 @@ def validate(
     files = report_files(
         {"--save": save, "--junit": junit, "--html": html}, inputs={"--acceptance": acceptance}, catalog=path
     )
-    save, junit, html = files["--save"], files["--junit"], files["--html"]
+    save_to, junit_to, html_to = files["--save"], files["--junit"], files["--html"]
     catalog = open_catalog(path)
     with Progress("validate", o) as bar:
         report = run_validate(
@@ -127,14 +128,14 @@ def validate(
     made = [
         (path, what, make())
         for path, what, make in (
-            (save, "JSON report", lambda: to_json(report).encode()),
-            (junit, "JUnit report", lambda: to_junit(report).encode()),
-            (html, "HTML report", lambda: html_page(report, catalog=catalog)),
+            (save_to, "JSON report", lambda: to_json(report).encode()),
+            (junit_to, "JUnit report", lambda: to_junit(report).encode()),
+            (html_to, "HTML report", lambda: html_page(report, catalog=catalog)),
         )
         if path
     ]
     for path, what, data in made:
-        _write(path, lambda p: replace_atomically(p, data), what)
+        _write(path, data, what)
     report.raise_if_rejected()
 
 

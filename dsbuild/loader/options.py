@@ -26,6 +26,7 @@ MIXES = ("batch", "sample")
 VERIFY = ("sample", "shard", "none")
 READS = ("map", "pread")
 BACKENDS = ("pyav", "torchcodec", "nvdec", "auto")
+WORKER_MODES = ("auto", "thread", "process")
 AUDIO_CHANNELS = (1, 2)  # mono, stereo (what the remixer lays out)
 DEVICE_RE = re.compile(r"cpu|auto|cuda(:[0-9]+)?")
 
@@ -78,8 +79,19 @@ class LoaderOptions:
         "data-parallel index, CP ranks get their slices, middle pipeline stages read nothing",
     )
     # -- delivery (free to change) ----------------------------------------------------------------------
-    num_workers: int = option(2, "threads that read and decode (PyAV, preadv and the hashes release the GIL)")
-    prefetch: int = option(4, "batches in flight: bounds memory")
+    num_workers: int = option(2, "threads (or processes, see worker_mode) that read, decode and collate batches")
+    worker_mode: str = option(
+        "auto",
+        "thread: PyAV, preadv and the hashes release the GIL, batches need no hand-off; process: each "
+        "worker process builds whole batches into shared memory (uses the cores the GIL keeps threads "
+        "from); auto: processes when num_workers > 2 (stats()['workers'] says which and why)",
+    )
+    prefetch: int = option(
+        4, "batches in flight: bounds memory (process mode: per worker, in a ring of prefetch + 1 segments)"
+    )
+    shm_bytes: int | None = option(
+        None, "process mode: shared memory the workers' rings may use in all (None: as much as /dev/shm has)"
+    )
     decode: str = option("frames", "frames: uint8 arrays; bytes: the encoded MP4 for a GPU decoder")
     decode_backend: str = option(
         "pyav", "pyav (CPU, default), torchcodec (CPU), nvdec (NVDEC through PyAV's FFmpeg), auto"
@@ -128,6 +140,7 @@ class LoaderOptions:
         _choice("verify", self.verify, VERIFY)
         _choice("read", self.read, READS)
         _choice("decode_backend", self.decode_backend, BACKENDS)
+        _choice("worker_mode", self.worker_mode, WORKER_MODES)
         _choice("balance", self.balance, BALANCES)
         for name in (
             "batch_size",
@@ -143,11 +156,13 @@ class LoaderOptions:
             _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rank", "num_workers", "max_replacements"):
             _at_least(name, getattr(self, name), 0)
-        for name in ("pack_frames", "max_frames", "clip_frames"):
+        for name in ("pack_frames", "max_frames", "clip_frames", "shm_bytes"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         if self.parallel is not None and not isinstance(self.parallel, Parallel):
             self._take_mesh(self.parallel)
+        if self.worker_mode == "process" and self.num_workers < 1:
+            raise UsageError("worker_mode='process' needs num_workers >= 1", hint="num_workers=0 builds in this thread")
         if self.rank >= self.world_size:
             raise UsageError(
                 f"rank {self.rank} is outside world_size {self.world_size}", hint="ranks are 0 .. world_size - 1"

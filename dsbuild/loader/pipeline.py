@@ -58,6 +58,7 @@ from dsbuild.loader.walk import (
     walk_batches,
     walk_samples,
 )
+from dsbuild.loader.workers import ProcessWorkers, choose_mode
 
 DRAWN_CHECK_MAX = 1 << 27  # draws of a restored mixture's schedule recounted (see ``_check_drawn``)
 
@@ -631,7 +632,12 @@ class Mixture:
         self.open()
         o = self.options
 
+        processes = self._worker_mode() == "process"
+        depth = o.prefetch * o.num_workers if processes else o.prefetch  # process mode: prefetch per worker
+
         def submit(step: Step):  # (the pool of now: a ``close()`` during the loop stops the one it began with)
+            if processes:
+                return self._processes().submit(step)
             return self._workers().submit(self._build_held, step) if self._pace.ahead() else None
 
         self._generation += 1
@@ -647,7 +653,7 @@ class Mixture:
         finished = False
         try:
             while True:
-                while end is None and len(pending) < o.prefetch:
+                while end is None and len(pending) < depth:
                     step, after = next(work, (None, None))
                     if step is None:
                         end = after
@@ -655,7 +661,7 @@ class Mixture:
                     pending.append((submit(step), step, after))
                 if end is not None:
                     nxt = nxt or Ahead(end, deque(), self.steps(start=end))
-                    nxt.fill(submit, o.prefetch - len(pending))
+                    nxt.fill(submit, depth - len(pending))
                 if not pending:
                     break
                 fut, step, after = pending.popleft()
@@ -701,6 +707,22 @@ class Mixture:
             )
             self._pool_process = _Process.generation
         return self._pool
+
+    def _worker_mode(self) -> str:
+        """ "thread" or "process" (``workers.choose_mode``), noted with the reason in ``stats()``."""
+        mode, why = choose_mode(self.options)
+        self._stats.workers_info(mode=mode, why=why)
+        return mode
+
+    def _processes(self) -> ProcessWorkers:
+        """The worker processes (``dsbuild.loader.workers``): started on first use, kept from epoch to epoch
+        until ``close``; made anew in a forked process, which inherits none."""
+        held = self._held.processes
+        if held is None or held.generation != _Process.generation:
+            held = ProcessWorkers(self, self._stats)
+            held.generation = _Process.generation
+            self._held.processes = held.start()
+        return held
 
     def close(self) -> None:
         """Close its shard files and stop its worker threads now (a loader that is simply dropped does
@@ -768,11 +790,15 @@ class _Held:
     def __init__(self):
         self.files: list[ShardFiles] = []
         self.pool: ThreadPoolExecutor | None = None
+        self.processes: ProcessWorkers | None = None
 
     def release(self) -> None:
         files, self.files = self.files, []
         for f in files:
             f.close()
+        processes, self.processes = self.processes, None
+        if processes is not None:
+            processes.close()
         pool, self.pool = self.pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -16,6 +16,9 @@ class Stats:
     ``threads`` attributes the same seconds (and batches) to the thread that recorded them: the loader's
     workers (``dsbuild-load_0``...) for read/decode/collate, the consumer's thread for wait/h2d.
     ``notes`` say what the loader chose on the user's behalf (a device or decoder fallback).
+    ``workers`` says how batches are built: ``mode`` (thread or process) and ``why``; with processes,
+    how many, their start method, ``startup_seconds`` and ``shm_bytes`` (shared memory in use). The
+    seconds worker processes spend are added under their names (``dsbuild-load-proc_0``...).
 
     Counters count what was delivered: a batch's counts (and its substituted samples) are held while it
     is built (``holding``) and added when the loop hands it over (``deliver``), so batches built ahead and
@@ -37,6 +40,7 @@ class Stats:
         self.corrupt_keys: list[str] = []
         self.threads: dict[str, dict[str, float]] = {}
         self.notes: list[str] = []
+        self.workers: dict = {}
         self._local = threading.local()
 
     @contextmanager
@@ -64,6 +68,20 @@ class Stats:
         if text and text not in self.notes:
             with self._lock:
                 self.notes.append(text)
+
+    def workers_info(self, **fields) -> None:
+        """How batches are built (see the class docstring), merged into ``workers``."""
+        with self._lock:
+            self.workers.update(fields)
+
+    def add_worker(self, name: str, seconds: dict[str, float]) -> None:
+        """A batch built by the worker process ``name``, which spent ``seconds`` per stage on it."""
+        with self._lock:
+            mine = self.threads.setdefault(name, {})
+            for k, v in seconds.items():
+                self.seconds[k] = self.seconds.get(k, 0.0) + v
+                mine[k] = mine.get(k, 0.0) + v
+            mine["batches"] = mine.get("batches", 0) + 1
 
     def add(self, counts: dict | None = None, seconds: dict | None = None, corrupt: str | None = None) -> None:
         name = threading.current_thread().name
@@ -95,4 +113,5 @@ class Stats:
                 "padding_fraction": self.counts["padding_frames"] / total if total else 0.0,
                 "threads": {name: dict(v) for name, v in sorted(self.threads.items())},
                 "notes": list(self.notes),
+                "workers": dict(self.workers),
             }

@@ -1,0 +1,648 @@
+"""The loader's worker processes: whole batches built in other processes, handed over in shared memory.
+
+Threads cannot use a node's cores: the per-sample Python of a batch holds the GIL. With
+``worker_mode="process"`` (``"auto"`` picks it for more than two workers) each of ``num_workers``
+processes builds whole batches — never single samples: one hand-off a batch — into a ring of shared
+memory segments it owns, ``prefetch + 1`` of them (``prefetch`` batches built ahead, and the one the
+consumer holds). The consumer maps each segment once and delivers numpy views of it (``torch.from_numpy``
+on the torch path): no copy. A segment is written again only once every view of the batch in it is gone
+(the rule of the loader's pooled buffers); a consumer that keeps more batches than that gets them
+in segments of their own, which the worker replaces in its ring (``fresh``), so nothing a user holds ever
+changes and nothing waits for it.
+
+Batch j is a pure function of (seed, versions, splits, order options, j): the consumer walks the stream as
+in thread mode and sends worker ``k % N`` the k-th step it needs, as a few numbers; it takes the batches
+back in the order it sent them. So batches, their order and every ``state_dict()`` are those of thread
+mode for any N, and a checkpoint resumes across modes and worker counts.
+
+Nothing crosses by pickle but the loader's own settings, once, when a worker starts (the map function by
+reference). Control messages are JSON over pipes (a step's indices; "done" with the segment's name); the
+batch's arrays, clips and a JSON header (its metadata, the counts it held, the seconds it took) are in
+the segment.
+
+Processes start from a fork server (``forkserver``): a clean process started once, without the parent's
+threads or CUDA context, forks each worker with numpy and dsbuild already imported — safe after the
+parent initialised CUDA or started threads (a plain ``fork`` is not), and quicker than ``spawn``, which
+imports everything again in every worker. Workers start on first use, stay for every epoch until
+``close()``, and die with the parent (``PR_SET_PDEATHSIG``, as convert's do). A worker that dies is a
+``WorkerDied`` naming it and how it died, never a hang. A segment that would not fit in ``/dev/shm`` is a
+``StorageError`` naming the size it needs and the options that lower it (it is allocated up front, so a
+full ``/dev/shm`` never surfaces as a SIGBUS mid-copy). ``close()`` (or the loader's collection, or the
+interpreter's exit) unlinks every segment; after a crash of the parent, multiprocessing's resource
+tracker unlinks what the workers created.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import mmap
+import os
+import pickle
+import signal
+import struct
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from multiprocessing import connection, get_context
+from multiprocessing import resource_tracker as _tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from dsbuild.core import errors
+from dsbuild.core.errors import DsbuildError, StorageError, UsageError, WorkerDied
+from dsbuild.core.executor import _die_with_parent
+from dsbuild.core.files import PARENT_ONLY_FDS
+from dsbuild.loader.options import LoaderOptions
+from dsbuild.loader.passes import decode, encode
+from dsbuild.loader.walk import SampleRef, Step
+
+START_METHOD = "forkserver"  # see the module docstring
+ALIGN = 64  # bytes: every array in a segment starts on a cache line (and its dtype's alignment)
+PREFIX = struct.Struct("<Q")  # a segment starts with its header's length
+MIB = 1 << 20
+SHM_DIR = "/dev/shm"
+
+
+# -- which mode --------------------------------------------------------------------------------------
+def choose_mode(o: LoaderOptions) -> tuple[str, str]:
+    """("thread" or "process", why): ``worker_mode`` as given, or what ``"auto"`` picks."""
+    if o.worker_mode != "auto":
+        return o.worker_mode, f"worker_mode={o.worker_mode!r}"
+    if o.num_workers <= 2:
+        return "thread", f"auto: num_workers={o.num_workers} <= 2, threads overlap decoding and reads without hand-offs"
+    if o.map is not None and not _picklable(o.map):
+        return "thread", "auto: map cannot be sent to a worker process (define it at a module's top level)"
+    return "process", f"auto: num_workers={o.num_workers} > 2, processes use the cores the GIL keeps threads from"
+
+
+def _picklable(fn: Any) -> bool:
+    try:
+        pickle.dumps(fn)
+    except Exception:
+        return False
+    return True
+
+
+# -- messages ------------------------------------------------------------------------------------------
+def _plain(v: Any) -> Any:
+    """JSON for numpy scalars (the walk's numbers may be numpy integers)."""
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    raise TypeError(f"{type(v).__name__} cannot cross to a worker process as JSON")
+
+
+def _dumps(v: Any) -> bytes:
+    return json.dumps(v, default=_plain, separators=(",", ":")).encode()
+
+
+def step_to_json(step: Step) -> dict:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(step):
+        v = getattr(step, f.name)
+        if f.name == "after":
+            v = encode(v)
+        elif f.name == "items" and v is not None:
+            v = [[list(r) for r in item] for item in v]
+        out[f.name] = v
+    return out
+
+
+def step_from_json(v: dict) -> Step:
+    items = v.get("items")
+    return Step(
+        **{
+            **v,
+            "after": decode(v["after"]),
+            "items": None if items is None else tuple(tuple(SampleRef(*r) for r in item) for item in items),
+        }
+    )
+
+
+# -- a batch in a segment ------------------------------------------------------------------------------
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _is_buffer(x: Any) -> bool:
+    return isinstance(x, (bytes, bytearray, memoryview))
+
+
+def lay_out(batch: dict, extra: dict) -> tuple[bytes, list[tuple[int, Any]], int]:
+    """(header, [(offset, payload)], total bytes) of ``batch`` in a segment: arrays and lists of arrays
+    (``cu_seqlens``) or of encoded clips at aligned offsets after the header; every other field in the
+    JSON header, in the batch's order, with ``extra``."""
+    fields: list = []
+    payloads: list[tuple[int, Any]] = []
+    at = 0
+    for name, v in batch.items():
+        if isinstance(v, np.ndarray):
+            if v.dtype.hasobject:
+                raise TypeError(f"batch field {name!r} holds Python objects")
+            fields.append([name, "array", [at, v.dtype.str, list(v.shape)]])
+            payloads.append((at, v))
+            at += _aligned(v.nbytes)
+        elif isinstance(v, list) and v and all(isinstance(x, np.ndarray) for x in v):
+            specs = []
+            for a in v:
+                specs.append([at, a.dtype.str, list(a.shape)])
+                payloads.append((at, a))
+                at += _aligned(a.nbytes)
+            fields.append([name, "arrays", specs])
+        elif isinstance(v, list) and v and all(_is_buffer(x) for x in v):
+            sizes = [memoryview(x).nbytes for x in v]
+            fields.append([name, "buffers", [at, sizes]])
+            payloads.append((at, v))
+            at += _aligned(sum(sizes))
+        else:
+            fields.append([name, "json", v])
+    header = _dumps({"fields": fields, **extra})
+    base = _aligned(PREFIX.size + len(header))
+    return header, [(base + off, p) for off, p in payloads], base + at
+
+
+def write_batch(root: np.ndarray, header: bytes, payloads: list[tuple[int, Any]]) -> None:
+    """The laid-out batch into ``root`` (a segment's bytes as uint8)."""
+    root[: PREFIX.size] = np.frombuffer(PREFIX.pack(len(header)), np.uint8)
+    root[PREFIX.size : PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
+    for at, p in payloads:
+        if isinstance(p, np.ndarray):
+            root[at : at + p.nbytes] = np.ascontiguousarray(p).reshape(-1).view(np.uint8)
+            continue
+        for clip in p:
+            n = memoryview(clip).nbytes
+            root[at : at + n] = np.frombuffer(clip, np.uint8)
+            at += n
+
+
+def _view(root: np.ndarray, at: int, dtype: str, shape: list) -> np.ndarray:
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    return root[at : at + n].view(dt).reshape(shape)
+
+
+def read_batch(root: np.ndarray) -> tuple[dict, dict]:
+    """(batch, extra) from a segment written by ``write_batch``: arrays and clips are views of ``root``."""
+    (n,) = PREFIX.unpack(root[: PREFIX.size].tobytes())
+    head = json.loads(root[PREFIX.size : PREFIX.size + n].tobytes())
+    base = _aligned(PREFIX.size + n)
+    batch: dict = {}
+    for name, kind, spec in head.pop("fields"):
+        if kind == "array":
+            batch[name] = _view(root, base + spec[0], *spec[1:])
+        elif kind == "arrays":
+            batch[name] = [_view(root, base + s[0], *s[1:]) for s in spec]
+        elif kind == "buffers":
+            at, sizes = base + spec[0], spec[1]
+            clips = []
+            for size in sizes:
+                clips.append(root[at : at + size].data.toreadonly())
+                at += size
+            batch[name] = clips
+        else:
+            batch[name] = spec
+    return batch, head
+
+
+# -- the worker process ------------------------------------------------------------------------------
+def _mib(n: int) -> str:
+    return f"{n / MIB:.1f} MiB"
+
+
+class Ring:
+    """A worker's segments, one per slot, made (and remade larger, or ``fresh``) as batches need."""
+
+    def __init__(self, prefix: str, slots: int, budget: int | None, worker: int):
+        self.prefix, self.budget, self.worker = prefix, budget, worker
+        self.segments: list[SharedMemory | None] = [None] * slots
+        self.made = 0
+
+    def in_use(self) -> int:
+        return sum(s.size for s in self.segments if s is not None)
+
+    def segment(self, slot: int, need: int, fresh: bool) -> SharedMemory:
+        old = self.segments[slot]
+        if old is not None and not fresh and old.size >= need:
+            return old
+        size = -(-need * 5 // 4 // MIB) * MIB  # a quarter more, whole MiBs: a batch a little larger fits
+        after = self.in_use() - (old.size if old is not None else 0) + size
+        how = (
+            f"worker {self.worker}'s ring needs a {_mib(size)} segment ({_mib(after)} in all; "
+            f"{len(self.segments)} slots = prefetch + 1)"
+        )
+        hint = "lower prefetch or batch_size, or num_workers, or use worker_mode='thread'"
+        if self.budget is not None and after > self.budget:
+            raise StorageError(
+                f"{how}: over shm_bytes / num_workers = {_mib(self.budget)}", hint=f"raise shm_bytes; or {hint}"
+            )
+        self.made += 1
+        seg = SharedMemory(name=f"{self.prefix}w{self.worker}n{self.made}", create=True, size=size)
+        try:
+            os.posix_fallocate(seg._fd, 0, size)  # type: ignore[attr-defined]
+        except OSError as e:
+            seg.close()
+            seg.unlink()
+            raise StorageError(
+                f"{how}, but shared memory ({SHM_DIR}) refused it: {e.strerror}",
+                hint=f"{hint}; in a container, give it more (docker run --shm-size=...)",
+            ) from None
+        if old is not None:  # (the consumer keeps its own mapping for as long as a batch in it lives)
+            old.close()
+            old.unlink()
+        self.segments[slot] = seg
+        return seg
+
+    def close(self) -> None:
+        for seg in self.segments:
+            if seg is not None:
+                seg.close()
+                seg.unlink()
+        self.segments = [None] * len(self.segments)
+
+
+def _serve(loader, conn, worker: int, prefix: str, slots: int, budget: int | None, fds) -> None:
+    """A worker process: build the batches the parent names, each into a slot of its ring. Its parent is
+    the fork server, which exits when the loader's process does; a closed pipe ends it too."""
+    _die_with_parent(os.getppid(), fds)
+    ring = Ring(prefix, slots, budget, worker)
+    try:
+        try:
+            loader.open()
+            loader._io()
+        except DsbuildError as e:
+            conn.send_bytes(_dumps(["error", -1, type(e).__name__, str(e), e.hint]))
+            return
+        conn.send_bytes(_dumps(["ready", os.getpid()]))
+        seconds = dict(loader.stats()["seconds"])
+        while True:
+            try:
+                msg = json.loads(conn.recv_bytes())
+            except EOFError:
+                return
+            if msg[0] == "stop":
+                return
+            _, seq, slot, fresh, step = msg
+            try:
+                batch, held = loader._build_held(step_from_json(step))
+                now = loader.stats()["seconds"]
+                spent = {k: v - seconds.get(k, 0.0) for k, v in now.items() if v != seconds.get(k, 0.0)}
+                seconds = dict(now)
+                header, payloads, size = lay_out(batch, {"held": held, "seconds": spent})
+                seg = ring.segment(slot, size, fresh)
+                root = np.ndarray((seg.size,), np.uint8, buffer=seg.buf)
+                write_batch(root, header, payloads)
+                del root, batch, payloads
+                conn.send_bytes(_dumps(["done", seq, slot, seg.name, seg.size, ring.in_use()]))
+            except DsbuildError as e:
+                conn.send_bytes(_dumps(["error", seq, type(e).__name__, str(e), e.hint]))
+            except Exception:
+                conn.send_bytes(_dumps(["error", seq, "internal", traceback.format_exc(limit=8), None]))
+    finally:
+        ring.close()
+
+
+# -- the consumer's side -----------------------------------------------------------------------------
+def _error(kind: str, message: str, hint: str | None, worker: int) -> Exception:
+    """A worker's error as raised in the consumer: the same dsbuild class, or (a bug) a RuntimeError."""
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, DsbuildError):
+        try:
+            return cls(message, hint=hint)
+        except TypeError:  # (a class with other arguments)
+            return StorageError(f"loader worker {worker}: {message}", hint=hint)
+    return RuntimeError(f"loader worker process {worker} failed:\n{message}")
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "its pipe closed"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}" + (" (the OOM killer?)" if exitcode == -signal.SIGKILL else "")
+    return f"exit code {exitcode}"
+
+
+def unlink_prefix(prefix: str) -> int:
+    """Unlink every segment named with ``prefix`` (a worker killed before it could); how many."""
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
+    except OSError:
+        return 0
+    for n in names:
+        try:
+            import _posixshmem
+
+            _posixshmem.shm_unlink("/" + n)
+        except OSError:
+            continue
+        try:
+            _tracker.unregister("/" + n, "shared_memory")
+        except Exception:
+            pass
+    return len(names)
+
+
+def _map(name: str, size: int) -> mmap.mmap:
+    """The segment ``name`` mapped into this process (the mapping outlives the name: see ``close``)."""
+    import _posixshmem
+
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _main_left_out(needed: bool) -> Iterator[None]:
+    """Start workers without running the parent's script again in them (multiprocessing's spawn and
+    forkserver import ``__main__`` by its path): they need nothing of it, unless ``map`` is defined there
+    (then the script must keep its work under ``if __name__ == "__main__":``)."""
+    main = sys.modules.get("__main__")
+    if needed or main is None:
+        yield
+        return
+    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+@dataclasses.dataclass
+class _Slot:
+    """The consumer's view of one ring slot: the mapping of its current segment, whether a build for it is
+    under way, and (weakly) the root array of the last batch delivered from it."""
+
+    name: str | None = None
+    size: int = 0
+    mapping: mmap.mmap | None = None
+    busy: bool = False
+    root: weakref.ref | None = None
+
+    def held(self) -> bool:
+        return self.root is not None and self.root() is not None
+
+
+class ProcessWorkers:
+    """``num_workers`` persistent worker processes for one loader; ``submit(step)`` returns a Future of
+    (batch, held counts), resolved in submission order per worker."""
+
+    _count = 0
+
+    def __init__(self, loader, stats):
+        o: LoaderOptions = loader.options
+        self.loader, self.stats, self.n = loader, stats, o.num_workers
+        self.slots = o.prefetch + 1
+        ProcessWorkers._count += 1
+        self.prefix = f"dsb{os.getpid():x}x{ProcessWorkers._count:x}"
+        self.budget = None if o.shm_bytes is None else o.shm_bytes // self.n
+        self.generation: int | None = None
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._jobs: dict[int, tuple[Future, int, int]] = {}
+        self._ring: list[list[_Slot]] = []
+        self._in_use = [0] * self.n
+        self._kept: list[tuple[weakref.ref | None, int]] = []  # segments out of their ring, held by batches
+        self._broken: Exception | None = None
+        self._closing = False
+        self._procs: list = []
+        self._conns: list = []
+        self._collector: threading.Thread | None = None
+        self._wake_r = self._wake_w = -1
+
+    def start(self) -> ProcessWorkers:
+        ctx = get_context(START_METHOD)
+        ctx.set_forkserver_preload(["dsbuild.loader.pipeline"])
+        t0 = time.perf_counter()
+        try:
+            for w in range(self.n):
+                mine, theirs = ctx.Pipe(duplex=True)
+                p = ctx.Process(  # type: ignore[attr-defined]
+                    target=_serve,
+                    args=(self.loader, theirs, w, self.prefix, self.slots, self.budget, tuple(PARENT_ONLY_FDS)),
+                    name=f"dsbuild-load-proc_{w}",
+                    daemon=True,
+                )
+                try:
+                    with _main_left_out(getattr(self.loader.options.map, "__module__", None) == "__main__"):
+                        p.start()
+                except (pickle.PicklingError, AttributeError, TypeError) as e:
+                    raise UsageError(
+                        f"worker_mode='process' sends the loader's settings to its workers, and they cannot be: {e}",
+                        hint="define map at a module's top level (not a lambda or a nested function), "
+                        "or use worker_mode='thread'",
+                    ) from None
+                theirs.close()
+                self._procs.append(p)
+                self._conns.append(mine)
+                self._ring.append([_Slot() for _ in range(self.slots)])
+            for w in range(self.n):
+                self._ready(w)
+        except BaseException:
+            self.close()
+            raise
+        self._wake_r, self._wake_w = os.pipe()
+        self._collector = threading.Thread(target=self._collect, name="dsbuild-load-collect", daemon=True)
+        self._collector.start()
+        self.stats.workers_info(
+            processes=self.n, start_method=START_METHOD, startup_seconds=round(time.perf_counter() - t0, 4)
+        )
+        self._shm()
+        return self
+
+    def _ready(self, w: int) -> None:
+        conn, p = self._conns[w], self._procs[w]
+        connection.wait([conn, p.sentinel])
+        try:
+            msg = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            p.join(1)
+            raise WorkerDied(
+                f"loader worker process {w} (pid {p.pid}) died while starting ({_how(p.exitcode)})",
+                hint="see its output above (a script whose map function it defines must keep its work under "
+                "`if __name__ == '__main__':`, which workers import); worker_mode='thread' needs neither",
+            ) from None
+        if msg[0] == "error":
+            raise _error(msg[2], msg[3], msg[4], w)
+
+    # -- submitting and collecting -------------------------------------------------------------------
+    def submit(self, step: Step) -> Future:
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()  # sent at once: never built by the consumer instead
+        with self._lock:
+            if self._broken is not None:
+                fut.set_exception(self._broken)
+                return fut
+            seq, self._seq = self._seq, self._seq + 1
+            w = seq % self.n
+            slot, fresh = self._pick(w)
+            self._jobs[seq] = (fut, w, slot)
+            try:
+                self._conns[w].send_bytes(_dumps(["build", seq, slot, fresh, step_to_json(step)]))
+            except OSError:
+                self._jobs.pop(seq)
+                self._ring[w][slot].busy = False
+                fut.set_exception(self._died(w))
+        return fut
+
+    def _pick(self, w: int) -> tuple[int, bool]:
+        """A slot of worker ``w`` for the next build, and whether the worker must make it a fresh segment:
+        an idle slot whose last batch is gone; else the one a consumer still holds a batch in (the batch
+        keeps its memory, the ring gets a new segment)."""
+        ring = self._ring[w]
+        for k, s in enumerate(ring):
+            if not s.busy and not s.held():
+                s.busy = True
+                return k, False
+        for k, s in enumerate(ring):  # ring has prefetch + 1 slots, at most prefetch builds under way
+            if not s.busy:
+                self._kept.append((s.root, s.size))
+                s.busy, s.name, s.mapping, s.root, s.size = True, None, None, None, 0
+                return k, True
+        raise RuntimeError("every ring slot is busy: more builds under way than prefetch")
+
+    def _collect(self) -> None:
+        """The collector thread: results and errors from the workers' pipes, deaths from their sentinels."""
+        alive = {c: w for w, c in enumerate(self._conns)}
+        sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
+        while alive:
+            ready = connection.wait([*alive, *sentinels, self._wake_r])
+            if self._wake_r in ready:
+                return
+            for r in ready:
+                if r in alive:
+                    w = alive[r]
+                    try:
+                        msg = json.loads(self._conns[w].recv_bytes())
+                    except (EOFError, OSError):
+                        alive.pop(r)
+                        self._fail(w)
+                        continue
+                    self._handle(w, msg)
+                elif r in sentinels:
+                    w = sentinels.pop(r)
+                    conn = self._conns[w]
+                    while conn in alive and conn.poll():  # its last results first
+                        try:
+                            self._handle(w, json.loads(conn.recv_bytes()))
+                        except (EOFError, OSError):
+                            break
+                    alive.pop(conn, None)
+                    self._fail(w)
+
+    def _handle(self, w: int, msg: list) -> None:
+        """One message of worker ``w``: its build's Future resolved (never left pending: a consumer waits)."""
+        with self._lock:
+            job = self._jobs.pop(msg[1], None)
+        if job is None:  # (failed already: the loader is closing)
+            return
+        fut = job[0]
+        try:
+            result = self._receive(w, job[2], msg)
+        except BaseException as e:
+            fut.set_exception(e)
+            return
+        fut.set_result(result)
+
+    def _receive(self, w: int, k: int, msg: list) -> tuple[dict, dict]:
+        with self._lock:
+            slot = self._ring[w][k]
+            slot.busy = False
+            if msg[0] == "error":
+                raise _error(msg[2], msg[3], msg[4], w)
+            if self._closing:
+                raise UsageError("the loader was closed while this batch was being built")
+            _, _, _, name, size, in_use = msg
+            mapping = slot.mapping
+            if mapping is None or slot.name != name:  # a new segment (the old mapping lives on in its batches)
+                mapping = slot.mapping = _map(name, size)
+                slot.name, slot.size = name, size
+            self._in_use[w] = in_use
+            root = np.frombuffer(mapping, np.uint8)
+            slot.root = weakref.ref(root)  # (set before the slot can be picked again)
+        batch, extra = read_batch(root)
+        self.stats.add_worker(f"dsbuild-load-proc_{w}", extra["seconds"])
+        self._shm()
+        return batch, extra["held"]
+
+    def _died(self, w: int) -> Exception:
+        p = self._procs[w]
+        p.join(1)
+        return WorkerDied(
+            f"loader worker process {w} (pid {p.pid}) died: {_how(p.exitcode)}",
+            hint="the OOM killer ends the largest process when memory runs out: lower prefetch, batch_size "
+            "or num_workers; the loader's last checkpoint resumes exactly",
+        )
+
+    def _fail(self, w: int) -> None:
+        """Worker ``w`` is gone: its builds under way fail, and so does every later submit."""
+        with self._lock:
+            if self._closing:
+                return
+            err = self._died(w)
+            self._broken = self._broken or err
+            for seq, (fut, owner, k) in list(self._jobs.items()):
+                if owner == w:
+                    self._jobs.pop(seq)
+                    self._ring[w][k].busy = False
+                    fut.set_exception(err)
+
+    def _shm(self) -> None:
+        """Shared memory in use: the rings, and segments out of them that batches still hold."""
+        with self._lock:
+            self._kept = [(r, n) for r, n in self._kept if r is not None and r() is not None]
+            kept = sum(n for _, n in self._kept)
+        self.stats.workers_info(shm_bytes=sum(self._in_use) + kept)
+
+    def close(self) -> None:
+        """Stop the workers, fail what is still under way, unlink every segment. Batches delivered stay
+        valid: their mappings outlive the segments' names."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        for c in self._conns:
+            try:
+                c.send_bytes(_dumps(["stop"]))
+            except OSError:
+                pass
+        for p in self._procs:
+            p.join(2)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+        if self._wake_w >= 0:
+            os.write(self._wake_w, b"x")
+        if self._collector is not None:
+            self._collector.join()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+        for c in self._conns:
+            c.close()
+        with self._lock:
+            for fut, _, _ in self._jobs.values():
+                fut.set_exception(UsageError("the loader was closed while this batch was being built"))
+            self._jobs.clear()
+        unlink_prefix(self.prefix)
+        self._in_use, self._ring = [0] * self.n, []
+        self._shm()

@@ -1,0 +1,214 @@
+"""Worker processes: the same batches, order and checkpoints as threads for any number of them, resume
+across modes, no shared memory left behind, and a dead worker is a named error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from dsbuild.core.errors import StorageError, UsageError, WorkerDied
+from dsbuild.loader import Loader
+from dsbuild.loader.options import LoaderOptions
+from dsbuild.loader.workers import choose_mode, lay_out, read_batch, write_batch
+
+SHM = "/dev/shm"
+pytestmark = pytest.mark.skipif(not os.path.isdir(SHM), reason="needs /dev/shm (Linux)")
+
+
+def segments(pid: int | None = None) -> set[str]:
+    """This process's loader segments in /dev/shm (other test processes may be making theirs)."""
+    return {n for n in os.listdir(SHM) if n.startswith(f"dsb{pid or os.getpid():x}x")}
+
+
+def same_batch(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k, x in a.items():
+        y = b[k]
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), k
+        elif k == "video":
+            assert [bytes(v) for v in x] == [bytes(v) for v in y]
+        elif k == "cu_seqlens":
+            assert [v.tolist() for v in x] == [v.tolist() for v in y]
+        else:
+            assert x == y, k
+
+
+def epoch(loader: Loader, n: int | None = None) -> tuple[list[dict], list[dict]]:
+    """Batches (copied: a batch's memory is reused once it is dropped) and the checkpoint after each."""
+    batches, states = [], []
+    for b in loader:
+        batches.append({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in b.items()})
+        if "video" in b:
+            batches[-1]["video"] = [bytes(v) for v in b["video"]]
+        states.append(loader.state_dict())
+        if n is not None and len(batches) == n:
+            break
+    return batches, states
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_processes_deliver_every_batch_and_checkpoint_of_threads(cat, workers):
+    ref, _ = cat
+    kw = {"decode": "bytes", "batch_size": 3, "seed": 5, "num_workers": workers}
+    with Loader(ref, worker_mode="thread", **kw) as threads, Loader(ref, worker_mode="process", **kw) as procs:
+        for _ in range(2):  # two epochs: the workers persist, and the read-ahead crosses the epoch's end
+            a, sa = epoch(threads)
+            b, sb = epoch(procs)
+            assert sa == sb and len(a) == len(b) > 3
+            for x, y in zip(a, b):
+                same_batch(x, y)
+        stats = procs.stats()
+        assert stats["workers"]["mode"] == "process" and stats["workers"]["processes"] == workers
+        assert stats["workers"]["startup_seconds"] > 0 and stats["workers"]["shm_bytes"] > 0
+        assert stats["batches"] == threads.stats()["batches"]
+        assert sum(t.get("batches", 0) for n, t in stats["threads"].items() if "proc_" in n) >= stats["batches"]
+    assert not segments()
+
+
+def test_frames_and_packed_batches_are_those_of_threads(cat):
+    ref, _ = cat
+    for extra in ({"resize": (24, 32)}, {"resize": (24, 32), "pack_frames": 40}):
+        kw = {"batch_size": 2, "seed": 3, "num_workers": 2, **extra}
+        a, sa = epoch(Loader(ref, worker_mode="thread", **kw), 4)
+        with Loader(ref, worker_mode="process", **kw) as procs:
+            b, sb = epoch(procs, 4)
+        assert sa == sb
+        for x, y in zip(a, b):
+            same_batch(x, y)
+
+
+def test_a_checkpoint_resumes_across_modes_and_worker_counts(cat):
+    ref, _ = cat
+    kw = {"decode": "bytes", "batch_size": 3, "seed": 5}
+    full, states = epoch(Loader(ref, worker_mode="thread", num_workers=2, **kw))
+    for mode, workers in (("process", 3), ("thread", 1), ("process", 1)):
+        with Loader(ref, worker_mode="process", num_workers=2, **kw) as first:
+            head, _ = epoch(first, 2)
+            state = json.loads(json.dumps(first.state_dict()))
+        assert state == states[1]
+        with Loader(ref, worker_mode=mode, num_workers=workers, **kw) as resumed:
+            resumed.load_state_dict(state)
+            rest, _ = epoch(resumed)
+        for x, y in zip(full, head + rest):
+            same_batch(x, y)
+        assert len(head + rest) == len(full)
+
+
+def test_a_batch_kept_by_the_consumer_never_changes(cat):
+    """A consumer that keeps every batch (``list(loader)``) gets each in memory of its own: nothing waits
+    for a slot, and nothing kept is overwritten."""
+    ref, _ = cat
+    kw = {"decode": "bytes", "batch_size": 2, "seed": 1, "num_workers": 2, "prefetch": 1}
+    expected, _ = epoch(Loader(ref, worker_mode="thread", **kw))
+    with Loader(ref, worker_mode="process", **kw) as procs:
+        kept = list(procs)
+        for x, y in zip(expected, kept):
+            same_batch(x, {**y, "video": [bytes(v) for v in y["video"]]})
+
+
+def test_auto_picks_processes_above_two_workers_and_says_why():
+    assert choose_mode(LoaderOptions(num_workers=2))[0] == "thread"
+    mode, why = choose_mode(LoaderOptions(num_workers=4))
+    assert mode == "process" and "num_workers=4" in why
+    assert choose_mode(LoaderOptions(num_workers=4, map=lambda s, rng: s))[0] == "thread"
+    assert choose_mode(LoaderOptions(num_workers=1, worker_mode="process")) == ("process", "worker_mode='process'")
+
+
+def test_an_invalid_worker_mode_is_a_usage_error():
+    with pytest.raises(UsageError, match="worker_mode must be one of"):
+        LoaderOptions(worker_mode="fibers")
+    with pytest.raises(UsageError, match="num_workers >= 1"):
+        LoaderOptions(worker_mode="process", num_workers=0)
+
+
+def test_a_map_that_cannot_cross_is_a_usage_error(cat):
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", worker_mode="process", num_workers=1, map=lambda s, rng: s)
+    with pytest.raises(UsageError, match="cannot be: .*lambda") as e:
+        next(iter(loader))
+    assert "define map at a module's top level" in e.value.hint
+    loader.close()
+    assert not segments()
+
+
+def test_a_segment_layout_round_trips_views_json_and_clips():
+    batch = {
+        "frames": np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4),
+        "timestamps": np.linspace(0, 1, 6).reshape(2, 3),
+        "empty": np.zeros((2, 0, 5), np.float32),
+        "keys": ["a", "b"],
+        "conditions": [{"x": "1"}, {}],
+        "fps": [30.0, None],
+        "video": [memoryview(b"abc"), b"de"],
+        "cu_seqlens": [np.array([0, 2, 3], np.int32), np.array([0, 3], np.int32)],
+    }
+    header, payloads, size = lay_out(batch, {"held": {"counts": {"batches": 1}}})
+    root = np.zeros(size, np.uint8)
+    write_batch(root, header, payloads)
+    out, extra = read_batch(root)
+    assert extra == {"held": {"counts": {"batches": 1}}}
+    same_batch(batch, out)
+    assert np.shares_memory(out["frames"], root)
+
+
+def test_shm_bytes_too_small_names_the_size_needed_and_the_option(cat):
+    ref, _ = cat
+    with Loader(ref, decode="bytes", worker_mode="process", num_workers=1, shm_bytes=1) as loader:
+        with pytest.raises(StorageError, match=r"needs a [0-9.]+ MiB segment.*shm_bytes") as e:
+            next(iter(loader))
+        assert "prefetch" in e.value.hint
+    assert not segments()
+
+
+def test_a_killed_worker_is_a_named_error_and_leaves_no_segment(cat):
+    ref, _ = cat
+    loader = Loader(ref, decode="bytes", batch_size=2, worker_mode="process", num_workers=2, prefetch=1)
+    it = iter(loader)
+    next(it)
+    pids = [p.pid for p in loader._held.processes._procs]
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(WorkerDied, match=r"loader worker process 1 \(pid [0-9]+\) died: killed by SIGKILL"):
+        for _ in it:
+            pass
+    loader.close()
+    assert not segments()
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from dsbuild.loader import Loader
+    loader = Loader(sys.argv[1], decode="bytes", batch_size=2, worker_mode="process", num_workers=2)
+    it = iter(loader)
+    next(it)
+    print(" ".join(n for n in os.listdir("/dev/shm") if n.startswith(f"dsb{os.getpid():x}x")), flush=True)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["kill", "interrupt"])
+def test_no_segment_is_left_after_a_crash_or_ctrl_c(cat, how):
+    ref, _ = cat
+    r = subprocess.run([sys.executable, "-c", CHILD, ref, how], capture_output=True, text=True, timeout=120)
+    made = set(r.stdout.split())
+    assert made, r.stderr
+    assert r.returncode == (-signal.SIGKILL if how == "kill" else -signal.SIGINT), r.stderr
+    if how == "interrupt":
+        assert "KeyboardInterrupt" in r.stderr
+    # after a kill -9 the resource tracker unlinks what the workers made once they are gone
+    for _ in range(100):
+        if not made & set(os.listdir(SHM)):
+            break
+        subprocess.run(["sleep", "0.1"])
+    assert not made & set(os.listdir(SHM))

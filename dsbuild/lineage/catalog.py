@@ -169,10 +169,66 @@ def _build_is_gone(area: Path) -> bool:
         os.close(fd)
 
 
+LOCK_NOTICE_SECONDS = 0.5  # a command that has waited this long for a catalog lock says for whom
+_lock_timeout: float | None = None  # seconds a command waits for a catalog lock; None: as long as it takes
+
+
+def set_lock_timeout(seconds: float | None) -> None:
+    """How long commands wait for a held catalog lock before giving up (StorageError, exit 3) — the
+    Python side of ``--lock-timeout``; None (the default) waits as long as the holder holds it. A holder
+    that dies releases its lock with it: its waiters take over at once."""
+    global _lock_timeout
+    if seconds is not None and not (isinstance(seconds, (int, float)) and 0 <= seconds < float("inf")):
+        raise UsageError(f"a lock timeout is a number of seconds >= 0, not {str(seconds)[:40]!r}")
+    _lock_timeout = seconds
+
+
+def _printable(text: str, limit: int = 160) -> str:
+    """``text`` cut to ``limit`` characters with control characters replaced (a lock file is untrusted)."""
+    clean = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    return clean + ("..." if len(text) > limit else "")
+
+
+def lock_holder(path: Path) -> str:
+    """Who holds the lock file ``path``, as its holder recorded it (pid and command), for a waiting
+    message: "pid 4242 (dsbuild tag cat gold v1), stopped"; "another process" where nothing is recorded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NO_FOLLOW)
+        try:
+            doc = loads_bounded(os.read(fd, 4096), max_bytes=4096, what=path.name)
+        finally:
+            os.close(fd)
+        pid, command = doc["pid"], doc["command"]
+        if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(command, str):
+            raise TypeError
+    except (OSError, FormatError, TypeError, KeyError):
+        return "another process"
+    state = ""
+    with suppress(OSError, IndexError, ValueError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            code = f.read().rsplit(b")", 1)[1].split()[0]
+        state = {b"T": f", stopped (`kill -CONT {pid}` resumes it)", b"t": ", stopped by a debugger"}.get(code, "")
+    return f"pid {pid} ({_printable(command)}){state}"
+
+
+def _record_holder(fd: int) -> None:
+    """Write who holds the lock into its file (read by waiters for their message; best effort)."""
+    import sys
+
+    doc = {"pid": os.getpid(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:400]}
+    with suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.write(fd, pretty_json(doc))
+
+
 @contextmanager
-def flocked(path: Path, what: str) -> Iterator[None]:
+def flocked(
+    path: Path, what: str, *, timeout: float | None = None, notify: Callable[[str], None] | None = None
+) -> Iterator[None]:
     """An exclusive ``flock`` on the lock file ``path`` (created if needed; a symlink, FIFO or anything but
-    a file there is a StorageError, never followed or waited on)."""
+    a file there is a StorageError, never followed or waited on). A held lock is waited for: after
+    ``LOCK_NOTICE_SECONDS`` ``notify`` (default: a line on stderr) says for whom (the pid and command its
+    holder recorded), and after ``timeout`` seconds (None: never) the wait ends in a StorageError (exit 3)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NO_FOLLOW, 0o644)
     except OSError as e:
@@ -184,10 +240,42 @@ def flocked(path: Path, what: str) -> Iterator[None]:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise StorageError(f"{path}: is not a file", hint="remove it: dsbuild creates it again")
         os.set_blocking(fd, True)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _wait_for(fd, path, what, timeout, notify)
+        _record_holder(fd)
         yield
     finally:
         os.close(fd)
+
+
+def _wait_for(fd: int, path: Path, what: str, timeout: float | None, notify: Callable[[str], None] | None) -> None:
+    """Take the flock on ``fd``, polling while another process holds it (see ``flocked``)."""
+    started, told, step = time.monotonic(), False, 0.01
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        waited = time.monotonic() - started
+        if timeout is not None and waited >= timeout:
+            raise StorageError(
+                f"{what}: still held by {lock_holder(path)} after {timeout:g} s",
+                hint="run again when it is done, or end that process (a dead holder releases the lock at once)",
+            )
+        if not told and waited >= LOCK_NOTICE_SECONDS:
+            told = True
+            line = f"waiting for {path}: held by {lock_holder(path)}" + (
+                f"; giving up after {timeout:g} s" if timeout is not None else "; --lock-timeout SECONDS gives up"
+            )
+            (notify or _to_stderr)(line)
+        time.sleep(step if timeout is None else min(step, max(0.0, timeout - waited)))
+        step = min(step * 2, 0.1)
+
+
+def _to_stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
 
 
 def _clean(folder: Path, dry_run: bool) -> list[str]:
@@ -641,7 +729,8 @@ class Catalog:
         if self.root is None:
             yield
             return
-        with flocked(real_folder(self.root / ".tmp") / "commit.lock", f"{self.root}: cannot lock the catalog"):
+        path = real_folder(self.root / ".tmp") / "commit.lock"
+        with flocked(path, f"{self.root}: cannot lock the catalog", timeout=_lock_timeout):
             yield
 
     def commit(

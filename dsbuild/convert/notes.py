@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dsbuild.core.records import Record
-from dsbuild.formats.capture import STREAM_KINDS
+from dsbuild.formats.streams import StreamReport
 from dsbuild.lineage.manifest import SessionRecord
 
 # A stream that loses more than 1 line in 100 is damaged, not noisy: a crash cuts one line at the end of a
@@ -40,14 +40,8 @@ def lossy_streams(sessions: list[SessionRecord], limit: float = MAX_DROPPED_FRAC
     """Every (session, stream) whose dropped lines are more than ``limit`` of its lines, in session order."""
     out = []
     for rec in sessions:
-        repairs = rec.repairs if isinstance(rec.repairs, dict) else {}
-        for kind in STREAM_KINDS:
-            report = repairs.get(kind)
-            if not isinstance(report, dict):
-                continue
-            lines, dropped = report.get("lines") or 0, report.get("malformed") or 0
+        for kind, (lines, dropped, examples) in StreamReport.recorded_drops(rec.repairs).items():
             if lines and dropped / lines > limit:
-                examples = tuple(str(x) for x in report.get("examples") or ())
                 out.append(LossyStream(rec.session_id, kind, lines, dropped, examples))
     return tuple(out)
 

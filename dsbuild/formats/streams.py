@@ -79,6 +79,22 @@ class StreamReport:
             "examples": list(self.examples),
         }
 
+    @staticmethod
+    def recorded_drops(repairs: object) -> dict[str, tuple[int, int, tuple[str, ...]]]:
+        """(lines, lines dropped, the first reasons) of each stream in a session's recorded repairs
+        (``to_json`` under each kind, as in ``sessions.json``); a stream without a record is left out."""
+        out = {}
+        for kind in KINDS:
+            rep = repairs.get(kind) if isinstance(repairs, dict) else None
+            if isinstance(rep, dict):
+                lines, dropped, examples = rep.get("lines"), rep.get("malformed"), rep.get("examples")
+                out[kind] = (
+                    lines if type(lines) is int else 0,
+                    dropped if type(dropped) is int else 0,
+                    tuple(map(str, examples)) if isinstance(examples, list) else (),
+                )
+        return out
+
     @property
     def repaired(self) -> bool:
         return bool(

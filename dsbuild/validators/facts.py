@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from dsbuild.lineage.index import IndexRow
-from dsbuild.lineage.manifest import Manifest
+from dsbuild.lineage.manifest import Manifest, SessionRecord
 from dsbuild.lineage.verify import NOT_A_FILE
 
 # lineage.verify's problem names for a shard whose bytes are not what the manifest records.
@@ -76,6 +76,7 @@ class VersionFacts:
     unsafe: list[tuple[str, str]] = field(default_factory=list)
     lost: list[tuple[str, str]] = field(default_factory=list)  # (key, why) of samples whose shard is gone
     split: SplitData | None = None
+    sessions: list[SessionRecord] = field(default_factory=list)  # sessions.json: what convert dropped, per stream
 
     @cached_property
     def _by_check(self) -> dict[str, list[tuple[str, str]]]:

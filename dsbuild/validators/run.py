@@ -219,6 +219,7 @@ def validate(
             hint="it was written by another dsbuild; validate it with that one",
         ) from None
     facts = VersionFacts(version_id, options.level, m, rows_from_table(catalog.index(version_id)))
+    facts.sessions = list(catalog.sessions(version_id).sessions)
     if options.split is not None:
         facts.split = read_split(catalog, version_id, options.split)
     timings = {}

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from dsbuild.core.records import JsonValue
+from dsbuild.formats.streams import StreamReport
 from dsbuild.lineage.index import IndexRow
 from dsbuild.validators.base import Check, Judge, Threshold
 from dsbuild.validators.facts import VersionFacts
@@ -245,6 +247,35 @@ def _quarantine(j: Judge, d: VersionFacts) -> CheckResult:
     return j.count([(q.session, f"{q.path}: {q.reason}") for q in d.manifest.quarantined], kind="session")
 
 
+def _dropped_lines(j: Judge, d: VersionFacts) -> CheckResult:
+    """The share of each session's stream lines that convert dropped (malformed, wrong field, out of range):
+    a stream over the limit is an offender, the counts per stream are in the message and the table."""
+    limit = j["max_dropped_fraction"]
+    totals: dict[str, list[int]] = {}
+    offenders = []
+    for rec in d.sessions:
+        for kind, (lines, dropped, examples) in StreamReport.recorded_drops(rec.repairs).items():
+            total = totals.setdefault(kind, [0, 0])
+            total[0] += lines
+            total[1] += dropped
+            if lines and dropped / lines > limit:
+                first = f"; first: {examples[0]}" if examples else ""
+                offenders.append((dropped / lines, f"{rec.session_id}/{kind}", f"{dropped} of {lines} lines{first}"))
+    offenders.sort(key=lambda o: (-o[0], o[1]))
+    counts = ", ".join(f"{k} {dropped} of {lines}" for k, (lines, dropped) in sorted(totals.items()))
+    return j.result(
+        measured=round(offenders[0][0], 6) if offenders else 0.0,
+        breaches=[f"{len(offenders)} session stream(s) over max_dropped_fraction = {limit}"] if offenders else [],
+        message=f"lines dropped by convert: {counts or 'no streams'}",
+        offenders=[(item, f"{frac:.1%}: {detail}") for frac, item, detail in offenders],
+        kind="stream",
+        table=Table(
+            ("stream", "lines", "dropped", "fraction"),
+            JsonValue([[k, n, x, round(x / n, 6) if n else 0.0] for k, (n, x) in sorted(totals.items())]),
+        ),
+    )
+
+
 CHECKS = (
     Check(
         "quarantine",
@@ -255,6 +286,21 @@ CHECKS = (
         severity="warn",
         counts="session(s) quarantined by convert",
         run=_quarantine,
+    ),
+    Check(
+        "dropped_lines",
+        "dataset",
+        "Stream lines convert dropped (malformed, a wrong field, a value out of range), per session and "
+        "stream: a version built from mostly-dropped actions trains on no actions.",
+        (
+            Threshold(
+                "max_dropped_fraction",
+                0.01,
+                "fraction",
+                "convert warns above 1% too: a crash loses a line, a wrong logger loses them all",
+            ),
+        ),
+        run=_dropped_lines,
     ),
     Check(
         "titles",

@@ -1,7 +1,7 @@
 """Pure arithmetic over measured rounds: medians with quartiles, paired ratios, percentiles, rates sampled
 once a second, and the rotation that interleaves measurements.
 
-These machines vary 10-40% run to run (DESIGN.md section 7), so a figure is the median over short
+These machines vary 10-40% run to run (docs/performance.md), so a figure is the median over short
 interleaved rounds with its quartiles beside it, and a ratio is computed per round from two measurements
 taken back to back (machine drift cancels within a round), then summarised like any other figure.
 """

@@ -9,7 +9,7 @@ decode about half the frames. If a frame the sample needs was skipped, the clip 
 without skipping, so the result is always exactly the wanted frames.
 
 ``thread_type="AUTO"`` lets FFmpeg use frame threads: on captures with one slice per frame (most real
-encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (DESIGN.md section 7).
+encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (docs/performance.md).
 
 With ``gpu=N`` the same code decodes on NVDEC of CUDA device N through FFmpeg's CUDA hwaccel, with no
 silent software fallback: FFmpeg still parses the bitstream, so keyframe starts and non-reference

@@ -38,7 +38,7 @@ from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, UnsafeFile, f
 from dsbuild.core.hashing import hashes_to, sha256_bytes
 from dsbuild.core.jsonio import loads_bounded, pretty_json
 from dsbuild.core.records import SHA256, Record, spec
-from dsbuild.core.store import Store, cache_root, is_key, open_store, parses
+from dsbuild.core.store import FsspecStore, Store, cache_root, is_key, open_store, parses
 from dsbuild.lineage.index import INDEX_FILE, MAX_INDEX_BYTES, table_from_bytes
 from dsbuild.lineage.manifest import (
     MAX_MANIFEST_BYTES,
@@ -531,16 +531,21 @@ class Catalog:
         """An object store's cached copy of the shard, with a descriptor opened before any other process
         sharing the cache could evict it (``shard_file``'s path alone may be gone by the time it is
         opened)."""
-        assert self.root is None, "a local catalog's shard is its file"
-        return self.store.open_shard_file(record.path, record.sha256, record.bytes)
+        return self._object_store().open_shard_file(record.path, record.sha256, record.bytes)
 
     def drop_shard_copy(self, record: ShardRecord, same: Callable[[os.stat_result], bool]) -> bool:
         """An object store's local copy of the shard, found damaged, removed (if ``same`` recognises it) so
         that the next ``shard_file`` fetches it again; False for a local catalog, whose file is the data."""
         if self.root is not None:
             return False
-        self.store.drop_shard_file(record.path, record.sha256, same)
+        self._object_store().drop_shard_file(record.path, record.sha256, same)
         return True
+
+    def _object_store(self) -> FsspecStore:
+        """The object store of a remote catalog, whose shards come through a local cache."""
+        if not isinstance(self.store, FsspecStore):
+            raise LineageError(f"{self.url}: a local catalog's shard is its file; it has no cached copy")
+        return self.store
 
     # -- names ----------------------------------------------------------------------------------
     def tags(self) -> dict[str, str]:

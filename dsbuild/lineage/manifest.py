@@ -53,7 +53,7 @@ class ShardRecord(Record):
 
     def name_matches_hash(self) -> bool:
         m = _SHARD_KEY_RE.fullmatch(self.path)
-        return bool(m) and m.group(2) == self.sha256 and m.group(1) == self.sha256[:2]
+        return m is not None and m.group(2) == self.sha256 and m.group(1) == self.sha256[:2]
 
     def check(self, what: str) -> None:
         if not self.name_matches_hash():

@@ -79,7 +79,7 @@ def connect(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False
 
 def _views(con, catalog: Catalog, version_id: str, needed: set[str]) -> None:
     m = catalog.manifest(version_id) if needed & {"shards", "sources", "lineage"} else None
-    if "shards" in needed:
+    if "shards" in needed and m is not None:  # (m is read whenever one of its views is needed)
         con.register("shards", _arrow([s.to_json() for s in m.shards], ["path", "sha256", "bytes", "samples"]))
     if "sources" in needed:
         con.register(
@@ -89,7 +89,7 @@ def _views(con, catalog: Catalog, version_id: str, needed: set[str]) -> None:
                 ["session", "role", "path", "sha256", "bytes"],
             ),
         )
-    if "lineage" in needed:
+    if "lineage" in needed and m is not None:
         con.execute(f"""CREATE VIEW lineage AS
             SELECT s.key, s.sha256 AS sample_sha256, s.session_id, s.t_start, s.t_end, s.shard, s.byte_offset,
                    s.byte_length, s.row_group, s.row_index, src.role, src.path AS source_path,

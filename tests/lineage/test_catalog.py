@@ -59,7 +59,7 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 
 
 def test_incremental_build_rewrites_only_the_shards_near_the_change(grown):
-    caps, cat, v1, v2 = grown
+    _caps, cat, v1, v2 = grown
     assert v2.parent == v1.version_id and v2.reused_sessions == 20
     assert v1.shards >= 6 and v2.written_shards <= 3 and v2.reused_shards >= v2.shards - 3
     old = {s["path"] for s in manifest(cat, v1.version_id)["shards"]}
@@ -238,7 +238,7 @@ def test_lineage_traces_a_sample_to_its_sources(grown):
 def test_query_views_are_created_only_when_named_and_read_in_place(grown):
     _, cat, _, v2 = grown
     c = Catalog.open(cat)
-    cols, rows = run_query(c, v2.version_id, "select count(*) n, count(distinct session_id) s from samples")
+    _cols, rows = run_query(c, v2.version_id, "select count(*) n, count(distinct session_id) s from samples")
     assert rows == [(len(index_rows(cat, v2.version_id)), 22)]
     assert run_query(c, v2.version_id, "select count(*) from versions")[1][0][0] >= 2
     roles = run_query(c, v2.version_id, "select distinct role from lineage order by 1")[1]
@@ -597,7 +597,7 @@ def test_an_incremental_build_hashes_and_processes_only_what_changed(grown, tmp_
     import dsbuild.convert.build as build_mod
     import dsbuild.core.hashcache as hashcache
 
-    caps, src, _, v2 = grown
+    caps, src, _, _v2 = grown
     cat = _copy(src, tmp_path)
     caps2 = tmp_path / "caps"
     shutil.copytree(caps, caps2)  # new inodes: the first build from this copy hashes everything
@@ -894,3 +894,13 @@ def test_a_catalog_another_process_creates_meanwhile_is_opened_not_called_foreig
     monkeypatch.setattr(store_type, "exists", exists)
     assert Catalog.open(tmp_path / "cat", create=True).versions() == []
     assert asked[0] == "catalog.json"
+
+
+def test_a_local_catalogs_shard_has_no_cached_copy_to_open(wds_catalog):
+    """Only an object store's shards come through a cache; asking a local catalog for its copy is a
+    LineageError, not an AttributeError from the local store (or an assert that ``python -O`` drops)."""
+    cat = Catalog.open(wds_catalog[0])
+    record = cat.manifest(wds_catalog[1]).shards[0]
+    with pytest.raises(LineageError, match="local catalog"):
+        cat.open_shard_copy(record)
+    assert cat.drop_shard_copy(record, lambda st: True) is False

@@ -191,11 +191,11 @@ def generate(
         )
     if sessions < 1 or seconds <= 0:
         raise UsageError("--sessions must be >= 1 and --seconds > 0")
-    paths = []
+    paths: list[Path] = []
     for i in range(sessions):
         spec = specs[i] if specs else session_spec(seed, i, seconds)
         rng = np.random.default_rng([seed, i, 1])
-        n = int(round(seconds * spec.video.fps))
+        n = round(seconds * spec.video.fps)
         actions, telemetry, text = _events(rng, seconds, spec.player)
         sound = AudioSource.of(soundtrack(actions, n * AUDIO_RATE // spec.video.fps), AUDIO_RATE)
         d = write_session(

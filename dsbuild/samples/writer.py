@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dsbuild.core.errors import UsageError
+
 # codec -> (PyAV encoder, container format, file extension, encoder options)
 # Audio encoder per container format, and its options.
 # FLAC blocks of 1024 samples (21 ms at 48 kHz, like AAC frames): clips copy whole packets, so the packet
@@ -120,6 +122,8 @@ def encode_video(
     with av.open(str(path), "w", format=fmt, options={**options, "fflags": "+bitexact"}) as c:
         rate = Fraction(spec.fps)
         s = c.add_stream(encoder, rate=rate)
+        if not isinstance(s, av.VideoStream):  # (CODECS names video encoders only)
+            raise UsageError(f"codec {spec.codec!r}: {encoder} is not a video encoder")
         s.width, s.height, s.pix_fmt = spec.width, spec.height, "yuv420p"
         s.thread_count = 1
         s.options = (
@@ -136,7 +140,7 @@ def encode_video(
             frame = av.VideoFrame.from_ndarray(arr, format="rgb24")
             if spec.vfr_jitter:
                 jitter = rng.uniform(-spec.vfr_jitter, spec.vfr_jitter) * 1000 / spec.fps
-                frame.pts = int(round(i * 1000 / spec.fps + jitter)) if i else 0
+                frame.pts = round(i * 1000 / spec.fps + jitter) if i else 0
                 frame.time_base = Fraction(1, 1000)
             else:
                 frame.pts = i

@@ -22,12 +22,81 @@ FFmpeg's own use of the primary context fails once torch holds it (incompatible 
 from __future__ import annotations
 
 import io
+import os
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.formats.probe import SWSCALE_THREADS, open_clip
+
+MEMORY_SHARE = 0.5  # of the memory the process may use: the default bound of one frames batch
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def usable_memory() -> int:
+    """Bytes this process may use: physical memory, or its cgroup's limit where that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                value = f.read(64).strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value))
+    return total
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def check_frames_memory(options, sources: Sequence) -> None:
+    """Refuse, before anything is allocated, a frames loader whose largest batch would need more than
+    ``options.max_batch_bytes`` (default: ``MEMORY_SHARE`` of ``usable_memory()``): one UsageError line
+    naming the clip, the bytes its batch needs and the options that lower them. The largest batch is
+    ``batch_size`` clips padded to its longest: ``batch_size`` x the largest (frames x height x width x 3)
+    any clip decodes to, as the index gives it (a shuffle puts the longest clip in some batch; packing
+    makes every batch ``pack_frames`` long). A long single-GOP clip (a screen recording with one
+    keyframe, kept whole by convert) would otherwise be a MemoryError, or the OOM killer."""
+    from dsbuild.loader.crop import kept_frames
+
+    o = options
+    if o.decode != "frames":
+        return
+    limit = o.max_batch_bytes or int(MEMORY_SHARE * usable_memory())
+    worst = None
+    for src in sources:
+        frames = kept_frames(src.frames, o.frame_stride, o.clip_frames, o.max_frames)
+        if o.pack_frames:
+            frames = np.full_like(frames, o.pack_frames)
+        h, w = o.resize if o.resize else (src.height.astype(np.int64), src.width.astype(np.int64))
+        need = frames.astype(np.int64) * h * w * 3
+        if len(need):
+            i = int(np.argmax(need))
+            if worst is None or need[i] > worst[0]:
+                worst = (
+                    int(need[i]),
+                    src.keys[i],
+                    int(frames[i]),
+                    int(np.broadcast_to(h, need.shape)[i]),
+                    int(np.broadcast_to(w, need.shape)[i]),
+                )
+    if worst is None or worst[0] * o.batch_size <= limit:
+        return
+    clip, key, frames, h, w = worst
+    said = (
+        f"max_batch_bytes={o.max_batch_bytes}"
+        if o.max_batch_bytes
+        else f"half of the {_gb(limit * 2)} this process may use"
+    )
+    raise UsageError(
+        f"clip {str(key)[:80]}: a frames batch of it needs {_gb(clip * o.batch_size)} ({frames} frames of "
+        f"{h}x{w}x3 x batch_size {o.batch_size}), over {_gb(limit)} ({said}); lower it with max_frames= or "
+        f"clip_frames= (a crop), frame_stride=, resize=(height, width) or batch_size=, or raise max_batch_bytes"
+    )
 
 
 def start_packet(keyframes: list[tuple[int, bool]], first_pts: int) -> int:

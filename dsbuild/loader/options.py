@@ -92,6 +92,12 @@ class LoaderOptions:
     shm_bytes: int | None = option(
         None, "process mode: shared memory the workers' rings may use in all (None: as much as /dev/shm has)"
     )
+    max_batch_bytes: int | None = option(
+        None,
+        "frames mode: the largest frames batch allowed (batch_size x frames x height x width x 3), checked "
+        "from the index before any is allocated; a clip that needs more is refused, named (None: half the "
+        "memory this process may use)",
+    )
     decode: str = option("frames", "frames: uint8 arrays; bytes: the encoded MP4 for a GPU decoder")
     decode_backend: str = option(
         "pyav", "pyav (CPU, default), torchcodec (CPU), nvdec (NVDEC through PyAV's FFmpeg), auto"
@@ -156,7 +162,7 @@ class LoaderOptions:
             _at_least(name, getattr(self, name), 1)
         for name in ("seed", "rank", "num_workers", "max_replacements"):
             _at_least(name, getattr(self, name), 0)
-        for name in ("pack_frames", "max_frames", "clip_frames", "shm_bytes"):
+        for name in ("pack_frames", "max_frames", "clip_frames", "shm_bytes", "max_batch_bytes"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         if self.parallel is not None and not isinstance(self.parallel, Parallel):

@@ -21,7 +21,7 @@ from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import Backend
 from dsbuild.loader.collate import ColumnMap
 from dsbuild.loader.crop import frame_indices, frame_window, kept_frames
-from dsbuild.loader.decode import decode_pyav, decode_torchcodec
+from dsbuild.loader.decode import check_frames_memory, decode_pyav, decode_torchcodec
 from dsbuild.loader.files import BufferPool
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.permutation import derive_key
@@ -97,6 +97,7 @@ class Preparer:
         stats: Stats,
     ):
         self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
+        check_frames_memory(options, sources)  # (before any frames batch is allocated: a clip too big is named)
         self.gpu = _current_cuda_device() if backend.name == "nvdec" else None  # NVDEC decodes there
         self.widths = (len(controls), len(channels))
         self.maps: list[list[ColumnMap]] = [

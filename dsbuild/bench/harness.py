@@ -27,6 +27,7 @@ from dsbuild.bench.options import BenchOptions
 from dsbuild.bench.stages import Stages, stages
 from dsbuild.core.errors import UsageError
 from dsbuild.core.records import Record
+from dsbuild.loader.parallel import parse_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,7 @@ def loader_kwargs(o: BenchOptions, bucket_by: str | None, device: str | None, ra
         "verify": o.verify,
         "rank": rank,
         "world_size": world,
+        "parallel": parse_layout(o.parallel) if o.parallel else None,
     }
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from dsbuild.core.errors import UsageError
 from dsbuild.core.records import Record, spec
 from dsbuild.loader.options import BACKENDS, VERIFY
+from dsbuild.loader.parallel import parse_layout
 
 DECODES = ("frames", "bytes")
 DEVICES = ("auto", "cuda", "cpu")
@@ -39,6 +40,10 @@ class BenchOptions(Record):
     rounds: int = field(default=5, metadata=spec(minimum=1, doc="interleaved rounds; the gate needs 3 or more"))
     compare: tuple[str, ...] | None = None  # baselines by name; None: every one that applies (peers if installed)
     seed: int = field(default=0, metadata=spec(minimum=0))
+    parallel: str | None = field(
+        default=None,
+        metadata=spec(absent_when_none=True, doc="the loader's model-parallel layout over the ranks, e.g. tp=2,cp=2"),
+    )
 
     def __post_init__(self) -> None:
         for flag, value, allowed in (
@@ -64,6 +69,14 @@ class BenchOptions(Record):
             raise UsageError(f"--duration must be a finite number of seconds > 0, not {self.duration!r}")
         if self.resize is not None and (len(self.resize) != 2 or min(self.resize) < 1):
             raise UsageError(f"--resize must be HEIGHTxWIDTH, not {self.resize!r}")
+        if self.parallel is not None:
+            layout = parse_layout(self.parallel)
+            layout.data_parallel(self.ranks)  # tp x cp x pp must divide --ranks
+            if layout.pp > 1:
+                raise UsageError(
+                    f"--parallel {self.parallel}: pp={layout.pp} is not measured (middle stages read nothing)",
+                    hint="bench the first stage's layout without pp",
+                )
 
     def settings(self) -> dict:
         """The fields that define what is measured (see the module docstring)."""

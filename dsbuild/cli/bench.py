@@ -156,7 +156,10 @@ def bench(
         None, "--model", metavar="NAME|list", help="Train a world model of this size on the batches (list: the sizes)."
     ),
     parallel: str = typer.Option(
-        "ddp", "--parallel", metavar="ddp|fsdp", callback=choice("--parallel", ("ddp", "fsdp")), help="With --model."
+        "ddp",
+        "--parallel",
+        metavar="ddp|fsdp|tp=T,cp=C",
+        help="With --model: ddp or fsdp. Without: the loader's model-parallel layout over --ranks (tp=, cp=, order=).",
     ),
     dtype: str = typer.Option(
         "bf16", "--dtype", metavar="bf16|fp32", callback=choice("--dtype", ("bf16", "fp32")), help="With --model."
@@ -207,6 +210,9 @@ def bench(
             return bench_model.list_models(o)
         from dsbuild.bench.train.options import TrainOptions, parse_inject, parse_ranks
 
+        if parallel not in ("ddp", "fsdp"):
+            raise UsageError(f"--parallel with --model is ddp or fsdp, not {parallel!r}")
+
         train = TrainOptions(
             ref=ref,
             model=model,
@@ -247,6 +253,7 @@ def bench(
         rounds=rounds,
         compare=parse_compare(compare),
         seed=seed,
+        parallel=None if parallel == "ddp" else parallel,  # (ddp: the default, every rank a data-parallel one)
     )
     if not baseline and (fail_below is not None or allow_different):  # (were ignored without a word)
         raise UsageError(

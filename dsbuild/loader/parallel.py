@@ -218,6 +218,26 @@ class Parallel:
         return cls(tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1), order="-".join(tokens))
 
 
+def parse_layout(text: str) -> Parallel:
+    """'tp=2,cp=2' (also pp=, order=) -> ``Parallel``: the CLI's spelling of a layout; a bad one is a
+    UsageError naming it."""
+    fields: dict[str, int | str] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        if not sep or name not in ("tp", "cp", "pp", "order") or name in fields:
+            raise UsageError(
+                f"layout {text!r}: {part.strip()!r} is not one of tp=N, cp=N, pp=N, order=ORDER (each once)",
+                hint="for example --parallel tp=2,cp=2",
+            )
+        if name == "order":
+            fields[name] = value
+        elif value.isdigit():
+            fields[name] = int(value)
+        else:
+            raise UsageError(f"layout {text!r}: {name} must be a whole number >= 1, not {value!r}")
+    return Parallel(**fields)  # type: ignore[arg-type]
+
+
 # -- context parallelism: the time axis in 2C chunks ---------------------------------------------------
 def cp_bounds(n, cp: int) -> np.ndarray:
     """The 2C + 1 chunk boundaries of sequences of ``n`` frames (int or array: one row each): chunk j

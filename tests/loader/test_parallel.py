@@ -534,3 +534,19 @@ def test_jax_processes_of_one_tp_group_supply_one_data_parallel_batch(cat):
         assert outs[0][k]["shape"][0] == 4  # dp x batch_size, not processes x batch_size
         n = want["timestamps"].shape[1]
         assert np.array_equal(np.array(outs[0][k]["rows"], np.float32)[:, :n], want["timestamps"].astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ("tp=3", "tp=3 x cp=1 x pp=1 = 3 does not divide world_size 4"),
+        ("tp=2,xp=2", "layout 'tp=2,xp=2': 'xp=2' is not one of tp=N, cp=N, pp=N, order=ORDER"),
+        ("tp=2,order=tp-tp-cp-dp-pp", "order 'tp-tp-cp-dp-pp': token 'tp' appears 2 times"),
+        ("cp=0", "cp must be an integer >= 1, not 0"),
+    ],
+)
+def test_bench_refuses_a_bad_layout_in_one_line_with_exit_2(cat, layout, message):
+    from tests.cli.clitools import run as dsbuild
+
+    p = dsbuild("bench", cat[0], "--parallel", layout, "--ranks", "4", "--decode", "bytes", check=2)
+    assert message in p.stderr and p.stderr.startswith("error: ") and "Traceback" not in p.stderr

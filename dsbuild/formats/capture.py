@@ -173,18 +173,17 @@ def _problems(value: object, node: dict, name: str) -> Iterator[tuple[str, str]]
     maxLength, format (date-time), required, properties, additionalProperties, propertyNames,
     maxProperties. A field that is null counts as absent."""
     types = [node["type"]] if isinstance(node.get("type"), str) else node.get("type")
-    wrong = f"expected {_expected(node)}, found {_found(value)}"
     if types is not None and not any(_is(value, t) for t in types):
-        yield name, wrong
+        yield name, _wrong(node, value)
         return
     if ("const" in node and value != node["const"]) or ("enum" in node and value not in node["enum"]):
-        yield name, wrong
+        yield name, _wrong(node, value)
     if isinstance(value, str) and (
         not node.get("minLength", 0) <= len(value) <= node.get("maxLength", len(value))
         or ("pattern" in node and not re.search(node["pattern"], value))
         or (node.get("format") == "date-time" and parse_started_at(value) is None)
     ):
-        yield name, wrong
+        yield name, _wrong(node, value)
     if isinstance(value, dict):
         if len(value) > node.get("maxProperties", len(value)):
             yield name, f"{len(value)} entries, expected at most {node['maxProperties']}"
@@ -201,6 +200,10 @@ def _problems(value: object, node: dict, name: str) -> Iterator[tuple[str, str]]
                 continue  # null is absent (a required one was said to be missing)
             elif key in known or isinstance(node.get("additionalProperties"), dict):
                 yield from _problems(item, known.get(key) or node["additionalProperties"], inner)
+
+
+def _wrong(node: dict, value: object) -> str:
+    return f"expected {_expected(node)}, found {_found(value)}"
 
 
 def _message(field: str, problem: str) -> str:

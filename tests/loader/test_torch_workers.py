@@ -1,0 +1,98 @@
+"""torch DataLoader workers and torchdata's StatefulDataLoader over ``as_torch_dataset()``: the batches
+of the loader's own process mode, and an exact resume that reads no skipped batch again."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from dsbuild.core.errors import UsageError
+from dsbuild.loader import Loader
+
+torch = pytest.importorskip("torch")
+
+KW = {"decode": "bytes", "batch_size": 3, "seed": 5}
+
+
+def as_numpy(batch: dict) -> dict:
+    """A batch of either path in one form: arrays as numpy, clips as bytes, no checkpoint."""
+    out = {}
+    for k, v in batch.items():
+        if k in ("state", "video_offsets", "video_data"):
+            continue
+        out[k] = v.numpy().copy() if isinstance(v, torch.Tensor) else v
+    if "video_data" in batch:
+        data, offsets = batch["video_data"].numpy(), batch["video_offsets"].tolist()
+        out["video"] = [data[a:b].tobytes() for a, b in zip(offsets, offsets[1:])]
+    elif "video" in batch:
+        out["video"] = [bytes(v) for v in batch["video"]]
+    out.pop("container", None)
+    return out
+
+
+def same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for k, x in a.items():
+        if isinstance(x, np.ndarray):
+            assert np.array_equal(x, b[k]) and x.dtype == b[k].dtype, k
+        else:
+            assert x == b[k], k
+
+
+def test_dataloader_workers_deliver_the_batches_of_process_mode(cat):
+    ref, _ = cat
+    with Loader(ref, worker_mode="process", num_workers=2, **KW) as procs:
+        expected = [as_numpy(b) for b in procs]
+    loader = Loader(ref, **KW)
+    dl = torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=2)
+    got = [as_numpy(b) for b in dl]
+    assert len(got) == len(expected) > 3
+    for a, b in zip(expected, got):
+        same(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_exactly_without_fast_forward(cat, workers, caplog):
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    ref, _ = cat
+    dl = sdl.StatefulDataLoader(Loader(ref, **KW).as_torch_dataset(), batch_size=None, num_workers=workers)
+    it = iter(dl)
+    head = [next(it)["keys"] for _ in range(3)]
+    state = json.loads(json.dumps(dl.state_dict()))  # (as a checkpoint file holds it)
+    rest = [b["keys"] for b in it]
+    assert head + rest == [b["keys"] for b in Loader(ref, **KW)]
+
+    again = sdl.StatefulDataLoader(Loader(ref, **KW).as_torch_dataset(), batch_size=None, num_workers=workers)
+    again.load_state_dict(state)
+    with caplog.at_level(logging.WARNING):
+        resumed = [b["keys"] for b in again]
+    assert resumed == rest
+    assert "fast-forwarding" not in caplog.text
+    assert len(json.dumps(state)) < 2000 + 1500 * workers  # the loader's part: a few hundred bytes a worker
+
+
+def test_an_iterator_checkpoint_refuses_another_worker_count(cat):
+    ref, _ = cat
+    ds = Loader(ref, **KW).as_torch_dataset()
+    it = iter(ds)
+    next(it)
+    state = it.state_dict()
+    assert state["workers"] == 1
+    with pytest.raises(UsageError, match="saved with 3 DataLoader worker"):
+        iter(ds).load_state_dict({**state, "workers": 3, "worker": 0})
+
+
+def test_an_iterator_restored_in_process_goes_on_from_its_checkpoint(cat):
+    ref, _ = cat
+    full = [b["keys"] for b in Loader(ref, **KW)]
+    it = iter(Loader(ref, **KW).as_torch_dataset())
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    other = iter(Loader(ref, **KW).as_torch_dataset())
+    other.load_state_dict(state)
+    assert [b["keys"] for b in other] == full[2:]

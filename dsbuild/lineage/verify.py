@@ -173,6 +173,10 @@ def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: Verif
             {"index": m.index.path, "problem": f"{table.num_rows} rows, manifest says {m.index.rows}"}
         )
     by_shard = entries_by_shard(table)
+    report.problems += [
+        {"manifest": "stats", "problem": "does not make sense", "detail": why}
+        for why in stats_problems(m, catalog.index(version_id, ["frames", "t_start", "t_end"]))
+    ]
     known = {s.path for s in m.shards}
     for shard in sorted(set(by_shard) - known):
         report.problems += [
@@ -191,6 +195,46 @@ def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: Verif
                 }
             )
     return by_shard
+
+
+def stats_problems(m: Manifest, index) -> list[str]:
+    """What does not make sense in the manifest's summary statistics (and its config's clip length): a
+    value that is not finite or is negative, or one that disagrees with what it summarises (the shards,
+    the session records, the quarantine and ``index``: a table with the ``frames``, ``t_start`` and
+    ``t_end`` columns). A forged manifest, re-pinned, claimed 1e308 hours."""
+    import math
+
+    import pyarrow.compute as pc
+
+    st, out = m.stats, []
+    numbers = {f"stats.{k}": v for k, v in st.to_json().items() if k != "samples_per_title"}
+    config = m.config if isinstance(m.config, dict) else {}
+    if "clip_seconds" in config:
+        numbers["config.clip_seconds"] = config["clip_seconds"]
+    for name, v in numbers.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            out.append(f"{name} = {str(v)[:40]} is not a finite number >= 0")
+    if config.get("clip_seconds") == 0:
+        out.append("config.clip_seconds = 0: clips have a length")
+    titles = sum(v for v in st.samples_per_title.values() if isinstance(v, int))
+    frames = pc.sum(index["frames"]).as_py() or 0
+    seconds = (pc.sum(pc.subtract(index["t_end"], index["t_start"])).as_py() or 0.0) if index.num_rows else 0.0
+    expected = {
+        "samples": index.num_rows,
+        "shards": len(m.shards),
+        "bytes": sum(s.bytes for s in m.shards),
+        "frames": frames,
+        "sessions": m.sessions.rows,
+        "quarantined": len(m.quarantined),
+    }
+    for name, want in expected.items():
+        if getattr(st, name) != want:
+            out.append(f"stats.{name} = {str(getattr(st, name))[:40]}, the version holds {want}")
+    if titles != st.samples:
+        out.append(f"stats.samples_per_title adds up to {titles}, stats.samples is {str(st.samples)[:40]}")
+    if isinstance(st.hours, (int, float)) and not abs(st.hours - seconds / 3600) <= 1e-5 + 1e-9 * seconds:
+        out.append(f"stats.hours = {str(st.hours)[:40]}, the index's clips span {seconds / 3600:.6f}")
+    return out
 
 
 # How `dsbuild convert` sets each field of a build's config (convert.ConvertConfig): the heal command

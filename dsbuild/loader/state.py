@@ -15,11 +15,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dsbuild.core.errors import UsageError
+from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.records import SHA256, JsonValue, Record, spec
 
 STATE_FORMAT = "dsbuild.loader/2"
 MAX_COUNT = (1 << 53) - 1
+MAX_RESTORED = 1 << 52  # a restored position, epoch or inner count: room left for 2^52 more (never unrestorable)
+SHOWN = 80  # characters of a checkpoint's value an error shows (a hostile one may be megabytes)
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to ``SHOWN`` characters, for messages."""
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[: SHOWN - 3]}... ({len(text)} characters)"
 
 
 def count(doc: str):
@@ -37,7 +45,7 @@ class SourceId(Record):
 
     def describe(self) -> str:
         split = (
-            f" split {self.split} ({self.split_hash[:12] if self.split_hash else 'no split hash'})"
+            f" split {self.split[:SHOWN]} ({self.split_hash[:12] if self.split_hash else 'no split hash'})"
             if self.split
             else ""
         )
@@ -71,7 +79,16 @@ class LoaderState(Record):
     )
 
     def check_compatible(self, checkpoint: LoaderState) -> None:
-        """Raise if ``checkpoint`` was made for other data or under options that define another order."""
+        """Raise if ``checkpoint`` was made for other data or under options that define another order, or
+        stands where it cannot advance (a run restored from it would write a checkpoint past ``MAX_COUNT``
+        that it refuses itself: whatever the plan, bucketed, packed or mix="sample")."""
+        counts = [("position", checkpoint.position), ("inner", checkpoint.inner)]
+        counts += [(f"cursors[{k}].epoch", c.epoch) for k, c in enumerate(checkpoint.cursors)]
+        for name, value in counts:
+            if value > MAX_RESTORED:
+                raise FormatError(
+                    f"loader checkpoint: {name} = {value} cannot advance (a restored count is at most {MAX_RESTORED})"
+                )
         if len(checkpoint.sources) != len(self.sources) or len(checkpoint.cursors) != len(checkpoint.sources):
             raise UsageError(
                 f"cannot restore: checkpoint has {len(checkpoint.sources)} source(s) and "
@@ -86,6 +103,6 @@ class LoaderState(Record):
             mine, theirs = self.order.get(name), checkpoint.order.get(name)
             if mine != theirs:
                 raise UsageError(
-                    f"cannot restore: checkpoint has {name}={theirs!r}, loader has {name}={mine!r}",
-                    hint=f"construct the loader with {name}={theirs!r} to resume this run",
+                    f"cannot restore: checkpoint has {name}={shown(theirs)}, loader has {name}={shown(mine)}",
+                    hint=f"construct the loader with {name}={shown(theirs)} to resume this run",
                 )

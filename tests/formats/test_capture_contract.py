@@ -5,6 +5,7 @@ schema validator)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -33,6 +34,7 @@ GOOD = {
 }
 
 
+@functools.cache
 def _validator(name: str):
     schema = capture_schema(name)
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -101,7 +103,7 @@ def session_docs(draw) -> dict:
     return doc
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(session_docs())
 def test_session_json_is_checked_by_its_published_schema(tmp_path, doc):
     """Valid for the reference validator <=> no problem found (paths aside: the schema cannot say where a

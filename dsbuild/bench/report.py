@@ -120,7 +120,7 @@ class BenchReport(Record):
     rounds: tuple[Measured, ...]  # every measurement of every finished round, in the order they ran
     gate: Gate | None = None
 
-    def check(self, what: str) -> None:
+    def check_fields(self, what: str) -> None:
         """A report read back (a ``--baseline``) is what a run wrote: its ratios are what its rounds give
         (the gate compares them; an edited median or quartile would move its verdicts; every spread was
         checked in order as it was read)."""

@@ -32,7 +32,7 @@ class Spread(Record):
         """The run-to-run spread the regression gate weighs a drop against."""
         return self.q3 - self.q1
 
-    def check(self, what: str) -> None:
+    def check_fields(self, what: str) -> None:
         """Quartiles of something measured: finite, not negative, in order (an edited report is refused)."""
         xs = [self.min, self.q1, self.median, self.q3, self.max]
         if not all(math.isfinite(x) and x >= 0 for x in xs) or xs != sorted(xs):

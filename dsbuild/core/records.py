@@ -26,7 +26,10 @@ from typing import Any, ClassVar
 from dsbuild.core.errors import FormatError
 from dsbuild.core.jsonio import depth_ok
 
-JsonValue = typing.NewType("JsonValue", object)  # free-form JSON (bounded depth), e.g. a config echo
+if typing.TYPE_CHECKING:  # free-form JSON (bounded depth), e.g. a config echo: its readers check its shape
+    JsonValue: typing.TypeAlias = Any
+else:  # a marker of its own, which the loaders and the JSON schema look for
+    JsonValue = typing.NewType("JsonValue", object)
 SHA256 = r"[0-9a-f]{64}"
 _MAX_STR = 1 << 20  # no single string field of a record is a megabyte; longer is hostile
 
@@ -109,10 +112,10 @@ class Record:
             elif required:
                 raise FormatError(f"{what}: missing field {name!r}")
         record = cls(**values)
-        record.check(what)
+        record.check_fields(what)
         return record
 
-    def check(self, what: str) -> None:
+    def check_fields(self, what: str) -> None:
         """Rules across fields that a record read from JSON must also follow (raise ``FormatError``
         naming ``what``); none by default."""
 

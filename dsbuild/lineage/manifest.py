@@ -55,7 +55,7 @@ class ShardRecord(Record):
         m = _SHARD_KEY_RE.fullmatch(self.path)
         return m is not None and m.group(2) == self.sha256 and m.group(1) == self.sha256[:2]
 
-    def check(self, what: str) -> None:
+    def check_fields(self, what: str) -> None:
         if not self.name_matches_hash():
             raise FormatError(f"{what}: shard {self.path[:120]!r} is not named by its own sha256")
 

@@ -228,3 +228,15 @@ def test_thumbnails_are_jpegs_that_decode_back_and_an_undecodable_clip_has_none(
         frame.shape == (8, 12, 3) and abs(int(frame[3, 1].mean()) - 0) < 12 and abs(int(frame[3, 9].mean()) - 200) < 12
     )
     assert strip(b"not a video", 10) is None
+
+
+def test_a_report_reads_back_from_its_record_json():
+    """``Report.check(name)`` (find a check's result) once overrode the hook every record runs after it is
+    read from JSON, so reading a report back raised KeyError: the hook is now ``check_fields``."""
+    from dsbuild.core.records import Record
+    from dsbuild.validators.model import CheckResult, Report, Summary, per_sample
+
+    decode = CheckResult("decode", "content", "pass", "0 sample(s)", "fail", measured=0)
+    summary = Summary(1, 1, 10, 0.1, "webdataset", 0, 0, {"total": 1.0}, per_sample("clip seconds", [1.0]))
+    report = Report("cat", "v" * 64, "structural", None, "defaults", {"thresholds": {}}, (decode,), summary)
+    assert Report.from_json(Record.to_json(report), "report") == report

@@ -23,10 +23,13 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from dsbuild.core.errors import MissingDependency, StorageError, UsageError, WorkerDied
 from dsbuild.core.files import PARENT_ONLY_FDS
+
+T = TypeVar("T")  # a task's item
+R = TypeVar("R")  # its result
 
 EXECUTORS = ("local", "ray")
 _PR_SET_PDEATHSIG = 1
@@ -191,13 +194,13 @@ class TaskPool:
 
 
 def run_tasks(
-    fn: Callable,
-    items: Sequence,
+    fn: Callable[[T], R],
+    items: Sequence[T],
     spec: ExecutorSpec,
-    on_result: Callable[[int, object], None],
+    on_result: Callable[[int, R], None],
     *,
     start_method: str = "fork",
-    describe: Callable[[object], str] = str,
+    describe: Callable[[T], str] = str,
     inline_below: int = 2,
     started: Callable[[], None] | None = None,
 ) -> None:
@@ -213,7 +216,7 @@ def run_tasks(
             pool.submit(fn, item, i, describe(item))
         while pool.pending:
             tag, result = pool.next()
-            on_result(cast(int, tag), result)  # the tags are the indices submitted above
+            on_result(cast(int, tag), cast(R, result))  # the indices submitted above, and what fn returned
 
 
 RAY_CONNECT_TIMEOUT = 5  # seconds for the cluster's address to accept a connection

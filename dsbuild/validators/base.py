@@ -15,7 +15,7 @@ validation, the reports and the skip rules follow from it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +30,7 @@ LEVELS = ("structural", "full")
 # The [low, high] each numeric kind allows; a threshold whose unit has narrower limits gives its own ``bounds``.
 RANGES = {"count": (0, (1 << 53) - 1), "fraction": (0, 1), "number": (0, math.inf)}  # counts exact in JSON
 KINDS = (*RANGES, "strings")
+Offending = tuple[str, str] | tuple[str, str, str]  # (item, detail) or (item, detail, kind)
 
 
 @dataclass(frozen=True)
@@ -93,19 +94,19 @@ class Judge:
         measured: object,
         breaches: list[str],
         message: str,
-        offenders: Iterable[tuple[str, str]] = (),
+        offenders: Iterable[Offending] = (),
         kind: str = "sample",
         distribution: Distribution | None = None,
         table: Table | None = None,
     ) -> CheckResult:
         """``breaches`` lists the thresholds missed, in words: none is a pass, else the check's severity.
         ``offenders`` are (item, detail) or (item, detail, kind), worst first."""
-        offenders = list(offenders)
+        found = list(offenders)
         severity = self.spec.severity_of(self.check.name)
         status = "pass" if not breaches else ("warn" if severity == "warn" else "fail")
         text = message if not breaches else f"{message}; " + "; ".join(breaches)
         shown = tuple(
-            Offender(str(o[0]), str(o[1]), o[2] if len(o) > 2 else kind) for o in offenders[: self.spec.max_offenders]
+            Offender(str(o[0]), str(o[1]), o[2] if len(o) > 2 else kind) for o in found[: self.spec.max_offenders]
         )
         return CheckResult(
             self.check.name,
@@ -116,13 +117,13 @@ class Judge:
             measured,
             self.limits(),
             shown,
-            len(offenders),
+            len(found),
             distribution,
             table,
         )
 
     def count(
-        self, offenders: list[tuple[str, str]], *, kind: str = "sample", distribution: Distribution | None = None
+        self, offenders: Sequence[Offending], *, kind: str = "sample", distribution: Distribution | None = None
     ) -> CheckResult:
         """Pass while there are at most as many offenders as the check's first (count) threshold."""
         key = self.check.thresholds[0].key
@@ -139,7 +140,7 @@ class Judge:
     def fraction(
         self,
         key: str,
-        offenders: list[tuple[str, str]],
+        offenders: Sequence[Offending],
         total: int,
         what: str,
         distribution: Distribution | None = None,

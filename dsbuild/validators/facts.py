@@ -8,6 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from dsbuild.core.errors import UsageError
 from dsbuild.lineage.index import IndexRow
 from dsbuild.lineage.manifest import Manifest, SessionRecord
 from dsbuild.lineage.verify import NOT_A_FILE
@@ -88,6 +89,12 @@ class VersionFacts:
                 if detail not in details:
                     details.append(detail)
         return {c: [(k, "; ".join(d)) for k, d in per.items()] for c, per in out.items()}
+
+    def split_set(self) -> SplitData:
+        """The split set, for a check that needs one (``needs_split``: it is skipped without one)."""
+        if self.split is None:
+            raise UsageError(f"version {self.version_id[:12]}: this check needs a split set (--split NAME)")
+        return self.split
 
     def offenders(self, check: str) -> list[tuple[str, str]]:
         """(sample key, what is wrong) for every sample the per-sample pass found breaking ``check``."""

@@ -77,10 +77,25 @@ def chart(d: Distribution, title: str | None = None) -> str:
     title = title or d.label
     if d.sampled_from:
         title += f" (every {d.sampled_from / len(d.values):.1f}th of {d.sampled_from})"
-    opts = dict(threshold=d.threshold, threshold_key=d.threshold_key, bad=d.bad)
     if d.bars:
-        return bar_chart(title, [(b.label, b.value) for b in d.bars], d.unit, what=d.label, **opts)
-    return histogram(title, list(d.values), d.unit, what="count per bin", **opts)
+        return bar_chart(
+            title,
+            [(b.label, b.value) for b in d.bars],
+            d.unit,
+            what=d.label,
+            threshold=d.threshold,
+            threshold_key=d.threshold_key,
+            bad=d.bad,
+        )
+    return histogram(
+        title,
+        list(d.values),
+        d.unit,
+        what="count per bin",
+        threshold=d.threshold,
+        threshold_key=d.threshold_key,
+        bad=d.bad,
+    )
 
 
 def table_html(t: Table, cls: str = "") -> str:

@@ -31,7 +31,7 @@ from dsbuild.validators.checks.splits import read_split
 from dsbuild.validators.facts import VersionFacts
 from dsbuild.validators.model import CheckResult, Report, Summary, per_sample
 from dsbuild.validators.registry import CHECKS
-from dsbuild.validators.samplepass import inspect_unit, make_units
+from dsbuild.validators.samplepass import UnitResult, inspect_unit, make_units
 from dsbuild.validators.spec import AcceptanceSpec, default_spec
 
 # Below this much work, forking workers costs more than it saves and the pass runs in this process.
@@ -78,7 +78,8 @@ class _Beside:
     (lineage.verify then ends at its next 4 MiB) and joins it, its outcome no longer wanted."""
 
     def __init__(self, work: Callable[[threading.Event], None]):
-        self.stop, self.failed = threading.Event(), []
+        self.stop = threading.Event()
+        self.failed: list[BaseException] = []
         self.thread = threading.Thread(target=self._run, args=(work,), name="dsbuild-validate-shards", daemon=True)
 
     def _run(self, work) -> None:
@@ -135,13 +136,13 @@ def _sample_pass(
     if executor.kind == "local" and work < POOL_MIN[facts.level]:
         executor = ExecutorSpec(workers=1)
     units = make_units(by_shard, paths, m.shard_format, facts.level, spec, set(facts.bad_shards()), executor.count)
-    results = [None] * len(units)
+    results: list[UnitResult | None] = [None] * len(units)
     total, done = sum(len(u.rows) for u in units), 0
     report = _reporter(progress, "samples")
     if report:
         report(0, total)
 
-    def collect(i: int, result) -> None:
+    def collect(i: int, result: UnitResult) -> None:
         nonlocal done
         results[i] = result
         done += len(result.samples)

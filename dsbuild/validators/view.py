@@ -69,10 +69,22 @@ class SampleView:
         """The sample's content is checked: level full and every member parsed."""
         return self.level == "full" and self.sample is not None
 
+    def typed(self) -> Sample:
+        """``sample``, for a check that runs only where it parsed (``content``, or ``sample`` checked)."""
+        if self.sample is None:
+            raise FormatError(f"sample {self.row.key}: read as typed, but it did not parse ({self.error})")
+        return self.sample
+
+    def stored(self) -> Members:
+        """``members``, for a check that runs only where the sample could be framed."""
+        if self.members is None:
+            raise FormatError(f"sample {self.row.key}: read as framed, but it could not be ({self.error})")
+        return self.members
+
     def expect(self) -> dict:
         """What the decoded clip must show, from the sample's own metadata and timestamps (no rate or span
         from timestamps that are not finite numbers in one row: the ``timestamps`` check names those)."""
-        meta, ts = self.sample.meta, self.sample.timestamps
+        meta, ts = self.typed().meta, self.typed().timestamps
         usable = ts.ndim == 1 and ts.dtype.kind in "fiu" and bool(np.isfinite(ts).all())
         audio = meta.video.audio
         return {
@@ -91,10 +103,9 @@ class SampleView:
         if self._findings is None:
             self._findings = {}
             if self.content:
-                self._video = analyse_video(self.sample.video, self.sample.meta.clip.frames)
-                for check, detail in video_problems(
-                    self._video, self.expect(), self.spec, self.sample.meta.video.has_audio
-                ):
+                sample = self.typed()
+                self._video = analyse_video(sample.video, sample.meta.clip.frames)
+                for check, detail in video_problems(self._video, self.expect(), self.spec, sample.meta.video.has_audio):
                     self._findings.setdefault(check, []).append(detail)
         return self._findings
 

@@ -99,18 +99,18 @@ def _fraction(name: str, key: str, limit: str, field: str, what: str, label: str
 
 def _arrays(field: str, problems):
     def sample(v: SampleView) -> list[str]:
-        return problems(v.sample.meta, getattr(v.sample, field)) if v.content else []
+        return problems(v.typed().meta, getattr(v.typed(), field)) if v.content else []
 
     sample.__name__ = f"sample_{field}"
     return sample
 
 
 def _events(v: SampleView) -> list[str]:
-    return events_problems(v.sample.meta, v.sample.events) if v.content else []
+    return events_problems(v.typed().meta, v.typed().events) if v.content else []
 
 
 def _text(v: SampleView) -> list[str]:
-    return [d for _, d in text_problems(v.sample.meta)] if v.content else []
+    return [d for _, d in text_problems(v.typed().meta)] if v.content else []
 
 
 def _c(name: str, doc: str, key: str, counts: str, **kw) -> Check:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 
@@ -79,7 +80,7 @@ def analyse_video(data: bytes, frames_hint: int) -> dict:
 
     p = probe_clip(data, sample)
     readable = p.codec is not None
-    out = {
+    out: dict[str, Any] = {  # a ClipMeasure's JSON
         "decoded": p.frames,
         "error": p.error,
         "sizes": list(p.sizes),
@@ -239,31 +240,31 @@ def events_problems(meta: SampleMeta, blob: bytes) -> list[str]:
         line = match.group()
         why = None
         try:
-            e = loads_bounded(line, max_bytes=1 << 16, what=f"event {n}")
+            ev = loads_bounded(line, max_bytes=1 << 16, what=f"event {n}")
         except FormatError as err:
-            why, e = str(err), None
+            why, ev = str(err), None
         if why is None and not (
-            isinstance(e, dict)
-            and isinstance(e.get("t"), (int, float))
-            and isinstance(e.get("value"), (int, float))
-            and isinstance(e.get("control"), str)
+            isinstance(ev, dict)
+            and isinstance(ev.get("t"), (int, float))
+            and isinstance(ev.get("value"), (int, float))
+            and isinstance(ev.get("control"), str)
         ):
             why = f"event {n} is not {{t, control, value}}"
-        elif why is None and not (t0 - TIME_EPS <= e["t"] < t1 + TIME_EPS):
-            why = f"event {n} at t={e['t']} is outside the window [{t0}, {t1})"
-        elif why is None and e["control"] not in controls:
-            why = f"event {n} names unknown control {e['control'][:80]!r}"
-        elif why is None and not -1 <= e["value"] <= 1:
-            why = f"event {n} value {e['value']} is outside [-1, 1]"
-        elif why is None and e["t"] < last_t:
+        elif why is None and not (t0 - TIME_EPS <= ev["t"] < t1 + TIME_EPS):
+            why = f"event {n} at t={ev['t']} is outside the window [{t0}, {t1})"
+        elif why is None and ev["control"] not in controls:
+            why = f"event {n} names unknown control {ev['control'][:80]!r}"
+        elif why is None and not -1 <= ev["value"] <= 1:
+            why = f"event {n} value {ev['value']} is outside [-1, 1]"
+        elif why is None and ev["t"] < last_t:
             why = f"event {n} is out of time order"
         if why is None:
-            last_t = e["t"]
+            last_t = ev["t"]
         else:
             bad += 1
             first = first or why
     out = []
-    if bad:
+    if bad and first is not None:  # (the first bad event set it)
         out.append(first + (f" (and {bad - 1} more)" if bad > 1 else ""))
     if n != meta.action_events:
         out.append(f"{n} events, metadata says {meta.action_events}")

@@ -140,7 +140,7 @@ def _duplicates(j: Judge, d: VersionFacts) -> CheckResult:
     first: dict[tuple, str] = {}
     offenders = []
     for r in sorted(d.rows, key=lambda r: r.key):
-        ids = [("sha256", r.sha256)]
+        ids: list[tuple] = [("sha256", r.sha256)]  # a sample hash, and a source window when known
         if r.source_video_sha256:
             ids.append(("window", r.source_video_sha256, r.t_start, r.t_end))
         twin = next((first[i] for i in ids if i in first), None)
@@ -217,7 +217,7 @@ def _action_balance(j: Judge, d: VersionFacts) -> CheckResult:
     usage = action_usage(d)
     if not usage:
         return j.result(measured=None, breaches=[], message="no action arrays to measure")
-    low = sorted((c for c, u in usage.items() if u < j["min_action_usage"]), key=usage.get)
+    low = sorted((c for c, u in usage.items() if u < j["min_action_usage"]), key=usage.__getitem__)
     lo, hi = min(usage.values()), max(usage.values())
     imbalance = hi / lo if lo > 0 else None
     breaches = []

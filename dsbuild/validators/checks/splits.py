@@ -14,7 +14,7 @@ from collections import defaultdict
 from dsbuild.core.errors import FormatError, LineageError
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import IndexRow
-from dsbuild.validators.base import Check, Judge, Threshold
+from dsbuild.validators.base import Check, Judge, Offending, Threshold
 from dsbuild.validators.checks.dataset import seconds
 from dsbuild.validators.facts import SplitData, VersionFacts
 from dsbuild.validators.model import CheckResult, Table
@@ -56,7 +56,7 @@ def session_of(r: IndexRow) -> dict:
 def _leakage(j: Judge, d: VersionFacts) -> CheckResult:
     from dsbuild.split.groups import field_value
 
-    split = d.split
+    split = d.split_set()
     row_of = {r.key: r for r in d.rows}
     splits_of_group: dict[str, set[str]] = defaultdict(set)
     splits_of_key: dict[str, set[str]] = defaultdict(set)
@@ -92,12 +92,12 @@ def _leakage(j: Judge, d: VersionFacts) -> CheckResult:
 
 
 def _coverage(j: Judge, d: VersionFacts) -> CheckResult:
-    split = d.split
+    split = d.split_set()
     row_of = {r.key: r for r in d.rows}
     title_of = {r.key: unicodedata.normalize("NFC", r.title) for r in d.rows}  # as split --stratify compares
     titles = sorted(set(title_of.values()))
     cells: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0.0])
-    unknown = []
+    unknown: list[Offending] = []
     for sp, keys in split.keys.items():
         for key in keys:
             if key in row_of:
@@ -122,7 +122,7 @@ def _coverage(j: Judge, d: VersionFacts) -> CheckResult:
         breaches=breaches,
         message=f"{len(titles)} titles x {len(splits)} splits: {titles_missing} title(s) missing from "
         f"a split ({len(missing)} pair(s) empty)",
-        offenders=missing + unknown,
+        offenders=[*missing, *unknown],
         kind="title",
         table=table,
     )

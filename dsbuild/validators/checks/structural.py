@@ -71,7 +71,8 @@ def _shard_hashes(j: Judge, d: VersionFacts) -> CheckResult:
 # -- index -------------------------------------------------------------------------------------------
 def index_disagreements(row: IndexRow, v: SampleView) -> list[str]:
     """Index columns that differ from the sample they locate (the lineage table must tell the truth)."""
-    meta = v.sample.meta
+    sample, members = v.typed(), v.stored()
+    meta = sample.meta
     s, c, vid = meta.session, meta.clip, meta.video
     want = {
         "session_id": s.session_id,
@@ -92,8 +93,8 @@ def index_disagreements(row: IndexRow, v: SampleView) -> list[str]:
         "has_audio": vid.has_audio,
         "n_controls": len(meta.controls),
         "n_channels": len(meta.telemetry_channels),
-        "video_bytes": len(v.sample.video),
-        "bytes": sum(len(p) for _, p in v.members),
+        "video_bytes": len(sample.video),
+        "bytes": sum(len(p) for _, p in members),
         "action_events": meta.action_events,
         "text_events": len(meta.text),
         "source_video_sha256": meta.sources.get("video"),
@@ -104,9 +105,9 @@ def index_disagreements(row: IndexRow, v: SampleView) -> list[str]:
     # rejected every sample
     if not v.shard_damaged:  # (a shard whose bytes changed: shard_hashes names its changed samples)
         what, ok = (
-            ("blake3", members_blake3(v.members) == row.blake3)
+            ("blake3", members_blake3(members) == row.blake3)
             if row.blake3
-            else ("sha256", members_sha256(v.members) == row.sha256)
+            else ("sha256", members_sha256(members) == row.sha256)
         )  # (versions from before BLAKE3)
         if not ok:
             wrong.append(f"{what} does not hash the sample's members (the loader would reject it)")
@@ -133,9 +134,9 @@ def _members(v: SampleView) -> list[str]:
     """Framed, named, typed (``SampleMeta.from_json``) and canonical: re-encoding the typed sample gives
     the stored bytes, so its sample hash is reproducible."""
     if v.sample is None:
-        return [v.error]
+        return [v.error or "the sample did not parse"]
     canonical = dict(v.sample.members())
-    odd = [ext for ext, payload in v.members if ext in CANONICAL and bytes(payload) != canonical[ext]]
+    odd = [ext for ext, payload in v.stored() if ext in CANONICAL and bytes(payload) != canonical[ext]]
     return [f"member(s) {', '.join('.' + e for e in odd)} are not the canonical encoding of their value"] if odd else []
 
 

@@ -6,12 +6,14 @@ once and read by every command that reads a catalog (tests copy one before anyth
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.executor import ExecutorSpec
+from dsbuild.lineage.catalog import Catalog
 from tests.validators.support import reseal, write_moving_session
 
 BLOCK = 512
@@ -85,10 +87,34 @@ SHARD_CASES = {
     "fifo": _first_header(type=b"6", size=0),
     "setuid": _first_header(mode=0o4755),
     "setgid": _first_header(mode=0o2644),
-    "huge_size": _first_header(size=8 << 30),
+    "huge_size": _first_header(size=8_000_000_000),
     "truncated": _truncated,
     "hidden_in_padding": _hidden_in_padding,
 }
+
+
+def restat(cat: Path, vid: str) -> str:
+    """The version with its manifest's statistics made to agree with its shards and index, as a careful
+    forger leaves them (``verify`` checks them); returns the new id (the old version is removed)."""
+    import pyarrow.compute as pc
+
+    catalog = Catalog.open(cat)
+    m = catalog.manifest(vid)
+    index = catalog.index(vid, ["frames", "t_start", "t_end"])
+    seconds = pc.sum(pc.subtract(index["t_end"], index["t_start"])).as_py() or 0.0
+    stats = replace(
+        m.stats,
+        bytes=sum(s.bytes for s in m.shards),
+        frames=pc.sum(index["frames"]).as_py() or 0,
+        hours=round(seconds / 3600, 6),
+    )
+    new = replace(m, stats=stats)
+    if new.version_id == vid:
+        return vid
+    shutil.copytree(cat / "versions" / vid, cat / "versions" / new.version_id)
+    (cat / "versions" / new.version_id / "manifest.json").write_bytes(new.to_bytes())
+    shutil.rmtree(cat / "versions" / vid)
+    return new.version_id
 
 
 @pytest.fixture(scope="session")
@@ -119,7 +145,7 @@ def forged(base_catalog, tmp_path_factory):
             cat = tmp_path_factory.mktemp(f"forged-{case}") / "catalog"
             shutil.copytree(base_catalog[0], cat)
             vid = reseal(cat, base_catalog[1], members, None if members else SHARD_CASES[case])
-            made[case] = (cat, vid)
+            made[case] = (cat, restat(cat, vid))
         return made[case]
 
     return make

@@ -68,7 +68,8 @@ def loader_kwargs(o: BenchOptions, bucket_by: str | None, device: str | None, ra
     return {
         "seed": o.seed,
         "batch_size": o.batch_size,
-        "num_workers": o.threads,
+        "num_workers": o.workers or o.threads,
+        "worker_mode": "thread" if o.workers is None else "process",  # (--threads: threads, whatever their count)
         "decode": o.decode,
         "decode_backend": o.decode_backend,
         "resize": tuple(o.resize) if o.resize else None,

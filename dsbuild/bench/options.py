@@ -27,6 +27,10 @@ class BenchOptions(Record):
     split: str | None = None  # NAME/SPLIT
     batch_size: int = field(default=8, metadata=spec(minimum=1, doc="the loader's default"))
     threads: int = field(default=2, metadata=spec(minimum=1, doc="loader threads per rank (the loader's default)"))
+    workers: int | None = field(
+        default=None,
+        metadata=spec(absent_when_none=True, doc="loader worker processes per rank (None: threads); see bench.sweep"),
+    )
     ranks: int = field(default=1, metadata=spec(minimum=1, doc="simulated data-parallel ranks (processes)"))
     step_ms: float = field(default=50.0, metadata=spec(minimum=0, doc="a small model's step; 0: no training loop"))
     decode: str = "frames"  # frames (uint8 arrays) or bytes (encoded clips for a GPU decoder)
@@ -59,6 +63,7 @@ class BenchOptions(Record):
             ("--threads", self.threads, 1),
             ("--ranks", self.ranks, 1),
             ("--rounds", self.rounds, 1),
+            ("--workers", 1 if self.workers is None else self.workers, 1),
             ("--seed", self.seed, 0),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:

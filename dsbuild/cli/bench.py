@@ -88,8 +88,15 @@ def bench(
     folder: str = typer.Argument(None, metavar="[DIR]", help="`bench history DIR`: the history to judge."),
     split: str = typer.Option(None, "--split", metavar="NAME/SPLIT", help="One split of a split set, e.g. main/train."),
     batch_size: int = typer.Option(8, "--batch-size", min=1, metavar="N", help="Samples per batch."),
-    threads: int = typer.Option(2, "--threads", min=1, metavar="N", help="Loader threads per rank."),
-    old_workers: int = typer.Option(None, "--workers", hidden=True),  # renamed: --workers always means processes
+    threads: str = typer.Option(
+        "2", "--threads", metavar="N|N,M", help="Loader threads per rank; a list is a scaling sweep (1,2,4)."
+    ),
+    workers: str = typer.Option(
+        None,
+        "--workers",
+        metavar="N|N,M",
+        help="Loader worker processes per rank instead of threads; a list is a scaling sweep (1,2,4,8).",
+    ),
     ranks: str = typer.Option(
         "1", "--ranks", metavar="N|N,M", help="Data-parallel ranks (processes); with --model a list is a scaling sweep."
     ),
@@ -223,7 +230,7 @@ def bench(
             batch_size=batch_size,
             clip_frames=clip_frames,
             resize=parse_resize(resize) or (64, 64),
-            threads=threads,
+            threads=_one(threads, "--threads"),
             steps=steps,
             warmup=warmup,
             seed=seed,
@@ -232,16 +239,18 @@ def bench(
             price_per_hour=price_per_hour,
         )
         return bench_model.run(o, train, save, html, history)
-    if old_workers is not None:
-        raise UsageError(
-            "bench --workers is now --threads (loader threads per rank)",
-            hint="--workers always means worker processes; use --threads N here",
-        )
+    from dsbuild.bench.sweep import parse_counts
+
+    thread_counts = parse_counts(threads, "--threads")
+    worker_counts = None if workers is None else parse_counts(workers, "--workers")
+    if worker_counts is not None and len(thread_counts) > 1:
+        raise UsageError("--workers and a list of --threads: a sweep is of one of them")
     options = BenchOptions(
         ref=ref,
         split=split,
         batch_size=batch_size,
-        threads=threads,
+        threads=(worker_counts or thread_counts)[0],
+        workers=None if worker_counts is None else worker_counts[0],
         ranks=_world(ranks),
         step_ms=step_ms,
         decode=decode,
@@ -260,13 +269,18 @@ def bench(
             f"{'--fail-below' if fail_below is not None else '--allow-different'} needs --baseline FILE",
             hint="save a baseline with --save FILE first, then gate against it",
         )
+    files = report_files({"--save": save, "--html": html}, catalog=parse_ref(ref)[0])
+    save, html = files["--save"], files["--html"]
+    if len(worker_counts or thread_counts) > 1:
+        if baseline:
+            raise UsageError("--baseline gates one run, not a sweep", hint="give one --workers or --threads count")
+        mode = "thread" if worker_counts is None else "process"
+        return _sweep(o, options, mode, worker_counts or thread_counts, save, html)
     against = (
         Against(load_report(baseline), baseline, 0.9 if fail_below is None else fail_below, allow_different)
         if baseline
         else None
     )
-    files = report_files({"--save": save, "--html": html}, catalog=parse_ref(ref)[0])
-    save, html = files["--save"], files["--html"]
     interrupted = None
     with Progress("bench", o) as bar:
 
@@ -304,6 +318,52 @@ def bench(
     if rep.gate is not None:
         held = [v.baseline for v in rep.gate.verdicts if not v.dropped]
         o.line(("no regression", "green"), f" against {baseline}: ours held against {', '.join(held)}")
+
+
+def _one(text: str, flag: str) -> int:
+    """One count of a flag that takes a list only for a sweep without --model."""
+    from dsbuild.bench.sweep import parse_counts
+    from dsbuild.core.errors import UsageError
+
+    counts = parse_counts(text, flag)
+    if len(counts) > 1:
+        raise UsageError(f"{flag} {text}: a list is a scaling sweep of the loader, not of --model")
+    return counts[0]
+
+
+def _sweep(o: Out, options, mode: str, counts: list[int], save: str | None, html: str | None) -> None:
+    """`--workers 1,2,4` / `--threads 1,2,4`: the scaling sweep (``dsbuild.bench.sweep``)."""
+    from pathlib import Path
+
+    from dsbuild.bench import run_bench
+    from dsbuild.bench import sweep as sweeps
+    from dsbuild.cli.render import json_text
+    from dsbuild.core.files import replace_atomically
+
+    with Progress("bench", o) as bar:
+
+        def at(r: int, n: int, rounds: int) -> None:
+            bar.update(r, rounds, stage=f"round {r + 1}/{rounds}: {n} {mode}{'es' if mode == 'process' else 's'}")
+
+        sweep = sweeps.run_sweep(options, mode, counts, lambda opts: run_bench(opts), at)
+    if o.as_json:
+        o.json(sweep.to_json())
+    else:
+        what = "worker processes" if mode == "process" else "threads"
+        o.table(
+            sweeps.columns(sweep),
+            sweeps.rows(sweep),
+            title=f"scaling with {what}, baselines at the same N; medians over rounds",
+        )
+        for p in sweep.points:
+            for note in p.notes:
+                o.line(("note ", "yellow"), f"N={p.n}: {note}")
+    if save:
+        replace_atomically(Path(save), (json_text(sweep.to_json()) + "\n").encode())
+    if html:
+        replace_atomically(Path(html), sweeps.html(sweep).encode())
+    if sweep.interrupted:
+        raise KeyboardInterrupt
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,86 @@
+"""`dsbuild bench --workers 1,2` / `--threads 1,2`: a scaling sweep, interleaved, baselines at the same N,
+throughput and efficiency per point in the table, the JSON and the HTML page."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dsbuild.bench.options import BenchOptions
+from dsbuild.bench.sweep import efficiencies, parse_counts, point_options, run_sweep
+from dsbuild.core.errors import UsageError
+from tests.cli.clitools import run
+
+
+def test_counts_are_whole_numbers_without_repeats():
+    assert parse_counts("1,2, 4", "--workers") == [1, 2, 4]
+    for bad in ("0", "1,,2", "a", "2,2", "-1"):
+        with pytest.raises(UsageError, match="--workers"):
+            parse_counts(bad, "--workers")
+
+
+@given(st.lists(st.floats(1, 1e6), min_size=1, max_size=6), st.floats(0.5, 4))
+def test_linear_scaling_is_efficiency_one_whatever_the_first_count(rates, per):
+    counts = sorted({int(r) % 64 + 1 for r in rates})
+    eff = efficiencies({n: per * n for n in counts})
+    assert all(abs(e - 1.0) < 1e-9 for e in eff.values())
+
+
+def test_a_point_runs_its_workers_and_the_baselines_with_as_many_threads():
+    o = BenchOptions(ref="x", threads=2, rounds=3, duration=9.0)
+    p = point_options(o, "process", 4, 1.5)
+    assert (p.workers, p.threads, p.rounds, p.duration) == (4, 4, 1, 1.5)
+    assert point_options(o, "thread", 3, 1.0).workers is None
+
+
+class FakeReport:
+    """What ``run_sweep`` reads of a bench report."""
+
+    def __init__(self, figure: float, base: float):
+        fig = type("S", (), {"median": figure})
+        bfig, ratio = type("S", (), {"median": base}), type("S", (), {"median": figure / base})
+        self.unit = "MB/s"
+        self.ours = type("O", (), {"figure": fig, "notes": ()})
+        self.baselines = [type("B", (), {"name": "raw", "skipped": None, "figure": bfig, "ratio": ratio})]
+        self.time = type("T", (), {"startup_s": 0.5})
+
+
+def test_rounds_interleave_every_count_and_points_take_medians():
+    ran: list[tuple[int, int]] = []
+
+    def fake(opts: BenchOptions) -> FakeReport:
+        ran.append((opts.workers, opts.threads))
+        return FakeReport(100.0 * opts.threads * (0.9 if len(ran) > 2 else 1.0), 1000.0)
+
+    s = run_sweep(BenchOptions(ref="x", rounds=2, duration=4.0), "process", [1, 2], fake)
+    assert ran == [(1, 1), (2, 2), (1, 1), (2, 2)]  # round by round, every N once in each
+    assert [p.n for p in s.points] == [1, 2] and all(p.rounds == 2 for p in s.points)
+    assert s.points[1].figure == pytest.approx(190.0) and s.points[0].efficiency == 1.0
+    assert s.points[1].ratios["raw"] == pytest.approx(0.19)
+
+
+def test_the_cli_sweeps_worker_processes_into_a_table_json_and_a_plot(bench_catalog, tmp_path):
+    cat, _ = bench_catalog
+    page = tmp_path / "sweep.html"
+    p = run(
+        "bench", cat, "--decode", "bytes", "--workers", "1,2", "--duration", "2", "--rounds", "1",
+        "--step-ms", "0", "--compare", "raw", "--json", "--html", page,
+    )  # fmt: skip
+    sweep = json.loads(p.stdout)["sweep"]
+    assert sweep["mode"] == "process" and [pt["n"] for pt in sweep["points"]] == [1, 2]
+    for pt in sweep["points"]:
+        assert pt["figure"] > 0 and pt["efficiency"] > 0 and pt["baselines"]["raw"] > 0
+    assert sweep["points"][0]["efficiency"] == 1.0
+    html = page.read_text()
+    assert "<svg" in html and "worker processes" in html
+
+
+def test_bad_counts_and_a_sweep_against_a_baseline_are_usage_errors(bench_catalog):
+    cat, _ = bench_catalog
+    p = run("bench", cat, "--workers", "0", check=2)
+    assert "--workers '0'" in p.stderr
+    p = run("bench", cat, "--threads", "1,2", "--baseline", "x.json", check=2)
+    assert "--baseline gates one run, not a sweep" in p.stderr

@@ -15,6 +15,35 @@ from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.samples.synthetic import generate
 
+SLOW = {"test_make_demo_runs_end_to_end", "test_every_document_block_runs_as_written"}
+S3_MODULES = {"test_cli_s3.py", "test_object_store.py", "test_remote.py"}
+EXTRA_MODULES = {  # module -> the optional extra its tests need (each skips with the reason without it)
+    "test_torch.py": "torch",
+    "test_torch_workers.py": "torch",
+    "test_jax.py": "jax",
+    "test_ray.py": "ray",
+    "test_ray_data.py": "ray",
+    "test_atari.py": "atari",
+    "test_energon.py": "peers",
+    "test_litdata.py": "peers",
+    "test_mds.py": "peers",
+    "test_hf.py": "peers",
+    "test_wids.py": "peers",
+    "test_interop_docs.py": "peers",
+}
+
+
+def pytest_collection_modifyitems(items):
+    """Markers by what a test uses, so that ``-m 'not s3'`` or ``-m 'not slow'`` select without a list to
+    keep by hand in every module."""
+    for item in items:
+        if item.originalname in SLOW:
+            item.add_marker(pytest.mark.slow)
+        if "s3" in getattr(item, "fixturenames", ()) or item.path.name in S3_MODULES:
+            item.add_marker(pytest.mark.s3)
+        if item.path.name in EXTRA_MODULES:
+            item.add_marker(getattr(pytest.mark, EXTRA_MODULES[item.path.name]))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):

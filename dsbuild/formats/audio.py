@@ -18,10 +18,14 @@ import math
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dsbuild.formats.mp4 import Mp4Writer, PacketRecord, demux_only, monotonic_dts, why
+
+if TYPE_CHECKING:
+    from av.audio.resampler import AudioResampler
 
 COPY_CODECS = frozenset({"aac", "mp3", "mp2", "opus", "ac3", "eac3", "alac", "flac"})
 REENCODE_CODEC = "flac"
@@ -160,10 +164,7 @@ def _hole(packets: list[PacketRecord], tb: Fraction) -> bool:
     (``(b.pts - a.end) * tb > a.duration * tb + slack``, in integers.)"""
     slack = Fraction(SYNC_SLACK)
     per_tick, limit = tb.numerator * slack.denominator, tb.denominator * slack.numerator
-    for a, b in zip(packets, packets[1:]):
-        if (b.pts - a.pts - 2 * a.duration) * per_tick > limit:
-            return True
-    return False
+    return any((b.pts - a.pts - 2 * a.duration) * per_tick > limit for a, b in zip(packets, packets[1:]))
 
 
 def covers(cut, first: float, end: float) -> bool:
@@ -188,7 +189,7 @@ class AudioTrack:
         self._next: tuple[Fraction, PacketRecord, list | None] | None = None
         self._last: PacketRecord | None = None  # the last packet taken (copied audio)
         self._samples = _Samples(info.sample_rate, info.channels)  # re-encode path: decoded, not yet cut
-        self._resampler = None
+        self._resampler: AudioResampler | None = None  # made on the first re-encoded cut
 
     def close(self) -> None:
         self._container.close()
@@ -293,7 +294,7 @@ class AudioTrack:
         if broken:
             self.report.clips_without_audio += 1
             return None
-        if not len(window):
+        if not len(window) or start is None:  # (no samples: no start)
             self.report.clips_without_audio += 1
             return None
         return _EncodedCut(window, start, self._layout, self.info)
@@ -381,7 +382,7 @@ def decode_audio(data: bytes, rate: int, channels: int | None = None) -> np.ndar
 
     out = []
     try:
-        with av.open(io.BytesIO(data), metadata_errors="ignore") as c:
+        with av.open(io.BytesIO(data), "r", metadata_errors="ignore") as c:
             if not c.streams.audio:
                 raise FormatError("clip has no audio track")
             s = c.streams.audio[0]

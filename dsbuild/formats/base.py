@@ -93,7 +93,7 @@ class ShardReader(ABC):
         """(item, what is wrong) for everything in the shard that no listed key owns or that a loader
         must never see (links, paths, pickle-like members, unknown columns)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a reader that holds nothing open need not override it)
         """Release the file (readers may hold it open between calls)."""
 
     def __enter__(self) -> ShardReader:

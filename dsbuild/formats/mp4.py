@@ -105,9 +105,9 @@ def monotonic_dts(packets: list[PacketRecord]) -> list[int]:
     ``delay`` the smallest reorder depth that keeps every dts <= pts (the rule FFmpeg's muxers check);
     the first ``delay`` packets step back from the first pts by the smallest frame interval.
     """
-    dts = [p.dts for p in packets]
+    dts = [p.dts for p in packets if p.dts is not None]
     if (
-        all(d is not None for d in dts)
+        len(dts) == len(packets)
         and all(a < b for a, b in zip(dts, dts[1:]))
         and all(d <= p.pts for d, p in zip(dts, packets))
     ):

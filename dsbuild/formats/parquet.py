@@ -24,6 +24,7 @@ from dsbuild.formats.sample import MEMBERS, Sample, SampleMeta, npy_bytes, npy_l
 
 if TYPE_CHECKING:  # numpy loads lazily: `dsbuild log` and `info` start without it
     import numpy as np
+    import pyarrow as pa
 
 MAX_EXPANSION = 8  # decompressed / stored bytes a row group may declare, beyond the floor (clips do not compress)
 EXPANSION_FLOOR = 64 << 20
@@ -96,7 +97,7 @@ class ParquetReader(ShardReader):
         super().__init__(path)
         self._file = None
         self._size = 0  # bytes of the file (what its row groups may expand to is bounded by it)
-        self._group: tuple[int, object] | None = None
+        self._group: tuple[int, pa.Table] | None = None
 
     def _pf(self):
         import pyarrow as pa
@@ -199,20 +200,20 @@ class ParquetReader(ShardReader):
         keys, hashes = table.column("key").to_pylist(), table.column("sha256").to_pylist()
         starts = [sum(groups[:g]) for g in range(len(groups))]
         out = []
-        for e in entries:
+        for x in entries:
             if (
-                e.row_group is None
-                or e.row is None
-                or not 0 <= e.row_group < len(groups)
-                or not 0 <= e.row < groups[e.row_group]
+                x.row_group is None
+                or x.row is None
+                or not 0 <= x.row_group < len(groups)
+                or not 0 <= x.row < groups[x.row_group]
             ):
-                out.append((e.key, f"row {e.row_group}/{e.row} does not exist"))
+                out.append((x.key, f"row {x.row_group}/{x.row} does not exist"))
                 continue
-            i = starts[e.row_group] + e.row
-            if keys[i] != e.key:
-                out.append((e.key, f"row {e.row_group}/{e.row} holds {str(keys[i])[:80]!r}"))
-            elif hashes[i] != e.sha256:
-                out.append((e.key, "row's sample hash does not match the index"))
+            i = starts[x.row_group] + x.row
+            if keys[i] != x.key:
+                out.append((x.key, f"row {x.row_group}/{x.row} holds {str(keys[i])[:80]!r}"))
+            elif hashes[i] != x.sha256:
+                out.append((x.key, "row's sample hash does not match the index"))
         return out
 
     def scan(self, keys: set[str]) -> list[tuple[str, str]]:

@@ -124,7 +124,9 @@ def probe_clip(data: bytes, on_frame=None) -> ClipProbe:
         audio = container.streams.audio[0] if container.streams.audio else None
         if audio is not None:
             streams.append(audio)
-        times, sizes, audio_spans = [], set(), []
+        times: list[float] = []
+        sizes: set[tuple[int, int]] = set()
+        audio_spans: list[tuple[float, float]] = []  # (start, end) seconds of each audio packet
         last = None  # the last frame with a duration: its seconds are worked out once, at the end
         error = audio_error = None
         # Seconds per audio tick as a float, once: PyAV's time bases are Fractions, and Fraction

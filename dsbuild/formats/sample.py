@@ -297,7 +297,7 @@ def sample_from_members(key: str, members: dict[str, bytes]) -> Sample:
         loads_bounded(bytes(members["json"]), max_bytes=MAX_META_BYTES, what=f"{key}.json"), f"{key}.json"
     )
     try:
-        arrays = [npy_load(bytes(members[m]), d) for m, d in zip(ARRAY_MEMBERS, ARRAY_DESCRS)]
+        actions, telemetry, timestamps = (npy_load(bytes(members[m]), d) for m, d in zip(ARRAY_MEMBERS, ARRAY_DESCRS))
     except (ValueError, OSError, EOFError) as e:
         raise FormatError(f"{key}: an array member is not a plain .npy array ({str(e)[:120]})") from None
-    return Sample(key, meta, members[VIDEO_EXT], *arrays, members[EVENTS_MEMBER])
+    return Sample(key, meta, members[VIDEO_EXT], actions, telemetry, timestamps, members[EVENTS_MEMBER])

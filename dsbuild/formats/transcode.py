@@ -102,7 +102,7 @@ class TranscodeSpec:
                 else f"{self.fps.numerator}fps"
             )
         parts += [f"gop{self.gop}", f"crf{self.crf}"] + ([f"bf{self.bf}"] if self.bf else [])
-        return ":".join(parts + [self.pix_fmt])
+        return ":".join(parts + [self.pix_fmt or self.encoder.pix_fmt])  # (resolved on creation)
 
     def encoder_options(self) -> dict[str, str]:
         """FFmpeg options of the encoder (besides size, rate, pixel format): what defines the bitstream."""
@@ -179,29 +179,35 @@ def parse_transcode(text: str) -> TranscodeSpec:
     codec, *parts = str(text).strip().lower().split(":")
     if codec not in ENCODERS:
         raise bad(f"codec {codec!r} is not one of {', '.join(ENCODERS)}")
-    enc, fields = ENCODERS[codec], {}
+    enc = ENCODERS[codec]
+    size: tuple[int, int] | None = None
+    fps: Fraction | None = None
+    pix_fmt: str | None = None
+    numbers: dict[str, int] = {}  # gop, crf, bf
+    given: set[str] = set()
     for part in parts:
         if m := _SIZE.fullmatch(part):
-            key, value = "size", (int(m[1]), int(m[2]))
-            if not all(16 <= x <= MAX_SIDE and x % 2 == 0 for x in value):
+            key, size = "size", (int(m[1]), int(m[2]))
+            if not all(16 <= x <= MAX_SIDE and x % 2 == 0 for x in size):
                 raise bad(f"size {part} must be even, 16..{MAX_SIDE} a side")
         elif m := _RATE.fullmatch(part):
-            key, value = "fps", Fraction(m[1])
-            if not 1 <= value <= 240:
+            key, fps = "fps", Fraction(m[1])
+            if not 1 <= fps <= 240:
                 raise bad(f"rate {part} must be 1..240 fps")
         elif m := _INT.fullmatch(part):
-            key, value = m[1], int(m[2])
+            key = m[1]
+            numbers[key] = int(m[2])
         elif part in _pix_fmts(enc.name):
-            key, value = "pix_fmt", part
+            key, pix_fmt = "pix_fmt", part
         else:
             raise bad(
                 f"cannot read {part!r}; options are WxH, <rate>fps, gop<N>, crf<N>, bf<N> or a pixel "
                 f"format {enc.name} takes ({', '.join(_pix_fmts(enc.name))})"
             )
-        if key in fields:
+        if key in given:
             raise bad(f"{part!r} sets {key} a second time")
-        fields[key] = value
-    gop, crf, bf = fields.get("gop", 30), fields.get("crf"), fields.get("bf", 0)
+        given.add(key)
+    gop, crf, bf = numbers.get("gop", 30), numbers.get("crf"), numbers.get("bf", 0)
     if not 1 <= gop <= 1000:
         raise bad(f"gop{gop} must be 1..1000 frames")
     if crf is not None and not enc.crf[1] <= crf <= enc.crf[2]:
@@ -210,8 +216,8 @@ def parse_transcode(text: str) -> TranscodeSpec:
         raise bad(f"bf{bf} is only for h264 and hevc")
     if not 0 <= bf <= 8:
         raise bad(f"bf{bf} must be 0..8")
-    w, h = fields.get("size", (None, None))
-    return TranscodeSpec(codec, w, h, fields.get("fps"), gop, crf, bf, fields.get("pix_fmt"))
+    w, h = size or (None, None)
+    return TranscodeSpec(codec, w, h, fps, gop, crf, bf, pix_fmt)
 
 
 @functools.cache
@@ -308,6 +314,8 @@ def _encode_raw(spec: TranscodeSpec, frames, info: bool = False) -> bytes:
 
     from dsbuild.formats.mp4 import Mp4Writer
 
+    if spec.width is None or spec.height is None:
+        raise TranscodeSpecError(f"{spec}: encoding sample frames needs a size (WxH)")
     w = Mp4Writer()
     try:
         stream = _open_encoder(w, spec, spec.width, spec.height, Fraction(30), Fraction(1, 30), info)

@@ -30,12 +30,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.files import UnsafeFile, open_regular
-from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, covers, open_audio
+from dsbuild.formats.audio import AudioInfo, AudioReport, AudioSpan, AudioTrack, covers, open_audio
 from dsbuild.formats.ebml import HEAD_BYTES, segment_end
 from dsbuild.formats.mp4 import (
     Mp4Writer,
@@ -58,6 +59,16 @@ TRIM_TRIES = 3  # decode-and-trim rounds for the final clip of a truncated file
 FINISHED_SLACK = 0.5  # seconds: a finished Matroska file's video ends at most this before its duration
 
 
+T = TypeVar("T")
+
+
+def _opened(value: T | None, path: Path) -> T:
+    """A part of an open ``VideoSource``; reading one before ``with`` opened it is a bug, said plainly."""
+    if value is None:
+        raise FormatError(f"{path.name}: read before it was opened (use `with VideoSource(path) as source`)")
+    return value
+
+
 def seconds(ticks: int, time_base: Fraction) -> float:
     """ticks * time_base as the correctly rounded float (so frame i at 60 fps is exactly i / 60)."""
     return ticks * time_base.numerator / time_base.denominator
@@ -70,8 +81,13 @@ def should_cut(clip_start: float, keyframe_t: float, clip_seconds: float) -> boo
 
 PICTURE_CODECS = frozenset({"png", "bmp", "tiff", "webp", "gif"})  # still images (a cover), not captures
 
+if TYPE_CHECKING:
+    from av.container import InputContainer
+    from av.video.frame import VideoFrame
+    from av.video.stream import VideoStream
 
-def _moving(container) -> list:
+
+def _moving(container) -> list[VideoStream]:
     """The video streams that are video: a cover image (an ``attached_pic`` stream, or a still-image
     codec's track) is not, however large; all of them when every one is a picture."""
     from av.stream import Disposition
@@ -188,7 +204,11 @@ class VideoSource:
         self.path = Path(path)
         self.spec = parse_transcode(transcode) if isinstance(transcode, str) else transcode
         self._want_audio = audio
-        self._container = self._stream = self._audio = self._tag = None
+        self._input: InputContainer | None = None  # these three are set on entry (``_open``)
+        self._video: VideoStream | None = None
+        self._info: VideoInfo | None = None
+        self._audio: AudioTrack | None = None
+        self._tag: str | None = None
         self._audio_report = AudioReport()
         self._t0: int | None = None  # pts of the first video frame: the session clock's zero
         self._size = 0  # bytes, when opened
@@ -197,7 +217,19 @@ class VideoSource:
         self._header: bytes | None = None  # the in-band sequence header of the clips so far
         self._in_band = False  # whether keyframes carry sequence headers to compare (``_open``)
         self._picture: tuple[int, int] = (0, 0)  # their picture size
-        self.info: VideoInfo | None = None
+
+    @property
+    def info(self) -> VideoInfo:
+        """What the video is (and what its clips will be): known once the source is open."""
+        return _opened(self._info, self.path)
+
+    @property
+    def _container(self) -> InputContainer:
+        return _opened(self._input, self.path)
+
+    @property
+    def _stream(self) -> VideoStream:
+        return _opened(self._video, self.path)
 
     def __enter__(self) -> VideoSource:
         import av
@@ -210,7 +242,7 @@ class VideoSource:
                 self._declared_end = segment_end(f.read(HEAD_BYTES))  # (Matroska's; None for other containers)
                 f.seek(max(0, self._size - 16))
                 self._ends_with_mfro = f.read(16)[4:8] == b"mfro"  # a fragmented MP4 that was finished
-            self._container = av.open(str(self.path), metadata_errors="ignore")
+            self._input = av.open(str(self.path), metadata_errors="ignore")
         except UnsafeFile as e:  # the reason without the host path: it lands in the manifest
             raise FormatError(str(e).removeprefix(f"{self.path}: ")) from None
         except (av.error.FFmpegError, OSError, ValueError) as e:
@@ -225,16 +257,18 @@ class VideoSource:
     def __exit__(self, *exc) -> None:
         if self._audio is not None:
             self._audio.close()
-        if self._container is not None:
-            self._container.close()
+        if self._input is not None:
+            self._input.close()
 
     def _open(self) -> None:
         c = self._container
         fmt = c.format.name.split(",")[0]
         if not c.streams.video:
             raise FormatError(f"no video stream in the {fmt} file")
-        vs = self._stream = max(_moving(c), key=_pixels)  # the largest, as ffmpeg picks (first of equals)
-        self._tb = vs.time_base  # (PyAV builds a new Fraction on every read of it: asked per packet)
+        vs = self._video = max(_moving(c), key=_pixels)  # the largest, as ffmpeg picks (first of equals)
+        if vs.time_base is None:
+            raise FormatError(f"the video stream of the {fmt} file has no time base")
+        self._tb: Fraction = vs.time_base  # (PyAV builds a new Fraction on every read of it: asked per packet)
         demux_only(c, vs)  # the audio has a demuxer of its own (open_audio)
         cc = vs.codec_context
         if cc is None:
@@ -247,7 +281,7 @@ class VideoSource:
         if self.spec is None:
             self._tag = mp4_tag(codec, vs.codec_tag)
             check_mp4_video(vs, codec, fmt, self._tag)
-            out = dict(codec=codec, codec_tag=self._tag, width=cc.width, height=cc.height, fps=fps)
+            out: dict[str, Any] = dict(codec=codec, codec_tag=self._tag, width=cc.width, height=cc.height, fps=fps)
         else:
             s = self.spec
             vs.thread_type = "AUTO"  # decoding is bit-exact whatever the threads
@@ -263,7 +297,7 @@ class VideoSource:
         tb = 1 / self.spec.fps if self.spec is not None and self.spec.fps else vs.time_base
         self._picture = (out["width"], out["height"])
         self._in_band = self.spec is None and in_band_headers(codec, cc.extradata)
-        self.info = VideoInfo(**out, time_base=tb, audio=audio, source=f"{codec} in {fmt}")
+        self._info = VideoInfo(**out, time_base=tb, audio=audio, source=f"{codec} in {fmt}")
 
     def _open_audio(self) -> AudioInfo | None:
         import av
@@ -324,7 +358,7 @@ class VideoSource:
         if "mp4" in fmt:
             return not self._ends_with_mfro
         if "matroska" in fmt and c.duration:  # (its Duration counts from timestamp 0, as packets do)
-            video_end = seconds(self._frames_end(packets), self._stream.time_base)
+            video_end = seconds(self._frames_end(packets), self._tb)
             return video_end < c.duration / 1e6 - FINISHED_SLACK
         return True
 
@@ -332,14 +366,14 @@ class VideoSource:
         """Where the last frame of ``packets`` ends (pts): its start plus its duration, or one frame at the
         nominal rate where the container gives none."""
         last = max(packets, key=lambda p: p.pts)
-        dur = last.duration or (round(1 / self.info.fps / float(self._stream.time_base)) if self.info.fps else 1)
+        dur = last.duration or (round(1 / self.info.fps / float(self._tb)) if self.info.fps else 1)
         return last.pts + max(dur, 1)
 
     def _window_end(self, seg: _Segment, next_start: int, report: DemuxReport) -> int:
         """Where ``seg``'s window ends: where the next begins (``next_start``), unless the video stops for
         longer than GAP_SECONDS before that; then where its last frame ends, counted as a gap."""
         end = self._frames_end(seg.packets)
-        if seconds(next_start - end, self._stream.time_base) <= GAP_SECONDS:
+        if seconds(next_start - end, self._tb) <= GAP_SECONDS:
             return next_start
         report.gaps += 1
         return end
@@ -368,7 +402,7 @@ class VideoSource:
                 start = self._stream.start_time
                 self._t0 = p.pts if start is None else min(p.pts, start)
                 if self._audio is not None:
-                    self._audio.origin = self._t0 * self._stream.time_base
+                    self._audio.origin = self._t0 * self._tb
             # a keyframe whose in-band sequence header changed (the picture size may have) starts a clip; one
             # that carries none has the header before it
             header = seg.header if seg is not None else None
@@ -403,7 +437,13 @@ class VideoSource:
             yield seg
 
     def _t(self, pts: int) -> float:
-        return seconds(pts - self._t0, self._tb)
+        return seconds(self._ticks(pts), self._tb)
+
+    def _ticks(self, pts: int) -> int:
+        """``pts`` on the session clock: ticks since the first video frame."""
+        if self._t0 is None:
+            raise FormatError(f"{self.path.name}: a clip was cut before the first frame was read")
+        return pts - self._t0
 
     def _packets(self, report: DemuxReport) -> Iterator[PacketRecord]:
         import av
@@ -499,7 +539,7 @@ class VideoSource:
         """The clip's MP4 and its frame times: packets copied (or transcoded) plus the audio cut."""
         import av
 
-        tb = self._stream.time_base
+        tb = self._tb
         w = Mp4Writer()
         try:
             if self.spec is None:
@@ -508,7 +548,7 @@ class VideoSource:
                 dts = monotonic_dts(packets)
                 w.write(vstream, packets, dts, tb, min(dts))
                 frame_t = np.sort(np.array([self._t(p.pts) for p in packets], dtype=np.float64))
-                base = Fraction(min(dts) - self._t0) * tb
+                base = Fraction(self._ticks(min(dts))) * tb
             else:
                 enc = ClipEncoder(w, self.spec, (self.info.width, self.info.height), self._stream.average_rate, tb)
                 astream = cut.add_to(w) if cut is not None else None
@@ -525,13 +565,13 @@ class VideoSource:
             w.abort()
             raise
 
-    def _decode(self, packets: list[PacketRecord], strict: bool = True) -> Iterator[tuple[Fraction, object]]:
+    def _decode(self, packets: list[PacketRecord], strict: bool = True) -> Iterator[tuple[Fraction, VideoFrame]]:
         """(seconds from the first video frame, frame) of a clip's packets, in presentation order, up to the
         first packet the decoder refuses or the first frame it had to conceal: a FormatError when
         ``strict`` (a transcode never encodes damage), else the end of the frames."""
         import av
 
-        cc, tb = self._stream.codec_context, self._stream.time_base
+        cc, tb = self._stream.codec_context, self._tb
         cc.flush_buffers()
         n, why_not = 0, None
         try:
@@ -546,7 +586,7 @@ class VideoSource:
                         break
                     n += 1
                     if frame.pts is not None:
-                        yield Fraction(frame.pts - self._t0) * tb, frame
+                        yield Fraction(self._ticks(frame.pts)) * tb, frame
                 if why_not:
                     break
         except (av.error.FFmpegError, ValueError) as e:

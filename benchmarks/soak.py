@@ -12,7 +12,16 @@
    commit.json, manifest edited to match a flipped shard, duplicated index row, keys escaping the
    catalog, a tags file that is a device); `log`, `verify` and the loader must refuse with our own
    errors, never hang, never read or write outside the catalog.
-Prints JSON: faults injected, bad inputs tried, versions checked, data lost (must be 0).
+5. red team (``--red-team N``): N copies of a small good catalog, each with one hostile tar member header
+   forged into a seeded random member of a random shard (``../`` or absolute name, symlink, hard link,
+   FIFO, character device, setuid/setgid/sticky mode, 8 GB size) or a shard truncated or given a member
+   in its end padding, every hash and the manifest re-pinned; then every way out runs over it: verify,
+   the five exports, the ``shards`` check, pull and the loader. Counted: refused with our error, handed
+   out (an export, pull or ``shards`` that accepted it: must be 0), disagreements with verify (must be
+   0), errors that escaped (must be 0), files written outside the target (must be 0). Every 13th copy is
+   a control, re-pinned without an edit, which every way out must accept.
+Prints JSON: faults injected, bad inputs tried, versions checked, data lost (must be 0). Sections run with
+a count of 0 are skipped (``--kills 0 --damaged 0 --flips 0 --hostile 0 --red-team 40``: the red team only).
 """
 
 from __future__ import annotations
@@ -166,6 +175,133 @@ def hostile(caps: Path, out: Path, rounds: int) -> dict:
     return {"hostile_catalog_commands": tried, "hostile_escaped_errors": escaped, "hostile_accepted_as_valid": accepted}
 
 
+HEADER_EDITS = {
+    "dotdot_name": lambda name: {"name": "../../../" + name},
+    "absolute_name": lambda name: {"name": "/tmp/dsbuild-soak-" + name},
+    "symlink": lambda name: {"type": b"2", "linkname": "/etc/passwd", "size": 0},
+    "hardlink": lambda name: {"type": b"1", "linkname": "/etc/passwd", "size": 0},
+    "fifo": lambda name: {"type": b"6", "size": 0},
+    "char_device": lambda name: {"type": b"3", "size": 0},
+    "setuid": lambda name: {"mode": 0o4755},
+    "setgid": lambda name: {"mode": 0o2644},
+    "sticky": lambda name: {"mode": 0o1644},
+    "huge_size": lambda name: {"size": 8_000_000_000},
+}
+RED_TEAM = (*HEADER_EDITS, "truncated", "hidden_in_padding", "control")  # control: no edit, all must accept
+
+
+def _red_edit(kind: str, rng: random.Random):
+    """``shard_bytes(n, data)`` for ``reseal``: ``kind`` forged into a random shard, at a random member."""
+    from tests.security.conftest import BLOCK, _hidden_in_padding, _member_ends, _padded, retar
+
+    def edit(n: int, data: bytes) -> bytes:
+        if n != target or kind == "control":
+            return data
+        ends = _member_ends(data)
+        if kind == "truncated":
+            return _padded(data[: ends[rng.randrange(len(ends) - 1)]]) if len(ends) > 6 else data[: ends[-2]]
+        if kind == "hidden_in_padding":
+            return _hidden_in_padding(0, data)
+        at = rng.choice([0, *ends[:-1]])
+        name = data[at : at + 100].rstrip(b"\0").decode()
+        return data[:at] + retar(data[at : at + BLOCK], **HEADER_EDITS[kind](name)) + data[at + BLOCK :]
+
+    target = None
+
+    def choose(shards: int) -> None:
+        nonlocal target
+        target = rng.randrange(shards)
+
+    return edit, choose
+
+
+def _ways_out(cat: Path, vid: str, out: Path, i: int) -> dict:
+    """Every way bytes leave the catalog ``cat`` (version ``vid``), by name, as calls that raise to refuse."""
+    from dsbuild.core.errors import CorruptDataError
+    from dsbuild.export import TOOLS, export
+    from dsbuild.lineage.transfer import transfer
+    from dsbuild.lineage.verify import check_shards
+
+    def load() -> None:
+        loader = Loader(str(cat), decode="bytes", batch_size=2, seed=i)
+        for _ in loader:
+            pass
+        if loader.stats()["corrupt"]:
+            raise CorruptDataError(f"{loader.stats()['corrupt']} corrupt sample(s)")
+
+    ways = {f"export-{t}": lambda t=t: export(str(cat), out / f"red-x-{i}-{t}", to=t) for t in TOOLS}
+    ways["shards"] = lambda: check_shards(Catalog.open(cat), vid)
+    ways["pull"] = lambda: transfer(Catalog.open(cat), vid, Catalog.open(out / f"red-pull-{i}", create=True))
+    ways["loader"] = load
+    return ways
+
+
+def red_team(out: Path, rounds: int, rng: random.Random) -> dict:
+    """Forged, re-pinned shards through every way out of a catalog (see the module's docstring, 5)."""
+    from dsbuild.core.errors import CorruptDataError, FormatError
+    from tests.security.conftest import restat
+    from tests.validators.support import reseal, write_moving_session
+
+    caps, good = out / "red-caps", out / "red-good"
+    for i in range(2):
+        write_moving_session(caps, f"s{i}", "Kart", f"p-{i}", seconds=4.0, seed=i, size=(64, 48))
+    vid = convert(
+        caps, good, ConvertConfig(clip_seconds=1.0, shard_size=65_536), executor=ExecutorSpec(workers=1)
+    ).version_id
+    shards = len(Catalog.open(good).manifest(vid).shards)
+    counts = dict.fromkeys(
+        (
+            "red_team_cases",
+            "red_team_ways_out",
+            "refused",
+            "controls_accepted",
+            "handed_out",
+            "disagreements",
+            "escaped_errors",
+            "written_outside",
+        ),
+        0,
+    )
+    by_kind: dict[str, int] = {}
+    for i in range(rounds):
+        kind = RED_TEAM[i % len(RED_TEAM)]
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+        cat = out / f"red-{i}"
+        shutil.copytree(good, cat)
+        edit, choose = _red_edit(kind, rng)
+        choose(shards)
+        forged = restat(cat, reseal(cat, vid, None, edit))
+        counts["red_team_cases"] += 1
+        bad = not verify(Catalog.open(cat), forged).ok
+        ways = _ways_out(cat, forged, out, i)
+        for name, way in ways.items():
+            counts["red_team_ways_out"] += 1
+            try:
+                way()
+                refused = False
+            except (CorruptDataError, FormatError):
+                refused = True
+            except Exception as e:  # anything else escaped our error handling
+                counts["escaped_errors"] += 1
+                print(f"red team {kind}: {name}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                continue
+            counts["refused"] += refused
+            counts["handed_out"] += not refused and bad and name != "loader"  # (a control is not handed out)
+            counts["controls_accepted"] += not refused and kind == "control"
+            counts["disagreements"] += refused != bad
+            if refused != bad:
+                print(
+                    f"red team {kind}: {name} {'refused' if refused else 'accepted'}, verify "
+                    f"{'rejected' if bad else 'passed'}",
+                    file=sys.stderr,
+                )
+        counts["written_outside"] += len(list(Path("/tmp").glob("dsbuild-soak-*"))) + (out / "evil.sh").exists()
+        shutil.rmtree(cat, ignore_errors=True)
+        for p in out.glob(f"red-*-{i}*"):
+            shutil.rmtree(p, ignore_errors=True)
+    return {**counts, "red_team_kinds": by_kind}
+
+
 def damaged(out: Path, n: int, rng: random.Random) -> dict:
     tried = crashed = refused = 0
     for i in range(n):
@@ -208,6 +344,7 @@ def main() -> None:
     ap.add_argument("--damaged", type=int, default=200)
     ap.add_argument("--flips", type=int, default=50)
     ap.add_argument("--hostile", type=int, default=24)
+    ap.add_argument("--red-team", type=int, default=48)
     ap.add_argument("--out", default=str(ROOT / "bench-out" / "soak"))
     args = ap.parse_args()
     out = Path(args.out)
@@ -215,21 +352,32 @@ def main() -> None:
     out.mkdir(parents=True)
     rng = random.Random(7)
     caps = out / "captures"
-    generate(caps, sessions=6, seconds=6, seed=11)
-    report = {
-        **kills(caps, out, args.kills, rng),
-        **damaged(out, args.damaged, rng),
-        **flips(caps, out, args.flips, rng),
-        **hostile(caps, out, args.hostile),
-    }
+    if args.kills or args.flips or args.hostile:
+        generate(caps, sessions=6, seconds=6, seed=11)
+    report: dict = {}
+    for count, section in (
+        (args.kills, lambda: kills(caps, out, args.kills, rng)),
+        (args.damaged, lambda: damaged(out, args.damaged, rng)),
+        (args.flips, lambda: flips(caps, out, args.flips, rng)),
+        (args.hostile, lambda: hostile(caps, out, args.hostile)),
+        (args.red_team, lambda: red_team(out, args.red_team, random.Random(45))),
+    ):
+        if count:
+            for key, value in section().items():  # (two sections count escaped errors: added up)
+                report[key] = report[key] + value if key == "escaped_errors" and key in report else value
     report["data_lost"] = (
-        report["bad_versions"]
-        + report["epochs_with_lost_or_repeated_samples"]
-        + (0 if report["rerun_matches_clean"] else 1)
-        + report["escaped_errors"]
+        report.get("bad_versions", 0)
+        + report.get("epochs_with_lost_or_repeated_samples", 0)
+        + (0 if report.get("rerun_matches_clean", True) else 1)
+        + report.get("escaped_errors", 0)
+        + report.get("handed_out", 0)
     )
     report["hygiene_failures"] = (
-        report["orphaned_workers"] + report["hostile_escaped_errors"] + report["hostile_accepted_as_valid"]
+        report.get("orphaned_workers", 0)
+        + report.get("hostile_escaped_errors", 0)
+        + report.get("hostile_accepted_as_valid", 0)
+        + report.get("disagreements", 0)
+        + report.get("written_outside", 0)
     )
     print(json.dumps(report, indent=2))
 

@@ -7,6 +7,9 @@ end padding; every hash, the index and the manifest re-pinned to match."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.transfer import transfer
 from dsbuild.lineage.verify import verify
 from dsbuild.loader import Loader
-from tests.cli.clitools import run
+from tests.cli.clitools import env, run
 from tests.helpers import tree_bytes
 from tests.security.conftest import SHARD_CASES
 
@@ -63,14 +66,53 @@ def test_verify_exports_pull_and_the_loader_agree_on_a_forged_shard(case, forged
     assert not Path("/tmp/dsbuild-redteam-x.json").exists()
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_dsbuild_shards_refuses_a_forged_shard_in_one_line(case, forged):
-    cat, vid = forged(case)
-    p = run("shards", cat, check=3)
-    assert shard0(cat, vid) in one_line(p) and not p.stdout
+# Every command that reads a catalog, and its exit code on a catalog with a forged shard: 0 for those that
+# read no shard bytes, 1 for the two that judge them, 3 (one line naming the shard) for every way out.
+SWEEP = {
+    "info": ((), 0),
+    "log": ((), 0),
+    "query": (("SELECT count(*) FROM samples",), 0),
+    "verify": ((), 1),
+    "validate": ((), 1),
+    "shards": ((), 3),
+    **{f"export-{tool}": (("{out}", "--to", tool), 3) for tool in TOOLS},
+    "pull": (("{out}",), 3),
+    "push": (("{out}",), 3),
+}
 
 
-@pytest.mark.parametrize("case", ["symlink", "setuid", "truncated"])
+def test_every_command_that_reads_a_catalog_over_every_forged_case(forged, tmp_path):
+    """One sweep: every command over every forged case, through the CLI's entry point (``driver``)."""
+    cats = {case: forged(case) for case in CASES}
+    before = {case: tree_bytes(cat) for case, (cat, _) in cats.items()}
+    plan = [
+        (case, name, [name.split("-")[0], str(cat), *(a.format(out=tmp_path / f"{case}-{name}") for a in args)])
+        for case, (cat, _) in cats.items()
+        for name, (args, _) in SWEEP.items()
+    ]
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.security.driver"],
+        input=json.dumps([args for *_, args in plan]),
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env=env(),
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    for (case, name, _), got in zip(plan, json.loads(p.stdout)):
+        want = SWEEP[name][1]
+        assert got["exit"] == want, (case, name, got)
+        errors = [x for x in got["stderr"].splitlines() if x.startswith("error:")]
+        assert len(errors) == (want != 0), (case, name, got["stderr"][-2000:])
+        if want == 3:
+            assert shard0(*cats[case]) in errors[0] and len(errors[0]) < 600, (case, name, errors)
+            assert not (tmp_path / f"{case}-{name}").exists() or not any((tmp_path / f"{case}-{name}").rglob("*.tar"))
+    assert {case: tree_bytes(cat) for case, (cat, _) in cats.items()} == before
+    assert not Path("/tmp/dsbuild-redteam-x.json").exists()
+
+
+@pytest.mark.parametrize("case", ["symlink", "truncated"])
 def test_the_commands_agree_through_the_dsbuild_executable(case, forged, tmp_path):
     """What the issue found: wids and energon exported these with exit 0; ``pull`` accepted them."""
     cat, vid = forged(case)

@@ -345,13 +345,13 @@ class Mixture:
         regroup = None if o.balance is None else self._balanced
         return rank_steps(walk, start.step, at.dp_size, at.dp, worker, workers, regroup)
 
-    def _balanced(self, group: list[Step]) -> list[Step]:
+    def _balanced(self, group: list[Step], rank: int) -> Step:
         """``walk.balance_steps``, with the per-rank work spread of each step as drawn and as dealt."""
-        steps, drawn, dealt = balance_steps(group, self.plans, self.options.pack_frames)
+        step, drawn, dealt = balance_steps(group, self.plans, self.options.pack_frames, rank)
         self._spread["steps"] += 1
         self._spread["drawn"] += spread(drawn)["max_over_mean"]
         self._spread["dealt"] += spread(dealt)["max_over_mean"]
-        return steps
+        return step
 
     # -- loading -------------------------------------------------------------------------------------
     def _read(self, refs: list[SampleRef]) -> list:

@@ -207,53 +207,73 @@ def rank_steps(
     rank: int,
     worker: int = 0,
     workers: int = 1,
-    regroup: Callable[[list[Step]], list[Step]] | None = None,
+    regroup: Callable[[list[Step], int], Step] | None = None,
 ) -> Iterator[tuple[Step | None, Position]]:
     """This rank's (and worker's) steps of ``walk`` (which starts at global batch ``start``), each with
     the position after its whole global step. If the walk ends, a last ``(None, end position)`` follows.
     A walk that ends mid-step gives its steps there the position after the walk's last step: the same
     position the last batch of an epoch has at any world size (the end position would have moved a
     checkpoint taken after it into the next epoch only where the epoch's batches are not a multiple of
-    the world size). ``regroup`` (``balance_steps``) deals each global step's samples to its ranks anew;
-    rank r then takes the r-th of its steps."""
+    the world size). ``regroup(group, r)`` (``balance_steps``) deals each global step's samples to its
+    ranks anew and gives rank r's batch of them."""
     mine = rank_batch_ids(start, sys.maxsize, world, rank, worker, workers)
     group: list[Step] = []
     for item in walk:
         if isinstance(item, End):
             if len(group) > rank and group[rank].j in mine:
-                yield (group if regroup is None else regroup(group))[rank], group[-1].after
+                yield group[rank] if regroup is None else regroup(group, rank), group[-1].after
             yield None, item.at
             return
         group.append(item)
         if (item.j - start) % world == world - 1:
             if group[rank].j in mine:
-                yield (group if regroup is None else regroup(group))[rank], item.after
+                yield group[rank] if regroup is None else regroup(group, rank), item.after
             group = []
 
 
-def item_work(items: Sequence[Item], plans: Sequence[Plan], pack_frames: int | None) -> np.ndarray:
-    """Each item's work: its samples' delivered frames (``Plan.lengths``; none: 1 a sample), at most
-    ``pack_frames``."""
-    lengths = [p.lengths for p in plans]
-    work = np.array(
-        [sum(1 if (n := lengths[r.source]) is None else int(n[r.index]) for r in item) for item in items], np.int64
-    )
-    return work if pack_frames is None else np.minimum(work, pack_frames)
+def _group_work(group: list[Step], plans: Sequence[Plan]) -> tuple[list[list], np.ndarray]:
+    """Each step's items as the plan holds them (tuples of sample indices of ``step.source``, or of
+    SampleRefs for mix="sample") and every item's work, in step order: its samples' delivered frames
+    (``Plan.lengths``; none: 1 a sample). Made without a SampleRef per sample, in one numpy pass: a
+    balanced step weighs every DP rank's items."""
+    per: list[list] = []
+    refs: list[tuple[int, int]] = []
+    for step in group:
+        if step.items is not None:
+            per.append(list(step.items))
+            refs.extend((r.source, r.index) for item in step.items for r in item)
+        else:
+            per.append(plans[step.source].batch(step.epoch, step.batch))
+            refs.extend((step.source, i) for item in per[-1] for i in item)
+    src, idx = np.array(refs, np.int64).reshape(-1, 2).T
+    frames = np.ones(len(refs), np.int64)
+    for s, plan in enumerate(plans):
+        mine = src == s
+        if plan.lengths is not None and mine.any():
+            frames[mine] = plan.lengths[idx[mine]]
+    sizes = [len(item) for items in per for item in items]
+    return per, np.bincount(np.repeat(np.arange(len(sizes)), sizes), frames, len(sizes)).astype(np.int64)
 
 
 def balance_steps(
-    group: list[Step], plans: Sequence[Plan], pack_frames: int | None
-) -> tuple[list[Step], np.ndarray, np.ndarray]:
-    """One global step's batches with their items dealt anew (``parallel.balance``): each keeps its item
-    count, the work per batch as even as the greedy deal makes it; items keep their order in the step.
-    Also each batch's work as drawn and as dealt."""
-    per = [step_items(step, plans) for step in group]
-    items = [item for its in per for item in its]
-    work = item_work(items, plans, pack_frames)
-    owner = balance(work, [len(its) for its in per])
-    steps = [
-        Step(step.j, step.after, items=tuple(item for item, o in zip(items, owner.tolist()) if o == k))
-        for k, step in enumerate(group)
-    ]
-    drawn = np.repeat(np.arange(len(per)), [len(its) for its in per])
-    return steps, np.bincount(drawn, work, len(per)), np.bincount(owner, work, len(per))
+    group: list[Step], plans: Sequence[Plan], pack_frames: int | None, rank: int
+) -> tuple[Step, np.ndarray, np.ndarray]:
+    """Batch ``rank`` of one global step once the step's items are dealt anew (``parallel.balance``): each
+    batch keeps its item count, the work per batch (frames, at most ``pack_frames`` an item) as even as
+    the greedy deal makes it; items keep their order in the step. Also every batch's work as drawn and as
+    dealt (the same on every rank)."""
+    per, work = _group_work(group, plans)
+    sizes = [len(items) for items in per]
+    if pack_frames is not None:
+        work = np.minimum(work, pack_frames)
+    owner = balance(work, sizes)
+    ends = np.cumsum(sizes)
+    mine = []
+    for p in np.flatnonzero(owner == rank).tolist():
+        k = int(np.searchsorted(ends, p, side="right"))
+        item = per[k][p - (int(ends[k - 1]) if k else 0)]
+        step = group[k]
+        mine.append(item if step.items is not None else tuple(SampleRef(step.source, step.epoch, i) for i in item))
+    drawn = np.repeat(np.arange(len(per)), sizes)
+    dealt = Step(group[rank].j, group[rank].after, items=tuple(mine))
+    return dealt, np.bincount(drawn, work, len(per)), np.bincount(owner, work, len(per))

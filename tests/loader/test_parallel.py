@@ -250,7 +250,8 @@ def test_balanced_steps_at_4096_ranks_keep_every_sample_and_even_the_work():
     dp = Parallel(8, 4, 4).data_parallel(4096)
     walk = walk_batches(Position(0, ((0, 0),)), [plan], np.ones(1), 3, True)
     group = list(itertools.islice(walk, dp))
-    steps, drawn, dealt = balance_steps(group, [plan], None)
+    steps = [balance_steps(group, [plan], None, k)[0] for k in range(dp)]
+    _, drawn, dealt = balance_steps(group, [plan], None, 0)
     before = sorted(r.index for s in group for item in step_items(s, [plan]) for r in item)
     assert sorted(r.index for s in steps for item in s.items for r in item) == before
     assert [len(s.items) for s in steps] == [B] * dp and [s.j for s in steps] == [s.j for s in group]

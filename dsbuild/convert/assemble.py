@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dsbuild.core.errors import FormatError, LineageError
 from dsbuild.formats import Entry, Segment, get_format
+from dsbuild.formats.base import ShardReader
 from dsbuild.formats.shards import ShardCutter, WrittenShard, write_shard
 from dsbuild.lineage.manifest import ShardRecord
 
@@ -161,7 +162,7 @@ class Assembly:
 def _segments(task: ShardTask):
     fmt = get_format(task.format)
     files = dict(task.parent_files)
-    readers = {}
+    readers: dict[Path, ShardReader] = {}
     try:
         for ref in task.refs:
             if ref.seg_path is not None:
@@ -171,6 +172,8 @@ def _segments(task: ShardTask):
                     raise LineageError(f"{ref.seg_path}: segment of {ref.key} is truncated")
                 yield Segment(ref.key, ref.sha256, data, ref.member_bytes)
                 continue
+            if ref.parent is None or ref.entry is None:
+                raise LineageError(f"sample {ref.key}: planned with neither a fresh segment nor a parent shard")
             path = files[ref.parent.path]
             reader = readers.get(path)
             if reader is None:

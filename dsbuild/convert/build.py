@@ -238,7 +238,8 @@ def parent_base(catalog: Catalog, parent: str, m: Manifest, rehash: bool, thread
         by_shard[r.shard].append(r)
     with ThreadPoolExecutor(max(1, threads)) as pool:
         health = dict(zip(m.shards, pool.map(lambda s: _shard_healthy(catalog, s, rehash), m.shards)))
-    broken, compositions = set(), {}
+    broken: set[str] = set()
+    compositions: dict[tuple, ShardRecord] = {}
     for rec, ok in health.items():
         members = sorted(by_shard.get(rec.path, []), key=lambda r: r.key)
         if ok:
@@ -308,7 +309,7 @@ def _build(
         raise UsageError(f"{captures}: no sessions found (no session.json in it or below it)")
     with catalog_to_fill(out) as catalog:  # (a first build that fails leaves no empty catalog behind)
         parent, base_m = reusable_parent(catalog, config, onto)
-        base = parent_base(catalog, parent, base_m, rehash, executor.count * 2) if base_m else None
+        base = parent_base(catalog, parent, base_m, rehash, executor.count * 2) if base_m and parent else None
         fmt = get_format(config.format)
         progress = Progress(total=len(sessions))
         results: list[SessionResult] = []
@@ -339,7 +340,9 @@ def _build(
             def finished(r: SessionResult) -> None:
                 results.append(r)
                 progress.done += 1
-                progress.samples += len(r.samples) if not r.reused else len(base.rows.get(r.session_id, ()))
+                progress.samples += (
+                    len(r.samples) if not r.reused else len(_parent_of(r, base).rows.get(r.session_id, ()))
+                )
                 progress.bytes += r.video_bytes
                 progress.quarantined += r.quarantine is not None
                 if on_progress:
@@ -463,24 +466,35 @@ def _sessions_and_shards(
             if not pool.pending:
                 return written
             task, result = pool.next()
-            if task is None:  # a session
+            if isinstance(result, SessionResult):  # a session (submitted with no task)
                 in_flight -= 1
                 add(result, key_prefix(result.session_id))
-            else:
+            elif isinstance(task, ShardTask) and isinstance(result, WrittenShard):
                 written[task.number] = result
                 assembly.release(task.refs)
                 progress.shards_done += 1
                 if on_progress:
                     on_progress(progress)
+            else:  # (sessions give SessionResults, shard tasks WrittenShards)
+                raise TypeError(f"task {task!r} gave a {type(result).__name__}")
+
+
+def _parent_of(r: SessionResult, base: _Base | None) -> _Base:
+    """The parent build whose rows a reused session takes."""
+    if base is None:
+        raise LineageError(f"session {r.session_id}: reused, but the build has no parent version")
+    return base
 
 
 def _refs(r: SessionResult, base: _Base | None, shards: dict[str, ShardRecord]) -> list[SampleRef]:
     """Where a session's samples are: its fresh segments, or the parent's shards (reused)."""
     if r.reused:
-        return [
-            SampleRef(row.key, row.sha256, row.member_bytes, parent=shards[row.shard], entry=row.entry())
-            for row in base.rows[r.session_id]
-        ]
+        refs = []
+        for row in _parent_of(r, base).rows[r.session_id]:
+            if row.member_bytes is None:  # (parent_base reuses no parent whose rows lack them)
+                raise LineageError(f"sample {row.key}: reused from a parent row without member sizes")
+            refs.append(SampleRef(row.key, row.sha256, row.member_bytes, parent=shards[row.shard], entry=row.entry()))
+        return refs
     return [
         SampleRef(s.row.key, s.row.sha256, s.member_bytes, r.seg_path, s.seg_offset, s.seg_length) for s in r.samples
     ]
@@ -490,7 +504,9 @@ def _refuse_all_quarantined(results: list[SessionResult], quarantined: list[Quar
     """Nothing to commit, so no report: the reasons go in the message."""
     if any(r.quarantine is None for r in results):
         return
-    every = quarantined + [r.quarantine for r in sorted(results, key=lambda r: r.session_id)]  # (finish order varies)
+    every = quarantined + [
+        r.quarantine for r in sorted(results, key=lambda r: r.session_id) if r.quarantine
+    ]  # (all are)
     shown = "; ".join(f"{q.path}: {q.reason}" for q in every[:QUARANTINE_SHOWN])
     more = len(every) - QUARANTINE_SHOWN
     raise CheckFailed(
@@ -516,7 +532,7 @@ def _assemble(
     parent_rows = {row.key: row for rows_ in base.rows.values() for row in rows_} if base else {}
     for r in results:
         if r.reused:
-            rows_by_key.update((row.key, row) for row in base.rows[r.session_id])
+            rows_by_key.update((row.key, row) for row in _parent_of(r, base).rows[r.session_id])
     shards, rows, moves = [], [], []
     for i, (group, reuse) in enumerate(zip(shard_plan.groups, shard_plan.reuse)):
         if reuse is not None:
@@ -533,7 +549,7 @@ def _assemble(
     for r in results:
         sources += r.sources
         sessions.append(
-            base.sessions[r.session_id]
+            _parent_of(r, base).sessions[r.session_id]
             if r.reused
             else SessionRecord(r.session_id, r.rel, len(r.samples), r.controls, r.channels, r.repairs)
         )
@@ -552,7 +568,9 @@ def version_manifest(
 ) -> tuple[Manifest, dict[str, bytes]]:
     """The manifest of a version and the files it pins (name -> bytes: index, sessions), from its located
     rows and its sessions' records (shared by convert and derived versions)."""
-    controls, channels, titles = set(), set(), Counter()
+    controls: set[str] = set()
+    channels: set[str] = set()
+    titles: Counter[str] = Counter()
     long_clips = repaired = 0
     for rec in sessions:
         controls.update(rec.controls)

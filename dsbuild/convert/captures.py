@@ -4,6 +4,7 @@ ones whose ``session.json`` is unusable, and every holder of a duplicated sessio
 from __future__ import annotations
 
 import errno
+import functools
 import shutil
 import tempfile
 from collections import defaultdict
@@ -79,7 +80,7 @@ def staged(url: str) -> Iterator[Path]:
             local = tmp / key
             try:
                 local.parent.mkdir(parents=True, exist_ok=True)
-                retry(f"{url}/{key}", lambda: store.fs.get_file(f"{store.root}/{key}", str(local)))
+                retry(f"{url}/{key}", functools.partial(store.fs.get_file, f"{store.root}/{key}", str(local)))
             except OSError as e:
                 if e.errno != errno.ENAMETOOLONG:
                     raise

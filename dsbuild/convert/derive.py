@@ -27,6 +27,7 @@ from dsbuild.core.records import SHA256, JsonValue, Record, spec
 from dsbuild.formats import format_names, get_format
 from dsbuild.formats.capture import parse_started_at
 from dsbuild.formats.sample import Sample, members_blake3, members_sha256
+from dsbuild.formats.shards import WrittenShard
 from dsbuild.lineage.catalog import BuildArea, Catalog, CommitRecord
 from dsbuild.lineage.index import INDEX_FILE, IndexRow
 from dsbuild.lineage.manifest import ShardRecord, shard_key
@@ -213,7 +214,7 @@ def commit_derived(
     tasks = Assembly(
         (), [e.ref for e in encoded], fmt, config.format, config.shard_size, {}, area.path, catalog.shard_file
     ).finish()
-    written: dict[int, object] = {}
+    written: dict[int, WrittenShard] = {}
     run_tasks(
         assemble_shard, tasks, executor, lambda i, w: written.__setitem__(i, w), describe=lambda t: f"shard {t.number}"
     )

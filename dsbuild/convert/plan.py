@@ -59,11 +59,15 @@ def plan_convert(captures: str, out: str, config: ConvertConfig, onto: str | Non
         catalog = None
     parent, same_settings = reusable_parent(catalog, config, onto) if catalog is not None else (None, None)
     # what a build could take from the parent: its rows, and which sessions sit in a missing shard
-    reusable = parent_base(catalog, parent, same_settings, False, 4) if same_settings is not None else None
-    base = catalog.sessions(parent) if parent else None
+    reusable = (
+        parent_base(catalog, parent, same_settings, False, 4)
+        if catalog is not None and parent is not None and same_settings is not None
+        else None
+    )
+    base = catalog.sessions(parent) if catalog is not None and parent else None
     old: dict[str, list] = {}
-    for s in base.sources if base else ():
-        old.setdefault(s.session, []).append(s)
+    for src in base.sources if base else ():
+        old.setdefault(src.session, []).append(src)
     sessions, quarantined = read_sessions(root)
     plans = [SessionPlan(q.session, q.path, "quarantined", q.reason) for q in quarantined]
     for s in sessions:

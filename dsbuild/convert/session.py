@@ -220,9 +220,10 @@ def _clip_video(info, clip) -> ClipVideo:
 
 def _stream(session: Session, kind: str, root: Path):
     name = session.streams.get(kind)
-    path = session.path_of(name) if name else None
+    if not name:
+        return scan(None, kind, root)
     try:
-        return scan(path, kind, root)
+        return scan(session.path_of(name), kind, root)
     except UnsafeFile as e:
         raise CaptureError(session.rel_of(name), str(e).split(": ", 1)[-1]) from None
     except OSError as e:
@@ -328,7 +329,7 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future, befor
             )
     finally:
         video_source.__exit__(None, None, None)
-    if not result.samples:
+    if not result.samples or source_list is None or seen is None:  # (both are set with the first clip)
         why = demux.truncated or "no decodable frames"
         raise CaptureError(session.rel_of(session.video), f"video yielded no clips ({why})")
     result.sources = source_list

@@ -150,7 +150,7 @@ def main() -> None:
     for name in a.config or ["frames", "bytes"]:
         r = measure(ref, name, a.runs, a.duration, work)
         n = r["pairs"]
-        share = lambda x: f"{x} ({x / n:.1%})"  # noqa: E731
+        share = lambda x, n=n: f"{x} ({x / n:.1%})"  # noqa: E731
         lines.append(
             f"| `{r['flags']}` | {r['cli_alarms']} of {r['gated']} | {n} | {share(r['alarms']['gate'])} | "
             f"{share(r['alarms']['any'])} | {share(r['alarms']['medians'])} | {share(r['caught'][0.8])} | "

@@ -257,7 +257,7 @@ def main() -> None:
                 results[name].append(runs[name](a.seconds))
         med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in results.items()}
 
-        def ratio(x, y):
+        def ratio(x, y, results=results):
             return statistics.median(p[0] / q[0] for p, q in zip(results[x], results[y])) if y in results else None
 
         lines += [

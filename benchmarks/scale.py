@@ -161,7 +161,7 @@ def main() -> None:
         f"{a.sessions} sessions ({first['samples']} samples, {first['shards']} shards, "
         f"{first['bytes'] / 1e6:.0f} MB), then {a.versions} versions adding one session each\n"
     )
-    print("| what | at version 1 | at version %d |" % a.versions)
+    print(f"| what | at version 1 | at version {a.versions} |")
     print("|---|---|---|")
     print(f"| convert from scratch | {t:.1f} s | |")
     if increments:

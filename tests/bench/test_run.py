@@ -41,7 +41,7 @@ def positive(s) -> bool:
 def test_the_report_records_settings_dataset_machine_and_time(frames, bench_catalog):
     cat, vid = bench_catalog
     ds = frames.dataset
-    train = [r for r in index_rows(cat, vid)]
+    train = list(index_rows(cat, vid))
     assert ds.version_id == vid and ds.split == "main/train" and 0 < ds.samples < len(train)
     assert ds.shard_format == "webdataset" and ds.resolutions and all("x" in r for r in ds.resolutions)
     assert frames.options.resize == (32, 32) and frames.resolved.device == "cpu" and frames.resolved.decoder == "pyav"

@@ -31,7 +31,7 @@ def test_info_shows_one_version_without_sql(catalog):
 
 def test_shards_feed_the_webdataset_library_in_order(catalog):
     wds = pytest.importorskip("webdataset")
-    cat, vid = catalog
+    cat, _vid = catalog
     paths = run("shards", cat).stdout.split()
     info = run_json("info", cat)
     assert paths and all(p.startswith(str(cat)) for p in paths)
@@ -106,7 +106,7 @@ def test_dry_run_says_which_unchanged_sessions_a_lost_shard_makes_convert_proces
 
 @pytest.mark.parametrize("damage", ["delete", "flip"])
 def test_the_command_verify_names_heals_the_shard(private_catalog, caps, damage):
-    cat, vid = private_catalog
+    cat, _vid = private_catalog
     shard = next((cat / "shards").rglob("*.tar"))
     if damage == "delete":
         shard.unlink()
@@ -252,7 +252,7 @@ def test_gc_never_follows_a_symlinked_build_folder_out_of_the_catalog(private_ca
 
 @pytest.mark.parametrize("kind", ["symlink to /dev/zero", "fifo"])
 def test_pull_reads_a_source_shard_only_as_a_regular_file_of_its_recorded_size(private_catalog, tmp_path, kind):
-    cat, vid = private_catalog
+    cat, _vid = private_catalog
     shard = next((cat / "shards").rglob("*.tar"))
     shard.unlink()
     if kind == "fifo":
@@ -343,7 +343,10 @@ def test_convert_reports_every_repair_and_drop_summed_over_sessions(caps, tmp_pa
     done = run_json("convert", mine, tmp_path / "cat", "--clip-seconds", 2)
     assert done["repairs"]["actions"]["malformed"] == 3
     records = json.loads(next((tmp_path / "cat" / "versions").glob("*/sessions.json")).read_text())["sessions"]
-    count = lambda v: v if type(v) is int else int(v not in (None, False))  # a reason counts its sessions
+
+    def count(v):  # a count, or a reason: that counts its sessions
+        return v if type(v) is int else int(v not in (None, False))
+
     for stream in ("actions", "telemetry", "text", "video"):
         for name, total in done["repairs"][stream].items():
             assert total == sum(count(s["repairs"][stream][name]) for s in records), (stream, name)

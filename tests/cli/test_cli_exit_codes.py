@@ -126,7 +126,7 @@ def test_json_errors_are_one_object_on_stderr(catalog):
 
 
 def test_damage_found_is_exit_1_with_the_healing_command(private_catalog):
-    cat, vid = private_catalog
+    cat, _vid = private_catalog
     shard = next((cat / "shards").rglob("*.tar"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -85,7 +85,7 @@ def a_key(catalog) -> str:
 
 @pytest.mark.parametrize("args", JSON_COMMANDS, ids=lambda a: a[0])
 def test_every_command_prints_one_json_document_and_nothing_else(args, catalog, caps, a_key, tmp_path):
-    cat, vid = catalog
+    cat, _vid = catalog
     key = a_key
     args = [a.format(cat=cat, caps=caps, key=key, tmp=tmp_path) for a in args]
     p = run(*args, "--json")

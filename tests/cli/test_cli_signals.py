@@ -58,7 +58,7 @@ def test_an_interrupted_convert_commits_nothing_and_leaves_nothing(many, tmp_pat
     cat = tmp_path / "cat"
     p = start_convert(many, cat)
     os.kill(p.pid, sig)
-    out, err = p.communicate()
+    _out, err = p.communicate()
     assert p.returncode == code, (p.returncode, err)
     assert err.strip().splitlines()[-1] == f"{word}; nothing was committed" and "Traceback" not in err, err
     assert wait_for_no_process(p.pid) == []
@@ -174,7 +174,7 @@ def test_an_interrupt_while_the_executable_loads_is_one_line_not_a_traceback(cat
         )
         time.sleep(delay)
         p.send_signal(sig)
-        out, err = p.communicate(timeout=120)
+        _out, err = p.communicate(timeout=120)
         if "init_import_site" in err:  # the signal landed in Python's own start-up: inconclusive
             continue
         assert "Traceback" not in err, (delay, err)  # (Python's own exit on a KeyboardInterrupt is -sig)

@@ -56,7 +56,7 @@ def test_unusable_session_is_quarantined_with_a_precise_reason(damaged, kind):
 
 
 def test_the_build_goes_on_and_counts_everything(damaged):
-    folders, result, m = damaged
+    _folders, result, m = damaged
     # duplicate_id quarantines both holders of the id; all other damage quarantines one session
     assert len(result.quarantined) == len(QUARANTINE) + 1
     assert result.sessions == 6 and result.samples > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import ClassVar
 
 from dsbuild.export import export
 
@@ -21,7 +22,7 @@ def _read(root: Path, part: str) -> dict[str, tuple[dict, bytes]]:
 
     class Encoder(energon.DefaultTaskEncoder):
         decoder = None  # raw bytes for every part
-        cookers = [energon.Cooker(cook)]
+        cookers: ClassVar[list] = [energon.Cooker(cook)]
 
         def batch(self, samples):
             return samples
@@ -53,7 +54,7 @@ def test_energon_reads_every_split_of_the_split_set(exported, expected):
 
 
 def test_energon_export_shares_every_shard_byte_with_the_catalog(exported, export_catalog):
-    cat, vid = export_catalog
+    cat, _vid = export_catalog
     tars = sorted((exported("energon") / "shards").rglob("*.tar"))
     assert tars and all(t.is_symlink() and not os.path.isabs(os.readlink(t)) for t in tars)
     assert {t.resolve().parent.parent for t in tars} == {(cat / "shards").resolve()}

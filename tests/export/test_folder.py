@@ -227,7 +227,7 @@ def test_the_export_command_refuses_a_split_it_cannot_mean(export_catalog, tmp_p
 def test_an_empty_split_is_exported_with_a_warning(export_catalog, tmp_path):
     """Every tool refuses to open an empty split (LitData: no chunks, Mosaic: no samples, datasets:
     unknown split): the export said nothing."""
-    cat, vid = export_catalog
+    cat, _vid = export_catalog
     mine = tmp_path / "cat"
     shutil.copytree(cat, mine)
     (tmp_path / "pins.txt").write_text("p-0\np-1\np-2\n")  # every player pinned to train: val is empty

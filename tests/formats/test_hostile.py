@@ -180,7 +180,7 @@ def test_an_npy_header_must_account_for_exactly_the_bytes_that_follow(shape):
     from dsbuild.formats.sample import npy_load
 
     body = np.arange(12, dtype="<f4").tobytes()
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }" % shape
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}"
     header += " " * (-(10 + len(header) + 1) % 64) + "\n"
     with pytest.raises(ValueError, match="declares"):
         npy_load(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + body)

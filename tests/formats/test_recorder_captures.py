@@ -103,7 +103,7 @@ def test_every_clip_is_mp4_and_decodes_fully_with_pyav_and_ffprobe(recorded, kin
 
 @pytest.mark.parametrize("kind", sorted(k for k, r in RECORDERS.items() if r.audio))
 def test_audio_is_carried_in_sync_within_one_audio_frame(recorded, kind):
-    _, r, _, samples = recorded
+    _, _r, _, samples = recorded
     clips = samples[kind.replace("_", "-")]
     for s in clips:
         video = s["json"]["video"]

@@ -65,7 +65,7 @@ def test_captures_on_s3_give_the_same_version(s3, captures, remote, tmp_path):
 
 
 def test_a_version_without_its_manifest_is_invisible(remote):
-    url, r = remote
+    url, _r = remote
     fake = "f" * 64
     _fs().pipe(f"data/catalog/versions/{fake}/index.parquet", b"partial upload")
     assert fake not in {v.version_id for v in Catalog.open(url).versions()}
@@ -89,7 +89,7 @@ def test_a_hostile_bucket_cannot_make_dsbuild_write_outside_its_cache(s3, captur
     assert list_split_sets(cat, r.version_id) == []
     assert not target.exists() and not (tmp_path.parent / "pwned").exists()
     cache = os.environ["DSBUILD_CACHE"]
-    escaped = [p for p in tmp_path.parent.rglob("*pwned*")] + [p for p in Path(cache).rglob("*pwned*")]
+    escaped = list(tmp_path.parent.rglob("*pwned*")) + list(Path(cache).rglob("*pwned*"))
     assert escaped == []
 
 

@@ -185,7 +185,7 @@ def test_backend_choice_is_pure_and_says_why():
 def test_this_machines_pyav_is_probed_for_the_cuda_hwaccel():
     from av.codec.hwaccel import hwdevices_available
 
-    cuda, installed = probe()
+    _cuda, installed = probe()
     assert (NVDEC in installed) == ("cuda" in hwdevices_available())
 
 
@@ -248,7 +248,7 @@ def test_batches_hold_each_clips_own_frames_then_zeros(cat, options):
     checked = 0
     for _ in range(2):
         for b in loader:
-            rows = b["segment_ids"] if "segment_ids" in b else None
+            rows = b.get("segment_ids")
             keys = [k for item in b["keys"] for k in item] if rows is not None else b["keys"]
             for i, key in enumerate(keys):
                 with av.open(io.BytesIO(clips[key])) as c:

@@ -121,7 +121,7 @@ def test_the_lru_never_holds_more_than_its_limit_and_reopens_evicted_shards(cat)
     ref, _ = cat
     src = Source(ref).open()
     files = ShardFiles(src.catalog, src.shards, src.format, 3, verify_shards=False)
-    for rounds in range(2):
+    for _ in range(2):
         for shard in range(len(src.shards)):
             buf = bytearray(16)
             assert files.read_ranges(shard, [(memoryview(buf), 0)]) == [16] and buf[:6] != b"\0" * 6

@@ -4,6 +4,7 @@ bucketing, packing, decoding, whole samples in batches, map, corrupt samples (al
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,8 +81,7 @@ def test_reading_ahead_across_epochs_changes_no_batch_and_a_restore_discards_it(
     loader.load_state_dict(starts[0])
     assert [b["keys"] for b in loader] == epochs[0]
     after = loader.state_dict()
-    for b in loader:  # epoch 1 again, read ahead: stop after its first batch ...
-        break
+    b = next(iter(loader))  # epoch 1 again, read ahead: stop after its first batch ...
     assert b["keys"] == epochs[1][0]
     assert [b["keys"] for b in loader] == epochs[1][1:]  # ... and the rest follows from the position
     assert run(ref, state=after)[0] == epochs[1]
@@ -175,7 +175,7 @@ def test_a_mixture_is_deterministic_resumable_and_reepochs(cat, wds_catalog):
         assert head + tail == full
         share = Counter(s for s, _ in full)[0] / len(full)
         assert abs(share - 0.7) < 0.02
-        assert len(set(k for s, k in full if s == 1)) < Counter(s for s, _ in full)[1]  # source 1 re-epoched
+        assert len({k for s, k in full if s == 1}) < Counter(s for s, _ in full)[1]  # source 1 re-epoched
     close = Mixture([(ref, None, 0.7000000001), (other, None, 0.3)], decode="bytes", batch_size=1, seed=2)
     with pytest.raises(UsageError, match=r"weight 0\.7, loader has version \w+ weight 0\.700000000\d+"):
         close.load_state_dict(state)  # (both read "weight 0.7": a refusal no one could act on)
@@ -190,7 +190,7 @@ def test_a_stop_mixture_ends_when_a_source_runs_out(cat, wds_catalog):
 
 
 def test_mixing_per_sample_mixes_sources_within_batches_and_keeps_each_sample_once(cat, wds_catalog):
-    ref, vid = cat
+    ref, _vid = cat
     other, ovid = str(wds_catalog[0]), wds_catalog[1]
     m = Mixture(
         [(ref, None, 0.5), (other, None, 0.5)], per="sample", decode="bytes", batch_size=4, seed=3, policy="stop"
@@ -287,8 +287,7 @@ def test_stats_count_what_was_delivered_not_what_was_built_ahead(cat):
     got = [len(b["keys"]) for b in loader]
     first = loader.stats()
     assert (first["batches"], first["samples"]) == (len(got), sum(got))
-    for b in loader:  # the next epoch, left after one batch
-        break
+    b = next(iter(loader))  # the next epoch, left after one batch
     after = loader.stats()
     assert (after["batches"], after["samples"]) == (len(got) + 1, sum(got) + len(b["keys"]))
     assert sum(t.get("batches", 0) for t in after["threads"].values()) >= after["batches"]  # the work done
@@ -315,7 +314,7 @@ def test_batches_carry_whole_samples(cat):
 
 
 def test_clip_frames_crops_are_seeded_resumable_and_aligned(cat):
-    ref, vid = cat
+    ref, _vid = cat
     kw = dict(batch_size=2, seed=4, resize=(16, 16), clip_frames=6, frame_stride=2)
     a = list(Loader(ref, **kw))
     b = list(Loader(ref, **kw))
@@ -395,10 +394,10 @@ def test_a_corrupt_sample_is_replaced_the_same_way_on_every_rank(cat_copy):
     ref, vid = cat_copy
     victim = index_rows(ref, vid)[4]
     shard = f"{ref}/{victim['shard']}"
-    data = bytearray(open(shard, "rb").read())
+    data = bytearray(Path(shard).read_bytes())
     video_at = payload_offsets(victim["member_bytes"])[1]
     data[victim["byte_offset"] + video_at + 100] ^= 0xFF  # inside the sample's video member
-    open(shard, "wb").write(bytes(data))
+    Path(shard).write_bytes(bytes(data))
     runs = []
     for verify in ("sample", "shard", "sample"):
         per_rank = []
@@ -420,9 +419,9 @@ def test_when_every_substitute_is_damaged_the_loader_stops_loudly(cat_copy):
     ref, vid = cat_copy
     for row in index_rows(ref, vid):
         path = f"{ref}/{row['shard']}"
-        data = bytearray(open(path, "rb").read())
+        data = bytearray(Path(path).read_bytes())
         data[row["byte_offset"] + 1024] ^= 0x01
-        open(path, "wb").write(bytes(data))
+        Path(path).write_bytes(bytes(data))
     with pytest.raises(CorruptDataError, match="substitute"):
         list(Loader(ref, decode="bytes", batch_size=2, max_replacements=3))
 

@@ -87,7 +87,7 @@ def test_state_after_names_what_to_use_for_the_loaders_own_batches(cat):
 
 
 def test_a_shard_file_of_another_size_is_read_not_mapped(cat_copy):
-    ref, vid = cat_copy
+    ref, _vid = cat_copy
     before, _ = epoch(ref, verify="none", read="pread")
     src = Source(ref).open()
     longer, shorter = (Path(ref) / src.shards[k].path for k in (0, 1))

@@ -57,7 +57,7 @@ def test_siblings_agree_and_each_pass_starts_where_the_last_whole_one_ended(plan
 def test_a_pass_named_like_a_finished_one_is_a_new_pass():
     """A DataLoader made anew each epoch with a seeded generator draws the same base seed every time."""
     own = [0, [[0, 0]], 0]
-    start, record = pass_start(None, [5, 1], 1, own)
+    _start, record = pass_start(None, [5, 1], 1, own)
     record = pass_done(record, [5, 1], [9, [[1, 0]], 0])
     assert pass_start(record, [5, 1], 1, own)[0] == [9, [[1, 0]], 0]
 

@@ -57,9 +57,7 @@ def test_each_pass_over_a_dataloader_is_the_next_epoch(cat, workers, persistent)
         again.as_torch_dataset(), batch_size=None, num_workers=workers, persistent_workers=persistent
     )
     assert _passes(dl, 3) == epochs
-    last = None
-    for last in dl:
-        pass
+    *_, last = dl
     assert again.state_after(last)["cursors"][0]["epoch"] == 3
 
 

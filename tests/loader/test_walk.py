@@ -88,7 +88,7 @@ def test_ranks_and_workers_take_each_global_batch_once_across_an_elastic_restore
 ):
     plans, spec, weights, start = build(s)
     horizon = 30
-    full = [x for x in take(walk(start, plans, spec, weights, s["seed"], s["mix"], s["stop"]), horizon)]
+    full = list(take(walk(start, plans, spec, weights, s["seed"], s["mix"], s["stop"]), horizon))
     steps = [x for x in full if not isinstance(x, End)]
 
     def deliver(position, w, k, until):
@@ -103,7 +103,7 @@ def test_ranks_and_workers_take_each_global_batch_once_across_an_elastic_restore
                     worker,
                     k,
                 )
-                for step, after in it:
+                for step, _after in it:
                     if step is None or step.j >= until:
                         break
                     got[step.j] = flat(step, plans)
@@ -147,7 +147,7 @@ def test_every_source_delivers_each_sample_once_per_epoch(s):
 
 
 def test_a_single_source_walk_with_stop_is_exactly_one_epoch():
-    plans, spec = make_plans([11], 3, 7, bucket=True, pack=None)
+    plans, _spec = make_plans([11], 3, 7, bucket=True, pack=None)
     w = normalise([1])
     items = list(walk_batches(Position(0, ((0, 0),)), plans, w, 7, True))
     assert isinstance(items[-1], End) and items[-1].at == Position(len(items) - 1, ((1, 0),))

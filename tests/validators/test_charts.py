@@ -28,7 +28,7 @@ def labels_inside(svg: str) -> None:
         body = html.unescape(m.group("body"))
         anchor = ANCHOR.search(m.group("attrs"))
         left, right = text_extent(float(m.group("x")), body, anchor.group(1) if anchor else "start")
-        assert -0.5 <= left and right <= width + 0.5, (body, left, right, width)
+        assert left >= -0.5 and right <= width + 0.5, (body, left, right, width)
     ys = [float(y) for y in re.findall(r' y="([-\d.]+)"', svg)]
     assert max(ys) <= height, (max(ys), height)
 

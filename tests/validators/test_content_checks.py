@@ -155,7 +155,7 @@ def test_undecodable_video_fails_decode_naming_the_sample(stills, tmp_path):
 
 def test_timestamps_that_disagree_with_the_clip_fail_fps_and_duration(stills, tmp_path):
     cat = copy_catalog(stills[0], tmp_path / "cat")
-    victim = [r.key for r in rows(cat, stills[1])][0]
+    victim = next(r.key for r in rows(cat, stills[1]))
 
     def edit(key, members):
         if key != victim:

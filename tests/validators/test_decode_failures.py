@@ -86,7 +86,7 @@ def test_a_row_whose_shard_the_manifest_lacks_is_a_decode_failure(clean, tmp_pat
 
 def test_cli_reports_an_unreadable_sample_as_a_decode_failure(clean, tmp_path):
     cat = copy_catalog(clean[0], tmp_path / "cat")
-    victim = [r.key for r in rows(*clean)][0]
+    victim = next(r.key for r in rows(*clean))
     reseal(cat, clean[1], garbage_json(victim))
     p = run("validate", cat, "--level", "full", "--json", check=1)
     decode = next(c for c in json.loads(p.stdout)["checks"] if c["name"] == "decode")

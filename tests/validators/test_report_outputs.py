@@ -114,7 +114,7 @@ def test_junit_has_one_testcase_per_check_and_failures_with_messages(hostile):
     failed = {c.get("name"): c.find("failure") for c in cases if c.find("failure") is not None}
     assert {"decode", "index"} <= set(failed) and keys[0] in failed["decode"].text
     assert int(root.get("failures")) == len(failed) == report.counts()["fail"]
-    warned = [c for c in cases if c.get("name") == "conditions"][0]
+    warned = next(c for c in cases if c.get("name") == "conditions")
     assert warned.find("system-out").text.startswith("WARNING")
 
 
@@ -155,7 +155,7 @@ def test_the_terminal_table_escapes_control_sequences_from_the_catalog(hostile):
 
 
 def test_html_is_self_contained_escaped_and_explains_every_failing_check(hostile):
-    cat, report, keys, _ = hostile
+    _cat, report, keys, _ = hostile
     page = render_html(report, {keys[0]: None, keys[1]: jpeg(np.zeros((4, 8, 3), np.uint8))})
     for forbidden in ("http://", "https://", "<script", "<link", "@import", "url("):
         assert forbidden not in page
@@ -173,12 +173,12 @@ def test_html_is_self_contained_escaped_and_explains_every_failing_check(hostile
 
 @pytest.fixture(scope="module")
 def page(hostile, tmp_path_factory):
-    cat, report, _, _ = hostile
+    _cat, report, _, _ = hostile
     return write_html(report, tmp_path_factory.mktemp("html") / "report.html", catalog=None)
 
 
 def test_written_html_carries_thumbnail_strips_decoded_from_the_catalog(page, hostile):
-    _, report, keys, _ = hostile
+    _, _report, _keys, _ = hostile
     html = page.read_text()
     index = html.split('id="visual-index"')[1].split("</section>")[0]
     assert "data:image/jpeg;base64," in index and "four frames spread" in index

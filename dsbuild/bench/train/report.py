@@ -182,10 +182,11 @@ def point(kind: str, runs: list[RankRun], tokens_per_clip: int) -> Point:
     )
 
 
-def efficiency(kind: str, base_step_s: float, step_s: float, world: int) -> float:
-    """Weak scaling (per-rank batch fixed): T1 / TW, 1 when the step does not grow. Strong (global batch
-    fixed, split over W): T1 / (W x TW), 1 when W ranks take 1/W of the time."""
-    return base_step_s / step_s if kind == "weak" else base_step_s / (world * step_s)
+def efficiency(kind: str, base_step_s: float, step_s: float, scale: float) -> float:
+    """``scale`` times the base's ranks. Weak scaling (per-rank batch fixed): T1 / TW, 1 when the step does
+    not grow. Strong (global batch fixed, split over the ranks): T1 / (scale x TW), 1 when twice the ranks
+    take half the time."""
+    return base_step_s / step_s if kind == "weak" else base_step_s / (scale * step_s)
 
 
 def verdict(p: Point, threads: int) -> InputVerdict:

@@ -114,7 +114,7 @@ def run_train(o: TrainOptions, progress: Callable[[str], None] | None = None) ->
         points.append(point(kind, runs, tokens))
     base = points[0]
     points = [
-        p if p.kind == "base" else _with_efficiency(p, efficiency(p.kind, base.step_s, p.step_s, p.world))
+        p if p.kind == "base" else _with_efficiency(p, efficiency(p.kind, base.step_s, p.step_s, p.world / base.world))
         for p in points
     ]
     top = max((p for p in points if p.kind != "strong"), key=lambda p: p.world)

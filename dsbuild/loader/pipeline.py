@@ -3,7 +3,8 @@
 Global batch j (counted across all ranks) is a pure function of (seed, versions, splits, order
 options, j): ``dsbuild.loader.walk`` names its samples, rank r of W takes j = p + r, p + r + W, ...
 from the restored position p. A checkpoint is p and one cursor per source, so it restores under any
-world size or worker count. Workers are threads: PyAV decoding, swscale, ``preadv`` and the hashes release
+world size or worker count. Workers are threads up to two (``worker_mode``; more are processes that
+build whole batches into shared memory: ``dsbuild.loader.workers``): PyAV decoding, swscale, ``preadv`` and the hashes release
 the GIL, and batches need no pickling; a batch that holds the GIL throughout (bytes from mapped shards)
 is built by the consumer itself when it comes back sooner than a hand-off pays for (``pace``). Inside a torch ``DataLoader`` with process workers, each batch
 crosses in shared memory (``as_torch_dataset``); for JAX, ``as_jax_iterator`` builds global arrays.

@@ -415,6 +415,7 @@ class ProcessWorkers:
         self.prefix = f"dsb{os.getpid():x}x{ProcessWorkers._count:x}"
         self.budget = None if o.shm_bytes is None else o.shm_bytes // self.n
         self.generation: int | None = None
+        self.owner = os.getpid()  # a forked child's copy (a fork-started DataLoader worker) owns nothing
         self._lock = threading.Lock()
         self._seq = 0
         self._jobs: dict[int, tuple[Future, int, int]] = {}
@@ -614,7 +615,11 @@ class ProcessWorkers:
 
     def close(self) -> None:
         """Stop the workers, fail what is still under way, unlink every segment. Batches delivered stay
-        valid: their mappings outlive the segments' names."""
+        valid: their mappings outlive the segments' names. In a forked child, only forgets them: the
+        workers, pipes and segments are the parent's."""
+        if os.getpid() != self.owner:  # (before the lock: a thread may have held it when the fork was made)
+            self._closing, self._procs, self._conns, self._ring = True, [], [], []
+            return
         with self._lock:
             if self._closing:
                 return

@@ -182,6 +182,23 @@ def test_a_killed_worker_is_a_named_error_and_leaves_no_segment(cat):
     assert not segments()
 
 
+def test_a_forked_child_leaves_the_parents_workers_and_segments_alone(cat):
+    ref, _ = cat
+    kw = {"decode": "bytes", "batch_size": 2, "num_workers": 1}
+    expected = [b["keys"] for b in Loader(ref, worker_mode="thread", **kw)]
+    loader = Loader(ref, worker_mode="process", **kw)
+    it = iter(loader)
+    first = next(it)["keys"]
+    pid = os.fork()
+    if pid == 0:  # (a fork-started DataLoader worker holds such a copy, and closes it when it ends)
+        loader.close()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert [first] + [b["keys"] for b in it] == expected
+    loader.close()
+    assert not segments()
+
+
 CHILD = textwrap.dedent(
     """
     import os, signal, sys

@@ -343,7 +343,7 @@ def _sweep(o: Out, options, mode: str, counts: list[int], save: str | None, html
     with Progress("bench", o) as bar:
 
         def at(r: int, n: int, rounds: int) -> None:
-            bar.update(r, rounds, stage=f"round {r + 1}/{rounds}: {n} {mode}{'es' if mode == 'process' else 's'}")
+            bar.update(r, rounds, stage=f"round {r + 1}/{rounds}: N={n} {mode} workers")
 
         sweep = sweeps.run_sweep(options, mode, counts, lambda opts: run_bench(opts), at)
     if o.as_json:

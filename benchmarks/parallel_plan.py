@@ -22,6 +22,8 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 
@@ -32,6 +34,7 @@ from dsbuild.loader.state import Cursor, LoaderState, SourceId
 from dsbuild.loader.walk import Position, balance_steps, rank_steps, step_items, walk_batches
 
 N, BATCH, SEED = 1_000_000, 8, 17
+T = TypeVar("T")
 LAYOUTS = [((1, 1, 1), (1, 1, 1)), ((8, 4, 4), (4, 2, 3)), ((8, 1, 1), (8, 4, 4)), ((2, 4, 2), (3, 1, 2))]
 
 
@@ -55,13 +58,13 @@ def last_reader(layout: tuple, world: int) -> int:
     return max(r for r in range(world) if p.coords(r, world).reads)
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    times, out = [], None
+def timed(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
+    times: list[float] = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    return statistics.median(times), out  # (repeats >= 1)
 
 
 def main() -> None:

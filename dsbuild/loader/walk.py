@@ -242,9 +242,10 @@ def _group_work(group: list[Step], plans: Sequence[Plan]) -> tuple[list[list], n
         if step.items is not None:
             per.append(list(step.items))
             refs.extend((r.source, r.index) for item in step.items for r in item)
-        else:
-            per.append(plans[step.source].batch(step.epoch, step.batch))
-            refs.extend((step.source, i) for item in per[-1] for i in item)
+        else:  # (a mix="batch" step: source, epoch and batch are set)
+            source: int = step.source  # type: ignore[assignment]
+            per.append(plans[source].batch(step.epoch, step.batch))  # type: ignore[arg-type]
+            refs.extend((source, i) for item in per[-1] for i in item)
     src, idx = np.array(refs, np.int64).reshape(-1, 2).T
     frames = np.ones(len(refs), np.int64)
     for s, plan in enumerate(plans):
@@ -273,7 +274,7 @@ def balance_steps(
         k = int(np.searchsorted(ends, p, side="right"))
         item = per[k][p - (int(ends[k - 1]) if k else 0)]
         step = group[k]
-        mine.append(item if step.items is not None else tuple(SampleRef(step.source, step.epoch, i) for i in item))
+        mine.append(item if step.items is not None else tuple(SampleRef(step.source, step.epoch, i) for i in item))  # type: ignore[arg-type]
     drawn = np.repeat(np.arange(len(per)), sizes)
     dealt = Step(group[rank].j, group[rank].after, items=tuple(mine))
     return dealt, np.bincount(drawn, work, len(per)), np.bincount(owner, work, len(per))

@@ -23,7 +23,7 @@ from dsbuild.bench.options import parse_compare, parse_resize
 from dsbuild.bench.stats import paired_ratios, summarise
 from dsbuild.cli.render import json_text
 from dsbuild.core.errors import CheckFailed, UsageError
-from tests.bench.conftest import BYTES, options
+from tests.bench.conftest import BYTES, DEVICE, options
 from tests.cli.clitools import argv, env, run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -35,7 +35,7 @@ GATED = [
     "--step-ms",
     "0",
     "--device",
-    "cpu",
+    DEVICE,
     "--duration",
     "3",
     "--rounds",
@@ -296,7 +296,7 @@ def test_ctrl_c_or_sigterm_reports_and_saves_the_finished_rounds(bench_catalog, 
             "--step-ms",
             "0",
             "--device",
-            "cpu",
+            DEVICE,
             "--compare",
             "raw",
             "--duration",
@@ -433,6 +433,8 @@ def test_nvdec_without_a_gpu_is_a_usage_error_naming_the_cause(bench_catalog):
 def test_a_run_with_the_peers_leaves_no_shared_memory_behind(bench_catalog):
     """Mosaic frees its shared memory in atexit handlers, which the CLI's os._exit does not run: every
     bytes-mode run printed the resource tracker's warning of 6 leaked blocks."""
+    pytest.importorskip("litdata", reason="the peers extra is not installed")
+    pytest.importorskip("streaming", reason="the peers extra (mosaicml-streaming) is not installed")
     cat, _ = bench_catalog
     p = run(
         "bench",
@@ -444,7 +446,7 @@ def test_a_run_with_the_peers_leaves_no_shared_memory_behind(bench_catalog):
         "--step-ms",
         "0",
         "--device",
-        "cpu",
+        DEVICE,
         "--duration",
         "1",
         "--rounds",

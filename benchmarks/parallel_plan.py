@@ -31,7 +31,7 @@ from dsbuild.loader.epoch import EpochPlan
 from dsbuild.loader.parallel import Parallel
 from dsbuild.loader.plan import PlanSpec
 from dsbuild.loader.state import Cursor, LoaderState, SourceId
-from dsbuild.loader.walk import Position, balance_steps, rank_steps, step_items, walk_batches
+from dsbuild.loader.walk import Position, balance_steps, rank_keep, rank_steps, step_items, walk_batches
 
 N, BATCH, SEED = 1_000_000, 8, 17
 T = TypeVar("T")
@@ -42,7 +42,8 @@ def rank_plan(plan: EpochPlan, layout: tuple, world: int, rank: int, start: int,
     """Sample indices of ``rank``'s next ``steps`` batches (None: to the end of the epoch) from global batch
     ``start``."""
     at = Parallel(*layout).coords(rank, world)
-    walk = walk_batches(Position(start, ((0, start),)), [plan], np.ones(1), SEED, True)
+    keep = None if balance else rank_keep(start, at.dp_size, at.dp)
+    walk = walk_batches(Position(start, ((0, start),)), [plan], np.ones(1), SEED, True, keep)
     regroup = (lambda group, k: balance_steps(group, [plan], None, k)[0]) if balance else None
     mine = rank_steps(walk, start, at.dp_size, at.dp, regroup=regroup)
     out = []

@@ -53,6 +53,7 @@ from dsbuild.loader.walk import (
     SampleRef,
     Step,
     balance_steps,
+    rank_keep,
     rank_steps,
     sample_chunk_batches,
     step_items,
@@ -341,8 +342,9 @@ class Mixture:
             return iter(())
         if o.mix == "sample":
             walk = walk_samples(start, self.plans, self.weights, o.seed, self._stops(), self.spec)
-        else:
-            walk = walk_batches(start, self.plans, self.weights, o.seed, self._stops())
+        else:  # (balance deals every rank's batches: it walks them all)
+            keep = rank_keep(start.step, at.dp_size, at.dp, worker, workers) if o.balance is None else None
+            walk = walk_batches(start, self.plans, self.weights, o.seed, self._stops(), keep)
         regroup = None if o.balance is None else self._balanced
         return rank_steps(walk, start.step, at.dp_size, at.dp, worker, workers, regroup)
 

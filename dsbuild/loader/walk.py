@@ -69,9 +69,11 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class End:
-    """The walk ends (a source ran out under ``stop``); ``at`` is where every rank moves to."""
+    """The walk ends (a source ran out under ``stop``); ``at`` is where every rank moves to; ``last``, the
+    position after the walk's last step (given by a walk that leaves steps out: ``walk_batches(keep=)``)."""
 
     at: Position
+    last: Position | None = None
 
 
 class Plan(Protocol):
@@ -87,9 +89,16 @@ class Plan(Protocol):
 
 
 def walk_batches(
-    start: Position, plans: Sequence[Plan], weights: np.ndarray, seed: int, stop: bool
+    start: Position,
+    plans: Sequence[Plan],
+    weights: np.ndarray,
+    seed: int,
+    stop: bool,
+    keep: Callable[[int], bool] | None = None,
 ) -> Iterator[Step | End]:
-    """mix="batch": each global batch is one batch of one source's epoch plan."""
+    """mix="batch": each global batch is one batch of one source's epoch plan. ``keep(j)`` (``rank_keep``):
+    only those steps are yielded (the others are walked, not built: at W = 4,096 a rank needs 2 of every
+    4,096)."""
     cursors = list(start.cursors)
     j = start.step
     while True:
@@ -97,12 +106,14 @@ def walk_batches(
             epoch, b = cursors[src]
             if b >= plans[src].batches_in_epoch(epoch):
                 if stop:
+                    last = Position(j, tuple(cursors))
                     cursors[src] = (epoch + 1, 0)
-                    yield End(Position(j, tuple(cursors)))
+                    yield End(Position(j, tuple(cursors)), last)
                     return
                 epoch, b = epoch + 1, 0
             cursors[src] = (epoch, b + 1)
-            yield Step(j, Position(j + 1, tuple(cursors)), source=src, epoch=epoch, batch=b)
+            if keep is None or keep(j):
+                yield Step(j, Position(j + 1, tuple(cursors)), source=src, epoch=epoch, batch=b)
             j += 1
 
 
@@ -200,6 +211,13 @@ def step_items(step: Step, plans: Sequence[Plan]) -> tuple[Item, ...]:
     )
 
 
+def rank_keep(start: int, world: int, rank: int, worker: int = 0, workers: int = 1) -> Callable[[int], bool]:
+    """The steps ``rank_steps`` needs of a walk without ``regroup``: this rank's (and worker's), and the last
+    of every global step (its position after)."""
+    mine = rank_batch_ids(start, sys.maxsize, world, rank, worker, workers)
+    return lambda j: j in mine or (j - start) % world == world - 1
+
+
 def rank_steps(
     walk: Iterator[Step | End],
     start: int,
@@ -215,20 +233,32 @@ def rank_steps(
     position the last batch of an epoch has at any world size (the end position would have moved a
     checkpoint taken after it into the next epoch only where the epoch's batches are not a multiple of
     the world size). ``regroup(group, r)`` (``balance_steps``) deals each global step's samples to its
-    ranks anew and gives rank r's batch of them."""
+    ranks anew and gives rank r's batch of them (it needs every step of the walk; without it the walk
+    may hold only the steps ``rank_keep`` names)."""
     mine = rank_batch_ids(start, sys.maxsize, world, rank, worker, workers)
+    held: Step | None = None
+    after: Position | None = None
     group: list[Step] = []
     for item in walk:
         if isinstance(item, End):
-            if len(group) > rank and group[rank].j in mine:
-                yield group[rank] if regroup is None else regroup(group, rank), group[-1].after
+            if regroup is not None and len(group) > rank and group[rank].j in mine:
+                held = regroup(group, rank)
+            if held is not None:
+                yield held, item.last or after  # type: ignore[misc]
             yield None, item.at
             return
-        group.append(item)
+        after = item.after
+        if regroup is not None:
+            group.append(item)
+        elif item.j in mine:
+            held = item
         if (item.j - start) % world == world - 1:
-            if group[rank].j in mine:
-                yield group[rank] if regroup is None else regroup(group, rank), item.after
+            if regroup is not None and group[rank].j in mine:
+                held = regroup(group, rank)
             group = []
+            if held is not None:
+                yield held, item.after
+            held = None
 
 
 def _group_work(group: list[Step], plans: Sequence[Plan]) -> tuple[list[list], np.ndarray]:

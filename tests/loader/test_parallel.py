@@ -17,7 +17,7 @@ from dsbuild.loader import Loader, Parallel
 from dsbuild.loader.epoch import EpochPlan
 from dsbuild.loader.parallel import balance, cp_bounds, cp_gather, cp_slice, cp_spans, parse_order
 from dsbuild.loader.plan import PlanSpec, rank_batch_ids
-from dsbuild.loader.walk import Position, balance_steps, rank_steps, step_items, walk_batches
+from dsbuild.loader.walk import Position, balance_steps, rank_keep, rank_steps, step_items, walk_batches
 from tests.loader.conftest import index_rows
 
 # -- the rank arithmetic ---------------------------------------------------------------------------------
@@ -242,6 +242,23 @@ def test_4096_ranks_walk_the_loader_s_own_steps_as_the_arithmetic_says():
         got = list(itertools.islice(rank_steps(walk_batches(start, [plan], np.ones(1), 7, True), 96, 32, at.dp), 3))
         assert [s.j for s, _ in got] == list(rank_batch_ids(96, 96 + 3 * 32, 32, at.dp))
         assert [a.step for _, a in got] == [96 + 32 * k for k in (1, 2, 3)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 4), st.integers(1, 6), st.data(), st.booleans(), st.integers(0, 2**16))
+def test_a_walk_that_builds_only_a_rank_s_steps_gives_the_rank_the_same_stream(n, batch, world, data, stop, seed):
+    plan = EpochPlan(n, seed, "v/", PlanSpec(batch))
+    rank, workers = data.draw(st.integers(0, world - 1)), data.draw(st.integers(1, 3))
+    worker = data.draw(st.integers(0, workers - 1))
+    first = data.draw(st.integers(0, plan.batches_in_epoch(0)))
+    start = Position(first, ((0, first),))
+
+    def stream(keep):
+        walk = walk_batches(start, [plan], np.ones(1), seed, stop, keep)
+        steps = rank_steps(walk, first, world, rank, worker, workers)
+        return [(None if s is None else (s.j, s.batch), a) for s, a in itertools.islice(steps, 3 * n)]
+
+    assert stream(rank_keep(first, world, rank, worker, workers)) == stream(None)
 
 
 def test_balanced_steps_at_4096_ranks_keep_every_sample_and_even_the_work():

@@ -184,12 +184,12 @@ def npy_problem(data: bytes | memoryview, descr: str, shape: tuple[int, ...], to
     return None  # the right array, its header formatted otherwise (another numpy wrote it)
 
 
-def npy_load(data: bytes, descr: str | None = None) -> np.ndarray:
+def npy_load(data: bytes, native: bool = False) -> np.ndarray:
     """A plain .npy array; its header's shape and dtype must account for exactly the bytes that follow it
     (ValueError otherwise): ``np.load`` allocates what the header declares before reading, so a 100-byte
-    member declaring (2**40,) floats was an out-of-memory failure, not a damaged sample. ``descr``: the
-    dtype it must have, byte order included, in C order (what the writer makes; readers that slice the
-    bytes, like the loader, would read anything else as other numbers)."""
+    member declaring (2**40,) floats was an out-of-memory failure, not a damaged sample. ``native``: also
+    little-endian and in C order, as the writer makes it (readers that slice the bytes, like the loader,
+    would read anything else as other numbers; a wrong dtype is left to the checks that name it)."""
     import numpy as np
 
     f = io.BytesIO(data)
@@ -198,8 +198,8 @@ def npy_load(data: bytes, descr: str | None = None) -> np.ndarray:
     shape, fortran, dtype = read_header(f, max_header_size=MAX_NPY_HEADER)
     if dtype.hasobject:
         raise ValueError("object arrays are refused (they would need pickle)")
-    if descr is not None and (dtype.str != descr or (fortran and sum(n > 1 for n in shape) > 1)):
-        raise ValueError(f"it is {dtype.str}{' in Fortran order' if fortran else ''}, expected {descr} in C order")
+    if native and (dtype.byteorder == ">" or (fortran and sum(n > 1 for n in shape) > 1)):
+        raise ValueError(f"it is {dtype.str}{' in Fortran order' if fortran else ''}: little-endian C order expected")
     need = dtype.itemsize
     for n in shape:
         need *= n
@@ -297,7 +297,7 @@ def sample_from_members(key: str, members: dict[str, bytes]) -> Sample:
         loads_bounded(bytes(members["json"]), max_bytes=MAX_META_BYTES, what=f"{key}.json"), f"{key}.json"
     )
     try:
-        actions, telemetry, timestamps = (npy_load(bytes(members[m]), d) for m, d in zip(ARRAY_MEMBERS, ARRAY_DESCRS))
+        actions, telemetry, timestamps = (npy_load(bytes(members[m]), native=True) for m in ARRAY_MEMBERS)
     except (ValueError, OSError, EOFError) as e:
         raise FormatError(f"{key}: an array member is not a plain .npy array ({str(e)[:120]})") from None
     return Sample(key, meta, members[VIDEO_EXT], actions, telemetry, timestamps, members[EVENTS_MEMBER])

@@ -204,6 +204,7 @@ def reseal(
         shards=tuple(shards),
         index=FilePin(m.index.path, sha256_bytes(index), len(new_rows), len(index)),
         content_id=content_id([(r.key, r.sha256) for r in new_rows]),
+        stats=replace(m.stats, bytes=sum(s.bytes for s in shards)),  # (verify checks the stats for sense)
     )
     vdir = cat / "versions" / new.version_id
     vdir.mkdir()

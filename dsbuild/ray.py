@@ -18,6 +18,8 @@ catalog's build area, so a multi-node cluster needs that folder on a shared file
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +113,7 @@ def read_version(ref: str, split: str | None = None, columns: list[str] | None =
                 )
                 tasks.append(
                     ReadTask(
-                        lambda items=items: _read_task(url, fmt, items, cols),
+                        functools.partial(_read_task, url, fmt, items, cols),
                         meta,
                         per_task_row_limit=per_task_row_limit,
                     )
@@ -128,6 +130,11 @@ def read_version(ref: str, split: str | None = None, columns: list[str] | None =
         return ray.data.read_datasource(VersionDatasource(), override_num_blocks=max(1, len(chosen.parts)))
     finally:
         context.execution_options.preserve_order = before
+
+
+def _rows_of(block) -> Iterator[dict]:
+    """A Ray block's rows as dicts (as Ray gives them to a Datasink, not its public row type)."""
+    return block.iter_rows(public_row_format=False)
 
 
 def _sample(row: dict) -> DerivedSample:
@@ -179,11 +186,7 @@ def write_version(
             self.encoded: list = []
 
         def write(self, blocks, ctx) -> list:
-            rows = (
-                _sample(row)
-                for block in blocks
-                for row in BlockAccessor.for_block(block).iter_rows(public_row_format=False)
-            )
+            rows = (_sample(row) for block in blocks for row in _rows_of(BlockAccessor.for_block(block)))
             return encode_samples(rows, config, Path(self.folder) / f"ray-{ctx.task_idx:06d}.seg")
 
         def on_write_complete(self, write_result) -> None:

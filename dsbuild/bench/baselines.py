@@ -18,10 +18,12 @@ import io
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
+from dsbuild.core.errors import UsageError
 from dsbuild.formats.probe import STORED_OPEN, SWSCALE_THREADS
 from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
@@ -101,6 +103,18 @@ def sha256(data: Dataset, threads: int) -> ShardReads:
     return ShardReads("sha256", data, threads, hashed=True)
 
 
+class Baseline(Protocol):
+    """What a run asks of every baseline: the ones here and the peers (``peers.Peer``)."""
+
+    name: str
+
+    def prepare(self) -> None: ...
+
+    def run(self, meter: Meter) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Epochs:
     """The items of ``epoch()``, epoch after epoch, measured at the iterator's steady rate: the time an
     epoch takes to give its first item (a peer's per-epoch set-up: Mosaic plans its partitions, LitData
@@ -109,7 +123,8 @@ class Epochs:
     set-up is hidden the same way; counting the peers' would flatter us."""
 
     def __init__(self, epoch: Callable[[], Iterable]):
-        self.epoch, self.it = epoch, None
+        self.epoch = epoch
+        self.it: Iterator | None = None
 
     def next(self, meter: Meter):
         if self.it is not None:
@@ -132,12 +147,19 @@ class Epochs:
 _END = object()
 
 
+def prepared(epochs: Epochs | None, name: str) -> Epochs:
+    """A baseline's epochs, which its ``prepare`` makes before ``run`` reads them."""
+    if epochs is None:
+        raise UsageError(f"baseline {name}: run before it was prepared")
+    return epochs
+
+
 class WebDatasetLib:
     name = "webdataset"
 
     def __init__(self, data: Dataset):
         self.data = data
-        self.samples = None
+        self.samples: Epochs | None = None
 
     def prepare(self) -> None:
         import webdataset as wds
@@ -148,7 +170,7 @@ class WebDatasetLib:
     def run(self, meter: Meter) -> None:
         sizes = self.data.sizes
         while not meter.over:
-            sample = self.samples.next(meter)
+            sample = prepared(self.samples, self.name).next(meter)
             meter.add(1, 0, sizes.get(sample["__key__"], 0))
 
     def close(self) -> None:
@@ -181,19 +203,21 @@ class PyAV:
 
         # One swscale thread per conversion, as the loader: PyAV's default made this loop 12-32% slower
         # here, and the baseline is the strongest loop
-        kw = {"format": "rgb24", "threads": SWSCALE_THREADS}
-        if self.resize:
-            kw.update(width=self.resize[1], height=self.resize[0])
+        width, height = (self.resize[1], self.resize[0]) if self.resize else (None, None)
         while not meter.over:
             with self._lock:
                 clip, size = self.clips[next(self._next)]
             # opened as the loader opens clips: as MP4, without FFmpeg's probing decode of the first frame
-            with av.open(io.BytesIO(clip), format=VIDEO_EXT, options=STORED_OPEN) as container:
+            with av.open(io.BytesIO(clip), "r", format=VIDEO_EXT, options=STORED_OPEN) as container:
                 stream = container.streams.video[0]
                 stream.thread_type = "AUTO"
                 rgb = VideoReformatter()  # one scaler per clip, as a careful PyAV user writes it
                 for frame in container.decode(stream):
-                    self.keep(rgb.reformat(frame, **kw).to_ndarray())
+                    self.keep(
+                        rgb.reformat(
+                            frame, format="rgb24", threads=SWSCALE_THREADS, width=width, height=height
+                        ).to_ndarray()
+                    )
                     meter.add(0, 1, 0)
                     if meter.over:
                         return

@@ -42,7 +42,7 @@ def _cannot(name: str, data: Dataset) -> str | None:
     return None
 
 
-def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list, dict[str, str]]:
+def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list[baselines.Baseline], dict[str, str]]:
     """(baselines to run, {name: why skipped}) for this run."""
     fits = applicable(o)
     if o.compare is None:
@@ -63,7 +63,8 @@ def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list, dict[st
                 peers.require(name)
         wanted = o.compare
     threads = o.threads * o.ranks
-    active, skipped = [], {}
+    active: list[baselines.Baseline] = []
+    skipped: dict[str, str] = {}
     for name in wanted:
         why = _cannot(name, data)
         if why:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dsbuild.core.errors import UsageError
 from dsbuild.core.records import SHA256, Record, spec
+
+if TYPE_CHECKING:
+    from dsbuild.export.source import ExportSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +47,7 @@ class Dataset:
 
     ref: str  # PATH@VERSION_ID: every measurement reads this exact version
     facts: DatasetFacts
-    source: object  # dsbuild.export.source.ExportSource: proven members of the split's samples
+    source: ExportSource  # proven members of the split's samples
     shards: tuple[Shard, ...]
     sizes: dict[str, int]  # key -> payload bytes, every sample of the version
     frames: dict[str, int]  # key -> frames, every sample of the version

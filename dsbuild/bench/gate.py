@@ -23,6 +23,7 @@ would add the false alarms of all of them (measured: ``benchmarks/bench_false_al
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from dsbuild.bench.stats import Spread
 from dsbuild.core.errors import CheckFailed, UsageError
@@ -84,7 +85,29 @@ def _differences(what: str, saved: dict, now: dict) -> list[str]:
     ]
 
 
-def ratios(report) -> dict[str, Spread]:
+class SavedRun(Protocol):
+    """What the gate reads of a saved ``report.BenchReport`` (that module imports this one)."""
+
+    @property
+    def baselines(self) -> tuple[Any, ...]: ...
+
+    @property
+    def time(self) -> Any: ...
+
+    @property
+    def options(self) -> Any: ...
+
+    @property
+    def resolved(self) -> Any: ...
+
+    @property
+    def dataset(self) -> Any: ...
+
+    @property
+    def machine(self) -> Any: ...
+
+
+def ratios(report: SavedRun) -> dict[str, Spread]:
     """A report's ratio ours / baseline per measured baseline."""
     return {b.name: b.ratio for b in report.baselines if b.ratio is not None}
 
@@ -93,7 +116,7 @@ def ratios(report) -> dict[str, Spread]:
 class Against:
     """A saved report to gate against, and how."""
 
-    report: object  # BenchReport
+    report: SavedRun  # a report.BenchReport
     source: str  # where it was read from (for messages)
     fail_below: float = 0.9
     allow_different: bool = False
@@ -136,7 +159,7 @@ class Against:
             )
         return tuple(diffs)
 
-    def judge(self, now, diffs: tuple[str, ...]) -> Gate:
+    def judge(self, now: SavedRun, diffs: tuple[str, ...]) -> Gate:
         """After measuring: a verdict per ratio both runs measured."""
         a, b = ratios(self.report), ratios(now)
         verdicts = tuple(judge(name, a[name], b[name], self.fail_below) for name in sorted(set(a) & set(b)))

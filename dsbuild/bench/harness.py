@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from dsbuild.bench.measure import Measured, Meter
@@ -82,7 +82,7 @@ def loader_kwargs(o: BenchOptions, bucket_by: str | None, device: str | None, ra
     }
 
 
-def endless(loader) -> Iterator[dict]:
+def endless(loader) -> Generator[dict, None, None]:
     """The loader's batches across epoch ends; closing this closes the loader's iterator (its threads)."""
     empty = 0
     while True:
@@ -221,7 +221,7 @@ def measure_ours(
 
 def _training(
     loader,
-    gen: Iterator[dict],
+    gen: Generator[dict, None, None],
     batch: dict,
     count: Counter,
     step,

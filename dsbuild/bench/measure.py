@@ -100,11 +100,11 @@ class Meter:
             if t >= self._mark:
                 self.points.append((t, self.samples, self.frames, self.bytes))
                 self._mark = math.floor(t) + 1.0
-            tell = self.tick is not None and t - self._told >= TICK_S
-            if tell:
+            tell = self.tick if self.tick is not None and t - self._told >= TICK_S else None
+            if tell is not None:
                 self._told = t
-        if tell:
-            self.tick(self)
+        if tell is not None:
+            tell(self)
 
     def result(self) -> Measured:
         t = self.elapsed()

@@ -58,7 +58,7 @@ class BenchOptions(Record):
         ):
             if value not in allowed:
                 raise UsageError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
-        for flag, value, low in (
+        for flag, number, low in (
             ("--batch-size", self.batch_size, 1),
             ("--threads", self.threads, 1),
             ("--ranks", self.ranks, 1),
@@ -66,8 +66,8 @@ class BenchOptions(Record):
             ("--workers", 1 if self.workers is None else self.workers, 1),
             ("--seed", self.seed, 0),
         ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise UsageError(f"{flag} must be a whole number >= {low}, not {value!r}")
+            if not isinstance(number, int) or isinstance(number, bool) or number < low:
+                raise UsageError(f"{flag} must be a whole number >= {low}, not {number!r}")
         if not 0 <= self.step_ms < math.inf:
             raise UsageError(f"--step-ms must be a finite number >= 0, not {self.step_ms!r}")
         if not 0 < self.duration < math.inf:

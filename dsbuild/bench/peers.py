@@ -16,7 +16,7 @@ import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from dsbuild.bench.baselines import Epochs
+from dsbuild.bench.baselines import Epochs, prepared
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
 from dsbuild.core.errors import MissingDependency
@@ -42,7 +42,7 @@ class Peer(ABC):
 
     def __init__(self, data: Dataset, scratch: Path):
         self.data, self.folder = data, scratch / self.name
-        self.items = None
+        self.items: Epochs | None = None
 
     @classmethod
     def missing(cls) -> str | None:
@@ -61,7 +61,7 @@ class Peer(ABC):
     def run(self, meter: Meter) -> None:
         sizes = self.data.sizes
         while not meter.over:
-            item = self.items.next(meter)
+            item = prepared(self.items, self.name).next(meter)
             meter.add(1, 0, sizes[item["key"]])
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import IO
 
 from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import Measured
@@ -75,7 +76,7 @@ class RankGroup:
 
     def start(self) -> None:
         for r in range(self.world):
-            log = tempfile.TemporaryFile()
+            log = tempfile.TemporaryFile()  # noqa: SIM115 (the rank's stderr, closed in stop())
             p = subprocess.Popen(
                 [sys.executable, "-m", "dsbuild.bench.ranks"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
             )
@@ -97,21 +98,22 @@ class RankGroup:
     def stop(self) -> None:
         for p in self.procs:
             if p.poll() is None:
-                p.stdin.close()
+                _pipe(p.stdin).close()
                 p.terminate()
         for p, log in zip(self.procs, self.logs):
             p.wait()
-            p.stdout.close()
+            _pipe(p.stdout).close()
             log.close()
         self.procs, self.logs = [], []
 
     def _send(self, p: subprocess.Popen, message: dict) -> None:
-        p.stdin.write(json.dumps(message).encode() + b"\n")
-        p.stdin.flush()
+        stdin = _pipe(p.stdin)
+        stdin.write(json.dumps(message).encode() + b"\n")
+        stdin.flush()
 
     def _receive(self, r: int, tick=None):
         while True:
-            line = self.procs[r].stdout.readline(MAX_LINE)
+            line = _pipe(self.procs[r].stdout).readline(MAX_LINE)
             if not line:
                 self.procs[r].wait()
                 self.logs[r].seek(0)
@@ -203,6 +205,19 @@ def _merge_points(parts: list[Measured]) -> tuple[tuple[float, ...], ...]:
     )
 
 
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    """A rank process's stdin or stdout (each is started with a pipe on both)."""
+    if stream is None:
+        raise errors.StorageError("a rank process has no pipe to talk through")
+    return stream
+
+
+def _sum_or_none(values: list[float | None]) -> float | None:
+    """The sum, or None when one of the values is unknown (a rank that did not measure it)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if len(known) == len(values) else None
+
+
 def _merge(parts: list[Measured]) -> Measured:
     return Measured(
         parts[0].name,
@@ -210,7 +225,7 @@ def _merge(parts: list[Measured]) -> Measured:
         min(p.start_s for p in parts),
         max(p.seconds for p in parts),
         sum(p.samples for p in parts),
-        None if parts[0].frames is None else sum(p.frames for p in parts),
+        _sum_or_none([p.frames for p in parts]),
         sum(p.bytes for p in parts),
         _merge_points(parts),
     )
@@ -221,6 +236,9 @@ def combine(rounds: list[OursRound]) -> OursRound:
     names = [f"rank{r}" for r in range(len(rounds))]
     trained = [x.training for x in rounds if x.training is not None]
     busy = [x.gpu_busy_s for x in rounds]
+    throughput_stages = total([x.throughput_stages for x in rounds], names)
+    if throughput_stages is None:
+        raise errors.UsageError("no rank rounds to combine")
     return OursRound(
         throughput=_merge([x.throughput for x in rounds]),
         training=_merge(trained) if trained else None,
@@ -229,9 +247,9 @@ def combine(rounds: list[OursRound]) -> OursRound:
         resume_s=max(x.resume_s for x in rounds),
         waits_ms=tuple(w for x in rounds for w in x.waits_ms),
         step_waits_ms=tuple(w for x in rounds for w in x.step_waits_ms),
-        gpu_busy_s=None if None in busy else sum(busy),
+        gpu_busy_s=_sum_or_none(busy),
         corrupt=sum(x.corrupt for x in rounds),
-        throughput_stages=total([x.throughput_stages for x in rounds], names),
+        throughput_stages=throughput_stages,
         training_stages=total([x.training_stages for x in rounds if x.training_stages], names),
         notes=tuple(dict.fromkeys(n for x in rounds for n in x.notes)),
         ranks=sum(x.ranks for x in rounds),

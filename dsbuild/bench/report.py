@@ -157,7 +157,7 @@ def machine(gpu: str | None) -> Machine:
                 break
     except OSError:
         pass
-    packages = {}
+    packages: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             packages[name] = md.version(name)

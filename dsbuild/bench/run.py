@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from dsbuild.bench.baselines import Baseline
 from dsbuild.bench.budget import Budget
 from dsbuild.bench.compare import choose
 from dsbuild.bench.dataset import Dataset, describe
@@ -88,9 +89,11 @@ def run_bench(
     say("opening the version")
     data = describe(o.ref, o.split)
     device, _ = resolve_device(o.device)
-    backend = (
-        choose_backend(o.decode_backend, **dict(zip(("cuda", "installed"), probe()))) if o.decode == "frames" else None
-    )
+    if o.decode == "frames":
+        cuda, installed = probe()
+        backend = choose_backend(o.decode_backend, cuda=cuda, installed=installed)
+    else:
+        backend = None
     resolved = Resolved(
         device or "numpy",
         backend.name if backend else None,
@@ -102,7 +105,8 @@ def run_bench(
 
         gpu = torch.cuda.get_device_name(torch.device(device))
     scratch = Path(tempfile.mkdtemp(prefix="dsbuild-bench-"))
-    active, groups = [], []
+    active: list[Baseline] = []
+    groups: list = []
     try:
         active, skipped = choose(o, data, scratch)
         diffs = (
@@ -121,7 +125,8 @@ def run_bench(
         groups = [RankGroup(setup, o.ranks) for _ in range(o.rounds if fresh else 1)]
         for g in groups:
             g.start()
-        step_info = [StepInfo.from_json(doc, "rank step") for g in groups for doc in g.ready()][0]
+        ready = [StepInfo.from_json(doc, "rank step") for g in groups for doc in g.ready()]  # (waits for all)
+        step_info = ready[0]
         startup_s = clock() - t_start
         per_round = 1 + (o.step_ms > 0) + len(active)
         budget = Budget(o.duration, o.rounds, per_round, clock)
@@ -152,7 +157,7 @@ def run_bench(
                                 "start_s": budget.elapsed(),
                                 "step_seconds": seconds if o.step_ms > 0 else 0.0,
                             },
-                            lambda *a, r=r: tick(*a, round_=r),
+                            lambda name, elapsed, frames, nbytes, r=r: tick(name, elapsed, frames, nbytes, round_=r),
                         )
                         if fresh:
                             group.stop()

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 
 from dsbuild.core.records import Record, spec
 
-WORKER_STAGES = ("read", "decode", "collate")
-
 
 @dataclass(frozen=True, slots=True)
 class ThreadTime(Record):
@@ -61,7 +59,11 @@ def stages(before: dict, after: dict, consumer: str, wall: float, workers_wall: 
 
     workers = {
         name: ThreadTime(
-            *(delta(name, s) for s in WORKER_STAGES), wall=workers_wall, batches=int(delta(name, "batches"))
+            read=delta(name, "read"),
+            decode=delta(name, "decode"),
+            collate=delta(name, "collate"),
+            wall=workers_wall,
+            batches=int(delta(name, "batches")),
         )
         for name in sorted(after["threads"])
         if name != consumer
@@ -71,7 +73,9 @@ def stages(before: dict, after: dict, consumer: str, wall: float, workers_wall: 
         delta(consumer, "wait"),
         delta(consumer, "h2d"),
         step,
-        *(sum(getattr(w, s) for w in workers.values()) for s in WORKER_STAGES),
+        read=sum(w.read for w in workers.values()),
+        decode=sum(w.decode for w in workers.values()),
+        collate=sum(w.collate for w in workers.values()),
         workers=workers,
     )
 
@@ -89,11 +93,20 @@ def total(parts: list[Stages], prefix: list[str] | None = None) -> Stages | None
                 w
                 if old is None
                 else ThreadTime(
-                    *(getattr(old, s) + getattr(w, s) for s in WORKER_STAGES),
+                    read=old.read + w.read,
+                    decode=old.decode + w.decode,
+                    collate=old.collate + w.collate,
                     wall=old.wall + w.wall,
                     batches=old.batches + w.batches,
                 )
             )
     return Stages(
-        *(sum(getattr(p, f) for p in parts) for f in ("wall", "wait", "h2d", "step", *WORKER_STAGES)), workers=workers
+        wall=sum(p.wall for p in parts),
+        wait=sum(p.wait for p in parts),
+        h2d=sum(p.h2d for p in parts),
+        step=sum(p.step for p in parts),
+        read=sum(p.read for p in parts),
+        decode=sum(p.decode for p in parts),
+        collate=sum(p.collate for p in parts),
+        workers=workers,
     )

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dsbuild.core.errors import FormatError
+from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.records import Record, spec
 
 
@@ -39,7 +40,17 @@ class Spread(Record):
             raise FormatError(f"{what}: min, q1, median, q3, max must be finite, not negative and in order, not {xs}")
 
 
-def summarise(values: list[float | None]) -> Spread | None:
+def spread(values: Sequence[float | None], what: str) -> Spread:
+    """The Spread of a figure that every run measures: no finite value means nothing was measured."""
+    s = summarise(values)
+    if s is None:
+        raise UsageError(
+            f"no round measured {what} ({len(values)} round(s), none finite)", hint="measure longer (--duration)"
+        )
+    return s
+
+
+def summarise(values: Sequence[float | None]) -> Spread | None:
     """The Spread of the finite values; None when there are none."""
     xs = sorted(float(v) for v in values if v is not None and math.isfinite(v))
     if not xs:

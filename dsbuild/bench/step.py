@@ -43,7 +43,7 @@ class Step:
 
     def prepare(self) -> StepInfo:
         """Calibrate the matmul count on CUDA; describe the step."""
-        if not self.cuda or self.ms <= 0:
+        if not self.cuda or self.device is None or self.ms <= 0:  # (cuda is set with a device only)
             return StepInfo("sleep" if self.ms > 0 else "none", self.ms)
         import torch
 

@@ -8,7 +8,7 @@ from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import UNITS, Measured
 from dsbuild.bench.report import BaselineResult, Machine, Ours, Training
 from dsbuild.bench.stages import Stages, total
-from dsbuild.bench.stats import paired_ratios, summarise
+from dsbuild.bench.stats import paired_ratios, spread, summarise
 from dsbuild.bench.step import StepInfo
 
 FED_BELOW = 0.05  # the pipeline keeps the accelerator fed when it waits under 5% of the wall time
@@ -26,13 +26,13 @@ def ours_figures(rounds: list[OursRound], decode: str, decoder_note: str | None)
     t = [r.throughput for r in rounds]
     frames = summarise([m.per_second("frames") for m in t])
     return Ours(
-        figure=summarise([m.figure(decode) for m in t]),
-        samples_per_s=summarise([m.per_second("samples") for m in t]),
+        figure=spread([m.figure(decode) for m in t], "our figure"),
+        samples_per_s=spread([m.per_second("samples") for m in t], "our samples/s"),
         frames_per_s=frames,
-        mb_per_s=summarise([m.figure("bytes") for m in t]),
-        open_s=summarise([r.open_s for r in rounds]),
-        first_batch_s=summarise([r.first_batch_s for r in rounds]),
-        resume_s=summarise([r.resume_s for r in rounds]),
+        mb_per_s=spread([m.figure("bytes") for m in t], "our MB/s"),
+        open_s=spread([r.open_s for r in rounds], "the open time"),
+        first_batch_s=spread([r.first_batch_s for r in rounds], "the first batch time"),
+        resume_s=spread([r.resume_s for r in rounds], "the resume time"),
         corrupt=sum(r.corrupt for r in rounds),
         decoder_note=decoder_note,
         notes=tuple(dict.fromkeys(n for r in rounds for n in r.notes)),
@@ -65,15 +65,19 @@ def baseline_results(
 
 
 def training(rounds: list[OursRound], step: StepInfo) -> Training | None:
-    runs = [r for r in rounds if r.training is not None]
+    runs = [(r, r.training) for r in rounds if r.training is not None]
     if not runs:
         return None
-    fractions = summarise([sum(r.step_waits_ms) / 1000 / (r.training.seconds * r.ranks) for r in runs])
-    busy = [r.gpu_busy_s for r in runs]
-    idle = summarise([max(0.0, 1 - b / r.training.seconds) for b, r in zip(busy, runs)]) if None not in busy else None
+    fractions = spread([sum(r.step_waits_ms) / 1000 / (t.seconds * r.ranks) for r, t in runs], "the training wait")
+    busy = [r.gpu_busy_s for r, _ in runs]
+    idle = (
+        summarise([max(0.0, 1 - b / t.seconds) for b, (_, t) in zip(busy, runs) if b is not None])
+        if None not in busy
+        else None
+    )
     return Training(
         step=step,
-        steps=sum(len(r.step_waits_ms) + 1 for r in runs),
+        steps=sum(len(r.step_waits_ms) + 1 for r, _ in runs),
         wait_fraction=fractions,
         fed=fractions.median < FED_BELOW,
         fed_below=FED_BELOW,

@@ -31,7 +31,7 @@ def _range(s, a: str, b: str, k: float = 1.0) -> str:
 def comparison_rows(rep) -> list[tuple[str, ...]]:
     """Ours and every baseline that ran, in the report's unit, with the ratio ours / baseline."""
     f = rep.ours.figure
-    rows = [("ours", _mid(f), _range(f, "q1", "q3"), _range(f, "min", "max"), "-", "-")]
+    rows: list[tuple[str, ...]] = [("ours", _mid(f), _range(f, "q1", "q3"), _range(f, "min", "max"), "-", "-")]
     for b in rep.baselines:
         if b.skipped is None:
             rows.append(

@@ -409,6 +409,8 @@ class ProcessWorkers:
 
     def __init__(self, loader, stats):
         o: LoaderOptions = loader.options
+        # (the loader only until its workers have it: a pool that kept it would keep a dropped loader alive,
+        # through its finalizer's hold on the pool, and its workers and segments with it)
         self.loader, self.stats, self.n = loader, stats, o.num_workers
         self.slots = o.prefetch + 1
         ProcessWorkers._count += 1
@@ -460,6 +462,8 @@ class ProcessWorkers:
         except BaseException:
             self.close()
             raise
+        finally:
+            self.loader = None
         self._wake_r, self._wake_w = os.pipe()
         self._collector = threading.Thread(target=self._collect, name="dsbuild-load-collect", daemon=True)
         self._collector.start()

@@ -3,6 +3,7 @@ across modes, no shared memory left behind, and a dead worker is a named error."
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -22,9 +23,28 @@ SHM = "/dev/shm"
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM), reason="needs /dev/shm (Linux)")
 
 
-def segments(pid: int | None = None) -> set[str]:
-    """This process's loader segments in /dev/shm (other test processes may be making theirs)."""
-    return {n for n in os.listdir(SHM) if n.startswith(f"dsb{pid or os.getpid():x}x")}
+def segments() -> set[str]:
+    """This process's loader segments in /dev/shm (other test processes make theirs)."""
+    return {n for n in os.listdir(SHM) if n.startswith(f"dsb{os.getpid():x}x")}
+
+
+@pytest.fixture(autouse=True)
+def no_segment_left():
+    """Every test leaves no segment of its own (loaders other tests dropped are collected first)."""
+    gc.collect()
+    before = segments()
+    yield
+    assert not segments() - before
+
+
+def test_a_dropped_loader_stops_its_workers_and_unlinks_its_segments(cat):
+    loader = Loader(cat[0], decode="bytes", worker_mode="process", num_workers=2)
+    next(iter(loader))
+    made, procs = segments(), loader._held.processes._procs
+    assert made
+    del loader
+    gc.collect()
+    assert not made & segments() and not any(p.is_alive() for p in procs)
 
 
 def same_batch(a: dict, b: dict) -> None:
@@ -70,7 +90,6 @@ def test_processes_deliver_every_batch_and_checkpoint_of_threads(cat, workers):
         assert stats["workers"]["startup_seconds"] > 0 and stats["workers"]["shm_bytes"] > 0
         assert stats["batches"] == threads.stats()["batches"]
         assert sum(t.get("batches", 0) for n, t in stats["threads"].items() if "proc_" in n) >= stats["batches"]
-    assert not segments()
 
 
 def test_frames_and_packed_batches_are_those_of_threads(cat):
@@ -136,7 +155,6 @@ def test_a_map_that_cannot_cross_is_a_usage_error(cat):
         next(iter(loader))
     assert "define map at a module's top level" in e.value.hint
     loader.close()
-    assert not segments()
 
 
 def test_a_segment_layout_round_trips_views_json_and_clips():
@@ -165,7 +183,6 @@ def test_shm_bytes_too_small_names_the_size_needed_and_the_option(cat):
         with pytest.raises(StorageError, match=r"needs a [0-9.]+ MiB segment.*shm_bytes") as e:
             next(iter(loader))
         assert "prefetch" in e.value.hint
-    assert not segments()
 
 
 def test_a_killed_worker_is_a_named_error_and_leaves_no_segment(cat):
@@ -179,7 +196,6 @@ def test_a_killed_worker_is_a_named_error_and_leaves_no_segment(cat):
         for _ in it:
             pass
     loader.close()
-    assert not segments()
 
 
 def test_a_forked_child_leaves_the_parents_workers_and_segments_alone(cat):
@@ -196,7 +212,6 @@ def test_a_forked_child_leaves_the_parents_workers_and_segments_alone(cat):
     assert os.waitpid(pid, 0)[1] == 0
     assert [first] + [b["keys"] for b in it] == expected
     loader.close()
-    assert not segments()
 
 
 CHILD = textwrap.dedent(

@@ -79,6 +79,7 @@ KEPT = {
     "tag": "nothing was committed",
     "split": "nothing was committed",
     "samples": "sessions written so far remain in the output folder",
+    "import": "nothing was written to CAPTURES",
     "gc": "every version is whole; some unreferenced files may already be gone",
     "validate": "each report file is the previous run's or this run's, whole (none is half-written)",
     "bench": "the rounds finished before it were reported (and saved with --save); none during start-up",
@@ -146,10 +147,14 @@ def _root_options_first(args: list[str]) -> list[str]:
 
 for _name in COMMANDS:
     importlib.import_module(f"dsbuild.cli.{_name}").register(app)
+importlib.import_module("dsbuild.cli.importer").register(app)  # the `import` group (a keyword: no cli/import.py)
 
 
 def _no_type_noise(command) -> None:
     """Help shows metavars (NAME, SIZE, REF), never Python types like <str> or <bool>."""
+    for sub in getattr(command, "commands", {}).values():
+        if getattr(sub, "commands", None):
+            _no_type_noise(sub)  # a group's own commands (`import video`)
     for cmd in [command, *getattr(command, "commands", {}).values()]:
         for p in cmd.params:
             if getattr(p, "is_flag", False) or getattr(p, "count", False) or p.param_type_name == "argument":

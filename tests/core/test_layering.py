@@ -1,6 +1,7 @@
 """Package dependencies are acyclic and follow the pipeline:
 
     cli -> (bench, export) -> (convert, validators, split, loader, samples) -> lineage -> formats -> core
+    cli -> importers -> formats -> core
 
 Imports are read with ``ast`` (also the ones inside functions and under ``TYPE_CHECKING``), so a lazy or
 type-only import counts too. Inside a package, modules are acyclic as well: no module imports, directly or
@@ -24,6 +25,7 @@ TIERS = {
     "split": 3,
     "loader": 3,
     "samples": 3,
+    "importers": 3,
     "bench": 4,
     "export": 4,
     "ray": 4,

@@ -150,7 +150,14 @@ def check_shards(
     if entries is None:
         entries = entries_by_shard(catalog.index(version_id, list(LOCATOR_COLUMNS)))
     for rec in m.shards if records is None else records:
-        check_shard(fmt, catalog.shard_file(rec, proven=True), rec.path, entries.get(rec.path, []), rec.bytes)
+        try:
+            path = catalog.shard_file(rec, proven=True)
+        except FileNotFoundError:
+            raise LineageError(
+                f"{catalog.url}/{rec.path}: the shard is missing",
+                hint=f"`dsbuild verify {catalog.url}` names the command that heals it",
+            ) from None
+        check_shard(fmt, path, rec.path, entries.get(rec.path, []), rec.bytes)
 
 
 def _not_allowed(catalog: Catalog, rec: ShardRecord, e: OSError) -> StorageError:

@@ -56,6 +56,15 @@ class MissingDependency(DsbuildError):
         self.extra = extra
 
 
+class MissingDevice(MissingDependency):
+    """The machine lacks hardware or a driver the request needs (a CUDA GPU, FFmpeg's CUDA hwaccel): an
+    environment condition like a missing extra (exit 3), not a usage error; the message names what is missing."""
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        DsbuildError.__init__(self, message, hint=hint)
+        self.extra = ""
+
+
 class CheckFailed(DsbuildError):
     """A check ran and the data did not pass: validation, verify, a split check, ``--strict`` with
     quarantined sessions, a benchmark regression. The only error that means "dataset rejected"."""

@@ -11,20 +11,20 @@ without skipping, so the result is always exactly the wanted frames.
 ``thread_type="AUTO"`` lets FFmpeg use frame threads: on captures with one slice per frame (most real
 encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (docs/performance.md).
 
-With ``gpu=N`` the same code decodes on NVDEC of CUDA device N through FFmpeg's CUDA hwaccel, with no
-silent software fallback: FFmpeg still parses the bitstream, so keyframe starts and non-reference
-skipping work the same, and frames are downloaded to host memory for the same swscale conversion.
-FFmpeg works in torch's context for that device (made current on each decoding thread by a first torch
-call there), not in one of its own: a context per clip would cost more than decoding a short clip, and
-FFmpeg's own use of the primary context fails once torch holds it (incompatible flags, ENOTSUP).
+``decode_device`` is the NVDEC route (``decode_backend="nvdec"``): the same packets decoded by a decoder
+kept per stream configuration (``gpu.DecoderCache``) with frames left in GPU memory
+(``HWAccel("cuda", is_hw_owned=True)``), converted to RGB and resized in torch into a batch tensor on
+the device (``gpu.to_rgb``). Without a device it decodes on CPU threads through the very same code, so
+it is tested everywhere. FFmpeg works in torch's context for that device (made current on each
+decoding thread by a first torch call there), not in one of its own: FFmpeg's own use of the primary
+context fails once torch holds it (incompatible flags, ENOTSUP).
 """
 
 from __future__ import annotations
 
-import io
 import os
-import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -112,89 +112,74 @@ def decode_pyav(
     skip_nonref: bool = False,
     counts: dict | None = None,
     alloc=np.empty,
-    gpu: int | None = None,
 ) -> np.ndarray:
     """uint8 [len(indices), H, W, 3]: the clip's frames at ``indices`` (presentation order), resized to
     ``size`` = (height, width) by swscale, in an array from ``alloc(shape, dtype)``. ``counts["decoded"]``
     (if given) grows by the frames the decoder produced, ``counts["skipped_packets"]`` by the packets
     before the start keyframe."""
+    from av.video.reformatter import VideoReformatter
+
+    # One scaler for the clip: ``frame.to_ndarray(format=...)`` builds a new swscale context for every
+    # frame, which cost more than the conversion itself (2.2-2.4x the frames/s with one per clip); one
+    # swscale thread per conversion: the loader's own threads are the parallelism
+    rgb = VideoReformatter()
+    kw: dict[str, Any] = {"format": "rgb24", "threads": SWSCALE_THREADS}
+    if size is not None:
+        kw.update(width=size[1], height=size[0])
+    out: list = []
+
+    def take(frame, slot: int, n: int) -> None:
+        arr = rgb.reformat(frame, **kw).to_ndarray()
+        if not out:
+            out.append(alloc((n, *arr.shape), np.uint8))
+        out[0][slot] = arr
+
+    def decoder(stream):
+        stream.codec_context.thread_type = "AUTO"
+        return stream.codec_context
+
+    decode_clip(data, indices, decoder, take, skip_nonref, counts)
+    return out[0]
+
+
+def decode_clip(
+    data, indices: np.ndarray, decoder, take, skip_nonref: bool = False, counts: dict | None = None
+) -> None:
+    """Decode the clip's frames at ``indices`` (presentation order) with ``decoder(stream)`` (a codec
+    context), calling ``take(frame, slot, n)`` for each in output slot order of arrival. Decoding starts
+    at the last keyframe at or before the first wanted frame; with ``skip_nonref`` non-reference frames
+    are skipped, and the clip is decoded again without skipping if a wanted frame was among them."""
     import av
 
+    if not len(indices):
+        raise FormatError("no frames asked for")
     try:
-        with _open(data, gpu) as container:
+        with open_clip(data) as container:
             stream = container.streams.video[0]
             packets = [p for p in container.demux(stream) if p.size and p.pts is not None]
             pts = sorted(p.pts for p in packets)
-            if not len(indices):
-                raise FormatError("no frames asked for")
             if int(indices[-1]) >= len(pts):
                 raise FormatError(f"video holds {len(pts)} frames, frame {int(indices[-1])} was asked for")
             wanted = {pts[int(i)]: k for k, i in enumerate(indices)}
             start = start_packet([(p.pts, p.is_keyframe) for p in packets], pts[int(indices[0])])
-            if gpu is None:
-                stream.codec_context.thread_type = "AUTO"
-            got, decoded = _decode(stream, packets[start:], wanted, size, skip_nonref, alloc)
-            if got is None and skip_nonref:
-                got, more = _decode(stream, packets[start:], wanted, size, False, alloc)
+            ctx = decoder(stream)
+            complete, decoded = _decode(ctx, packets[start:], wanted, skip_nonref, take)
+            if not complete and skip_nonref:
+                complete, more = _decode(ctx, packets[start:], wanted, False, take)
                 decoded += more
     except (av.error.FFmpegError, IndexError, ValueError) as e:
         raise FormatError(f"video does not decode ({e})") from None
     if counts is not None:
         counts["decoded"] = counts.get("decoded", 0) + decoded
         counts["skipped_packets"] = counts.get("skipped_packets", 0) + start
-    if got is None:
+    if not complete:
         raise FormatError(f"video decoded fewer frames than its {len(pts)} packets")
-    return got
 
 
-CURRENT_CONTEXT = 2  # AV_CUDA_USE_CURRENT_CONTEXT (libavutil/hwcontext_cuda.h)
-_bound = threading.local()  # the CUDA device whose context this thread has current
-
-
-def _open(data, gpu: int | None):
-    """The clip as a PyAV container, decoding on NVDEC of CUDA device ``gpu`` when given. A device FFmpeg
-    cannot use is a UsageError naming the cause, not a "video does not decode" about a clip that decodes
-    on CPU."""
-    import av
-
-    if gpu is None:
-        return open_clip(data)
-    from av.codec.hwaccel import HWAccel
-
-    try:
-        if getattr(_bound, "device", None) != gpu:
-            import torch
-
-            torch.cuda.set_device(gpu)
-            torch.cuda.synchronize(gpu)  # the runtime makes the device's primary context current on this thread
-            _bound.device = gpu
-        return av.open(io.BytesIO(data), hwaccel=HWAccel("cuda", allow_software_fallback=False, flags=CURRENT_CONTEXT))
-    except Exception as e:  # torch without CUDA raises AttributeError/AssertionError, FFmpeg its own errors
-        open_clip(data).close()  # raises (-> FormatError) if the clip itself is bad
-        raise UsageError(
-            f"NVDEC is unavailable: FFmpeg could not use CUDA device {gpu} ({e})",
-            hint="decode_backend='pyav' decodes on CPU",
-        ) from None
-
-
-def _decode(
-    stream, packets: list, wanted: dict[int, int], size, skip_nonref: bool, alloc
-) -> tuple[np.ndarray | None, int]:
-    """(frames at the ``wanted`` pts (-> output slot) decoded from ``packets`` or None if any is
-    missing, frames decoded)."""
-    from av.video.reformatter import VideoReformatter
-
-    ctx = stream.codec_context
+def _decode(ctx, packets: list, wanted: dict[int, int], skip_nonref: bool, take) -> tuple[bool, int]:
+    """(every ``wanted`` pts (-> output slot) decoded from ``packets`` and taken, frames decoded)."""
     ctx.flush_buffers()
     ctx.skip_frame = "NONREF" if skip_nonref else "DEFAULT"
-    # One scaler for the clip: ``frame.to_ndarray(format=...)`` builds a new swscale context for every
-    # frame, which cost more than the conversion itself (2.2-2.4x the frames/s with one per clip); one
-    # swscale thread per conversion: the loader's own threads are the parallelism
-    rgb = VideoReformatter()
-    kw = {"format": "rgb24", "threads": SWSCALE_THREADS}
-    if size is not None:
-        kw.update(width=size[1], height=size[0])
-    out = None
     left = len(wanted)
     decoded = 0
     for packet in [*packets, None]:
@@ -203,14 +188,86 @@ def _decode(
             slot = wanted.get(frame.pts)
             if slot is None:
                 continue
-            arr = rgb.reformat(frame, **kw).to_ndarray()
-            if out is None:
-                out = alloc((len(wanted), *arr.shape), np.uint8)
-            out[slot] = arr
+            take(frame, slot, len(wanted))
             left -= 1
         if left == 0:
-            return out, decoded
-    return None, decoded
+            return True, decoded
+    return False, decoded
+
+
+def decode_device(
+    data,
+    indices: np.ndarray,
+    size: tuple[int, int] | None,
+    decoders,
+    device: int | None = None,
+    skip_nonref: bool = False,
+    counts: dict | None = None,
+    out=None,
+):
+    """torch uint8 [len(indices), H, W, 3] on CUDA device ``device`` (CPU when None): the clip's frames at
+    ``indices`` decoded by the cached decoder of its stream configuration (``decoders``: a
+    ``gpu.DecoderCache``), frames kept on the device, converted and resized by ``gpu.to_rgb`` into
+    ``out`` (a slot range of a batch tensor) when given. A clip whose codec, profile or pixel format the
+    device path does not take raises ``gpu.Unsupported`` naming it (the caller falls back to the CPU)."""
+    import torch
+
+    from dsbuild.loader import gpu
+
+    state: dict[str, Any] = {"out": out, "stream": None}  # the stream's codec context until its first frame is checked
+
+    def decoder(stream):
+        cc = stream.codec_context
+        gpu.check_supported(cc, cc.format.name if cc.format else None)  # (unknown until decoded if unprobed)
+        state["stream"] = cc
+        return decoders.get(stream, device)
+
+    def take(frame, slot: int, n: int) -> None:
+        if state["stream"] is not None:
+            gpu.check_supported(state["stream"], frame.format.name)
+            state["stream"] = None
+        planes = gpu.planes_of(frame)
+        if state["out"] is None:
+            h, w = size if size is not None else tuple(planes.y.shape)
+            state["out"] = torch.empty((n, h, w, 3), dtype=torch.uint8, device=planes.y.device)
+        gpu.to_rgb(planes, size, state["out"][slot])
+
+    decode_clip(data, indices, decoder, take, skip_nonref, counts)
+    return state["out"]
+
+
+def decode_nvdec(
+    data,
+    indices: np.ndarray,
+    size: tuple[int, int] | None,
+    decoders,
+    device: int | None,
+    *,
+    key: str,
+    fallback: bool,
+    skip_nonref: bool = False,
+    counts: dict | None = None,
+    alloc=np.empty,
+):
+    """``decode_device``'s frames, or where the device path does not take the clip (``gpu.Unsupported``,
+    or NVDEC failing on a clip the CPU decodes) ``decode_pyav``'s, with ``counts["fallback"]`` grown by
+    one; with ``fallback`` off that is one FormatError line naming the clip ``key`` and its profile."""
+    from dsbuild.loader.gpu import Unsupported
+
+    try:
+        return decode_device(data, indices, size, decoders, device, skip_nonref, counts)
+    except Unsupported as e:
+        why, frames = str(e), None
+    except FormatError as e:  # NVDEC refused a profile the parser let through, or the clip is bad
+        frames = decode_pyav(data, indices, size, skip_nonref, counts, alloc)  # (a bad clip raises here)
+        why = f"NVDEC failed on it ({e})"
+    if not fallback:
+        raise Unsupported(
+            f"clip {key}: {why}", hint="decode_fallback=True decodes such clips on CPU; decode_backend='pyav' all"
+        )
+    if counts is not None:
+        counts["fallback"] = counts.get("fallback", 0) + 1
+    return frames if frames is not None else decode_pyav(data, indices, size, skip_nonref, counts, alloc)
 
 
 def decode_torchcodec(data, indices: np.ndarray, size: tuple[int, int] | None, device: str) -> np.ndarray:

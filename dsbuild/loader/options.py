@@ -100,7 +100,10 @@ class LoaderOptions:
     )
     decode: str = option("frames", "frames: uint8 arrays; bytes: the encoded MP4 for a GPU decoder")
     decode_backend: str = option(
-        "pyav", "pyav (CPU, default), torchcodec (CPU), nvdec (NVDEC through PyAV's FFmpeg), auto"
+        "pyav", "pyav (CPU, default), torchcodec (CPU), nvdec (NVDEC, frames kept on the GPU), auto"
+    )
+    decode_fallback: bool = option(
+        True, "nvdec: a clip the GPU decoder does not take (codec, profile) decodes on CPU, counted in stats"
     )
     resize: tuple[int, int] | None = option(
         None, "(height, width) via swscale; needed to batch mixed resolutions without buckets"

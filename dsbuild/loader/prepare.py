@@ -13,15 +13,17 @@ sources that share keys get their own draws.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.formats.sample import MEMBERS, SampleMeta
 from dsbuild.loader import audio as audio_mod
-from dsbuild.loader.backends import Backend
+from dsbuild.loader.backends import AutoProbe, Backend
 from dsbuild.loader.collate import ColumnMap
 from dsbuild.loader.crop import frame_indices, frame_window, kept_frames
-from dsbuild.loader.decode import check_frames_memory, decode_pyav, decode_torchcodec
+from dsbuild.loader.decode import check_frames_memory, decode_nvdec, decode_pyav, decode_torchcodec
 from dsbuild.loader.files import BufferPool
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.permutation import derive_key
@@ -98,7 +100,16 @@ class Preparer:
     ):
         self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
         check_frames_memory(options, sources)  # (before any frames batch is allocated: a clip too big is named)
-        self.gpu = _current_cuda_device() if backend.name == "nvdec" else None  # NVDEC decodes there
+        self.gpu = _current_cuda_device() if backend.name in ("nvdec", "auto") else None  # NVDEC decodes there
+        self.decoders = None  # one NVDEC decoder per stream configuration and thread, kept across clips
+        if backend.name in ("nvdec", "auto"):
+            import weakref
+
+            from dsbuild.loader.gpu import DecoderCache
+
+            self.decoders = DecoderCache()
+            weakref.finalize(self, self.decoders.close)
+        self.probe = AutoProbe() if backend.name == "auto" else None  # auto: which route is faster here
         self.widths = (len(controls), len(channels))
         self.maps: list[list[ColumnMap]] = [
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
@@ -133,7 +144,7 @@ class Preparer:
         video = raw.members[VIDEO_SLOT]
         idx = frame_indices(sel) if o.decode == "frames" or o.audio else None  # bytes mode needs none
         if o.decode == "frames":
-            sample["frames"] = self._decode(video, idx, into)
+            sample["frames"] = self._decode(video, idx, into, raw.key)
         else:
             sample["video"] = video
             self.video_facts(src, raw)
@@ -156,20 +167,40 @@ class Preparer:
             cmap = (None, None)
         return sample, cmap
 
-    def _decode(self, video, idx: np.ndarray, into: np.ndarray | None = None) -> np.ndarray:
-        if self.backend.name in ("pyav", "nvdec"):
+    def _decode(self, video, idx: np.ndarray, into: np.ndarray | None, key: str) -> np.ndarray:
+        if self.backend.name == "torchcodec":
+            frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)
+        else:
             counts: dict = {}
 
             def alloc(shape, dtype):
                 fits = into is not None and into.shape == tuple(shape) and into.dtype == dtype
                 return into if fits else self.arrays.empty(shape, dtype)
 
-            frames = decode_pyav(
-                video, idx, self.o.resize, skip_nonref=self.o.frame_stride > 1, counts=counts, alloc=alloc, gpu=self.gpu
-            )
-            self.stats.add(counts={"decoded_frames": counts["decoded"]})
-        else:
-            frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)
+            route = self.probe.route() if self.probe else "gpu" if self.backend.name == "nvdec" else "cpu"
+            skip, t = self.o.frame_stride > 1, time.perf_counter()
+            if route == "gpu":
+                frames = decode_nvdec(
+                    video,
+                    idx,
+                    self.o.resize,
+                    self.decoders,
+                    self.gpu,
+                    key=key,
+                    fallback=self.o.decode_fallback,
+                    skip_nonref=skip,
+                    counts=counts,
+                    alloc=alloc,
+                )
+                if not isinstance(frames, np.ndarray):  # on the device: the batch is collated on the host
+                    host = alloc(tuple(frames.shape), np.uint8)
+                    host[...] = frames.cpu().numpy()
+                    frames = host
+            else:
+                frames = decode_pyav(video, idx, self.o.resize, skip_nonref=skip, counts=counts, alloc=alloc)
+            if self.probe is not None:
+                self.stats.note(getattr(self.probe.record(route, time.perf_counter() - t, len(idx)), "note", None))
+            self.stats.add(counts={"decoded_frames": counts["decoded"], "decode_fallback": counts.get("fallback", 0)})
         if len(frames) != len(idx):
             raise FormatError(f"decoded {len(frames)} frames, expected {len(idx)}")
         return frames

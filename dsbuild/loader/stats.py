@@ -35,6 +35,7 @@ class Stats:
             "corrupt": 0,
             "bytes": 0,
             "decoded_frames": 0,
+            "decode_fallback": 0,  # clips NVDEC did not take, decoded on CPU
         }
         self.seconds = {"read": 0.0, "decode": 0.0, "collate": 0.0, "h2d": 0.0, "wait": 0.0}
         self.corrupt_keys: list[str] = []

@@ -6,7 +6,7 @@
     2    usage or input: a bad flag or value, an unknown version, tag or split, a missing folder, a
          capture or file that breaks its format (UsageError, CaptureError, FormatError, parser errors)
     3    storage or environment: read-only or full disk, permissions, network, a damaged catalog, a
-         dead worker, a missing optional extra (StorageError and subclasses, MissingDependency, OSError)
+         dead worker, a missing optional extra or GPU (StorageError and subclasses, MissingDependency, OSError)
     70   internal error (a bug): one line; --debug shows the traceback
     130  interrupted (Ctrl-C); cleanup ran, the message says what was kept
     141  stdout was closed early (``dsbuild log | head -1``): no message

@@ -420,13 +420,13 @@ def test_the_decoder_choice_and_short_epochs_are_said_in_piped_output(bench_cata
     )
 
 
-def test_nvdec_without_a_gpu_is_a_usage_error_naming_the_cause(bench_catalog):
+def test_nvdec_without_a_gpu_is_an_environment_error_naming_what_is_missing(bench_catalog):
     from dsbuild.loader.backends import probe
 
     if probe()[0]:
         pytest.skip("a CUDA GPU is present: nvdec runs there")
     cat, _ = bench_catalog
-    p = run("bench", cat, "--decode-backend", "nvdec", "--resize", "16x16", "--duration", "1", check=2)
+    p = run("bench", cat, "--decode-backend", "nvdec", "--resize", "16x16", "--duration", "1", check=3)
     assert "error: decode_backend='nvdec' needs a CUDA GPU" in p.stderr and "decode_backend='pyav'" in p.stderr
 
 

@@ -24,6 +24,7 @@ from dsbuild.formats.sample import (
     ClipAudio,
     ClipVideo,
     ClipWindow,
+    ContinuousControl,
     Sample,
     SampleMeta,
     SessionFields,
@@ -218,12 +219,27 @@ def _clip_video(info, clip) -> ClipVideo:
     )
 
 
+def _continuous(session: Session, controls: tuple[str, ...]) -> dict[str, ContinuousControl] | None:
+    """The declared continuous controls among a session's action columns (None: none, and the samples'
+    metadata is what it was before continuous controls existed)."""
+    specs = {
+        c: ContinuousControl(session.controls[c].get("unit"), _range(session.controls[c].get("range")))
+        for c in controls
+        if c in session.continuous
+    }
+    return specs or None
+
+
+def _range(value: list | None) -> tuple[float, ...] | None:
+    return None if value is None else tuple(float(x) for x in value)
+
+
 def _stream(session: Session, kind: str, root: Path):
     name = session.streams.get(kind)
     if not name:
         return scan(None, kind, root)
     try:
-        return scan(session.path_of(name), kind, root)
+        return scan(session.path_of(name), kind, root, session.continuous if kind == "actions" else frozenset())
     except UnsafeFile as e:
         raise CaptureError(session.rel_of(name), str(e).split(": ", 1)[-1]) from None
     except OSError as e:
@@ -237,6 +253,7 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future, befor
     actions, telemetry = ActionTrack(scans["actions"], root), TelemetryTrack(scans["telemetry"], root)
     text = TextTrack(scans["text"], root)
     result.controls, result.channels = actions.controls, telemetry.channels
+    continuous = _continuous(session, actions.controls)
     compressor = zstandard.ZstdCompressor(level=config.zstd_level, write_checksum=True)
     fields = SessionFields(
         session.session_id,
@@ -275,6 +292,7 @@ def _process(job: SessionJob, seg, result: SessionResult, sources: Future, befor
                 text=tuple(TextEvent(e["t"], e["text"], e["speaker"]) for e in texts),
                 action_events=len(raw),
                 sources={s.role: s.sha256 for s in source_list},
+                continuous=continuous,
             )
             sample = Sample(
                 key,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ class Session:
     started_at: str | None = None
     conditions: dict[str, str] = field(default_factory=dict)
     streams: dict[str, str] = field(default_factory=dict)
+    controls: dict[str, dict] = field(default_factory=dict)  # declared controls: name -> {kind, unit, range}
     read_as: tuple[int, int, int] | None = None  # session.json's (size, mtime ns, inode) when it was parsed
 
     def fields(self) -> dict:
@@ -61,6 +63,11 @@ class Session:
             "started_at": self.started_at,
             "conditions": dict(sorted(self.conditions.items())),
         }
+
+    @property
+    def continuous(self) -> frozenset[str]:
+        """The controls declared continuous: their action values are any finite float32, not [-1, 1]."""
+        return frozenset(name for name, spec in self.controls.items() if spec.get("kind") == "continuous")
 
     def path_of(self, name: str) -> Path:
         return self.directory / name
@@ -155,6 +162,12 @@ def _expected(node: dict) -> str:
         items = node.get("additionalProperties")
         text = "an object" + (f" of {items['type']}s" if isinstance(items, dict) and "type" in items else "")
         return text + (f" of at most {node['maxProperties']} entries" if "maxProperties" in node else "")
+    if types == ["array"]:
+        n, items = node.get("maxItems"), node.get("items", {})
+        count = f"{n} " if n is not None and n == node.get("minItems") else ""
+        return f"a list of {count}" + ("numbers" if items.get("type") == "number" else "values")
+    if types == ["number"]:
+        return "a finite number" + (" within float32" if "maximum" in node else "")
     if node.get("format") == "date-time":
         return "an ISO 8601 time (e.g. 2026-11-01T10:00:00Z)"
     if "pattern" in node:
@@ -171,7 +184,7 @@ def _problems(value: object, node: dict, name: str) -> Iterator[tuple[str, str]]
 
     The keywords the capture schemas use, and only those: type, const, enum, pattern, minLength,
     maxLength, format (date-time), required, properties, additionalProperties, propertyNames,
-    maxProperties. A field that is null counts as absent."""
+    maxProperties, items, minItems, maxItems, minimum, maximum. A field that is null counts as absent."""
     types = [node["type"]] if isinstance(node.get("type"), str) else node.get("type")
     if types is not None and not any(_is(value, t) for t in types):
         yield name, _wrong(node, value)
@@ -184,6 +197,15 @@ def _problems(value: object, node: dict, name: str) -> Iterator[tuple[str, str]]
         or (node.get("format") == "date-time" and parse_started_at(value) is None)
     ):
         yield name, _wrong(node, value)
+    if _is(value, "number") and not node.get("minimum", -math.inf) <= value <= node.get("maximum", math.inf):
+        yield name, _wrong(node, value)
+    if isinstance(value, list):
+        if not node.get("minItems", 0) <= len(value) <= node.get("maxItems", len(value)):
+            yield name, _wrong(node, value)
+            return
+        for i, item in enumerate(value):
+            if "items" in node:
+                yield from _problems(item, node["items"], f"{name}.{i}")
     if isinstance(value, dict):
         if len(value) > node.get("maxProperties", len(value)):
             yield name, f"{len(value)} entries, expected at most {node['maxProperties']}"
@@ -191,7 +213,7 @@ def _problems(value: object, node: dict, name: str) -> Iterator[tuple[str, str]]
         known, keys = node.get("properties", {}), node.get("propertyNames")
         for key in node.get("required", ()):
             if value.get(key) is None:
-                yield key, "missing"
+                yield (f"{name}.{key}" if name else key), "missing"
         for key, item in value.items():
             inner = f"{name}.{key}" if name else key
             if keys is not None and next(_problems(key, keys, inner), None) is not None:
@@ -248,6 +270,13 @@ def session_problems(doc: object, directory: Path) -> list[str]:
     if isinstance(doc.get("streams"), dict):
         named += [(f"streams.{k}", v) for k, v in doc["streams"].items()]
     bad = {f for f, _ in found}
+    if isinstance(doc.get("controls"), dict) and not any(f.startswith("controls") for f in bad):
+        for control, spec in doc["controls"].items():
+            low_high = spec.get("range")
+            if low_high is not None and low_high[0] > low_high[1]:
+                problems.append(
+                    f"field 'controls.{clip_text(control, 64)}.range': {low_high[0]:g} is above {low_high[1]:g}"
+                )
     for key, name in named:
         if isinstance(name, str) and key not in bad and "streams" not in bad:
             problem = _member_problem(directory, name, f"field '{key}'")
@@ -291,5 +320,6 @@ def read_session(directory: Path, root: Path) -> Session:
         started_at=doc.get("started_at"),
         conditions=dict(sorted((doc.get("conditions") or {}).items())),
         streams={k: Path(v).as_posix() for k, v in (doc.get("streams") or {}).items()},
+        controls={k: dict(v) for k, v in sorted((doc.get("controls") or {}).items())},
         read_as=(st.st_size, st.st_mtime_ns, st.st_ino),
     )

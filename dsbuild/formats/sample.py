@@ -103,6 +103,15 @@ class TextEvent(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ContinuousControl(Record):
+    """A control its session declares continuous (docs/capture-format.md): its action values are any
+    finite float32, in this unit and (where known) this range, not a button or an axis in [-1, 1]."""
+
+    unit: str | None = field(default=None, metadata=spec(absent_when_none=True))
+    range: tuple[float, ...] | None = field(default=None, metadata=spec(absent_when_none=True))
+
+
+@dataclass(frozen=True, slots=True)
 class SampleMeta(Record):
     """The ``<key>.json`` member."""
 
@@ -116,6 +125,9 @@ class SampleMeta(Record):
     text: tuple[TextEvent, ...]
     action_events: int = field(metadata=spec(minimum=0))
     sources: dict[str, str]  # role -> sha256 of the source file (session, video, actions...)
+    continuous: dict[str, ContinuousControl] | None = field(
+        default=None, metadata=spec(absent_when_none=True, doc="controls whose values are not held to [-1, 1]")
+    )  # absent when the session declares none: every capture/1 sample keeps its bytes
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:

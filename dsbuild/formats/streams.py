@@ -173,16 +173,21 @@ def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None
     return obj
 
 
-def _action(obj: dict, vocab: dict[str, int] | None) -> tuple | str:
+def _action(obj: dict, continuous: frozenset[str]) -> tuple | str:
+    """(t, control, value): a button or axis in [-1, 1], or a control the session declares continuous
+    (any finite float32: a robot's joint target in radians)."""
     control, value = obj.get("control"), _finite(obj.get("value"))
     if not isinstance(control, str) or not control or len(control) > MAX_NAME_CHARS:
         return "'control' must be a non-empty string"
-    if value is None or not -1.0 <= value <= 1.0:
+    if control in continuous:
+        if value is None or not -F32_MAX <= value <= F32_MAX:
+            return "'value' must be a finite number within float32 (a continuous control)"
+    elif value is None or not -1.0 <= value <= 1.0:
         return "'value' must be a finite number in [-1, 1]"
     return (obj["t"], control, value)
 
 
-def _text(obj: dict, vocab: dict[str, int] | None) -> tuple | str:
+def _text(obj: dict, continuous: frozenset[str]) -> tuple | str:
     text, speaker = obj.get("text"), obj.get("speaker")
     if not isinstance(text, str):
         return "'text' must be a string"
@@ -361,9 +366,16 @@ def _lines(path: Path, root: Path | None, report: StreamReport | None) -> Iterat
                 yield lineno, line
 
 
-def events(path: Path, kind: str, root: Path | None = None, report: StreamReport | None = None) -> Iterator[tuple]:
+def events(
+    path: Path,
+    kind: str,
+    root: Path | None = None,
+    report: StreamReport | None = None,
+    continuous: frozenset[str] = frozenset(),
+) -> Iterator[tuple]:
     """Validated events of a stream in file order: (t, control, value), (t, channel names, float64
-    values) or (t, speaker, text). Problems are counted in ``report`` when one is given."""
+    values) or (t, speaker, text). Problems are counted in ``report`` when one is given; ``continuous``:
+    the controls the session declares continuous (their values are not held to [-1, 1])."""
     if kind == "telemetry":
         yield from _telemetry_events(_lines(path, root, report), report)
         return
@@ -371,7 +383,7 @@ def events(path: Path, kind: str, root: Path | None = None, report: StreamReport
         obj = _parse(line, lineno, report)
         if obj is None:
             continue
-        ev = (_action if kind == "actions" else _text)(obj, None)
+        ev = (_action if kind == "actions" else _text)(obj, continuous)
         if isinstance(ev, str):
             if report is not None:
                 report.bad(lineno, ev)
@@ -392,12 +404,16 @@ class StreamScan:
     lag: float = 0.0
     report: StreamReport = field(default_factory=StreamReport)
     retained: list[tuple] | None = None  # pass 1's events in file order, for small streams
+    continuous: frozenset[str] = frozenset()  # actions: the controls the session declares continuous
 
 
-def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
+def scan(
+    path: Path | None, kind: str, root: Path | None = None, continuous: frozenset[str] = frozenset()
+) -> StreamScan:
     """Pass 1 over a stream: ``path`` None when the session names none (absent, nothing to report); a
-    named file that is not there is counted as missing. OSErrors (permission denied) propagate."""
-    out = StreamScan(kind, path)
+    named file that is not there is counted as missing. OSErrors (permission denied) propagate.
+    ``continuous``: the controls the session declares continuous (actions)."""
+    out = StreamScan(kind, path, continuous=continuous)
     rep = out.report
     if path is None or not path.exists():
         rep.missing = path is not None
@@ -408,7 +424,7 @@ def scan(path: Path | None, kind: str, root: Path | None = None) -> StreamScan:
     first_t: dict[str, float] = {}
     keep: list[tuple] | None = [] if path.stat().st_size <= RETAIN_BYTES else None
     known: set[tuple[str, ...]] = set()  # telemetry line layouts whose every channel has a first reading
-    for ev in events(path, kind, root, rep):
+    for ev in events(path, kind, root, rep, continuous):
         if keep is not None:
             keep.append(ev)
         t = ev[0]
@@ -465,7 +481,7 @@ class EventStream:
         elif s.retained is not None:
             self._it, s.retained = iter(s.retained), None  # handed over once: the track owns them now
         else:
-            self._it = events(s.path, s.kind, root)
+            self._it = events(s.path, s.kind, root, continuous=s.continuous)
         self._heap: list = []
         self._seq = 0
         self._latest = -math.inf

@@ -243,7 +243,7 @@ CHECKS = (
     ),
     _c(
         "actions",
-        "The action array is float32 [frames, controls], finite, in [-1, 1].",
+        "The action array is float32 [frames, controls], finite, in [-1, 1] (a continuous control: any float32).",
         "max_action_errors",
         "bad action array(s)",
         sample=_arrays("actions", action_problems),

@@ -190,8 +190,9 @@ def action_problems(meta: SampleMeta, actions: np.ndarray) -> list[str]:
         return [f"{actions.dtype} {list(actions.shape)}, expected float32 {list(want)}"]
     if not np.isfinite(actions).all():
         return [f"{int((~np.isfinite(actions)).sum())} non-finite values"]
-    if actions.size and (actions.min() < -1 or actions.max() > 1):
-        return [f"values span [{actions.min():g}, {actions.max():g}], outside [-1, 1]"]
+    held = actions[:, [c not in (meta.continuous or {}) for c in meta.controls]]  # continuous ones: any float32
+    if held.size and (held.min() < -1 or held.max() > 1):
+        return [f"values span [{held.min():g}, {held.max():g}], outside [-1, 1]"]
     return []
 
 
@@ -226,13 +227,14 @@ _LINE = re.compile(rb"[^\n]+")
 
 def events_problems(meta: SampleMeta, blob: bytes) -> list[str]:
     """Raw action events: bounded zstd JSONL (``formats.sample.MAX_EVENTS_BYTES``, the loader's bound),
-    each inside the window, a known control, a value in [-1, 1], in time order; as many as the metadata says."""
+    each inside the window, a known control, a value in [-1, 1] (any for a continuous control), in time order;
+    as many as the metadata says."""
     try:
         data = decompress_events(blob)
     except FormatError as e:
         return [str(e)]
     t0, t1 = meta.clip.t_start, meta.clip.t_end
-    controls = set(meta.controls)
+    controls, continuous = set(meta.controls), meta.continuous or {}
     bad, first, last_t, n = 0, None, -math.inf, 0
     for n, match in enumerate(_LINE.finditer(data), 1):  # one line at a time (250 MiB of "{}" lines: 5.8 GB)
         if n > MAX_EVENT_LINES:
@@ -254,7 +256,7 @@ def events_problems(meta: SampleMeta, blob: bytes) -> list[str]:
             why = f"event {n} at t={ev['t']} is outside the window [{t0}, {t1})"
         elif why is None and ev["control"] not in controls:
             why = f"event {n} names unknown control {ev['control'][:80]!r}"
-        elif why is None and not -1 <= ev["value"] <= 1:
+        elif why is None and ev["control"] not in continuous and not -1 <= ev["value"] <= 1:
             why = f"event {n} value {ev['value']} is outside [-1, 1]"
         elif why is None and ev["t"] < last_t:
             why = f"event {n} is out of time order"

@@ -4,7 +4,8 @@ changed between them, judged by the history's rule (``dsbuild.bench.train.histor
     .venv/bin/python benchmarks/bench_history_false_alarms.py [--runs 8] [--ref REF] [--work DIR]
         [--orderings 500] [--model tiny] [--ranks 1]
 
-Runs the real command ``--runs`` times with ``--history``. Then, as ``bench_false_alarms.py`` judges every
+Runs the real command ``--runs`` times with ``--history`` (``--runs 0`` with ``--work`` judges the history
+already there). Then, as ``bench_false_alarms.py`` judges every
 ordered pair of saved runs, it judges ``--orderings`` random orderings of the runs: the last run of an
 ordering against the trailing runs before it (up to the rule's window), every figure, by the rule as CI
 uses it (exit 1 on any figure). A call on unchanged runs is a false alarm. Its power: the same orderings

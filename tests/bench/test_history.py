@@ -81,3 +81,13 @@ def test_the_false_alarm_rate_on_unchanged_runs_is_near_alpha():
         alarms += j.regressed
         trials += 1
     assert alarms / trials <= 0.05
+
+
+def test_a_part_of_the_step_is_judged_in_shares_of_the_step():
+    """A data wait of ~2 ms that becomes ~5 ms in a 100 ms step is no regression; one of 30 ms is."""
+    steps = [row(i, steady(5, i)) for i in range(5)]
+    waits = [row(i, [0.002 + 0.0001 * k for k in range(5)], figure="data_wait_s") for i in range(5)]
+    small = judge([*steps, *waits, row(9, steady(5, 9)), row(9, [0.005 + 0.0001 * k for k in range(5)], "data_wait_s")])
+    assert not any(j.regressed for j in small)
+    large = judge([*steps, *waits, row(9, steady(5, 9)), row(9, [0.03 + 0.0001 * k for k in range(5)], "data_wait_s")])
+    assert [j.figure for j in large if j.regressed] == ["data_wait_s"]

@@ -11,7 +11,8 @@ recorded, not part of it: a new version that slows training is what the history 
 run of each configuration and each figure, its rounds are compared with the rounds of the trailing
 ``window`` runs of the same configuration (at least ``MIN_TRAILING``) by a one-sided Mann-Whitney U test
 in the figure's worse direction; the run has **regressed** on that figure when p < ``alpha`` *and* its median
-is worse than the trailing runs' median by more than ``min_change``. The U test makes no assumption on the
+is worse than the trailing runs' median by more than ``min_change`` (of that median; for a part of the
+step, of the trailing runs' median step, so a part near zero cannot regress by growing a few ms). The U test makes no assumption on the
 shape of step times (long right tails are common); the effect floor keeps a real but tiny shift from
 failing CI. Its false-alarm rate on unchanged runs is measured by ``benchmarks/bench_history_false_alarms.py``.
 """
@@ -43,6 +44,7 @@ FIGURES = {
     "compute_s": ("s", "lower"),
     "exposed_comm_s": ("s", "lower"),
 }
+PARTS = ("data_wait_s", "compute_s", "exposed_comm_s")  # parts of the step: changes in shares of the step
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +258,11 @@ def judge(
             continue
         before = statistics.median(pooled)
         sign = 1 if lower_better else -1
-        change = sign * (median - before) / before if before else 0.0
+        # a part of the step changes by a share of the step (a data wait of 2 ms that becomes 9 ms is not a
+        # 350% regression); a whole figure by a share of itself
+        steps = series.get((config, "step_s"), []) if figure in PARTS else []
+        scale = statistics.median(v for r in steps[:-1][-window:] for v in r["rounds"]) if steps[:-1] else before
+        change = sign * (median - before) / scale if scale else 0.0
         x, y = (latest["rounds"], pooled) if lower_better else ([-v for v in latest["rounds"]], [-v for v in pooled])
         p = mann_whitney_greater(x, y)
         floor = 1 / math.comb(len(x) + len(y), len(x))  # the smallest p these counts of rounds can give

@@ -71,6 +71,18 @@ def peak(device: str, dtype: str) -> Peak:
         if known is not None:
             return Peak(known, "datasheet", name)
         return Peak(measure_matmul(dtype, device), "measured", name)
+    return Peak(measure_matmul(dtype), "measured", cpu_name())
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the machine type."""
     import platform
 
-    return Peak(measure_matmul(dtype), "measured", platform.processor() or platform.machine() or "cpu")
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.machine() or "cpu"

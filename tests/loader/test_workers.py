@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dsbuild.core.errors import StorageError, UsageError, WorkerDied
-from dsbuild.loader import Loader
+from dsbuild.loader import Loader, Mixture
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.workers import choose_mode, lay_out, read_batch, write_batch
 
@@ -102,6 +102,19 @@ def test_frames_and_packed_batches_are_those_of_threads(cat):
         assert sa == sb
         for x, y in zip(a, b):
             same_batch(x, y)
+
+
+def test_a_mixture_of_samples_crosses_its_planned_items(cat):
+    """mix="sample" steps carry their items (source, epoch, index each): they cross as JSON too."""
+    ref, _ = cat
+    sources = [(ref, None, 0.6), (ref, None, 0.4)]
+    kw = {"decode": "bytes", "batch_size": 3, "seed": 2, "per": "sample", "policy": "stop"}
+    a, sa = epoch(Mixture(sources, worker_mode="thread", num_workers=2, **kw))
+    with Mixture(sources, worker_mode="process", num_workers=3, **kw) as procs:
+        b, sb = epoch(procs)
+    assert sa == sb and len(a) == len(b) > 3
+    for x, y in zip(a, b):
+        same_batch(x, y)
 
 
 def test_a_checkpoint_resumes_across_modes_and_worker_counts(cat):
@@ -217,7 +230,7 @@ def test_a_forked_child_leaves_the_parents_workers_and_segments_alone(cat):
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from dsbuild.loader import Loader
+    from dsbuild.loader import Loader, Mixture
     loader = Loader(sys.argv[1], decode="bytes", batch_size=2, worker_mode="process", num_workers=2)
     it = iter(loader)
     next(it)

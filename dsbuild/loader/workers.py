@@ -78,12 +78,17 @@ def choose_mode(o: LoaderOptions) -> tuple[str, str]:
         return o.worker_mode, f"worker_mode={o.worker_mode!r}"
     if o.num_workers <= 2:
         return "thread", f"auto: num_workers={o.num_workers} <= 2, threads overlap decoding and reads without hand-offs"
-    if o.map is not None and not _picklable(o.map):
+    if o.map is not None and not _importable(o.map):
         return "thread", "auto: map cannot be sent to a worker process (define it at a module's top level)"
     return "process", f"auto: num_workers={o.num_workers} > 2, processes use the cores the GIL keeps threads from"
 
 
-def _picklable(fn: Any) -> bool:
+def _importable(fn: Any) -> bool:
+    """Whether a worker process can have ``fn``: it pickles (by reference), and not from an interactive
+    ``__main__`` (a notebook's or a REPL's, which a worker cannot import)."""
+    main = sys.modules.get("__main__")
+    if getattr(fn, "__module__", None) == "__main__" and not hasattr(main, "__file__"):
+        return False
     try:
         pickle.dumps(fn)
     except Exception:

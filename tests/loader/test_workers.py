@@ -151,6 +151,7 @@ def test_auto_picks_processes_above_two_workers_and_says_why():
     mode, why = choose_mode(LoaderOptions(num_workers=4))
     assert mode == "process" and "num_workers=4" in why
     assert choose_mode(LoaderOptions(num_workers=4, map=lambda s, rng: s))[0] == "thread"
+    assert choose_mode(LoaderOptions(num_workers=4, map=same_batch))[0] == "process"  # (a module's function)
     assert choose_mode(LoaderOptions(num_workers=1, worker_mode="process")) == ("process", "worker_mode='process'")
 
 

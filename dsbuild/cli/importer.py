@@ -14,6 +14,12 @@ Examples:
   dsbuild import video obs captures --title Kart --clock meta      # input logs in absolute time
 Exit: 0 imported, 1 --strict and a line or file was dropped, 2 bad input. See docs/import.md."""
 
+MCAP_EXAMPLES = """\b
+Examples:
+  dsbuild import mcap run.mcap captures --video-topic /camera/image_raw --action-topic /cmd
+  dsbuild import mcap bags captures --video-topic /cam --telemetry-topic /joint_states --title Reach
+Exit: 0 imported, 1 --strict and a message or file was dropped, 2 bad input. See docs/import.md."""
+
 import_app = typer.Typer(
     help="Bring your own recordings: write them as captures that `dsbuild convert` reads.",
     no_args_is_help=True,
@@ -105,6 +111,52 @@ def video(
     _render(o, report, strict)
 
 
+def mcap(
+    src: str = typer.Argument(..., metavar="SRC", help="An .mcap file, or a folder of them (each file a session)."),
+    out: str = typer.Argument(..., metavar="CAPTURES", help="A new (or empty) folder to write the captures into."),
+    video_topic: str = typer.Option(
+        ...,
+        "--video-topic",
+        metavar="TOPIC",
+        help="The image topic (raw or JPEG/PNG compressed) that becomes the video.",
+    ),
+    telemetry_topic: list[str] = typer.Option(
+        [], "--telemetry-topic", metavar="TOPIC", help="A topic whose numeric fields become telemetry; repeatable."
+    ),
+    action_topic: list[str] = typer.Option(
+        [], "--action-topic", metavar="TOPIC", help="A topic whose numeric fields become actions; repeatable."
+    ),
+    title: str = typer.Option(None, "--title", metavar="TEXT", help="The task or robot (default: the file's name)."),
+    player: str = typer.Option(None, "--player", metavar="ID", help="Who or what recorded it (default: unknown)."),
+    condition: list[str] = typer.Option(
+        [], "--condition", metavar="KEY=VALUE", help="A condition label for every session; repeatable."
+    ),
+    crf: int = typer.Option(18, "--crf", min=0, max=51, metavar="0-51", help="H.264 quality of the re-encoded video."),
+    strict: bool = STRICT,
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
+) -> None:
+    """Import MCAP robot logs (JSON, ROS 2 CDR or protobuf channels).
+
+    Each file is one session: an image topic is re-encoded as the video, at its log times (zero at the
+    first frame); chosen topics' numeric fields become telemetry and actions (continuous controls),
+    named by topic and field path (joint_states/position.0)."""
+    from pathlib import Path
+
+    from dsbuild.importers.mcap import McapImport, import_mcap
+
+    o = Out(as_json, quiet)
+    options = McapImport(
+        video_topic, tuple(telemetry_topic), tuple(action_topic), title, player, _conditions(condition), crf
+    )
+    with Progress("import", o) as bar:
+        report = import_mcap(
+            Path(src), Path(out), options, lambda done, total, detail: bar.update(done, total, detail=detail)
+        )
+    _render(o, report, strict)
+
+
 def register(app: typer.Typer) -> None:
     import_app.command("video", epilog=VIDEO_EXAMPLES)(video)
+    import_app.command("mcap", epilog=MCAP_EXAMPLES)(mcap)
     app.add_typer(import_app, name="import")

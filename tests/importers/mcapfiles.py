@@ -1,0 +1,132 @@
+"""MCAP files written by the real ``mcap`` writers (``mcap``, ``mcap-ros2-support``), for the importer's
+tests and docs: a camera topic, a telemetry topic and an action topic, at known log times."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+
+T0 = 1_793_527_200_000_000_000  # 2026-11-01T10:00:00Z in nanoseconds
+FPS = 20
+W, H = 64, 48
+
+
+def picture(i: int) -> np.ndarray:
+    """A moving, grainy RGB picture (no clip is frozen or black)."""
+    rng = np.random.default_rng(i)
+    img = rng.integers(0, 90, (H, W, 3), dtype=np.uint8)
+    img[:, (i * 3) % W : (i * 3) % W + 8] = 250
+    return img
+
+
+def frame_times(frames: int) -> list[int]:
+    return [T0 + i * 1_000_000_000 // FPS for i in range(frames)]
+
+
+def states(frames: int) -> list[tuple[int, list[float], float]]:
+    """(log time, joint positions in rad, speed) at every other frame, offset by 1 ms."""
+    return [
+        (T0 + i * 1_000_000_000 // FPS + 1_000_000, [0.5 * i, -2.5 + 0.25 * i], 10.0 + i) for i in range(0, frames, 2)
+    ]
+
+
+def commands(frames: int) -> list[tuple[int, list[float]]]:
+    """(log time, joint targets in rad, far outside [-1, 1]) at every third frame."""
+    return [(T0 + i * 1_000_000_000 // FPS + 2_000_000, [3.0 * i - 7.5, 1.25]) for i in range(0, frames, 3)]
+
+
+IMAGE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "width": {"type": "integer"},
+        "height": {"type": "integer"},
+        "encoding": {"type": "string"},
+        "step": {"type": "integer"},
+        "data": {"type": "string", "contentEncoding": "base64"},
+    },
+}
+
+
+def json_mcap(path: Path, frames: int = 30) -> Path:
+    """JSON channels with jsonschema schemas: /camera (raw rgb8 images), /state, /cmd."""
+    from mcap.writer import Writer
+
+    with open(path, "wb") as f:
+        w = Writer(f)
+        w.start(profile="", library="tests")
+        image = w.register_schema("RawImage", "jsonschema", json.dumps(IMAGE_SCHEMA).encode())
+        state = w.register_schema("State", "jsonschema", json.dumps({"type": "object"}).encode())
+        cam = w.register_channel("/camera", "json", image)
+        st = w.register_channel("/state", "json", state)
+        cmd = w.register_channel("/cmd", "json", state)
+        msgs = []
+        for i, t in enumerate(frame_times(frames)):
+            img = picture(i)
+            doc = {
+                "width": W,
+                "height": H,
+                "encoding": "rgb8",
+                "step": W * 3,
+                "data": base64.b64encode(img.tobytes()).decode(),
+            }
+            msgs.append((t, cam, doc))
+        msgs += [(t, st, {"joint": {"position": p}, "speed": s, "frame_id": "base"}) for t, p, s in states(frames)]
+        msgs += [(t, cmd, {"target": p}) for t, p in commands(frames)]
+        for t, channel, doc in sorted(msgs, key=lambda m: (m[0], m[1])):
+            w.add_message(channel, log_time=t, data=json.dumps(doc).encode(), publish_time=t)
+        w.finish()
+    return path
+
+
+HEADER = """builtin_interfaces/Time stamp
+string frame_id
+================================================================================
+MSG: builtin_interfaces/Time
+int32 sec
+uint32 nanosec"""
+IMAGE_MSG = "std_msgs/Header header\nstring format\nuint8[] data\n" + "=" * 80 + "\nMSG: std_msgs/Header\n" + HEADER
+JOINT_MSG = "std_msgs/Header header\nstring[] name\nfloat64[] position\nfloat64[] velocity\nfloat64[] effort\n"
+JOINT_MSG += "=" * 80 + "\nMSG: std_msgs/Header\n" + HEADER
+ARRAY_MSG = "float64[] data\n"
+
+
+def jpeg(img: np.ndarray) -> bytes:
+    from fractions import Fraction
+
+    import av
+
+    ctx = av.CodecContext.create("mjpeg", "w")
+    ctx.width, ctx.height, ctx.pix_fmt = W, H, "yuvj420p"
+    ctx.time_base = Fraction(1, 1)
+    frame = av.VideoFrame.from_ndarray(img, format="rgb24").reformat(format="yuvj420p")
+    return b"".join(bytes(p) for p in ctx.encode(frame))
+
+
+def ros2_mcap(path: Path, frames: int = 30) -> Path:
+    """ROS 2 CDR channels: /camera/compressed (sensor_msgs/msg/CompressedImage, JPEG), /joint_states
+    (sensor_msgs/msg/JointState), /cmd (std_msgs/msg/Float64MultiArray-like)."""
+    from mcap_ros2.writer import Writer
+
+    with open(path, "wb") as f:
+        w = Writer(f)
+        image = w.register_msgdef("sensor_msgs/msg/CompressedImage", IMAGE_MSG)
+        joints = w.register_msgdef("sensor_msgs/msg/JointState", JOINT_MSG)
+        array = w.register_msgdef("example/msg/Targets", ARRAY_MSG)
+        msgs = []
+        for i, t in enumerate(frame_times(frames)):
+            header = {"stamp": {"sec": t // 10**9, "nanosec": t % 10**9}, "frame_id": "cam"}
+            msgs.append(
+                (t, 0, "/camera/compressed", image, {"header": header, "format": "jpeg", "data": jpeg(picture(i))})
+            )
+        for t, p, s in states(frames):
+            header = {"stamp": {"sec": t // 10**9, "nanosec": t % 10**9}, "frame_id": "base"}
+            doc = {"header": header, "name": ["a", "b"], "position": p, "velocity": [s, s], "effort": []}
+            msgs.append((t, 1, "/joint_states", joints, doc))
+        msgs += [(t, 2, "/cmd", array, {"data": p}) for t, p in commands(frames)]
+        for t, _, topic, schema, doc in sorted(msgs, key=lambda m: (m[0], m[1])):
+            w.write_message(topic, schema, doc, log_time=t, publish_time=t)
+        w.finish()
+    return path

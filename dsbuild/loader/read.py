@@ -125,8 +125,9 @@ class SampleReader:
                     shard_problems(src.format, Path(path), [src.entry(i) for i in rows], rec.bytes, whole=not src.split)
                 )
                 if self.fast:
+                    layout = src.sliced()
                     for i in rows:
-                        if src.keys[i] not in found and (why := self._array_problem(fd, i)):
+                        if src.keys[i] not in found and (why := self._array_problem(fd, i, *layout)):
                             found[src.keys[i]] = why
             except OSError as e:
                 raise storage_error(f"{rec.path}: cannot read shard", e) from None
@@ -134,14 +135,15 @@ class SampleReader:
             i: FormatError(f"{rec.path}: {src.keys[i]}: {found[src.keys[i]]}") for i in rows if src.keys[i] in found
         }
 
-    def _array_problem(self, fd: int, i: int) -> str | None:
-        """What is wrong with sample ``i``'s array members' .npy headers (read from the shard), or None."""
+    def _array_problem(self, fd: int, i: int, payload_offsets: np.ndarray, member_bytes: np.ndarray) -> str | None:
+        """What is wrong with sample ``i``'s array members' .npy headers (read from the shard), or None
+        (``payload_offsets``, ``member_bytes``: the source's ``sliced()``)."""
         src = self.source
         frames = int(src.frames[i])
         shapes = ((frames, int(src.n_controls[i])), (frames, int(src.n_channels[i])), (frames,))
         for slot, descr, shape in zip(ARRAY_SLOTS, ARRAY_DESCRS, shapes):
-            size = int(src.member_bytes[i, slot])
-            head = os.pread(fd, min(size, MAX_NPY_HEADER + 16), int(src.byte_offset[i] + src.payload_offsets[i, slot]))
+            size = int(member_bytes[i, slot])
+            head = os.pread(fd, min(size, MAX_NPY_HEADER + 16), int(src.byte_offset[i] + payload_offsets[i, slot]))
             if why := npy_problem(head, descr, shape, total=size):
                 return f"{MEMBERS[slot]} {why}"
         return None
@@ -162,6 +164,7 @@ class SampleReader:
             )
         )
         spans = self.spans(idx)
+        out: list[RawSample | FormatError]
         if spans is not None:  # trusted as it stands (verify="none", or every shard hashed to its record)
             out = []
             for f, v, st, en in zip(facts, spans.views, spans.starts.tolist(), spans.ends.tolist()):
@@ -193,16 +196,19 @@ class SampleReader:
         refused = self.refused(shards)
         if refused and not refused.keys().isdisjoint(idx.tolist()):
             return None
-        views = {s: self.files.mapped(s) for s in set(shards)}
-        if None in views.values():
+        mapped = {s: self.files.mapped(s) for s in set(shards)}  # (each shard's mapping is judged, even after a None)
+        views = {s: v for s, v in mapped.items() if v is not None}
+        if len(views) != len(mapped):
             return None
-        starts = src.byte_offset[idx][:, None] + src.payload_offsets[idx]
-        return Spans([views[s] for s in shards], starts, starts + src.member_bytes[idx])
+        payload_offsets, member_bytes = src.sliced()
+        starts = src.byte_offset[idx][:, None] + payload_offsets[idx]
+        return Spans([views[s] for s in shards], starts, starts + member_bytes[idx])
 
     def _ranges(self, idx: np.ndarray, facts: list[tuple]) -> list[RawSample | FormatError]:
         src = self.source
         shard, off, length = src.shard_id[idx], src.byte_offset[idx], src.byte_length[idx]
-        offsets, sizes = src.payload_offsets[idx].tolist(), src.member_bytes[idx].tolist()
+        payload_offsets, member_bytes = src.sliced()
+        offsets, sizes = payload_offsets[idx].tolist(), member_bytes[idx].tolist()
         runs = coalesce(shard, off, length)
         # One buffer for the whole read: a buffer per run would keep one per sample of every batch in
         # flight under a shuffle, more than the pool holds (each new one zeroed and faulted in).
@@ -350,8 +356,11 @@ def array_bytes(raw: RawSample, slot: int, width: int | None, dtype: np.dtype) -
 def sample_arrays(raw: RawSample, window: slice) -> tuple[Rows, Rows, Rows]:
     """(actions [T, controls], telemetry [T, channels], timestamps [T]) in the sample's session columns,
     cut to ``window`` (a ``crop.frame_window`` of its frames)."""
-    count = len(range(window.start, min(window.stop, raw.frames), window.step))
-    return tuple(
-        Rows(array_bytes(raw, slot, width, dtype), dtype, raw.frames, width, window.start, count, window.step)
-        for slot, width, dtype in zip(ARRAY_SLOTS, (raw.controls, raw.channels, None), ARRAY_DTYPES)
+    start, step, t = window.start, window.step, raw.frames
+    count = len(range(start, min(window.stop, t), step))
+    (a, b, c), (da, db, dc) = ARRAY_SLOTS, ARRAY_DTYPES
+    return (
+        Rows(array_bytes(raw, a, raw.controls, da), da, t, raw.controls, start, count, step),
+        Rows(array_bytes(raw, b, raw.channels, db), db, t, raw.channels, start, count, step),
+        Rows(array_bytes(raw, c, None, dc), dc, t, None, start, count, step),
     )

@@ -39,7 +39,7 @@ COLUMNS = [
     "blake3",
 ]
 # The array members' dtypes (``formats.sample.Sample``): actions, telemetry float32; timestamps float64.
-ARRAY_DTYPES = (np.dtype("<f4"), np.dtype("<f4"), np.dtype("<f8"))
+ARRAY_DTYPES: tuple[np.dtype, np.dtype, np.dtype] = (np.dtype("<f4"), np.dtype("<f4"), np.dtype("<f8"))
 
 
 @dataclass(frozen=True)
@@ -125,10 +125,13 @@ class Source:
         self.byte_range = table["byte_offset"].null_count == 0 and table["byte_length"].null_count == 0
         if not self.byte_range and (table["row_group"].null_count or table["row_index"].null_count):
             raise FormatError(f"{self.ref}: index rows give neither a byte range nor a row for every sample")
-        for c in ("byte_offset", "byte_length", "row_group", "row_index"):
-            setattr(self, c, to_numpy(table[c], null=-1).astype(np.int64))
+        self.byte_offset, self.byte_length, self.row_group, self.row_index = (
+            to_numpy(table[c], null=-1).astype(np.int64)
+            for c in ("byte_offset", "byte_length", "row_group", "row_index")
+        )
         mb = table["member_bytes"]
-        self.member_bytes = self.payload_offsets = None
+        self.member_bytes: np.ndarray | None = None  # [samples, members]; None where the index lacks them
+        self.payload_offsets: np.ndarray | None = None  # set by ``_check_ranges`` for formats that slice
         if mb.null_count == 0:
             widths = to_numpy(pc.list_value_length(mb))
             if np.any(widths != len(MEMBERS)):
@@ -143,8 +146,9 @@ class Source:
             if self.member_bytes is not None
             else np.zeros(len(self.keys), np.int64)
         )
-        for c in ("frames", "width", "height", "n_controls", "n_channels"):
-            setattr(self, c, to_numpy(table[c]).astype(np.int64))
+        self.frames, self.width, self.height, self.n_controls, self.n_channels = (
+            to_numpy(table[c]).astype(np.int64) for c in ("frames", "width", "height", "n_controls", "n_channels")
+        )
         self.fps = to_numpy(table["fps"], null=0.0)
         self.has_audio = to_numpy(table["has_audio"], null=False)
         codec = pc.dictionary_encode(table["codec"]).combine_chunks()
@@ -180,9 +184,13 @@ class Source:
         """Refuse an index that could deliver a sample twice, read outside a shard, or mis-shape arrays."""
         n = len(self.keys)
         if len(set(self.keys.tolist())) != n:
-            seen: set = set()
-            dup = next(k for k in self.keys if k in seen or seen.add(k))
-            raise FormatError(f"{self.ref}: the index lists sample {dup} more than once", hint="run `dsbuild verify`")
+            seen: set[str] = set()
+            for dup in self.keys.tolist():
+                if dup in seen:
+                    raise FormatError(
+                        f"{self.ref}: the index lists sample {dup} more than once", hint="run `dsbuild verify`"
+                    )
+                seen.add(dup)
         widths = (
             np.array([len(s.controls) for s in self.sessions]),
             np.array([len(s.channels) for s in self.sessions]),
@@ -210,7 +218,7 @@ class Source:
             if len(np.unique(loc, axis=0)) != n:
                 raise FormatError(f"{self.ref}: two index rows point at the same row of a shard")
         if self.member_bytes is not None:
-            self._check_arrays()
+            self._check_arrays(self.member_bytes)
 
     def _check_ranges(self) -> None:
         off, length, size = self.byte_offset, self.byte_length, self.shard_bytes[self.shard_id]
@@ -238,11 +246,11 @@ class Source:
                 raise FormatError(f"{self.keys[i]}: member sizes do not fit the sample's {length[i]} bytes")
             self.payload_offsets = starts
 
-    def _check_arrays(self) -> None:
+    def _check_arrays(self, member_bytes: np.ndarray) -> None:
         rows = (self.n_controls, self.n_channels, np.ones_like(self.frames))
         for k, (m, width, dtype) in enumerate(zip(ARRAY_MEMBERS, rows, ARRAY_DTYPES)):
             need = self.frames * width * dtype.itemsize
-            short = self.member_bytes[:, MEMBERS.index(m)] < need
+            short = member_bytes[:, MEMBERS.index(m)] < need
             if np.any(short):
                 i = int(np.flatnonzero(short)[0])
                 raise FormatError(
@@ -253,7 +261,10 @@ class Source:
         """Per-sample fields of samples ``idx`` for a batch: session fields and the clip's encoding
         (vectorised takes over per-session tables; no sample is read)."""
         if not hasattr(self, "_tables"):
-            obj = lambda values: np.array(values + [None], dtype=object)[:-1]  # 1-d even for dicts
+
+            def obj(values: list) -> np.ndarray:
+                return np.array(values + [None], dtype=object)[:-1]  # 1-d even for dicts
+
             self._codecs = obj(list(self.codecs))  # (before ``_tables``: another thread may see it set)
             self._tables = {
                 name: obj([getattr(s, name) for s in self.sessions])
@@ -273,6 +284,13 @@ class Source:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def sliced(self) -> tuple[np.ndarray, np.ndarray]:
+        """(payload_offsets, member_bytes) [samples, members] of a source whose format slices samples out
+        of byte ranges (``payload_offsets`` is set at open); asking one that does not is a bug."""
+        if self.payload_offsets is None or self.member_bytes is None:
+            raise UsageError(f"{self.ref}: its {self.manifest.shard_format} samples are not sliced by byte range")
+        return self.payload_offsets, self.member_bytes
 
     def identity(self, weight: float) -> SourceId:
         return SourceId(self.version_id, self.split, self.split_hash, round(float(weight), 12))

@@ -17,7 +17,9 @@ from __future__ import annotations
 import difflib
 import re
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -115,17 +117,49 @@ def _unknown_table_hint(error: str) -> str | None:
     return (f"did you mean {close[0]!r}? " if close else "") + f"the views are {', '.join(VIEWS)}"
 
 
+@contextmanager
+def _signals_interrupt(con) -> Iterator[list[BaseException]]:
+    """Ctrl-C or SIGTERM while ``con`` runs SQL interrupts the query itself, then runs the handler there was;
+    yields the list of what that handler raised (duckdb answers it with a bare "Query interrupted").
+    duckdb's own answer to the handler's KeyboardInterrupt only cancels the query's tasks and waits for
+    them, and a task that a worker thread runs goes on to its end (a large join: minutes, the process deaf
+    to Ctrl-C meanwhile); an interrupted connection ends every task at its next chunk. Only handlers set in
+    Python are wrapped (an ignored signal stays ignored); off the main thread signals cannot be set."""
+    raised: list[BaseException] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield raised
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    wrapped = {sig: handler for sig, handler in before.items() if callable(handler)}
+
+    def interrupt(signum, frame) -> None:
+        con.interrupt()
+        try:
+            wrapped[signum](signum, frame)
+        except BaseException as e:
+            raised.append(e)
+            raise
+
+    try:
+        for sig in wrapped:
+            signal.signal(sig, interrupt)
+        yield raised
+    finally:
+        for sig, handler in wrapped.items():
+            signal.signal(sig, handler)
+
+
 def run_query(catalog: Catalog, version_id: str, sql: str, *, unsafe: bool = False) -> tuple[list[str], list[tuple]]:
     import duckdb
 
     if not sql.strip().strip(";").strip():
         raise UsageError("the query is empty", hint='e.g. "select title, count(*) from samples group by title"')
-    with connect(catalog, version_id, sql, unsafe=unsafe) as con:
+    with connect(catalog, version_id, sql, unsafe=unsafe) as con, _signals_interrupt(con) as raised:
         try:
             cur = con.execute(sql)
         except RuntimeError as e:  # duckdb's answer to Ctrl-C (or SIGTERM) while it runs: an interrupt
             if "interrupt" in str(e).lower():
-                raise KeyboardInterrupt from None
+                raise (raised[-1] if raised else KeyboardInterrupt()) from None
             raise
         except duckdb.PermissionException as e:
             raise UsageError(

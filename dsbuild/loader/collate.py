@@ -14,15 +14,17 @@ whole array and then overwriting it was one more pass over every frame byte.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from dsbuild.core.errors import UsageError
 from dsbuild.loader.read import ARRAY_SLOTS, VIDEO_SLOT, RawSample, Rows, Spans, array_bytes, touch
 from dsbuild.loader.source import ARRAY_DTYPES
 
 ColumnMap = tuple[np.ndarray | None, np.ndarray | None]  # (controls, channels) columns; None = identity
-Alloc = Callable[[tuple, np.dtype], np.ndarray]
+Alloc = Callable[[tuple, DTypeLike], np.ndarray]
 
 
 def _same_frame_shape(samples: list[dict]) -> tuple | None:
@@ -42,7 +44,15 @@ def _raw(dst: np.ndarray) -> Raw:
         return memoryview(bytearray()), 0
     if not dst.flags.c_contiguous:
         return None
-    return memoryview(dst).cast("B"), dst.itemsize * (dst.shape[2] if dst.ndim == 3 else 1)
+    return dst.data.cast("B"), dst.itemsize * (dst.shape[2] if dst.ndim == 3 else 1)
+
+
+def _flat(dst: np.ndarray) -> tuple[memoryview, int]:
+    """``_raw`` of a batch array that must take memcpys (``alloc`` makes C-contiguous arrays)."""
+    raw = _raw(dst)
+    if raw is None:
+        raise UsageError(f"a batch array of shape {dst.shape} is not C-contiguous: alloc must make plain arrays")
+    return raw
 
 
 def _put(dst: np.ndarray, raw: Raw, b: int, pos: int, a: Rows | np.ndarray, n: int, cols: np.ndarray | None) -> None:
@@ -113,17 +123,20 @@ def collate_clips(
     lengths[:] = [c.frames for c in clips]
     # The common case inline (no call per array): a session whose columns are the vocabulary's, stored in
     # the batch's byte order, copies each array member's last bytes into its row with one memcpy.
-    inline = None not in (ra, rt, rs) and (da, dt, ds) == (acts.dtype, tels.dtype, tss.dtype)
+    inline = False
+    if ra is not None and rt is not None and rs is not None:
+        (ma, wa), (mt, wt), (ms, ws) = ra, rt, rs
+        inline = (da, dt, ds) == (acts.dtype, tels.dtype, tss.dtype)
     for b, (c, (cmap, tmap)) in enumerate(zip(clips, maps)):
         n, m = c.frames, c.members
         if inline and cmap is None and tmap is None and c.controls == widths[0] and c.channels == widths[1]:
             a, t, ts = m[sa], m[st], m[ss]
-            na, nt, ns = n * ra[1], n * rt[1], n * rs[1]
+            na, nt, ns = n * wa, n * wt, n * ws
             if len(a) >= na and len(t) >= nt and len(ts) >= ns:
                 at = b * length
-                ra[0][at * ra[1] : at * ra[1] + na] = a[len(a) - na :]
-                rt[0][at * rt[1] : at * rt[1] + nt] = t[len(t) - nt :]
-                rs[0][at * rs[1] : at * rs[1] + ns] = ts[len(ts) - ns :]
+                ma[at * wa : at * wa + na] = a[len(a) - na :]
+                mt[at * wt : at * wt + nt] = t[len(t) - nt :]
+                ms[at * ws : at * ws + ns] = ts[len(ts) - ns :]
                 continue
         _copy_rows(acts, ra, b, 0, array_bytes(c, sa, c.controls, da), da, c.controls, 0, n, 1, cmap)
         _copy_rows(tels, rt, b, 0, array_bytes(c, st, c.channels, dt), dt, c.channels, 0, n, 1, tmap)
@@ -148,7 +161,7 @@ def collate_spans(
     }
     lengths = alloc((n,), np.int32)
     lengths[:] = frames
-    (a, ra), (t, rt), (s, rs) = (_raw(out[name]) for name in ("actions", "telemetry", "timestamps"))
+    (a, ra), (t, rt), (s, rs) = (_flat(out[name]) for name in ("actions", "telemetry", "timestamps"))
     rows = np.array([ra, rt, rs], np.int64)
     sizes = frames.astype(np.int64)[:, None] * rows
     ends = spans.ends[:, ARRAY_SLOTS]
@@ -209,7 +222,7 @@ def collate(
                 lens[k] = max(0, min(n, room))
     length = pack_frames or max(n for lens in cut for n in lens)
     batch_size = len(items)
-    out = {
+    out: dict[str, Any] = {  # arrays, and (packed) ``cu_seqlens``: a list of them
         "actions": alloc((batch_size, length, widths[0]), np.float32),
         "telemetry": alloc((batch_size, length, widths[1]), np.float32),
         "timestamps": alloc((batch_size, length), np.float64),

@@ -37,7 +37,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, final
 
 import numpy as np
 
@@ -313,6 +313,7 @@ def coalesce(shard: np.ndarray, off: np.ndarray, length: np.ndarray) -> list[Run
     return runs
 
 
+@final  # (``collate._put`` tells it from an array by ``type(a) is Rows``)
 @dataclass(slots=True)
 class Rows:
     """One array member of a read sample, left in the read buffer: ``frames`` rows of ``width`` values

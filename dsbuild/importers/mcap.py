@@ -181,7 +181,13 @@ class _Encoder:
         self.stream.time_base = TIME_BASE
         self.stream.codec_context.time_base = TIME_BASE
         gop = str(max(1, round(rate)))
-        self.stream.codec_context.options = {"crf": str(crf), "g": gop, "keyint_min": gop, "threads": "1"}
+        self.stream.codec_context.options = {
+            "crf": str(crf),
+            "g": gop,
+            "keyint_min": gop,
+            "x264-params": "scenecut=0",  # keyframes exactly every second: convert cuts clips there
+            "threads": "1",
+        }
         self.stream.codec_context.flags |= int(av.codec.context.Flags.bitexact)
 
     def add(self, frame, pts: int) -> None:

@@ -181,6 +181,9 @@ def bench(
         None, "--price-per-hour", min=0, metavar="USD", help="With --model: per device, for the cost figures."
     ),
     timeout: float = typer.Option(120.0, "--timeout", min=1, metavar="S", help="With --model: collective timeout."),
+    restart: bool = typer.Option(
+        False, "--restart", help="With --model: also kill a rank (SIGKILL), restart the job and time each part."
+    ),
     history: str = typer.Option(
         None, "--history", metavar="DIR", help="With --model: append this run to a history (Parquet; DIR may be a URL)."
     ),
@@ -237,6 +240,7 @@ def bench(
             inject=parse_inject(inject_delay),
             timeout_s=timeout,
             price_per_hour=price_per_hour,
+            restart=restart,
         )
         return bench_model.run(o, train, save, html, history)
     from dsbuild.bench.sweep import parse_counts

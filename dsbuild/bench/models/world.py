@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dsbuild.bench.models import MLP, PATCH, Size
+from dsbuild.bench.models.sizes import MLP, PATCH, Size
 
 
 class Block(nn.Module):

@@ -354,7 +354,7 @@ def run(args: list[str], command=None, *, signals: bool = False) -> int:
     if "--version" in head:
         sys.stdout.write(f"dsbuild {__version__}\n")
         return 0
-    command_name = next((a for a in head if a in COMMANDS), None)
+    command_name = next((a for a in head if a in COMMANDS or a == "import"), None)
     command = command or build_command()
     catalog = sys.modules.get("dsbuild.lineage.catalog")
     if catalog is not None:  # (a command run in a process that ran others: only its own commits count)

@@ -195,3 +195,33 @@ def test_pattern_fields_become_session_fields():
     assert names == ("title", "player", "session")
     m = rx.fullmatch("Kart Storm/p1/2026_run3.mkv")
     assert m is not None and m.groupdict() == {"title": "Kart Storm", "player": "p1", "session": "run3"}
+
+
+def test_ctrl_c_during_an_import_leaves_nothing_beside_the_source(tmp_path):
+    """The real executable, interrupted once its temporary folder holds a session: no CAPTURES, no
+    temporary folder, and the one-line message says so."""
+    import os
+    import signal
+    import time
+
+    from tests.cli.clitools import argv, env
+
+    first = ffmpeg(tmp_path / "rec" / "v000.mkv")
+    for i in range(1, 80):
+        shutil.copyfile(first, tmp_path / "rec" / f"v{i:03}.mkv")
+    p = subprocess.Popen(
+        argv("import", "video", tmp_path / "rec", tmp_path / "caps", "--title", "K", "--player", "p"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(),
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if any((d / "v001").is_dir() for d in tmp_path.glob(".caps.importing-*")):
+            break
+        time.sleep(0.005)
+    os.kill(p.pid, signal.SIGINT)
+    _, err = p.communicate()
+    assert p.returncode == 130, err
+    assert "nothing was written to CAPTURES" in err.decode()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["rec"]

@@ -130,3 +130,51 @@ def ros2_mcap(path: Path, frames: int = 30) -> Path:
             w.write_message(topic, schema, doc, log_time=t, publish_time=t)
         w.finish()
     return path
+
+
+def _protobuf_classes():
+    """RawImage and State as protobuf message classes, built from a descriptor (no generated code)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="robot_test.proto", package="robot_test", syntax="proto3")
+    image = file.message_type.add(name="RawImage")
+    for n, (name, kind) in enumerate(
+        [
+            ("width", F.TYPE_UINT32),
+            ("height", F.TYPE_UINT32),
+            ("encoding", F.TYPE_STRING),
+            ("step", F.TYPE_UINT32),
+            ("data", F.TYPE_BYTES),
+        ],
+        1,
+    ):
+        image.field.add(name=name, number=n, type=kind, label=F.LABEL_OPTIONAL)
+    state = file.message_type.add(name="State")
+    state.field.add(name="position", number=1, type=F.TYPE_DOUBLE, label=F.LABEL_REPEATED)
+    state.field.add(name="speed", number=2, type=F.TYPE_DOUBLE, label=F.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return tuple(
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"robot_test.{n}")) for n in ("RawImage", "State")
+    )
+
+
+def protobuf_mcap(path: Path, frames: int = 30) -> Path:
+    """Protobuf channels (``mcap-protobuf-support``): /camera (raw rgb8), /state, /cmd (State)."""
+    from mcap_protobuf.writer import Writer
+
+    RawImage, State = _protobuf_classes()
+    msgs: list[tuple[int, int, str, object]] = []
+    for i, t in enumerate(frame_times(frames)):
+        msgs.append(
+            (t, 0, "/camera", RawImage(width=W, height=H, encoding="rgb8", step=W * 3, data=picture(i).tobytes()))
+        )
+    msgs += [(t, 1, "/state", State(position=p, speed=s)) for t, p, s in states(frames)]
+    msgs += [(t, 2, "/cmd", State(position=p)) for t, p in commands(frames)]
+    with open(path, "wb") as f:
+        w = Writer(f)
+        for t, _, topic, msg in sorted(msgs, key=lambda m: (m[0], m[1])):
+            w.write_message(topic, msg, log_time=t, publish_time=t)
+        w.finish()
+    return path

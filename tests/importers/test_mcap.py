@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from tests.cli.clitools import run, run_json
-from tests.importers.mcapfiles import FPS, T0, commands, json_mcap, ros2_mcap, states
+from tests.importers.mcapfiles import FPS, T0, commands, json_mcap, protobuf_mcap, ros2_mcap, states
 
 pytest.importorskip("mcap", reason="needs the importers extra (mcap)")
 TOPICS = {
     "json": ("/camera", "/state", "/cmd", "state/joint.position.{}", "cmd/target.{}"),
     "ros2": ("/camera/compressed", "/joint_states", "/cmd", "joint_states/position.{}", "cmd/data.{}"),
+    "protobuf": ("/camera", "/state", "/cmd", "state/position.{}", "cmd/position.{}"),
 }
 
 
@@ -22,6 +23,9 @@ def _make(kind: str, path: Path) -> Path:
     if kind == "ros2":
         pytest.importorskip("mcap_ros2", reason="needs mcap-ros2-support")
         return ros2_mcap(path)
+    if kind == "protobuf":
+        pytest.importorskip("mcap_protobuf", reason="needs mcap-protobuf-support")
+        return protobuf_mcap(path)
     return json_mcap(path)
 
 
@@ -31,11 +35,12 @@ def _import(src: Path, out: Path, kind: str, *extra: str, **kw):
     return run("import", "mcap", src, out, "--title", "Reach", "--player", "arm-1", *args, **kw)
 
 
-@pytest.mark.parametrize("kind", ["json", "ros2"])
+@pytest.mark.parametrize("kind", ["json", "ros2", "protobuf"])
 def test_an_mcap_log_converts_validates_and_loads_with_its_log_times(tmp_path, kind):
     src = _make(kind, tmp_path / "run.mcap")
     rep = json.loads(_import(src, tmp_path / "caps", kind, "--json").stdout)
-    assert rep["dropped"] == {} and rep["failed"] == [] and rep["sessions"][0]["actions"] == 20
+    events = 30 if kind == "protobuf" else 20  # (a protobuf message has every field: State's speed too)
+    assert rep["dropped"] == {} and rep["failed"] == [] and rep["sessions"][0]["actions"] == events
     session = json.loads((tmp_path / "caps" / "run" / "session.json").read_text())
     assert session["started_at"] == "2026-11-01T10:00:00Z"
     run("convert", tmp_path / "caps", tmp_path / "cat", "--clip-seconds", "0.5", "--strict", "-q")
@@ -63,7 +68,7 @@ def test_an_mcap_log_converts_validates_and_loads_with_its_log_times(tmp_path, k
     np.testing.assert_allclose(seen, want_frames, atol=1e-5)  # the log times, on the video's 1/90000 s clock
 
 
-@pytest.mark.parametrize("kind", ["json", "ros2"])
+@pytest.mark.parametrize("kind", ["json", "ros2", "protobuf"])
 def test_importing_an_mcap_twice_gives_byte_identical_captures(tmp_path, kind):
     src = _make(kind, tmp_path / "run.mcap")
     for out in ("one", "two"):

@@ -20,11 +20,11 @@ def kept_frames(frames, stride: int, clip_frames: int | None, max_frames: int | 
             if cap is not None and cap < n:
                 n = cap
         return n
-    n = -(-np.asarray(frames, dtype=np.int64) // stride)
+    kept = -(-np.asarray(frames, dtype=np.int64) // stride)
     for cap in (clip_frames, max_frames):
         if cap is not None:
-            n = np.minimum(n, cap)
-    return n
+            kept = np.minimum(kept, cap)
+    return kept
 
 
 def cut_by_max_frames(frames: int, stride: int, clip_frames: int | None, max_frames: int | None) -> bool:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dsbuild.core.errors import UsageError
+
 CHUNK_BATCHES = 64  # planning window: bounds the memory of a plan and the cost of a resume
 
 Batch = list[tuple[int, ...]]
@@ -67,6 +69,8 @@ def plan_chunk(
     for k in np.unique(keys):
         pos = np.flatnonzero(keys == k)
         if spec.pack_frames:
+            if lengths is None:
+                raise UsageError("packing a chunk needs its samples' frame counts (lengths)")
             bins = first_fit([int(lengths[p]) for p in pos], spec.pack_frames)
             items = [(int(pos[b[0]]), tuple(int(indices[pos[j]]) for j in b)) for b in bins]
         else:
@@ -89,8 +93,14 @@ def chunk_batch_count(
     if spec.simple:
         return -(-n_in_chunk // spec.batch_size)
     if spec.pack_frames:
+        if indices is None:
+            raise UsageError("counting a packed chunk's batches needs its samples (indices)")
         return len(plan_chunk(indices, spec, keys, lengths))
-    _, counts = np.unique(keys if spec.bucketed else np.zeros(n_in_chunk), return_counts=True)
+    if not spec.bucketed:
+        keys = np.zeros(n_in_chunk)
+    elif keys is None:
+        raise UsageError("counting a bucketed chunk's batches needs its samples' bucket keys")
+    _, counts = np.unique(keys, return_counts=True)
     return int(np.sum(-(-counts // spec.batch_size)))
 
 

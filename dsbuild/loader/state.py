@@ -30,8 +30,10 @@ def shown(value: object) -> str:
     return text if len(text) <= SHOWN else f"{text[: SHOWN - 3]}... ({len(text)} characters)"
 
 
-def count(doc: str):
-    return field(metadata=spec(minimum=0, maximum=MAX_COUNT, doc=doc))
+def count(doc: str) -> dict:
+    """A count field's metadata: ``field(metadata=count(doc))`` (the ``field`` call stays in the class, where
+    type checkers see a field without a default)."""
+    return spec(minimum=0, maximum=MAX_COUNT, doc=doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +58,8 @@ class SourceId(Record):
 class Cursor(Record):
     """One source's place: its epoch and the next batch (mix="batch") or sample (mix="sample") in it."""
 
-    epoch: int = count("epoch of this source")
-    at: int = count("next batch (mix=batch) or sample (mix=sample) of the epoch")
+    epoch: int = field(metadata=count("epoch of this source"))
+    at: int = field(metadata=count("next batch (mix=batch) or sample (mix=sample) of the epoch"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +69,11 @@ class LoaderState(Record):
     FORMAT = STATE_FORMAT
     sources: tuple[SourceId, ...]
     order: dict[str, JsonValue]
-    position: int = count("global batches consumed by all ranks together")
+    position: int = field(metadata=count("global batches consumed by all ranks together"))
     cursors: tuple[Cursor, ...]
-    inner: int = count("mix=sample: batches of the current planning chunk consumed (cursors are at its start)")
+    inner: int = field(
+        metadata=count("mix=sample: batches of the current planning chunk consumed (cursors are at its start)")
+    )
     layout: dict[str, int] | None = field(
         default=None,
         metadata=spec(
@@ -100,9 +104,9 @@ class LoaderState(Record):
                     f"cannot restore: checkpoint has source {i} = {theirs.describe()}, loader has {mine.describe()}"
                 )
         for name in sorted(set(self.order) | set(checkpoint.order)):
-            mine, theirs = self.order.get(name), checkpoint.order.get(name)
-            if mine != theirs:
+            ours, saved = self.order.get(name), checkpoint.order.get(name)
+            if ours != saved:
                 raise UsageError(
-                    f"cannot restore: checkpoint has {name}={shown(theirs)}, loader has {name}={shown(mine)}",
-                    hint=f"construct the loader with {name}={shown(theirs)} to resume this run",
+                    f"cannot restore: checkpoint has {name}={shown(saved)}, loader has {name}={shown(ours)}",
+                    hint=f"construct the loader with {name}={shown(saved)} to resume this run",
                 )

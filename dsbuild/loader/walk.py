@@ -28,6 +28,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from dsbuild.core.errors import UsageError
 from dsbuild.loader.mixture import schedule
 from dsbuild.loader.parallel import balance
 from dsbuild.loader.plan import Batch, PlanSpec, plan_chunk, rank_batch_ids
@@ -38,7 +39,7 @@ SCHEDULE_BLOCK = 1024  # mixing decisions computed per vectorised call
 class SampleRef(NamedTuple):
     source: int
     epoch: int
-    index: int  # sample index in the source
+    index: int  # type: ignore[assignment]  # sample index in the source (shadows tuple.index; read by that name)
 
 
 Item = tuple[SampleRef, ...]  # one sample, or several packed together
@@ -131,7 +132,7 @@ def sample_chunk(
     srcs = schedule(weights, seed, slot, size)
     end = size
     if stop:
-        for s, (e, a) in enumerate(cursors):
+        for s, (_, a) in enumerate(cursors):
             uses = np.flatnonzero(srcs == s)
             left = plans[s].n - a
             if len(uses) > left:
@@ -205,6 +206,8 @@ def step_items(step: Step, plans: Sequence[Plan]) -> tuple[Item, ...]:
     """The samples of a step's batch, item by item."""
     if step.items is not None:
         return step.items
+    if step.source is None or step.epoch is None or step.batch is None:
+        raise UsageError(f"step {step.j} names neither its items nor a source's batch")
     return tuple(
         tuple(SampleRef(step.source, step.epoch, i) for i in item)
         for item in plans[step.source].batch(step.epoch, step.batch)

@@ -160,42 +160,46 @@ class StreamConfig:
     height: int
     pix_fmt: str
     device: int | None  # CUDA device of an NVDEC decoder, None on CPU
+    extradata: bytes  # the parameter sets (SPS/PPS): sessions encoded with other settings differ here
+
+
+MAX_DECODERS = 8  # kept per thread, least recently used dropped: a shuffle interleaves sessions' clips
 
 
 class DecoderCache:
     """One decoder per stream configuration per thread (a decoder is not thread-safe; the loader's
     threads each hold their own), reused across clips: ``get(stream, device)`` returns the cached
-    codec context for the stream's configuration, flushed, or opens one. ``opened`` counts openings."""
+    codec context for the stream's configuration, flushed, or opens one (at most ``MAX_DECODERS`` per
+    thread). ``opened`` counts openings."""
 
     def __init__(self):
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._all: list = []  # every decoder opened, for close()
         self.opened = 0
 
     def get(self, stream, device: int | None = None):
         """A decoder for ``stream`` (a PyAV video stream of an open container), with the stream's
         extradata (SPS/PPS), ready for the first packet of a clip."""
+        from collections import OrderedDict
+
         cc = stream.codec_context
-        key = StreamConfig(cc.name, cc.width, cc.height, cc.format.name if cc.format else "", device)
+        key = StreamConfig(
+            cc.name, cc.width, cc.height, cc.format.name if cc.format else "", device, cc.extradata or b""
+        )
         cache = getattr(self._local, "decoders", None)
         if cache is None:
-            cache = self._local.decoders = {}
+            cache = self._local.decoders = OrderedDict()
         ctx = cache.get(key)
-        if ctx is not None and ctx.extradata == cc.extradata:
+        if ctx is not None:
+            cache.move_to_end(key)
             ctx.flush_buffers()
             return ctx
-        if ctx is not None:  # same configuration, other parameter sets (another encoder's SPS/PPS)
-            self._release(ctx)
+        while len(cache) >= MAX_DECODERS:
+            cache.popitem(last=False)  # (PyAV frees a codec context, and its device context, with its last reference)
         ctx = cache[key] = self._open(cc, device)
         with self._lock:
-            self._all.append(ctx)
             self.opened += 1
         return ctx
-
-    def _release(self, ctx) -> None:
-        with self._lock:
-            self._all.remove(ctx)  # (PyAV frees a codec context, and its device context, with its last reference)
 
     @staticmethod
     def _open(cc, device: int | None):
@@ -223,7 +227,6 @@ class DecoderCache:
 
     def close(self) -> None:
         """Release every decoder (and NVDEC device context) this cache opened: PyAV frees a codec context
-        with its last reference, which this drops (the threads' maps too)."""
+        with its last reference; the cache drops its own (every thread's)."""
         with self._lock:
-            self._all = []
             self._local = threading.local()

@@ -165,3 +165,47 @@ def test_nvdec_without_cuda_is_refused_naming_what_is_missing():
     with pytest.raises(MissingDevice, match="CUDA hwaccel"):
         choose_backend("nvdec", cuda=True, installed=frozenset())
     assert "no CUDA GPU" in choose_backend("auto", cuda=False, installed=frozenset({NVDEC})).note
+
+
+def on_this_machine_as_if_with_a_gpu(monkeypatch) -> None:
+    """The loader's NVDEC route with its device path's CPU twin: CUDA and the hwaccel reported present,
+    frames decoded and converted on CPU tensors by the same code."""
+    import dsbuild.loader.pipeline as pipeline
+    import dsbuild.loader.prepare as prepare
+
+    monkeypatch.setattr(pipeline, "probe", lambda: (True, frozenset({NVDEC})))
+    monkeypatch.setattr(prepare, "_current_cuda_device", lambda: None)
+
+
+def test_the_loaders_nvdec_route_gives_the_cpu_batches_within_the_bound_with_a_decoder_per_configuration(
+    cat, monkeypatch
+):
+    from dsbuild.loader import Loader
+
+    ref, _ = cat
+    on_this_machine_as_if_with_a_gpu(monkeypatch)
+    kw = dict(batch_size=2, seed=3, resize=(24, 32), clip_frames=4)
+    nv, cpu = Loader(ref, decode_backend="nvdec", **kw), Loader(ref, **kw)
+    for a, b in zip(nv, cpu):
+        assert a["keys"] == b["keys"] and np.array_equal(a["actions"], b["actions"])
+        assert a["frames"].shape == b["frames"].shape and psnr(a["frames"], b["frames"]) >= RESIZED_PSNR
+    stats = nv.stats()
+    assert stats["decode_fallback"] == 0 and any(n.startswith("nvdec: requested") for n in stats["notes"])
+    # a decoder per configuration and parameter sets (each session here has its own SPS: sizes and rates
+    # differ) and thread, kept across the session's clips: fewer openings than clips
+    opened, sessions = nv._preparer.decoders.opened, len(nv.sources[0].sessions)
+    assert 1 <= opened <= sessions * 2 and opened < stats["samples"], (opened, sessions, stats["samples"])
+
+
+def test_auto_with_a_gpu_probes_the_first_clips_and_says_which_it_kept(cat, monkeypatch):
+    from dsbuild.loader import Loader
+
+    ref, _ = cat
+    on_this_machine_as_if_with_a_gpu(monkeypatch)
+    auto = Loader(ref, batch_size=2, seed=3, resize=(24, 32), decode_backend="auto", num_workers=1)
+    for _ in auto:
+        pass
+    notes = auto.stats()["notes"]
+    assert any(n.startswith("auto: probing NVDEC against PyAV on CPU over the first 8 clips") for n in notes)
+    kept = [n for n in notes if n.startswith(("auto: nvdec, measured faster", "auto: pyav on CPU, NVDEC not"))]
+    assert len(kept) == 1 and "frames/s vs PyAV on CPU" in kept[0], notes

@@ -232,14 +232,25 @@ def _input_rows(path: Path, report: SessionReport, where: str) -> Iterator[tuple
     if header is None:
         return
     cols = {name.strip().lower(): i for i, name in enumerate(header[1])}
-    if not {"t", "control", "value"} <= cols.keys():
-        report.drop("action_lines", f"{where}:{header[0]}", "the header must name the columns t, control, value")
+    cols.setdefault("value", cols.get("state", -1))  # (a down/up log may call the column state)
+    if not {"t", "control"} <= cols.keys() or cols["value"] < 0:
+        _unusable(rows, header[0], report, where, "action_lines", "t, control, value (or state)")
         return
     for lineno, row in rows:
         if len(row) != len(header[1]):
             report.drop("action_lines", f"{where}:{lineno}", f"{len(row)} fields, the header has {len(header[1])}")
             continue
         yield lineno, row[cols["t"]], row[cols["control"]], row[cols["value"]]
+
+
+def _unusable(
+    rows: Iterator[tuple[int, list[str]]], header: int, report: SessionReport, where: str, what: str, want: str
+) -> None:
+    """A CSV whose header is not the one asked for: its header line and every line after it are dropped
+    (counted, the header named), never read by guessing which column is which."""
+    report.drop(what, f"{where}:{header}", f"the header must be {want}; no line of the file was read")
+    for lineno, _ in rows:
+        report.drop(what, f"{where}:{lineno}", "the file has no usable header")
 
 
 def _csv_rows(path: Path, report: SessionReport, where: str, what: str) -> Iterator[tuple[int, list[str]]]:
@@ -282,12 +293,15 @@ def read_telemetry(path: Path, where: str, duration: float, origin: float | None
         return []
     names = [n.strip() for n in header[1]]
     channels = names[1:]
-    if not names or names[0].lower() != "t" or len(set(channels)) != len(channels) or len(channels) > MAX_CHANNELS:
-        report.drop("telemetry_lines", f"{where}:{header[0]}", "the header must be t, then distinct channel names")
-        return []
-    bad = [n for n in channels if not 1 <= len(n) <= 128 or n == "t"]
-    if bad:
-        report.drop("telemetry_lines", f"{where}:{header[0]}", f"channel name {bad[0]!r} is empty, 't' or too long")
+    if (
+        not names
+        or names[0].lower() != "t"
+        or len(set(channels)) != len(channels)
+        or len(channels) > MAX_CHANNELS
+        or any(not 1 <= len(n) <= 128 or n == "t" for n in channels)
+    ):
+        want = f"t, then at most {MAX_CHANNELS} distinct channel names of 1 to 128 characters"
+        _unusable(rows, header[0], report, where, "telemetry_lines", want)
         return []
     fit = _Fit(duration)
     out = []

@@ -225,3 +225,18 @@ def test_ctrl_c_during_an_import_leaves_nothing_beside_the_source(tmp_path):
     assert p.returncode == 130, err
     assert "nothing was written to CAPTURES" in err.decode()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["rec"]
+
+
+def test_a_log_without_its_header_is_dropped_whole_and_counted_not_read_by_guess(tmp_path):
+    video = ffmpeg(tmp_path / "rec" / "run1.mkv", 1)
+    write(video.with_name("run1.inputs.csv"), "0.0,a,1\n0.5,a,0\n")
+    write(video.with_name("run1.telemetry.csv"), "t,speed,speed\n0,1,2\n")
+    rep = run_json("import", "video", tmp_path / "rec", tmp_path / "caps", "--title", "K", "--player", "p")
+    assert rep["dropped"] == {"action_lines": 2, "telemetry_lines": 2}
+    assert rep["sessions"][0]["problems"][0] == (
+        "run1.inputs.csv:1: the header must be t, control, value (or state); no line of the file was read"
+    )
+    write(video.with_name("run1.inputs.csv"), "t,control,state\n0.0,a,down\n0.5,a,up\n")
+    video.with_name("run1.telemetry.csv").unlink()
+    rep = run_json("import", "video", tmp_path / "rec", tmp_path / "caps2", "--title", "K", "--player", "p")
+    assert rep["dropped"] == {} and rep["sessions"][0]["actions"] == 2

@@ -15,9 +15,7 @@ encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (docs/
 kept per stream configuration (``gpu.DecoderCache``) with frames left in GPU memory
 (``HWAccel("cuda", is_hw_owned=True)``), converted to RGB and resized in torch into a batch tensor on
 the device (``gpu.to_rgb``). Without a device it decodes on CPU threads through the very same code, so
-it is tested everywhere. FFmpeg works in torch's context for that device (made current on each
-decoding thread by a first torch call there), not in one of its own: FFmpeg's own use of the primary
-context fails once torch holds it (incompatible flags, ENOTSUP).
+it is tested everywhere (``dsbuild.loader.gpu`` says how FFmpeg shares torch's CUDA context).
 """
 
 from __future__ import annotations

@@ -9,9 +9,15 @@ against swscale (docs/gpu.md states the tolerance).
   a preallocated batch tensor), with the stream's matrix (BT.601 or BT.709) and range (limited or full)
   as swscale chooses them: chroma upsampled by repetition, the resize bilinear (antialiased when
   shrinking) by ``torch.nn.functional.interpolate``.
-- ``DecoderCache``: one PyAV decoder per stream configuration (codec, size, pixel format, device), kept
-  across clips and batches and released on ``close()``: opening a decoder (and on NVDEC its device
-  context) per clip cost more than decoding a short clip.
+- ``DecoderCache``: one PyAV decoder per stream configuration (codec, size, pixel format, device,
+  parameter sets), kept across clips and batches and released on ``close()``: opening a decoder (and on
+  NVDEC its device context) per clip cost more than decoding a short clip.
+
+On CUDA, FFmpeg decodes in torch's context for the device (made current on each decoding thread by a
+first torch call there: ``CURRENT_CONTEXT``), not in one of its own: FFmpeg's own use of the primary
+context fails once torch holds it (incompatible flags, ENOTSUP). FFmpeg's copies into its frame pool and
+torch's kernels reading those frames both run on the legacy default stream of that context, so a
+surface the decoder reuses is written only after the kernels that read it.
 """
 
 from __future__ import annotations
@@ -76,7 +82,9 @@ def planes_of(frame) -> Planes:
         y, u, v = (torch.from_dlpack(p.__dlpack__()) for p in frame.planes[:3])
         uv = torch.stack([u, v], dim=-1)
     else:
-        raise FormatError(f"frames in pixel format {fmt} are not converted on the device (nv12 or yuv420p are)")
+        raise Unsupported(f"frames in pixel format {fmt} are not converted on the device (nv12 or yuv420p are)")
+    if y.dtype != torch.uint8:  # NVDEC's frames of a 10-bit stream (P010)
+        raise Unsupported(f"frames of {y.dtype} samples (10-bit or more) are not converted on the device (8-bit are)")
     return Planes(y, uv, matrix, full)
 
 
@@ -203,25 +211,39 @@ class DecoderCache:
 
     @staticmethod
     def _open(cc, device: int | None):
+        """A decoder for codec context ``cc``'s stream; on CUDA ``device``, in torch's context made current
+        on this thread, frames left in device memory. FFmpeg decodes a codec it has no CUDA config for
+        in software without a word: that is Unsupported here (the clip falls back, counted); a device
+        FFmpeg cannot use at all is MissingDevice, not a fault of each clip."""
         import av
         from av.codec.hwaccel import HWAccel
 
-        hw = None
-        if device is not None:
-            bind_device(device)
-            hw = HWAccel(
-                "cuda",
-                device=str(device),
-                allow_software_fallback=False,
-                flags=CURRENT_CONTEXT,
-                options={"primary_ctx": "0"},  # torch's context, current on this thread (module docstring)
-                is_hw_owned=True,
-            )
-        ctx = av.CodecContext.create(cc.name, "r", hwaccel=hw)
+        from dsbuild.core.errors import MissingDevice
+
+        if device is None:
+            ctx = av.CodecContext.create(cc.name, "r")
+            ctx.thread_type = "AUTO"
+        else:
+            try:
+                bind_device(device)
+                hw = HWAccel(
+                    "cuda",
+                    device=str(device),
+                    allow_software_fallback=False,
+                    flags=CURRENT_CONTEXT,
+                    options={"primary_ctx": "0"},  # torch's context, current on this thread (see above)
+                    is_hw_owned=True,
+                )
+                ctx = av.CodecContext.create(cc.name, "r", hwaccel=hw)
+            except Exception as e:  # torch without CUDA raises AttributeError/AssertionError, FFmpeg its own
+                raise MissingDevice(
+                    f"NVDEC is unavailable: FFmpeg could not use CUDA device {device} ({e})",
+                    hint="decode_backend='pyav' decodes on CPU",
+                ) from None
+            if not ctx.is_hwaccel():
+                raise Unsupported(f"{cc.name}: this FFmpeg has no CUDA decoder for it")
         ctx.extradata = cc.extradata
         ctx.width, ctx.height = cc.width, cc.height
-        if device is None:
-            ctx.thread_type = "AUTO"
         ctx.open()
         return ctx
 

@@ -159,6 +159,14 @@ def test_auto_probes_both_routes_then_keeps_the_faster_and_says_why():
     assert slow.name == "pyav" and "NVDEC not measured 1.1x faster" in slow.note
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present: NVDEC decodes there")
+def test_a_device_ffmpeg_cannot_use_is_missing_not_a_fault_of_each_clip():
+    data = make("libx264", frames=2)
+    for fallback in (True, False):
+        with pytest.raises(MissingDevice, match="NVDEC is unavailable: FFmpeg could not use CUDA device 0"):
+            decode_nvdec(data, np.arange(2), None, DecoderCache(), 0, key="k", fallback=fallback)
+
+
 def test_nvdec_without_cuda_is_refused_naming_what_is_missing():
     with pytest.raises(MissingDevice, match=r"needs a CUDA GPU, and torch.cuda.is_available\(\) is False"):
         choose_backend("nvdec", cuda=False, installed=frozenset({NVDEC}))

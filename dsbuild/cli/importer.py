@@ -22,6 +22,8 @@ Exit: 0 imported, 1 --strict and a message or file was dropped, 2 bad input. See
 
 import_app = typer.Typer(
     help="Bring your own recordings: write them as captures that `dsbuild convert` reads.",
+    epilog="\b\nExamples:\n  dsbuild import video recordings captures --title Kart --player p-7f3a91\n"
+    "  dsbuild import mcap run.mcap captures --video-topic /camera --action-topic /cmd\nSee docs/import.md.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )

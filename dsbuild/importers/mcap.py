@@ -320,7 +320,14 @@ def _convert_into(reader, path, rel, folder, video, rate, options, report, facto
                 last_pts = pts
                 continue
             prefix = _topic_name(topic) + "/"
-            values = [(n, v) for n, v in flatten(msg, prefix, report, where) if len(n) <= 128]
+            if isinstance(msg, dict) and isinstance(msg.get("header"), dict) and "stamp" in msg["header"]:
+                msg = {k: v for k, v in msg.items() if k != "header"}  # a ROS header: the log time is the time
+            values = []
+            for name, value in flatten(msg, prefix, report, where):
+                if len(name) > 128:
+                    report.drop("fields", where, f"{name[:60]}...: a name over 128 characters")
+                else:
+                    values.append((name, value))
             row = {"t": message.log_time}
             if topic in actions:
                 for name, v in values:

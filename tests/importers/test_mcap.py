@@ -50,6 +50,7 @@ def test_an_mcap_log_converts_validates_and_loads_with_its_log_times(tmp_path, k
 
     loader = Loader(str(tmp_path / "cat"), decode="bytes", batch_size=1, shuffle="none").open()
     _, _, _, telemetry, action = TOPICS[kind]
+    assert not [c for c in loader.channels if "header" in c or "frame_id" in c]  # (a ROS header is no telemetry)
     want_frames = (np.arange(30) * (1e9 // FPS)) / 1e9
     seen = []
     for batch in loader:

@@ -30,6 +30,8 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -39,7 +41,7 @@ from dsbuild.formats import ShardFormat, ShardReader
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.manifest import ShardRecord
 
-RESOURCE_ERRORS = {
+RESOURCE_ERRORS: dict[int | None, str] = {  # (keyed like ``OSError.errno``, which may be None)
     errno.EMFILE: "raise `ulimit -n` or lower max_open_shards",
     errno.ENFILE: "the system's open-file table is full; lower max_open_shards",
     errno.ENOMEM: "the process is out of memory; lower num_workers, prefetch or batch_size",
@@ -105,19 +107,22 @@ class ShardFiles:
 
     @contextmanager
     def handle(self, shard: int) -> Iterator[_Handle]:
-        with self._lock:
-            h = self._open.get(shard)
-        path, fd = self._path(shard) if h is None else (None, None)  # outside the lock: a remote one downloads
-        with self._lock:
-            h = self._open.get(shard)
-            if h is None:
-                h = self._open[shard] = _Handle(path)
-                h.fd, fd = fd, None
-            if fd is not None:  # another thread opened it meanwhile
-                os.close(fd)
-            self._open.move_to_end(shard)
-            h.users += 1
-            self._evict()  # (after counting this user: with a limit of 1 it evicted the handle it had just made)
+        path: str | None = None
+        fd: int | None = None
+        while True:  # an open handle is taken in the same locked step that finds it (or it may be evicted first)
+            with self._lock:
+                h = self._open.get(shard)
+                if h is None and path is not None:
+                    h = self._open[shard] = _Handle(path)
+                    h.fd, fd = fd, None
+                if h is not None:
+                    if fd is not None:  # another thread opened it meanwhile
+                        os.close(fd)
+                    self._open.move_to_end(shard)
+                    h.users += 1
+                    self._evict()  # (after counting this user: with a limit of 1 it evicted the handle just made)
+                    break
+            path, fd = self._path(shard)  # outside the lock: a remote one downloads
         try:
             yield h
         finally:
@@ -157,7 +162,7 @@ class ShardFiles:
         with self.handle(shard) as h, h.lock:
             if h.reader is None:  # (a remote shard's copy through its descriptor: it may be evicted by now)
                 local = self.catalog.root is not None
-                h.reader = self.format.reader(h.path if local else f"/proc/self/fd/{h.fd}")
+                h.reader = self.format.reader(Path(h.path if local else f"/proc/self/fd/{h.fd}"))
                 self.opened += 1
             yield h.reader
 
@@ -304,7 +309,8 @@ def map_readonly(fd: int, size: int) -> memoryview:
     if addr is None or addr == MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-    block = type("MappedShard", (ctypes.c_ubyte * size,), {}).from_address(addr)  # a subclass: weakref-able
+    mapped = cast(type[ctypes.Array[ctypes.c_ubyte]], type("MappedShard", (ctypes.c_ubyte * size,), {}))
+    block = mapped.from_address(addr)  # (a subclass: weakref-able)
     weakref.finalize(block, _libc.munmap, addr, size)
     return memoryview(block).cast("B").toreadonly()
 

@@ -175,3 +175,33 @@ def test_batches_in_reused_memory_equal_batches_kept_alive(cat):
     dropped = [digests([b])[0] for b in loader]
     assert dropped == digests(kept) and len(kept) > 2
     assert loader._preparer.arrays.allocated < len(kept) * (opts["batch_size"] + 1)  # memory was reused
+
+
+def test_a_shard_evicted_between_finding_and_taking_its_handle_is_opened_again(cat):
+    """``handle`` found an open handle, released the lock, and took it again to count its user: a thread
+    that evicted the idle handle in between left it making a handle with no path (a TypeError on open)."""
+    ref, _ = cat
+    src = Source(ref).open()
+    files = ShardFiles(src.catalog, src.shards, src.format, 3, verify_shards=False)
+    with files.handle(0):
+        pass  # shard 0 is open, and idle
+    lock = files._lock
+
+    class EvictingLock:  # another thread's eviction, run whenever this one releases the lock
+        def __enter__(self):
+            return lock.__enter__()
+
+        def __exit__(self, *exc):
+            h = files._open.get(0)
+            if h is not None and h.users == 0:  # what ``_evict`` does: never a handle in use
+                del files._open[0]
+                h.close()
+            return lock.__exit__(*exc)
+
+    files._lock = EvictingLock()
+    with files.handle(0) as h:
+        files._lock = lock
+        assert h.path is not None
+        buf = bytearray(16)
+        assert files.read_ranges(0, [(memoryview(buf), 0)]) == [16]
+    files.close()

@@ -9,15 +9,23 @@ validate, the loader and export all ask ``get_format(name)``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, ClassVar
+from typing import ClassVar, Protocol
 
 from dsbuild.core.errors import FormatError
 from dsbuild.formats.sample import Sample, members_sha256, sample_from_members
 
 Members = list[tuple[str, bytes]]
+# Payloads that may be read-only views into one read: what ``encode`` and the member hashes accept.
+MemberViews = list[tuple[str, bytes | memoryview]]
+
+
+class ByteSink(Protocol):
+    """Where a shard is written: a binary file, or a wrapper that hashes what passes to one."""
+
+    def write(self, data: bytes, /) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +127,11 @@ class ShardFormat(ABC):
         return None
 
     @abstractmethod
-    def encode(self, key: str, sha256: str, members: Members) -> Segment:
+    def encode(self, key: str, sha256: str, members: Sequence[tuple[str, bytes | memoryview]]) -> Segment:
         """A sample's segment: bytes that do not depend on where the sample lands in a shard."""
 
     @abstractmethod
-    def write(self, segments: Iterable[Segment], out: BinaryIO) -> list[Entry]:
+    def write(self, segments: Iterable[Segment], out: ByteSink) -> list[Entry]:
         """Write one complete shard from ``segments`` (in order) to ``out``; return their entries."""
 
     @abstractmethod

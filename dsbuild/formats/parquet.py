@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from dsbuild.core.arrow import check_expansion
 from dsbuild.core.errors import FormatError, StorageError
 from dsbuild.core.jsonio import parse
-from dsbuild.formats.base import Entry, Members, Segment, ShardFormat, ShardReader, register_format
+from dsbuild.formats.base import ByteSink, Entry, Members, Segment, ShardFormat, ShardReader, register_format
 from dsbuild.formats.sample import MEMBERS, Sample, SampleMeta, npy_bytes, npy_load
 
 if TYPE_CHECKING:  # numpy loads lazily: `dsbuild log` and `info` start without it
@@ -77,7 +77,7 @@ COMPRESSION = {
 }
 
 
-def _frame(payloads: Iterable[bytes]) -> bytes:
+def _frame(payloads: Iterable[bytes | memoryview]) -> bytes:
     return b"".join(struct.pack("<Q", len(p)) + bytes(p) for p in payloads)
 
 
@@ -244,10 +244,10 @@ class ParquetFormat(ShardFormat):
     def __init__(self, row_group_samples: int = ROW_GROUP_SAMPLES):
         self.row_group_samples = row_group_samples
 
-    def encode(self, key: str, sha256: str, members: Members) -> Segment:
+    def encode(self, key: str, sha256: str, members: Sequence[tuple[str, bytes | memoryview]]) -> Segment:
         return Segment(key, sha256, _frame(p for _, p in members), tuple(len(p) for _, p in members))
 
-    def write(self, segments: Iterable[Segment], out: BinaryIO) -> list[Entry]:
+    def write(self, segments: Iterable[Segment], out: ByteSink) -> list[Entry]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 

@@ -153,22 +153,28 @@ def _parse(line: bytes, lineno: int, report: StreamReport | None) -> dict | None
             if _SURROGATE.search(line):  # paired escapes became one character; a lone one is no text
                 json.dumps(obj, ensure_ascii=False).encode()
         except UnicodeDecodeError as u:
-            return bad(f"invalid UTF-8 at byte {u.start}")
+            bad(f"invalid UTF-8 at byte {u.start}")
+            return None
         except UnicodeEncodeError:
-            return bad("a string holds a lone surrogate escape (not Unicode text)")
+            bad("a string holds a lone surrogate escape (not Unicode text)")
+            return None
         except (ValueError, RecursionError):
-            return bad("nested deeper than 1024" if "depth" in str(e) else f"invalid JSON ({e})")
+            bad("nested deeper than 1024" if "depth" in str(e) else f"invalid JSON ({e})")
+            return None
     if type(obj) is not dict:
-        return bad("not a JSON object")
+        bad("not a JSON object")
+        return None
     braces = line.count(b"{")
     if braces + line.count(b"[") > MAX_DEPTH and not depth_ok(obj, MAX_DEPTH):
-        return bad(f"nested deeper than {MAX_DEPTH}")
+        bad(f"nested deeper than {MAX_DEPTH}")
+        return None
     keys = len(obj) if braces == 1 else _key_count(obj)
     if line.count(b'":') > keys and repeated_key(line) is not None and report is not None:
         report.duplicate_keys += 1
     t = _finite(obj.get("t"))
     if t is None:
-        return bad("missing or non-finite 't'")
+        bad("missing or non-finite 't'")
+        return None
     obj["t"] = t
     return obj
 

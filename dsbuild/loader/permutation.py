@@ -12,7 +12,6 @@ import hashlib
 
 import numpy as np
 
-M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 ROUNDS = 4
 
 

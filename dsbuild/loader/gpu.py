@@ -7,14 +7,14 @@ against swscale (docs/gpu.md states the tolerance).
   software frames), with the frame's colour facts.
 - ``to_rgb(planes, size, out)``: NV12 or yuv420p -> RGB uint8 [H, W, 3] written into ``out`` (a slot of
   a preallocated batch tensor), with the stream's matrix (BT.601 or BT.709) and range (limited or full)
-  as swscale chooses them: chroma upsampled by repetition, the resize bilinear (antialiased when
-  shrinking) by ``torch.nn.functional.interpolate``.
+  as swscale chooses them; at native size chroma repeated over its 2x2 block, resized each plane
+  scaled by ``torch.nn.functional.interpolate`` (bilinear, antialiased when shrinking) as swscale does.
 - ``DecoderCache``: one PyAV decoder per stream configuration (codec, size, pixel format, device,
   parameter sets), kept across clips and batches and released on ``close()``: opening a decoder (and on
   NVDEC its device context) per clip cost more than decoding a short clip.
 
 On CUDA, FFmpeg decodes in torch's context for the device (made current on each decoding thread by a
-first torch call there: ``CURRENT_CONTEXT``), not in one of its own: FFmpeg's own use of the primary
+first torch call there: ``IN_TORCHS_CONTEXT``), not in one of its own: FFmpeg's own use of the primary
 context fails once torch holds it (incompatible flags, ENOTSUP). FFmpeg's copies into its frame pool and
 torch's kernels reading those frames both run on the legacy default stream of that context, so a
 surface the decoder reuses is written only after the kernels that read it.
@@ -22,6 +22,7 @@ surface the decoder reuses is written only after the kernels that read it.
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,15 @@ def yuv_to_rgb_matrix(matrix: tuple[float, float], full_range: bool) -> tuple[li
     return m, b
 
 
+@functools.lru_cache(maxsize=32)
+def _coefficients(matrix: tuple[float, float], full_range: bool, device: str):
+    """``yuv_to_rgb_matrix`` as float32 tensors on ``device``, made once (not a copy to the GPU a frame)."""
+    import torch
+
+    m, b = yuv_to_rgb_matrix(matrix, full_range)
+    return torch.tensor(m, dtype=torch.float32, device=device), torch.tensor(b, dtype=torch.float32, device=device)
+
+
 def colour_facts(frame) -> tuple[tuple[float, float], bool]:
     """(matrix, full range) of a decoded PyAV frame, as swscale reads them from the frame."""
     fmt = frame.format.name
@@ -96,9 +106,7 @@ def to_rgb(planes: Planes, size: tuple[int, int] | None = None, out=None):
 
     y = planes.y
     h, w = y.shape
-    m, b = yuv_to_rgb_matrix(planes.matrix, planes.full_range)
-    mat = torch.tensor(m, dtype=torch.float32, device=y.device)
-    off = torch.tensor(b, dtype=torch.float32, device=y.device)
+    mat, off = _coefficients(planes.matrix, planes.full_range, str(y.device))
     if size is None or tuple(size) == (h, w):
         # chroma repeated over its 2x2 block (swscale's unscaled 4:2:0 -> RGB does the same), odd sizes cut
         uv = planes.uv.repeat_interleave(2, dim=0).repeat_interleave(2, dim=1)[:h, :w]
@@ -127,7 +135,10 @@ def to_rgb(planes: Planes, size: tuple[int, int] | None = None, out=None):
     return out
 
 
-CURRENT_CONTEXT = 2  # AV_CUDA_USE_CURRENT_CONTEXT (libavutil/hwcontext_cuda.h)
+# FFmpeg's CUDA device options: decode in the context current on this thread (torch's), not the primary
+# context PyAV asks for with is_hw_owned (that fails once torch holds it: incompatible flags, ENOTSUP).
+# Options, not flags: PyAV's HWAccel.create() passes a codec's copy the options but drops the flags.
+IN_TORCHS_CONTEXT: dict[str, object] = {"current_ctx": "1", "primary_ctx": "0"}
 # what NVDEC decodes and this module converts: 8-bit 4:2:0 of these codecs (AV1 on engines that have it:
 # a device without it fails at open and the clip falls back)
 NVDEC_CODECS = ("h264", "hevc", "av1", "vp9")
@@ -152,7 +163,7 @@ def check_supported(cc, fmt: str | None) -> None:
 
 def bind_device(device: int) -> None:
     """Make torch's context for CUDA ``device`` current on this thread (once per thread), for FFmpeg
-    to decode in (``CURRENT_CONTEXT``)."""
+    to decode in (``IN_TORCHS_CONTEXT``)."""
     if getattr(_bound, "device", None) != device:
         import torch
 
@@ -230,8 +241,7 @@ class DecoderCache:
                     "cuda",
                     device=str(device),
                     allow_software_fallback=False,
-                    flags=CURRENT_CONTEXT,
-                    options={"primary_ctx": "0"},  # torch's context, current on this thread (see above)
+                    options=dict(IN_TORCHS_CONTEXT),
                     is_hw_owned=True,
                 )
                 ctx = av.CodecContext.create(cc.name, "r", hwaccel=hw)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
 from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, UnsafeFile, fsync_dir, read_capped, write_durably
@@ -104,13 +105,13 @@ class BuildArea:
 
     def __init__(self, path: Path):
         self.path = path
-        self._lock = None
+        self._lock: BinaryIO | None = None  # open, and flocked, while the build runs
 
     def __enter__(self) -> BuildArea:
         self.path.mkdir(parents=True)
-        self._lock = open(self.path / "lock", "wb")
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
-        PARENT_ONLY_FDS.add(self._lock.fileno())
+        self._lock = lock = open(self.path / "lock", "wb")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        PARENT_ONLY_FDS.add(lock.fileno())
         return self
 
     def hold(self, key: str) -> None:
@@ -121,9 +122,12 @@ class BuildArea:
             f.write(key + "\n")
 
     def __exit__(self, *exc) -> None:
+        lock, self._lock = self._lock, None
+        if lock is None:
+            raise UsageError(f"build area {self.path} left without being entered (use `with BuildArea(path)`)")
         shutil.rmtree(self.path, ignore_errors=True)
-        PARENT_ONLY_FDS.discard(self._lock.fileno())
-        self._lock.close()
+        PARENT_ONLY_FDS.discard(lock.fileno())
+        lock.close()
 
 
 _NO_FOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -215,7 +219,9 @@ def _record_holder(fd: int) -> None:
     """Write who holds the lock into its file (read by waiters for their message; best effort)."""
     import sys
 
-    doc = {"pid": os.getpid(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:400]}
+    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:400]
+    # an argument that is not UTF-8 (a folder named in another encoding) arrives with surrogates: escaped
+    doc = {"pid": os.getpid(), "command": command.encode("utf-8", "backslashreplace").decode("utf-8")}
     with suppress(OSError):
         os.ftruncate(fd, 0)
         os.write(fd, pretty_json(doc))

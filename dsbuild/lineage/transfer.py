@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -223,13 +223,13 @@ def _publish(source: Catalog, dest: Catalog, vid: str, scratch: Path, send: Call
             if dest.store.size(rec.path) != rec.bytes:  # one found there when the copy began, removed since
                 send(rec)
         if commit is not None:
-            there = {v.version_id: v for v in dest.versions() if v.commit}
-            keys = {k: (v.commit.sequence, v.commit.created_at) for k, v in there.items()}
+            there = {v.version_id: c for v in dest.versions() if (c := v.commit) is not None}
+            keys = {k: (c.sequence, c.created_at) for k, c in there.items()}
             seq = copy_sequence(
                 commit.created_at,
                 list(keys.values()),
-                keys.get(commit.parent),
-                [keys[k] for k, v in there.items() if v.parent == vid],
+                None if commit.parent is None else keys.get(commit.parent),
+                [keys[k] for k, c in there.items() if c.parent == vid],
             )
             files["commit.json"] = pretty_json(replace(commit, sequence=seq).to_json())
         dest.publish(vid, {**files, "manifest.json": manifest}, scratch)
@@ -239,7 +239,7 @@ def copy_sequence(
     created_at: str,
     existing: list[tuple[int, str]],
     parent: tuple[int, str] | None = None,
-    children: list[tuple[int, str]] = (),
+    children: Sequence[tuple[int, str]] = (),
 ) -> int:
     """The commit sequence of a copied version (``created_at`` its creation time) among ``existing``
     (sequence, creation time) pairs; ``parent`` and ``children`` are those of its parent and children

@@ -22,6 +22,7 @@
 #   DSBUILD_BENCH_WORKERS="4 8 16"  the CPU loader's worker-process counts tried (default: 4, 8, 16 up
 #                              to the cores)
 #   DSBUILD_BENCH_TINY=1       tiny captures and 1 round: checks the script, measures nothing
+#   DSBUILD_BENCH_ONLY=decoders     only the decoder figures (the transfer/data-wait ones skipped)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -63,6 +64,7 @@ WORKERS=$(( CORES >= 16 ? 8 : (CORES >= 4 ? CORES / 2 : 1) ))
 SWEEP="${DSBUILD_BENCH_WORKERS:-$(for w in 4 8 16; do if [ "$w" -le "$CORES" ]; then printf '%s ' "$w"; fi; done)}"
 SWEEP="${SWEEP:-1}"
 
+if [ "${DSBUILD_BENCH_ONLY:-}" != decoders ]; then
 stamp "captures ($SESSIONS sessions x 10 s with grain: 5 clips each, enough batches per epoch for every thread)"
 dsbuild samples "$WORK/captures" --sessions "$SESSIONS" --seconds 10 --noise 24 --seed 5 >&2
 stamp "convert"
@@ -79,6 +81,7 @@ stamp "bench: 2 simulated ranks sharing the GPU, frames 128x128"
 dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode frames --resize 128x128 --batch-size 8 \
   --threads "$(( WORKERS / 2 > 0 ? WORKERS / 2 : 1 ))" --ranks 2 --step-ms 50 \
   --duration "$(( SECONDS_PER_RUN / 2 ))" --rounds "$ROUNDS" --save "$OUT/bench-ranks2.json" >&2 || stamp "failed (see above)"
+fi
 
 # -- decoders (issue 44) -------------------------------------------------------------------------
 MIXED="1920x1080:h264 1280x720:hevc 2560x1440:h264 854x480:hevc"

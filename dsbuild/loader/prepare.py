@@ -14,11 +14,12 @@ sources that share keys get their own draws.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
 from dsbuild.core.errors import FormatError, UsageError
-from dsbuild.formats.sample import MEMBERS, SampleMeta
+from dsbuild.formats.sample import MEMBERS, ClipVideo, SampleMeta
 from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import AutoProbe, Backend
 from dsbuild.loader.collate import ColumnMap
@@ -115,7 +116,7 @@ class Preparer:
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
             for src in sources
         ]
-        self._video: dict[tuple[int, int], object] = {}  # (source, session) -> ClipVideo, parsed once
+        self._video: dict[tuple[int, int], ClipVideo] = {}  # (source, session) -> ClipVideo, parsed once
         # per source and session: its arrays are stored on the vocabulary as they stand (a whole-clip batch
         # copies each with one memcpy: ``collate_spans``), and its codec facts are known
         self._direct = [np.zeros(len(src.sessions), bool) for src in sources]
@@ -140,12 +141,14 @@ class Preparer:
             else frame_window(raw.frames, o.frame_stride, o.clip_frames, o.max_frames, o.seed, epoch, who)
         )
         actions, telemetry, ts = sample_arrays(raw, sel)
-        sample = {"key": raw.key, "actions": actions, "telemetry": telemetry, "timestamps": ts}
+        sample: dict[str, Any] = {"key": raw.key, "actions": actions, "telemetry": telemetry, "timestamps": ts}
         video = raw.members[VIDEO_SLOT]
-        idx = frame_indices(sel) if o.decode == "frames" or o.audio else None  # bytes mode needs none
+        idx: np.ndarray | None
         if o.decode == "frames":
+            idx = frame_indices(sel)
             sample["frames"] = self._decode(video, idx, into, raw.key)
         else:
+            idx = frame_indices(sel) if o.audio else None  # bytes mode needs none but for audio
             sample["video"] = video
             self.video_facts(src, raw)
         span = self._span(source, raw.index, ts.clip(), idx) if idx is not None and len(idx) != raw.frames else None
@@ -221,7 +224,7 @@ class Preparer:
         pcm = audio_mod.decode_audio(video, o.audio_rate, o.audio_channels)
         return pcm if span is None else audio_mod.cut(pcm, o.audio_rate, span[0], span[1])
 
-    def video_facts(self, src: int, raw: RawSample):
+    def video_facts(self, src: int, raw: RawSample) -> ClipVideo:
         """The clip's encoding (codec, tag, container, size, audio) from its session's first sample read:
         one JSON parse per session per process, not per sample."""
         key = (src, raw.session)

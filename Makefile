@@ -12,7 +12,7 @@ $(BIN)/dsbuild: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q 'torch==2.13.0'  # alone first: resolved together with ray/s3, pip may pick a CUDA build
-	$(BIN)/pip install -q -e '.[dev,docs,torch,ray,s3,peers,jax]'  # torch extra in the same resolve: it stays 2.13.0
+	$(BIN)/pip install -q -e '.[dev,docs,importers,torch,ray,s3,peers,jax]'  # torch extra in the same resolve: it stays 2.13.0
 	$(BIN)/pip install -q --no-deps 'litdata==0.2.76' 'mosaicml-streaming==0.13.0'  # their deps are in [peers]
 	$(BIN)/pip install -q -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"
 	touch $@

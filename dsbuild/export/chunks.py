@@ -27,7 +27,8 @@ class OffsetTableFile:
         self.scratch = scratch
         self.header = header
         self.sizes: list[int] = []
-        self._body = open(scratch.with_suffix(".body"), "wb")
+        # Items go to disk as they come; finish() closes it (the object outlives any one call).
+        self._body = open(scratch.with_suffix(".body"), "wb")  # noqa: SIM115
 
     def add(self, fields: list[bytes]) -> None:
         item = struct.pack(f"<{len(fields)}I", *(len(f) for f in fields))

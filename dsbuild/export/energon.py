@@ -25,7 +25,7 @@ from dsbuild.core.jsonio import pretty_json
 from dsbuild.export.folder import ExportFolder
 from dsbuild.export.report import Ticker
 from dsbuild.export.source import ExportSource
-from dsbuild.export.tars import TarFile, split_tars
+from dsbuild.export.tars import TarFile, framed, split_tars
 from dsbuild.formats.sample import MEMBERS
 from dsbuild.formats.webdataset import payload_offsets
 
@@ -65,7 +65,9 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
 
 def _idx(t: TarFile) -> bytes:
     """Energon's ``.tar.idx``: native uint64 header offset of every sample, then where the samples end."""
-    offsets = [e.offset for e in t.samples] + [t.samples[-1].offset + t.samples[-1].length]
+    offsets = [framed(e)[0] for e in t.samples]
+    _, length, _ = framed(t.samples[-1])
+    offsets.append(offsets[-1] + length)
     return struct.pack(f"<{len(offsets)}Q", *offsets)
 
 
@@ -86,12 +88,13 @@ def _sqlite(path, tars: list[TarFile]) -> None:
             for i, e in enumerate(t.samples):
                 if e.key in t.foreign:
                     continue
-                con.execute("INSERT INTO samples VALUES (?, ?, ?, ?, ?)", (tar_id, e.key, i, e.offset, e.length))
+                offset, length, sizes = framed(e)
+                con.execute("INSERT INTO samples VALUES (?, ?, ?, ?, ?)", (tar_id, e.key, i, offset, length))
                 con.executemany(
                     "INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)",
                     [
-                        (tar_id, i, name, e.offset + at, size)
-                        for name, at, size in zip(MEMBERS, payload_offsets(e.member_bytes), e.member_bytes)
+                        (tar_id, i, name, offset + at, size)
+                        for name, at, size in zip(MEMBERS, payload_offsets(sizes), sizes)
                     ],
                 )
         con.executescript("""

@@ -26,7 +26,7 @@ LEAVES = {KEY: "str", "json": "json", **{m: "bytes" for m in MEMBERS if m != "js
 
 def _data_spec() -> str:
     """torch's ``treespec_dumps`` of a flat dict with these keys (what LitData's writer records)."""
-    leaf = {"type": None, "context": None, "children_spec": []}
+    leaf: dict[str, object] = {"type": None, "context": None, "children_spec": []}
     return json.dumps(
         [1, {"type": "builtins.dict", "context": json.dumps(list(LEAVES)), "children_spec": [leaf] * len(LEAVES)}]
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 from dsbuild.convert.config import ConvertConfig
 from dsbuild.convert.derive import DeriveConfig
 from dsbuild.core.jsonio import pretty_json
+from dsbuild.core.records import Record
 from dsbuild.export.folder import ExportMarker
 from dsbuild.export.report import ExportReport
 from dsbuild.formats.sample import SampleMeta
@@ -24,7 +25,7 @@ from dsbuild.loader.state import LoaderState
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # file stem -> (record, where it is found)
-RECORDS = {
+RECORDS: dict[str, tuple[type[Record], str]] = {
     "manifest": (Manifest, "versions/<id>/manifest.json (its sha256 is the version id)"),
     "sessions": (SessionTable, "versions/<id>/sessions.json (pinned by sha256 in the manifest)"),
     "commit": (CommitRecord, "versions/<id>/commit.json"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dsbuild.core.errors import CorruptDataError, FormatError, UsageError
 from dsbuild.formats import Entry, get_format
-from dsbuild.formats.base import Members
+from dsbuild.formats.base import Members, ShardReader
 from dsbuild.formats.sample import members_sha256
 from dsbuild.formats.shards import plan_shards
 from dsbuild.lineage.catalog import Catalog, open_ref
@@ -125,10 +125,11 @@ def proven_members(
     """Each sample of ``items`` (in their order) as its canonical members, proven against its sample
     hash: an export never ships bytes the version does not vouch for."""
     fmt = get_format(shard_format)
-    reader, current = None, None
+    reader: ShardReader | None = None
+    current = None
     try:
         for rec, e in items:
-            if rec is not current:
+            if reader is None or rec is not current:
                 if reader is not None:
                     reader.close()
                 reader, current = fmt.reader(catalog.shard_file(rec, proven=True)), rec

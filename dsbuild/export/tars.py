@@ -13,12 +13,13 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
-from dsbuild.core.errors import StorageError
+from dsbuild.core.errors import CorruptDataError, StorageError
 from dsbuild.export.folder import ExportFolder
 from dsbuild.export.report import Ticker
-from dsbuild.export.source import ExportSource, Split
+from dsbuild.export.source import HEAL, ExportSource, Split
 from dsbuild.formats import Entry, get_format
 from dsbuild.formats.shards import write_shard
+from dsbuild.lineage.manifest import ShardRecord
 
 TAR_FORMAT = "webdataset"  # what Energon, wids and the webdataset library read
 
@@ -33,6 +34,13 @@ class TarFile:
     foreign: frozenset[str]
 
 
+def framed(e: Entry) -> tuple[int, int, tuple[int, ...]]:
+    """A tar sample's byte offset, length and member sizes (a tar version's index records all three)."""
+    if e.offset is None or e.length is None or e.member_bytes is None:
+        raise CorruptDataError(f"{e.key}: the index gives no byte range for a tar sample", hint=HEAL)
+    return e.offset, e.length, e.member_bytes
+
+
 def split_tars(
     source: ExportSource, split: Split, folder: ExportFolder, tick: Ticker, *, partial: str, target: int
 ) -> list[TarFile]:
@@ -41,7 +49,9 @@ def split_tars(
     ``partial`` is "link" (the tool skips foreign samples) or "write"."""
     tar = get_format(TAR_FORMAT)
     linkable = get_format(source.manifest.shard_format) is tar
-    out, rest, written = [], [], 0
+    out: list[TarFile] = []
+    rest: list[tuple[ShardRecord, Entry]] = []
+    written = 0
 
     def flush() -> None:  # the samples since the last linked shard, written in order
         nonlocal written
@@ -61,7 +71,7 @@ def split_tars(
             rel = f"shards/{split.name}/{part.shard.sha256}.{tar.ext}"
             if not folder.has(rel):
                 _share(source, part.shard, folder, rel)
-            every = sorted(part.entries + part.foreign, key=lambda e: e.offset)
+            every = sorted(part.entries + part.foreign, key=lambda e: framed(e)[0])
             out.append(TarFile(rel, tuple(every), frozenset(e.key for e in part.foreign)))
             tick(len(part.entries))
         else:

@@ -131,7 +131,8 @@ class LoaderOptions:
     audio_rate: int = option(16000, "audio sample rate (Hz) after resampling")
     audio_channels: int = option(1, "audio channels after remixing")
     text: bool = option(False, "deliver each sample's text events (parses the sample's JSON)")
-    map: Callable[[dict, Any], dict] | None = option(
+    # (option() is field() with a reason: no call result is shared between instances)
+    map: Callable[[dict, Any], dict] | None = option(  # noqa: RUF009
         None,
         "map(sample, rng) -> sample, per sample in the "
         "worker threads before collation; rng is seeded "
@@ -139,8 +140,7 @@ class LoaderOptions:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.verify, bool):
-            object.__setattr__(self, "verify", "sample" if self.verify else "none")
+        object.__setattr__(self, "verify", self.verify_level)
         _choice("shuffle", self.shuffle, SHUFFLES)
         _choice("bucket_by", self.bucket_by, BUCKETS)
         _choice("decode", self.decode, DECODES)
@@ -229,6 +229,13 @@ class LoaderOptions:
     def whole_clips(self) -> bool:
         """Every frame of every clip is delivered: no stride, crop or cut."""
         return self.frame_stride == 1 and self.clip_frames is None and self.max_frames is None
+
+    @property
+    def verify_level(self) -> str:
+        """``verify`` as a name (True is "sample", False "none"; ``__post_init__`` stores it so)."""
+        if isinstance(self.verify, bool):
+            return "sample" if self.verify else "none"
+        return self.verify
 
     @property
     def mapped(self) -> bool:

@@ -44,7 +44,7 @@ from dsbuild.loader.parallel import check_cp_lengths, cp_slice, spread
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
 from dsbuild.loader.prepare import Preparer
-from dsbuild.loader.read import VIDEO_SLOT, SampleReader
+from dsbuild.loader.read import VIDEO_SLOT, RawSample, SampleReader
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
 from dsbuild.loader.stats import Stats
@@ -109,7 +109,8 @@ class Ahead:
 
     def fill(self, submit: Callable, room: int) -> None:
         while len(self.pending) < room:
-            step, after = next(self.work, (None, None))
+            # (an Ahead starts at a stream's end, so its work is read: it ends with (None, its end))
+            step, after = next(self.work)
             if step is None:  # the stream ends within the read-ahead: keep its end for the iteration
                 self.work = iter([(None, after)])
                 return
@@ -226,7 +227,7 @@ class Mixture:
                         for s in self.sources
                     ]
                     self._held.files = files
-                    self._readers = [SampleReader(s, f, o.verify, o.mapped) for s, f in zip(self.sources, files)]
+                    self._readers = [SampleReader(s, f, o.verify_level, o.mapped) for s, f in zip(self.sources, files)]
                     self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend, self._stats)
                     self._io_process = _Process.generation
         return self._readers, self._preparer
@@ -399,7 +400,7 @@ class Mixture:
         o, plan, source = self.options, self.plans[ref.source], self.sources[ref.source]
         candidates = None
         tried = 0
-        raw = damage
+        raw: RawSample | FormatError = damage
         while True:
             if not isinstance(raw, FormatError):
                 try:
@@ -456,7 +457,7 @@ class Mixture:
             batch = self._plain_batch(refs, raws, alloc)
             if batch is not None:
                 return batch
-        frames, rows = self._frame_rows(refs, empty or alloc)
+        frames, rows = self._frame_rows(refs, empty)  # (collate zeroes its padding)
         flat = self._load(refs, raws, rows)
         t0 = time.perf_counter()
         nested, k = [], 0
@@ -514,20 +515,23 @@ class Mixture:
         (``SampleReader.spans``, ``collate_spans``): no per-sample object at all. None when the general
         route must run (the reader copies, a shard is not trusted, or a session's columns need remapping
         or its codec facts are not known yet: the general route learns them)."""
+        src, epoch, b = step.source, step.epoch, step.batch
+        if src is None or epoch is None or b is None:
+            raise UsageError(f"step {step.j} names no batch of a source's epoch (mix='sample' builds its items)")
         readers, prepare = self._io()
-        source = self.sources[step.source]
+        source = self.sources[src]
         t0 = time.perf_counter()
-        idx = np.array([i for item in self.plans[step.source].batch(step.epoch, step.batch) for i in item], np.int64)
-        if not prepare.direct(step.source, source.session_code[idx]):
+        idx = np.array([i for item in self.plans[src].batch(epoch, b) for i in item], np.int64)
+        if not prepare.direct(src, source.session_code[idx]):
             return None
-        spans = readers[step.source].spans(idx)
+        spans = readers[src].spans(idx)
         if spans is None:
             return None
         t1 = time.perf_counter()
         batch, counters, videos = collate_spans(
             spans, source.frames[idx], (len(self.controls), len(self.channels)), alloc
         )
-        self._metadata(batch, [step.source] * len(idx), idx, [source.keys[i] for i in idx.tolist()], videos)
+        self._metadata(batch, [src] * len(idx), idx, [source.keys[i] for i in idx.tolist()], videos)
         self._count(len(idx), counters, t1, {"bytes": int(source.sample_bytes[idx].sum())}, {"read": t1 - t0})
         return batch
 
@@ -766,7 +770,9 @@ class Mixture:
         }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__([(ref, split, w) for (ref, split), w in zip(state["specs"], state["weights"])], state["options"])
+        type(self).__init__(
+            self, [(ref, split, w) for (ref, split), w in zip(state["specs"], state["weights"])], state["options"]
+        )
         self.load_state_dict(state["state"])
 
     def stats(self) -> dict:
@@ -790,7 +796,7 @@ class _Held:
     """What a loader holds open in this process: shard files and worker threads. Kept apart from the
     loader so that the finalizer releasing them does not keep the loader alive."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.files: list[ShardFiles] = []
         self.pool: ThreadPoolExecutor | None = None
         self.processes: ProcessWorkers | None = None

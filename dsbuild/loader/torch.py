@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,8 +107,8 @@ def shared_batch(batch: dict) -> dict:
 
 def local_batch(batch: dict) -> dict:
     """``batch`` as torch tensors sharing its arrays' memory (no worker process: nothing crosses)."""
-    out = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
-    clips = out.pop("video", None)
+    out: dict[str, Any] = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+    clips = out.pop("video", None)  # a list of encoded clips (not an array: left as it is above)
     if clips is not None:
         offsets = _offsets(clips)
         data = np.empty(int(offsets[-1]), np.uint8)

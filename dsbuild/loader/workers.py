@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from multiprocessing import connection, get_context
 from multiprocessing import resource_tracker as _tracker
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -63,6 +63,10 @@ from dsbuild.core.files import PARENT_ONLY_FDS
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.passes import decode, encode
 from dsbuild.loader.walk import SampleRef, Step
+
+if TYPE_CHECKING:
+    from dsbuild.loader.pipeline import Mixture
+    from dsbuild.loader.stats import Stats
 
 START_METHOD = "forkserver"  # see the module docstring
 ALIGN = 64  # bytes: every array in a segment starts on a cache line (and its dtype's alignment)
@@ -412,11 +416,12 @@ class ProcessWorkers:
 
     _count = 0
 
-    def __init__(self, loader, stats):
+    def __init__(self, loader: Mixture, stats: Stats) -> None:
         o: LoaderOptions = loader.options
         # (the loader only until its workers have it: a pool that kept it would keep a dropped loader alive,
         # through its finalizer's hold on the pool, and its workers and segments with it)
-        self.loader, self.stats, self.n = loader, stats, o.num_workers
+        self.loader: Mixture | None = loader
+        self.stats, self.n = stats, o.num_workers
         self.slots = o.prefetch + 1
         ProcessWorkers._count += 1
         self.prefix = f"dsb{os.getpid():x}x{ProcessWorkers._count:x}"
@@ -439,18 +444,21 @@ class ProcessWorkers:
     def start(self) -> ProcessWorkers:
         ctx = get_context(START_METHOD)
         ctx.set_forkserver_preload(["dsbuild.loader.pipeline"])
+        loader = self.loader
+        if loader is None:
+            raise UsageError("a process worker pool starts once (make a new one to start again)")
         t0 = time.perf_counter()
         try:
             for w in range(self.n):
                 mine, theirs = ctx.Pipe(duplex=True)
                 p = ctx.Process(  # type: ignore[attr-defined]
                     target=_serve,
-                    args=(self.loader, theirs, w, self.prefix, self.slots, self.budget, tuple(PARENT_ONLY_FDS)),
+                    args=(loader, theirs, w, self.prefix, self.slots, self.budget, tuple(PARENT_ONLY_FDS)),
                     name=f"dsbuild-load-proc_{w}",
                     daemon=True,
                 )
                 try:
-                    with _main_left_out(getattr(self.loader.options.map, "__module__", None) == "__main__"):
+                    with _main_left_out(getattr(loader.options.map, "__module__", None) == "__main__"):
                         p.start()
                 except (pickle.PicklingError, AttributeError, TypeError) as e:
                     raise UsageError(

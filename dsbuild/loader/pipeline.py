@@ -738,6 +738,9 @@ class Mixture:
             self._ahead.cancel()
             self._ahead = None
         self._held.release()
+        preparer = getattr(self, "_preparer", None)
+        if preparer is not None and preparer.decoders is not None:
+            preparer.decoders.close()  # the NVDEC decoders it kept across clips (made again on reuse)
         self._io_process = self._pool_process = None
 
     def __enter__(self) -> Mixture:

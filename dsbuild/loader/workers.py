@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from multiprocessing import connection, get_context
 from multiprocessing import resource_tracker as _tracker
 from multiprocessing.shared_memory import SharedMemory
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -65,8 +65,23 @@ from dsbuild.loader.passes import decode, encode
 from dsbuild.loader.walk import SampleRef, Step
 
 if TYPE_CHECKING:
-    from dsbuild.loader.pipeline import Mixture
     from dsbuild.loader.stats import Stats
+
+
+class Builder(Protocol):
+    """What a pool needs of its loader (a ``pipeline.Mixture``, not imported: the pipeline imports this
+    module): its options, and in each worker, to open it and build the batch of a step."""
+
+    options: LoaderOptions
+
+    def open(self) -> Any: ...
+
+    def _io(self) -> Any: ...
+
+    def stats(self) -> dict: ...
+
+    def _build_held(self, step: Step) -> tuple[dict, dict]: ...
+
 
 START_METHOD = "forkserver"  # see the module docstring
 ALIGN = 64  # bytes: every array in a segment starts on a cache line (and its dtype's alignment)
@@ -416,11 +431,11 @@ class ProcessWorkers:
 
     _count = 0
 
-    def __init__(self, loader: Mixture, stats: Stats) -> None:
+    def __init__(self, loader: Builder, stats: Stats) -> None:
         o: LoaderOptions = loader.options
         # (the loader only until its workers have it: a pool that kept it would keep a dropped loader alive,
         # through its finalizer's hold on the pool, and its workers and segments with it)
-        self.loader: Mixture | None = loader
+        self.loader: Builder | None = loader
         self.stats, self.n = stats, o.num_workers
         self.slots = o.prefetch + 1
         ProcessWorkers._count += 1

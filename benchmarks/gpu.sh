@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU bench in one prepared script: synthetic captures -> convert -> `dsbuild bench --device cuda`
 # (host->device GB/s pinned vs pageable, data wait and GPU idle under a real calibrated matmul step),
+# then the loader's worker-process sweep (issue 39) and the training observatory's model step (issue 41),
 # then the decoders (issue 44): a check that NVDEC's frames, converted and resized on the GPU, match the
 # CPU decoder's within docs/gpu.md's bound (H.264 and HEVC, native and resized) with one decoder per
 # stream configuration, then on 1080p clips and on mixed resolutions: NVDEC (`--decode-backend nvdec`,
@@ -81,6 +82,26 @@ stamp "bench: 2 simulated ranks sharing the GPU, frames 128x128"
 dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode frames --resize 128x128 --batch-size 8 \
   --threads "$(( WORKERS / 2 > 0 ? WORKERS / 2 : 1 ))" --ranks 2 --step-ms 50 \
   --duration "$(( SECONDS_PER_RUN / 2 ))" --rounds "$ROUNDS" --save "$OUT/bench-ranks2.json" >&2 || stamp "failed (see above)"
+
+# -- the loader's worker processes (issue 39): one interleaved sweep per mode, baselines at each N --------
+PSWEEP="$(for w in 1 2 4 8 16; do if [ "$w" -le "$CORES" ]; then printf '%s,' "$w"; fi; done)"
+PSWEEP="${PSWEEP%,}"
+stamp "bench: worker-process sweep $PSWEEP, bytes"
+dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode bytes --batch-size 16 --workers "$PSWEEP" --step-ms 0 \
+  --duration "$SECONDS_PER_RUN" --rounds "$ROUNDS" --compare raw,sha256 \
+  --save "$OUT/sweep-bytes.json" --html "$OUT/sweep-bytes.html" >&2 || stamp "failed (see above)"
+stamp "bench: worker-process sweep $PSWEEP, frames 224x224"
+dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode frames --resize 224x224 --batch-size 8 --workers "$PSWEEP" \
+  --step-ms 0 --duration "$SECONDS_PER_RUN" --rounds "$ROUNDS" --compare pyav \
+  --save "$OUT/sweep-frames.json" --html "$OUT/sweep-frames.html" >&2 || stamp "failed (see above)"
+
+# -- the training observatory (issue 41): a real model step on the GPU, one rank per GPU ----------------
+for model in $([ -n "$TINY" ] && echo tiny || echo tiny base); do
+  stamp "bench --model $model: bf16, one rank, 64x64 clips of 8 frames"
+  dsbuild bench "$WORK/catalog" --model "$model" --ranks 1 --dtype bf16 --resize 64x64 --clip-frames 8 \
+    --batch-size 8 --steps "$([ -n "$TINY" ] && echo 3 || echo 20)" --save "$OUT/model-$model.json" \
+    --html "$OUT/model-$model.html" >&2 || stamp "failed (see above)"
+done
 fi
 
 # -- decoders (issue 44) -------------------------------------------------------------------------

@@ -183,7 +183,8 @@ print("pandas" in sys.modules)
 def test_convert_split_and_the_loader_start_without_importing_pandas(captures, tmp_path):
     """pyarrow imports pandas for ``pyarrow.array`` and ``to_numpy`` when it is installed (0.16 s a
     command); it is here (an extra needs it), so this fails if one of these paths goes through them."""
-    assert subprocess.run([sys.executable, "-c", "import pandas"]).returncode == 0, "pandas is not installed"
+    if subprocess.run([sys.executable, "-c", "import pandas"]).returncode != 0:
+        pytest.skip("pandas is not installed (it comes with an extra): nothing could import it")
     args = [sys.executable, "-c", USER_PATH, str(captures), str(tmp_path / "cat"), ROUND_TRIP]
     out = subprocess.run(args, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -98,7 +98,7 @@ def test_a_failed_atomic_replace_leaves_no_temp_file(tmp_path):
 
 
 def test_a_hostile_bucket_listing_is_filtered_and_cached_files_stay_in_the_cache(tmp_path, monkeypatch):
-    import fsspec
+    fsspec = pytest.importorskip("fsspec", reason="the s3 extra (fsspec) is not installed")
 
     monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
     fs = fsspec.filesystem("memory")
@@ -119,7 +119,7 @@ def test_the_read_cache_keeps_only_bytes_their_reader_proved(tmp_path, monkeypat
     """A damaged copy read from the store is returned (the reader reports it) but never cached; once
     the store holds the right bytes again, they are read, not a stale damaged copy. A cached copy
     damaged on disk is read from the store again."""
-    import fsspec
+    fsspec = pytest.importorskip("fsspec", reason="the s3 extra (fsspec) is not installed")
 
     from dsbuild.core.hashing import hashes_to, sha256_bytes
 
@@ -142,7 +142,7 @@ def test_the_read_cache_keeps_only_bytes_their_reader_proved(tmp_path, monkeypat
 
 def _memory_store(tmp_path: Path, monkeypatch, shards: int) -> tuple[FsspecStore, dict[str, bytes]]:
     """An fsspec memory store holding ``shards`` random 1000-byte shards (key -> bytes)."""
-    import fsspec
+    fsspec = pytest.importorskip("fsspec", reason="the s3 extra (fsspec) is not installed")
 
     monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
     root = f"/bucket-{uuid.uuid4().hex}"

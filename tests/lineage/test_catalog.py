@@ -713,6 +713,8 @@ def test_cleaning_dead_builds_never_takes_a_live_one_of_an_object_store_catalog(
     another process must not see a new build folder before its lock is held (it deleted live ones)."""
     import multiprocessing
 
+    pytest.importorskip("fsspec", reason="the s3 extra (fsspec) is not installed")
+
     monkeypatch.setenv("DSBUILD_CACHE", str(tmp_path / "cache"))
     catalog = Catalog.open("memory://builds-race/cat", create=True)
     ctx = multiprocessing.get_context("spawn")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
@@ -434,7 +435,8 @@ def test_a_run_with_the_peers_leaves_no_shared_memory_behind(bench_catalog):
     """Mosaic frees its shared memory in atexit handlers, which the CLI's os._exit does not run: every
     bytes-mode run printed the resource tracker's warning of 6 leaked blocks."""
     pytest.importorskip("litdata", reason="the peers extra is not installed")
-    pytest.importorskip("streaming", reason="the peers extra (mosaicml-streaming) is not installed")
+    if find_spec("streaming") is None:  # (installed is enough: the bench imports Mosaic's reader modules alone)
+        pytest.skip("the peers extra (mosaicml-streaming) is not installed")
     cat, _ = bench_catalog
     p = run(
         "bench",

@@ -225,11 +225,25 @@ def test_a_rank_that_dies_is_named_with_its_signal_never_a_hang(bench_catalog):
             break
         time.sleep(0.1)
     assert victim is not None, proc.communicate()
-    time.sleep(2)
+    _past_startup(victim)  # killed in its run, not while it imports
     os.kill(victim, signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert "died (signal SIGKILL)" in err and "collective timeout 60 s" in err
+
+
+def _past_startup(pid: int, cpu_seconds: float = 1.0) -> None:
+    """Return once process ``pid`` has used ``cpu_seconds`` of CPU (its own clock: a state, not a wait for
+    the wall clock), or has ended."""
+    tick = os.sysconf("SC_CLK_TCK")
+    while True:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            return
+        if fields[0] == "Z" or (int(fields[11]) + int(fields[12])) / tick >= cpu_seconds:
+            return
+        time.sleep(0.02)  # a poll
 
 
 def _workers(pid: int) -> list[int]:

@@ -29,6 +29,22 @@ def test_every_command_has_help_with_an_example_and_no_type_noise(command):
     assert "--json" in text and "--quiet" in text
 
 
+def test_the_import_group_and_each_of_its_commands_have_help_with_an_example():
+    group = run("import", "--help").stdout
+    assert group == run("import", "-h").stdout and "Usage: dsbuild import" in group
+    listed = group.split("Commands:")[1].split("Examples:")[0]
+    commands = re.findall(r"^\s{2}(\w+)\s", listed, re.M)
+    assert {"video", "mcap"} <= set(commands), group
+    for command in commands:
+        assert f"dsbuild import {command}" in group.split("Examples:")[1], command
+        text = run("import", command, "--help").stdout
+        assert text == run("import", command, "-h").stdout
+        assert f"Usage: dsbuild import {command}" in text and f"dsbuild import {command}" in text.split("Examples:")[1]
+        assert not re.search(r"<(str|int|float|bool|path|list\[.*?\])>", text), text
+        assert "--json" in text and "--quiet" in text and "--strict" in text
+    assert re.search(r"^\s+import\s", run("-h").stdout, re.M)
+
+
 @pytest.mark.parametrize("args", [["--version"], ["log", "--version"], ["convert", "a", "b", "--version"]])
 def test_version_works_everywhere(args):
     assert run(*args).stdout.strip() == f"dsbuild {__version__}"

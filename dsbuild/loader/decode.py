@@ -47,6 +47,12 @@ def usable_memory() -> int:
     return total
 
 
+def default_max_batch_bytes() -> int:
+    """The frames batch bound when ``max_batch_bytes`` is None: ``MEMORY_SHARE`` of ``usable_memory()``
+    (``validate``'s clip_memory check warns against the same bound)."""
+    return int(MEMORY_SHARE * usable_memory())
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
 
@@ -64,7 +70,7 @@ def check_frames_memory(options, sources: Sequence) -> None:
     o = options
     if o.decode != "frames":
         return
-    limit = o.max_batch_bytes or int(MEMORY_SHARE * usable_memory())
+    limit = o.max_batch_bytes or default_max_batch_bytes()
     worst = None
     for src in sources:
         frames = kept_frames(src.frames, o.frame_stride, o.clip_frames, o.max_frames)

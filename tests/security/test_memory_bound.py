@@ -1,7 +1,7 @@
 """Memory is bounded before it is taken: a long single-GOP clip (one keyframe: convert keeps it whole) whose
 frames batch would need more than ``max_batch_bytes`` (default: half the memory the process may use) is
 refused in one line naming the clip, the size and the options that lower it, before any frame is decoded
-or any batch allocated; the same options then make it fit."""
+or any batch allocated; the same options then make it fit. ``validate`` warns about such clips from the index."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dsbuild.loader import Loader
 from dsbuild.loader.decode import usable_memory
 from dsbuild.samples.synthetic import frames as moving_frames
 from dsbuild.samples.writer import SessionSpec, VideoSpec, write_session
+from tests.cli.clitools import run_json
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +52,18 @@ def test_the_default_bound_is_a_share_of_the_memory_the_process_may_use(single_g
     side = int((usable_memory() / 240 / 3) ** 0.5) + 1  # one clip of this size needs all of it
     with pytest.raises(UsageError, match="half of the .* this process may use"):
         next(iter(Loader(cat, batch_size=1, resize=(side, side))))
+
+
+def test_validate_warns_about_the_clip_naming_its_bytes_and_the_options(single_gop, tmp_path):
+    """Against the training machine's bound (``max_clip_frames_bytes``): a warning (exit 0) naming the clip,
+    the bytes its frames take at native size and the options that lower them; 0 keeps the loader's default."""
+    cat, _ = single_gop
+    spec = tmp_path / "spec.toml"
+    spec.write_text('format = "dsbuild.acceptance/1"\n[thresholds]\nmax_clip_frames_bytes = 1000000\n')
+    checks = {c["name"]: c for c in run_json("validate", cat, "--acceptance", spec, "-q")["checks"]}
+    got = checks["clip_memory"]
+    assert got["status"] == "warn" and got["measured"] == 240 * 48 * 64 * 3, got
+    (clip,) = got["offenders"]
+    assert clip["item"] == "screen__000000", clip
+    assert "needs 2,211,840 bytes decoded at native size (240 frames of 48x64x3), over 1,000,000" in clip["detail"]
+    assert all(opt in clip["detail"] for opt in ("max_frames=", "clip_frames=", "frame_stride=", "resize="))

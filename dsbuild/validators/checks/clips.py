@@ -1,4 +1,5 @@
-"""Content checks (level full): every clip decoded once, every array and event read.
+"""Content checks (level full): every clip decoded once, every array and event read; and clip_memory,
+which needs only the index (every level).
 
 Each check's ``sample`` function runs in the worker that holds the sample; the clip is decoded on the
 first check that asks (``SampleView.findings``). The measurements behind black, frozen, fps and duration
@@ -57,6 +58,35 @@ def _duration(j: Judge, d: VersionFacts) -> CheckResult:
             "above",
             "frames",
         ),
+    )
+
+
+def _clip_memory(j: Judge, d: VersionFacts) -> CheckResult:
+    """Clips whose frames, decoded at native size, take more than the loader's frames-batch bound (one
+    clip in a batch of one: the least a loader without a crop, stride or resize allocates), worst first.
+    A long single-GOP clip (one keyframe: convert keeps it whole) is the usual one."""
+    from dsbuild.loader.decode import default_max_batch_bytes
+
+    key = "max_clip_frames_bytes"
+    limit = j[key] or default_max_batch_bytes()
+    said = key if j[key] else "the loader's default max_batch_bytes: half the memory this process may use"
+    need = sorted(((r.frames or 0) * r.height * r.width * 3, r.key, r) for r in d.rows)
+    over = [(n, r) for n, _, r in reversed(need) if n > limit]
+    offenders = [
+        (
+            r.key,
+            f"needs {n:,} bytes decoded at native size ({r.frames} frames of {r.height}x{r.width}x3), over "
+            f"{limit:,} ({said}); load it with max_frames= or clip_frames= (a crop), frame_stride= or "
+            f"resize=(height, width), or record with a keyframe every few seconds (convert cuts clips there)",
+        )
+        for n, r in over
+    ]
+    most = need[-1][0] if need else 0
+    return j.result(
+        measured=most,
+        breaches=[f"{len(over)} clip(s) over {limit:,} bytes"] if over else [],
+        message=f"largest clip {most:,} bytes decoded at native size",
+        offenders=offenders,
     )
 
 
@@ -126,6 +156,24 @@ def _c(name: str, doc: str, key: str, counts: str, **kw) -> Check:
 
 
 CHECKS = (
+    Check(
+        "clip_memory",
+        "content",
+        "Clips whose frames decoded at native size (frames x height x width x 3, from the index) exceed "
+        "the loader's frames-batch bound, which refuses them: a long single-GOP clip needs a crop, a "
+        "stride or a resize to load.",
+        (
+            Threshold(
+                "max_clip_frames_bytes",
+                0,
+                "count",
+                "bytes; 0: the loader's default max_batch_bytes (half the memory this process may use); "
+                "set the training machine's bound when validating elsewhere",
+            ),
+        ),
+        severity="warn",
+        run=_clip_memory,
+    ),
     _c(
         "decode",
         "Every clip of the index opens and decodes with PyAV to its last frame, strictly (a concealed "

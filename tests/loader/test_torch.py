@@ -177,7 +177,9 @@ def test_a_killed_worker_is_a_clear_error_and_resume_is_exact(wds_catalog):
     ref = str(wds_catalog[0])
     expected = [b["keys"] for b in Loader(ref, decode="bytes", batch_size=1, seed=4)]
     loader = Loader(ref, decode="bytes", batch_size=1, seed=4)
-    dl = torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=2, timeout=60)
+    # No ``timeout``: without one the DataLoader looks at its workers every 5 s while it waits (with one, it
+    # waits the whole timeout before it looks), so the death is reported within seconds.
+    dl = torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=2)
     got, state = [], loader.state_dict()
     stream = iter(dl)
     with pytest.raises(RuntimeError, match="(?i)worker"):

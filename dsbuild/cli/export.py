@@ -1,4 +1,4 @@
-"""`dsbuild export`: write one version as a folder another tool reads directly (Energon, HF, MDS, LitData, wids)."""
+"""`dsbuild export`: write one version as a folder another tool reads directly (Energon, HF, MDS, LitData, wids, DALI)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def export(
         ..., metavar="DEST", help="Export folder: new, empty, or an earlier export of the same thing."
     ),
     to: str = typer.Option(
-        ..., "--to", metavar="TOOL", callback=choice("--to", _tools), help="energon, hf, litdata, mds or wids."
+        ..., "--to", metavar="TOOL", callback=choice("--to", _tools), help="dali, energon, hf, litdata, mds or wids."
     ),
     split: str = typer.Option(None, "--split", metavar="NAME/SPLIT", help="Export this split alone."),
     split_set: str = typer.Option(
@@ -38,7 +38,7 @@ def export(
     as_json: bool = JSON,
     quiet: bool = QUIET,
 ) -> None:
-    """Write a version for another tool (Energon, HF, MDS, LitData, wids)."""
+    """Write a version for another tool (Energon, HF, MDS, LitData, wids, DALI)."""
     from dsbuild.core.errors import UsageError
     from dsbuild.export import export as run_export
 

@@ -10,6 +10,7 @@
 | hf        | ``datasets.load_dataset(DEST, split="train")``          | Parquet + a card declaring every feature |
 | mds       | ``StreamingDataset(local=DEST, split="train")``         | MDS shards written                    |
 | litdata   | ``litdata.StreamingDataset("DEST/train")``              | LitData chunks written                |
+| dali      | ``fn.readers.webdataset(...)``, arguments in DEST/train.json | as wids, plus DALI's index files |
 
 Exports are deterministic (the same version, split and tool give the same bytes), atomic (built beside the
 folder and renamed into place complete: an interrupted one leaves nothing a tool loads as a smaller dataset)
@@ -23,12 +24,19 @@ from pathlib import Path
 
 from dsbuild.core.errors import UsageError
 from dsbuild.core.store import is_url, local_path
-from dsbuild.export import energon, hf, litdata, mds, wids
+from dsbuild.export import dali, energon, hf, litdata, mds, wids
 from dsbuild.export.folder import ExportFolder, ExportMarker
 from dsbuild.export.report import ExportReport, Ticker
 from dsbuild.export.source import open_source
 
-WRITERS = {"energon": energon.write, "hf": hf.write, "mds": mds.write, "litdata": litdata.write, "wids": wids.write}
+WRITERS = {
+    "dali": dali.write,
+    "energon": energon.write,
+    "hf": hf.write,
+    "mds": mds.write,
+    "litdata": litdata.write,
+    "wids": wids.write,
+}
 CHECKS = {"hf": hf.check}  # what a tool cannot load, refused before the folder is claimed
 TOOLS = tuple(sorted(WRITERS))
 # The size of each file an export writes (tars, MDS shards, LitData chunks, Parquet files): big sequential

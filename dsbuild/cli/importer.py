@@ -120,7 +120,8 @@ def mcap(
         ...,
         "--video-topic",
         metavar="TOPIC",
-        help="The image topic (raw or JPEG/PNG compressed) that becomes the video.",
+        help="The topic that becomes the video: images (raw, JPEG or PNG; re-encoded) or compressed video "
+        "(H.264 or H.265; remuxed).",
     ),
     telemetry_topic: list[str] = typer.Option(
         [], "--telemetry-topic", metavar="TOPIC", help="A topic whose numeric fields become telemetry; repeatable."
@@ -140,9 +141,9 @@ def mcap(
 ) -> None:
     """Import MCAP robot logs (JSON, ROS 2 CDR or protobuf channels).
 
-    Each file is one session: an image topic is re-encoded as the video, at its log times (zero at the
-    first frame); chosen topics' numeric fields become telemetry and actions (continuous controls),
-    named by topic and field path (joint_states/position.0)."""
+    Each file is one session: an image topic is re-encoded as the video (a compressed-video topic is
+    remuxed), at its log times (zero at the first frame); chosen topics' numeric fields become telemetry
+    and actions (continuous controls), named by topic and field path (joint_states/position.0)."""
     from pathlib import Path
 
     from dsbuild.importers.mcap import McapImport, import_mcap

@@ -3,7 +3,8 @@
 Channels are read as the ``mcap`` writers write them: JSON (``jsonschema`` schema, or none), ROS 2 CDR
 (``ros2msg`` schema, via ``mcap-ros2-support``) or protobuf (via ``mcap-protobuf-support``). One image
 topic becomes the video (raw images and JPEG/PNG compressed images, re-encoded to H.264 at their log
-times); chosen topics become telemetry (every numeric field, flattened with its path: ``joint_states/
+times; compressed video, ``foxglove.CompressedVideo`` in H.264 or H.265, remuxed as it is, one access unit
+per message, at their log times); chosen topics become telemetry (every numeric field, flattened with its path: ``joint_states/
 position.0``) and actions (the same, declared continuous controls: a robot's commands are in its own
 units). Times are log times, zero at the first video frame. A ROS 2 bag in sqlite3 storage (``.db3``)
 and ``ros2idl`` schemas are refused in one line naming what is supported.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +40,10 @@ RAW_FORMATS = {
     "rgba8": ("rgba", 4),
     "bgra8": ("bgra", 4),
 }
+# foxglove.CompressedVideo's ``format`` -> FFmpeg's raw demuxer of that codec; these are remuxed into MP4
+# as they are. Its other formats (vp9, av1) are refused by name.
+VIDEO_FORMATS = {"h264": "h264", "h265": "hevc"}
+KNOWN_VIDEO_FORMATS = ("h264", "h265", "vp9", "av1")
 TIME_BASE = Fraction(1, 90000)  # the video's clock: log times to 11 microseconds
 Progress = Callable[[int, int, str], None]
 
@@ -133,21 +139,48 @@ def _schema_problem(topic: str, schema, channel) -> str | None:
     )
 
 
-def _image(msg: dict) -> tuple[object, str] | str:
-    """(an av.VideoFrame, what it was) from a raw or compressed image message, or why not."""
-    import av
-    import numpy as np
-
+def payload(msg: dict) -> bytes | str:
+    """A message's ``data`` bytes (JSON carries them as base64, CDR may as a list of ints), or why not."""
     data = msg.get("data")
-    if isinstance(data, str):  # JSON carries bytes as base64
+    if isinstance(data, str):
         try:
             data = base64.b64decode(data, validate=True)
         except ValueError:
             return "data is not base64"
     elif isinstance(data, list):
         data = bytes(data) if all(isinstance(b, int) and 0 <= b < 256 for b in data) else None
-    if not isinstance(data, bytes):
-        return "no image data"
+    return data if isinstance(data, bytes) else "no image data"
+
+
+def is_compressed_video(schema, msg: object) -> bool:
+    """Whether a video topic's message is compressed video (``foxglove.CompressedVideo``, by its schema's
+    name or a video ``format``) rather than an image."""
+    name = schema.name if schema is not None else ""
+    fmt = msg.get("format") if isinstance(msg, dict) else None
+    return name.endswith("CompressedVideo") or (isinstance(fmt, str) and fmt.lower() in KNOWN_VIDEO_FORMATS)
+
+
+def is_keyframe(codec: str, data: bytes) -> bool:
+    """Whether an Annex B access unit holds an IDR picture (H.264 NAL type 5) or an IRAP picture (H.265
+    NAL types 16-23): where a decoder can start, and where convert may cut a clip."""
+    for start in re.finditer(b"\x00\x00\x01", data):
+        i = start.end()
+        if i < len(data):
+            if codec == "h264" and data[i] & 0x1F == 5:
+                return True
+            if codec == "hevc" and 16 <= (data[i] >> 1) & 0x3F <= 23:
+                return True
+    return False
+
+
+def _image(msg: dict) -> object:
+    """An av.VideoFrame from a raw or compressed image message, or (a str) why not."""
+    import av
+    import numpy as np
+
+    data = payload(msg)
+    if isinstance(data, str):
+        return data
     if isinstance(msg.get("format"), str):  # sensor_msgs/CompressedImage, foxglove.CompressedImage
         codec = "png" if "png" in msg["format"].lower() else "mjpeg"
         try:
@@ -155,7 +188,7 @@ def _image(msg: dict) -> tuple[object, str] | str:
             frames = decoder.decode(av.Packet(data))
         except av.error.FFmpegError as e:
             return f"{msg['format']} image does not decode ({e.strerror or e})"
-        return (frames[0], "compressed") if frames else f"{msg['format']} image holds no picture"
+        return frames[0] if frames else f"{msg['format']} image holds no picture"
     encoding, width, height = msg.get("encoding"), msg.get("width"), msg.get("height")
     if encoding not in RAW_FORMATS or not isinstance(width, int) or not isinstance(height, int):
         return f"image encoding {encoding!r} is not one of {', '.join(RAW_FORMATS)}"
@@ -165,7 +198,7 @@ def _image(msg: dict) -> tuple[object, str] | str:
         return f"a {width}x{height} {encoding} image with step {step} does not fit its {len(data)} bytes"
     pixels = np.frombuffer(data, np.uint8, step * height).reshape(height, step)[:, : width * channels]
     pixels = pixels.reshape(height, width, channels) if channels > 1 else pixels
-    return av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format=fmt), "raw"
+    return av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format=fmt)
 
 
 class _Encoder:
@@ -198,6 +231,112 @@ class _Encoder:
     def close(self) -> None:
         self.container.mux(self.stream.encode())
         self.container.close()
+
+
+class _Remuxer:
+    """Compressed video access units in MP4 as they are (no re-encode), at their log times. FFmpeg's raw
+    demuxer reads the first keyframe's parameter sets (SPS/PPS) into the stream's codec parameters; the
+    MP4 muxer turns them and the Annex B units into its own layout."""
+
+    def __init__(self, path: Path, codec: str, first: bytes, rate: Fraction):
+        import io
+
+        import av
+
+        try:
+            with av.open(io.BytesIO(first), format=codec) as probe:
+                template = probe.streams.video[0] if probe.streams.video else None
+                if template is None or not template.codec_context.width:
+                    raise ValueError(f"the first {codec} keyframe does not say the picture size (no SPS?)")
+                self.container = av.open(str(path), "w", format="mp4", options={"fflags": "+bitexact"})
+                self.stream = self.container.add_stream_from_template(template)
+        except av.error.FFmpegError as e:
+            raise ValueError(f"the first {codec} keyframe does not parse ({e.strerror or e})") from None
+        self.stream.time_base = TIME_BASE
+        self.duration = max(1, round(1 / (rate * TIME_BASE)))  # the last frame's; the others' follow from pts
+
+    def add(self, unit: tuple[bytes, bool], pts: int) -> None:
+        import av
+
+        data, key = unit
+        packet = av.Packet(data)
+        packet.pts = packet.dts = pts  # (foxglove.CompressedVideo has no B-frames: decode order is display order)
+        packet.time_base, packet.duration, packet.is_keyframe = TIME_BASE, self.duration, key
+        packet.stream = self.stream
+        self.container.mux(packet)
+
+    def close(self) -> None:
+        self.container.close()
+
+
+def video_codec(topic: str, msg: object) -> str:
+    """The FFmpeg codec of a compressed-video topic, from its first message's ``format``; ValueError names
+    the topic and what is supported when it is another."""
+    fmt = msg.get("format") if isinstance(msg, dict) else None
+    codec = VIDEO_FORMATS.get(fmt.lower()) if isinstance(fmt, str) else None
+    if codec is None:
+        raise ValueError(
+            f"topic {topic}: compressed video format {fmt!r} is not supported; "
+            f"supported: {', '.join(VIDEO_FORMATS)} (remuxed as they are)"
+        )
+    return codec
+
+
+class _VideoTrack:
+    """The video topic's messages into the session's video: images re-encoded (``_Encoder``), compressed
+    video remuxed (``_Remuxer``), each at its log time; the first decoded message says which it is."""
+
+    def __init__(self, topic: str, path: Path, rate: Fraction, crf: int):
+        self.topic, self.path, self.rate, self.crf = topic, path, rate, crf
+        self.codec: str | None = None  # the compressed video's codec; None: images
+        self.seen = False
+        self.sink: _Encoder | _Remuxer | None = None
+        self.t0: int | None = None
+        self.last_pts = -1
+
+    def add(self, schema, msg: object, log_time: int, where: str, report: SessionReport) -> None:
+        if not self.seen:
+            self.seen = True
+            if is_compressed_video(schema, msg):
+                self.codec = video_codec(self.topic, msg)
+        item = self._item(msg)
+        if isinstance(item, str):
+            report.drop("video_frames", where, item)
+            return
+        if self.t0 is None:
+            self.t0 = log_time
+            if self.codec is None:
+                self.sink = _Encoder(self.path, item, self.rate, self.crf)
+            else:
+                self.sink = _Remuxer(self.path, self.codec, item[0], self.rate)
+        pts = round(Fraction(log_time - self.t0, 1_000_000_000) / TIME_BASE)
+        if pts <= self.last_pts:
+            report.drop("video_frames", where, "logged at the time of the frame before it")
+            return
+        assert self.sink is not None
+        self.sink.add(item, pts)
+        self.last_pts = pts
+
+    def _item(self, msg: object) -> Any:
+        """An av.VideoFrame (images) or (access unit, keyframe?) (compressed video), or why not."""
+        if not isinstance(msg, dict):
+            return "not an image message"
+        if self.codec is None:
+            return _image(msg)
+        fmt = msg.get("format")
+        if not isinstance(fmt, str) or VIDEO_FORMATS.get(fmt.lower()) != self.codec:
+            return f"format {fmt!r} in a {self.codec} stream"
+        data = payload(msg)
+        if isinstance(data, str):
+            return data
+        key = is_keyframe(self.codec, data)
+        if self.t0 is None and not key:
+            return "before the first keyframe (no decoder can start there)"
+        return data, key
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
 
 
 def _topics(summary) -> dict[str, tuple[Any, Any, int]]:
@@ -282,9 +421,7 @@ def _convert(reader, path: Path, rel: str, folder: Path, options: McapImport, re
 
 def _convert_into(reader, path, rel, folder, video, rate, options, report, factories) -> SessionReport:
     decoders: dict = {}
-    encoder: _Encoder | None = None
-    t0: int | None = None
-    last_pts = -1
+    track = _VideoTrack(options.video_topic, video, rate, options.crf)
     pending_actions: list[dict] = []
     pending_telemetry: list[dict] = []
     controls: set[str] = set()
@@ -303,21 +440,7 @@ def _convert_into(reader, path, rel, folder, video, rate, options, report, facto
                 report.drop("messages", where, f"does not decode ({type(e).__name__}: {str(e)[:120]})")
                 continue
             if topic == options.video_topic:
-                got = _image(msg) if isinstance(msg, dict) else "not an image message"
-                if isinstance(got, str):
-                    report.drop("video_frames", where, got)
-                    continue
-                frame, _ = got
-                if t0 is None:
-                    t0 = message.log_time
-                    encoder = _Encoder(video, frame, rate, options.crf)
-                pts = round(Fraction(message.log_time - t0, 1_000_000_000) / TIME_BASE)
-                if pts <= last_pts:
-                    report.drop("video_frames", where, "logged at the time of the frame before it")
-                    continue
-                assert encoder is not None
-                encoder.add(frame, pts)
-                last_pts = pts
+                track.add(schema, msg, message.log_time, where, report)
                 continue
             prefix = _topic_name(topic) + "/"
             if isinstance(msg, dict) and isinstance(msg.get("header"), dict) and "stamp" in msg["header"]:
@@ -345,11 +468,11 @@ def _convert_into(reader, path, rel, folder, video, rate, options, report, facto
                         report.drop("fields", where, f"{name}: over {MAX_NAMES} channels")
                 pending_telemetry.append(row)
     finally:
-        if encoder is not None:
-            encoder.close()
+        track.close()
+    t0 = track.t0
     if t0 is None:
-        raise ValueError(f"topic {options.video_topic}: no message is an image this importer reads")
-    report.duration = round(last_pts * float(TIME_BASE), 6)
+        raise ValueError(f"topic {options.video_topic}: no message is an image or video frame this importer reads")
+    report.duration = round(track.last_pts * float(TIME_BASE), 6)
 
     def rel_t(e: dict) -> dict:
         return {**e, "t": (e["t"] - t0) / 1e9}

@@ -178,3 +178,110 @@ def protobuf_mcap(path: Path, frames: int = 30) -> Path:
             w.write_message(topic, msg, log_time=t, publish_time=t)
         w.finish()
     return path
+
+
+GOP = 10  # frames between keyframes of the compressed-video files: clips of 0.5 s at 20 fps
+
+
+def h264_units(frames: int, codec: str = "libx264") -> list[tuple[bytes, bool]]:
+    """(Annex B access unit, keyframe?) of ``frames`` pictures, as a robot's encoder streams them: no
+    B-frames, parameter sets repeated before every keyframe, one unit per picture."""
+    from fractions import Fraction
+
+    import av
+
+    ctx = av.CodecContext.create(codec, "w")
+    ctx.width, ctx.height, ctx.pix_fmt = W, H, "yuv420p"
+    ctx.time_base, ctx.framerate = Fraction(1, FPS), Fraction(FPS)
+    ctx.flags |= av.codec.context.Flags.bitexact
+    if codec == "libx264":
+        ctx.options = {"preset": "ultrafast", "bframes": "0", "g": str(GOP), "keyint_min": str(GOP), "threads": "1"}
+        ctx.options["x264-params"] = "scenecut=0"
+    else:
+        ctx.options = {
+            "preset": "ultrafast",
+            "x265-params": f"bframes=0:keyint={GOP}:min-keyint={GOP}:scenecut=0:"
+            "pools=1:frame-threads=1:log-level=error:repeat-headers=1",
+        }
+    units = []
+    for i in range(frames):
+        frame = av.VideoFrame.from_ndarray(picture(i), format="rgb24").reformat(format="yuv420p")
+        frame.pts = i
+        units += [(bytes(p), bool(p.is_keyframe)) for p in ctx.encode(frame)]
+    units += [(bytes(p), bool(p.is_keyframe)) for p in ctx.encode()]
+    assert len(units) == frames
+    return units
+
+
+VIDEO_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "timestamp": {"type": "object"},
+        "frame_id": {"type": "string"},
+        "data": {"type": "string", "contentEncoding": "base64"},
+        "format": {"type": "string"},
+    },
+}
+
+
+def _compressed_video_class():
+    """foxglove.CompressedVideo (timestamp, frame_id, data, format) as a protobuf class, from a descriptor."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+    F = descriptor_pb2.FieldDescriptorProto
+    pool = descriptor_pool.DescriptorPool()
+    stamp = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(stamp)
+    pool.Add(stamp)
+    file = descriptor_pb2.FileDescriptorProto(
+        name="foxglove/CompressedVideo.proto",
+        package="foxglove",
+        syntax="proto3",
+        dependency=["google/protobuf/timestamp.proto"],
+    )
+    video = file.message_type.add(name="CompressedVideo")
+    video.field.add(name="timestamp", number=1, type=F.TYPE_MESSAGE, type_name=".google.protobuf.Timestamp")
+    video.field.add(name="frame_id", number=2, type=F.TYPE_STRING)
+    video.field.add(name="data", number=3, type=F.TYPE_BYTES)
+    video.field.add(name="format", number=4, type=F.TYPE_STRING)
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("foxglove.CompressedVideo"))
+
+
+def video_mcap(path: Path, kind: str = "json", frames: int = 30, first: int = 0, fmt: str = "h264") -> Path:
+    """/camera as foxglove.CompressedVideo (``kind`` json or protobuf): one access unit per message at
+    the frame times, from picture ``first`` on (a log that starts inside a GOP), and /cmd as in
+    ``json_mcap``. ``fmt`` is the message's format field (h265 encodes with libx265; any other is
+    written as H.264 bytes under that name)."""
+    from mcap.writer import Writer
+
+    units = h264_units(frames, "libx265" if fmt == "h265" else "libx264")[first:]
+    times = frame_times(frames)[first:]
+    with open(path, "wb") as f:
+        if kind == "protobuf":
+            from mcap_protobuf.writer import Writer as ProtobufWriter
+
+            CompressedVideo = _compressed_video_class()
+            w = ProtobufWriter(f)
+            for t, (data, _) in zip(times, units):
+                msg = CompressedVideo(frame_id="cam", data=data, format=fmt)
+                msg.timestamp.FromNanoseconds(t)
+                w.write_message("/camera", msg, log_time=t, publish_time=t)
+            w.finish()
+            return path
+        w = Writer(f)
+        w.start(profile="", library="tests")
+        video = w.register_schema("foxglove.CompressedVideo", "jsonschema", json.dumps(VIDEO_SCHEMA).encode())
+        state = w.register_schema("State", "jsonschema", json.dumps({"type": "object"}).encode())
+        cam = w.register_channel("/camera", "json", video)
+        cmd = w.register_channel("/cmd", "json", state)
+        msgs = []
+        for t, (data, _) in zip(times, units):
+            stamp = {"sec": t // 10**9, "nsec": t % 10**9}
+            doc = {"timestamp": stamp, "frame_id": "cam", "data": base64.b64encode(data).decode(), "format": fmt}
+            msgs.append((t, cam, doc))
+        msgs += [(t, cmd, {"target": p}) for t, p in commands(frames) if t >= times[0]]
+        for t, channel, doc in sorted(msgs, key=lambda m: (m[0], m[1])):
+            w.add_message(channel, log_time=t, data=json.dumps(doc).encode(), publish_time=t)
+        w.finish()
+    return path

@@ -9,7 +9,18 @@ import numpy as np
 import pytest
 
 from tests.cli.clitools import run, run_json
-from tests.importers.mcapfiles import FPS, T0, commands, json_mcap, protobuf_mcap, ros2_mcap, states
+from tests.importers.mcapfiles import (
+    FPS,
+    GOP,
+    T0,
+    commands,
+    h264_units,
+    json_mcap,
+    protobuf_mcap,
+    ros2_mcap,
+    states,
+    video_mcap,
+)
 
 pytest.importorskip("mcap", reason="needs the importers extra (mcap)")
 TOPICS = {
@@ -122,3 +133,67 @@ def test_a_bad_file_beside_good_ones_is_named_and_the_rest_imported(tmp_path):
     assert rep["failed"][0]["file"] == "b.mcap" and "not a readable MCAP file" in rep["failed"][0]["reason"]
     assert rep["guessed"] == {"player_unknown": 1, "title_from_file": 1}
     run("import", "mcap", tmp_path / "logs", tmp_path / "caps2", "--video-topic", "/camera", "--strict", check=1)
+
+
+def _decoded(frames) -> list[np.ndarray]:
+    return [f.to_ndarray(format="rgb24") for f in frames]
+
+
+@pytest.mark.parametrize("kind", ["json", "protobuf"])
+def test_a_compressed_video_topic_is_remuxed_at_its_log_times_without_reencoding(tmp_path, kind):
+    import av
+
+    if kind == "protobuf":
+        pytest.importorskip("mcap_protobuf", reason="needs mcap-protobuf-support")
+    src = video_mcap(tmp_path / "run.mcap", kind)
+    rep = run_json("import", "mcap", src, tmp_path / "caps", "--video-topic", "/camera", "--player", "arm-1")
+    assert rep["dropped"] == {} and rep["failed"] == [] and rep["sessions"][0]["duration"] == 1.45
+    with av.open(str(tmp_path / "caps" / "run" / "video.mp4")) as c:
+        stream = c.streams.video[0]
+        packets = [p for p in c.demux(stream) if p.size]
+        assert stream.codec_context.name == "h264"
+        assert [float(p.pts * p.time_base) for p in packets] == pytest.approx([i / FPS for i in range(30)], abs=1e-5)
+        assert [i for i, p in enumerate(packets) if p.is_keyframe] == list(range(0, 30, GOP))
+        remuxed = _decoded(f for p in packets for f in stream.codec_context.decode(p))
+        remuxed += _decoded(stream.codec_context.decode(None))
+    decoder = av.CodecContext.create("h264", "r")  # the robot's own access units, decoded as they were logged
+    logged = _decoded(f for data, _ in h264_units(30) for f in decoder.decode(av.Packet(data)))
+    logged += _decoded(decoder.decode(None))
+    assert len(remuxed) == len(logged) == 30
+    assert all(np.array_equal(a, b) for a, b in zip(remuxed, logged))  # the same pictures: nothing re-encoded
+    if kind == "json":  # (the protobuf file has no other topic: the video alone converts as well)
+        run("convert", tmp_path / "caps", tmp_path / "cat", "--clip-seconds", "0.5", "--strict", "-q")
+        run("validate", tmp_path / "cat", "--level", "full", "-q")
+
+
+def test_a_compressed_video_log_that_starts_inside_a_gop_imports_the_same_bytes_twice(tmp_path):
+    src = video_mcap(tmp_path / "run.mcap", first=3)  # pictures 3-9 precede the first keyframe (picture 10)
+    reports = [
+        run_json("import", "mcap", src, tmp_path / out, "--video-topic", "/camera", "--action-topic", "/cmd")
+        for out in ("one", "two")
+    ]
+    assert reports[0]["dropped"] == {"video_frames": 7}
+    assert "run.mcap: /camera message 1: before the first keyframe" in reports[0]["sessions"][0]["problems"][0]
+    session = json.loads((tmp_path / "one" / "run" / "session.json").read_text())
+    assert session["started_at"] == "2026-11-01T10:00:00.500000Z"  # time zero: the first keyframe's log time
+    for name in ("session.json", "actions.jsonl", "video.mp4"):
+        assert (tmp_path / "one" / "run" / name).read_bytes() == (tmp_path / "two" / "run" / name).read_bytes()
+
+
+def test_an_unsupported_compressed_video_format_is_refused_naming_the_topic_and_the_formats(tmp_path):
+    src = video_mcap(tmp_path / "run.mcap", frames=2, fmt="vp9")
+    p = run("import", "mcap", src, tmp_path / "caps", "--video-topic", "/camera", check=2)
+    assert (
+        "topic /camera: compressed video format 'vp9' is not supported; supported: h264, h265 (remuxed as they are)"
+        in p.stderr
+    )
+    assert not (tmp_path / "caps").exists()
+
+
+def test_keyframes_are_found_by_their_nal_unit_types():
+    from dsbuild.importers.mcap import is_keyframe
+
+    units = h264_units(12)
+    assert [is_keyframe("h264", data) for data, _ in units] == [key for _, key in units]
+    assert is_keyframe("hevc", b"\x00\x00\x00\x01\x26\x01") and not is_keyframe("hevc", b"\x00\x00\x01\x02\x01")
+    assert not is_keyframe("h264", b"") and not is_keyframe("h264", b"\x00\x00\x01")

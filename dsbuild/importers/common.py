@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 from dsbuild.core.errors import UsageError
@@ -122,6 +123,50 @@ def write_session(folder: Path, doc: dict, streams: dict[str, bytes], video: Pat
         (folder / f"{kind}.jsonl").write_bytes(data)
     if video is not None:
         shutil.copyfile(video, folder / doc["video"])
+
+
+class H264Writer:
+    """H.264 streams in one MP4 at the frames' own times (``pts`` on ``time_base``: variable frame rate
+    kept), keyframes exactly every second (convert cuts clips there), bit-exact: the same frames give the
+    same bytes. Add every stream (``add_stream``, from its first frame) before the first frame."""
+
+    def __init__(self, path: Path, time_base: Fraction, crf: int):
+        import av
+
+        self.container = av.open(str(path), "w", format="mp4", options={"fflags": "+bitexact"})
+        self.time_base, self.crf = time_base, crf
+        self.streams: list = []
+
+    def add_stream(self, first, rate: Fraction) -> int:
+        """A stream the size of ``first`` (cut to even), at nominal ``rate``; its index for ``add``."""
+        import av
+
+        stream = self.container.add_stream("libx264", rate=rate)
+        stream.width, stream.height = first.width - first.width % 2, first.height - first.height % 2
+        stream.pix_fmt = "yuv420p"
+        stream.time_base = stream.codec_context.time_base = self.time_base
+        gop = str(max(1, round(rate)))
+        stream.codec_context.options = {
+            "crf": str(self.crf),
+            "g": gop,
+            "keyint_min": gop,
+            "x264-params": "scenecut=0",  # no keyframe but every second's: clips are cut at those
+            "threads": "1",
+        }
+        stream.codec_context.flags |= int(av.codec.context.Flags.bitexact)
+        self.streams.append(stream)
+        return len(self.streams) - 1
+
+    def add(self, frame, pts: int, stream: int = 0) -> None:
+        s = self.streams[stream]
+        frame = frame.reformat(width=s.width, height=s.height, format="yuv420p")
+        frame.pts, frame.time_base = pts, self.time_base
+        self.container.mux(s.encode(frame))
+
+    def close(self) -> None:
+        for s in self.streams:
+            self.container.mux(s.encode())
+        self.container.close()
 
 
 def check_output(dest: Path) -> None:

@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from dsbuild.core.errors import MissingDependency, UsageError
-from dsbuild.importers.common import ImportReport, SessionReport, jsonl, session_id, staged, write_session
+from dsbuild.importers.common import (
+    H264Writer,
+    ImportReport,
+    SessionReport,
+    jsonl,
+    session_id,
+    staged,
+    write_session,
+)
 
 SUPPORTED = "MCAP files with JSON (jsonschema), ROS 2 CDR (ros2msg) or protobuf channels"
 F32_MAX = 3.4028234663852886e38
@@ -201,38 +209,6 @@ def _image(msg: dict) -> object:
     return av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format=fmt)
 
 
-class _Encoder:
-    """H.264 in MP4 at the frames' own times (variable frame rate kept), keyframes about every second."""
-
-    def __init__(self, path: Path, first, rate: Fraction, crf: int):
-        import av
-
-        self.container = av.open(str(path), "w", format="mp4", options={"fflags": "+bitexact"})
-        self.width, self.height = first.width - first.width % 2, first.height - first.height % 2
-        self.stream = self.container.add_stream("libx264", rate=rate)
-        self.stream.width, self.stream.height, self.stream.pix_fmt = self.width, self.height, "yuv420p"
-        self.stream.time_base = TIME_BASE
-        self.stream.codec_context.time_base = TIME_BASE
-        gop = str(max(1, round(rate)))
-        self.stream.codec_context.options = {
-            "crf": str(crf),
-            "g": gop,
-            "keyint_min": gop,
-            "x264-params": "scenecut=0",  # keyframes exactly every second: convert cuts clips there
-            "threads": "1",
-        }
-        self.stream.codec_context.flags |= int(av.codec.context.Flags.bitexact)
-
-    def add(self, frame, pts: int) -> None:
-        frame = frame.reformat(width=self.width, height=self.height, format="yuv420p")
-        frame.pts, frame.time_base = pts, TIME_BASE
-        self.container.mux(self.stream.encode(frame))
-
-    def close(self) -> None:
-        self.container.mux(self.stream.encode())
-        self.container.close()
-
-
 class _Remuxer:
     """Compressed video access units in MP4 as they are (no re-encode), at their log times. FFmpeg's raw
     demuxer reads the first keyframe's parameter sets (SPS/PPS) into the stream's codec parameters; the
@@ -283,14 +259,14 @@ def video_codec(topic: str, msg: object) -> str:
 
 
 class _VideoTrack:
-    """The video topic's messages into the session's video: images re-encoded (``_Encoder``), compressed
+    """The video topic's messages into the session's video: images re-encoded (``H264Writer``), compressed
     video remuxed (``_Remuxer``), each at its log time; the first decoded message says which it is."""
 
     def __init__(self, topic: str, path: Path, rate: Fraction, crf: int):
         self.topic, self.path, self.rate, self.crf = topic, path, rate, crf
         self.codec: str | None = None  # the compressed video's codec; None: images
         self.seen = False
-        self.sink: _Encoder | _Remuxer | None = None
+        self.sink: H264Writer | _Remuxer | None = None
         self.t0: int | None = None
         self.last_pts = -1
 
@@ -306,7 +282,8 @@ class _VideoTrack:
         if self.t0 is None:
             self.t0 = log_time
             if self.codec is None:
-                self.sink = _Encoder(self.path, item, self.rate, self.crf)
+                self.sink = H264Writer(self.path, TIME_BASE, self.crf)
+                self.sink.add_stream(item, self.rate)
             else:
                 self.sink = _Remuxer(self.path, self.codec, item[0], self.rate)
         pts = round(Fraction(log_time - self.t0, 1_000_000_000) / TIME_BASE)

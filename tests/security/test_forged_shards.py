@@ -7,9 +7,6 @@ end padding; every hash, the index and the manifest re-pinned to match."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -21,9 +18,10 @@ from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.transfer import transfer
 from dsbuild.lineage.verify import verify
 from dsbuild.loader import Loader
-from tests.cli.clitools import env, run
+from tests.cli.clitools import run
 from tests.helpers import tree_bytes
 from tests.security.conftest import SHARD_CASES
+from tests.security.driver import drive
 
 CASES = sorted(SHARD_CASES)
 
@@ -81,6 +79,19 @@ SWEEP = {
 }
 
 
+def check_sweep(plan: list, results: list[dict], shards: dict[str, str], out: Path) -> None:
+    """Each (case, command name, args) of ``plan`` exited as SWEEP says, with one error line (naming the
+    case's forged shard, ``shards[case]``, where it refused) and no tar written under ``out``."""
+    for (case, name, _), got in zip(plan, results, strict=True):
+        want = SWEEP[name][1]
+        assert got["exit"] == want, (case, name, got)
+        errors = [x for x in got["stderr"].splitlines() if x.startswith("error:")]
+        assert len(errors) == (want != 0), (case, name, got["stderr"][-2000:])
+        if want == 3:
+            assert shards[case] in errors[0] and len(errors[0]) < 600, (case, name, errors)
+            assert not (out / f"{case}-{name}").exists() or not any((out / f"{case}-{name}").rglob("*.tar"))
+
+
 def test_every_command_that_reads_a_catalog_over_every_forged_case(forged, tmp_path):
     """One sweep: every command over every forged case, through the CLI's entry point (``driver``)."""
     cats = {case: forged(case) for case in CASES}
@@ -90,24 +101,7 @@ def test_every_command_that_reads_a_catalog_over_every_forged_case(forged, tmp_p
         for case, (cat, _) in cats.items()
         for name, (args, _) in SWEEP.items()
     ]
-    p = subprocess.run(
-        [sys.executable, "-m", "tests.security.driver"],
-        input=json.dumps([args for *_, args in plan]),
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
-        env=env(),
-        timeout=600,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    for (case, name, _), got in zip(plan, json.loads(p.stdout)):
-        want = SWEEP[name][1]
-        assert got["exit"] == want, (case, name, got)
-        errors = [x for x in got["stderr"].splitlines() if x.startswith("error:")]
-        assert len(errors) == (want != 0), (case, name, got["stderr"][-2000:])
-        if want == 3:
-            assert shard0(*cats[case]) in errors[0] and len(errors[0]) < 600, (case, name, errors)
-            assert not (tmp_path / f"{case}-{name}").exists() or not any((tmp_path / f"{case}-{name}").rglob("*.tar"))
+    check_sweep(plan, drive([args for *_, args in plan]), {case: shard0(*cats[case]) for case in cats}, tmp_path)
     assert {case: tree_bytes(cat) for case, (cat, _) in cats.items()} == before
     assert not Path("/tmp/dsbuild-redteam-x.json").exists()
 

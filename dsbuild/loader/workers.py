@@ -15,15 +15,21 @@ in thread mode and sends worker ``k % N`` the k-th step it needs, as a few numbe
 back in the order it sent them. So batches, their order and every ``state_dict()`` are those of thread
 mode for any N, and a checkpoint resumes across modes and worker counts.
 
-Nothing crosses by pickle but the loader's own settings, once, when a worker starts (the map function by
-reference). Control messages are JSON over pipes (a step's indices; "done" with the segment's name); the
-batch's arrays, clips and a JSON header (its metadata, the counts it held, the seconds it took) are in
-the segment.
+Nothing is pickled by dsbuild. A worker is given one JSON document when it starts (``description.WorkerSpec``:
+the sources, every option as JSON, the map function by its import path ``"package.module:function"``,
+which the worker imports); control messages are JSON over pipes (a step's indices; "done" with the
+segment's name); the batch's arrays, clips and a JSON header (its metadata, the counts it held, the
+seconds it took) are in the segment.
 
 Processes start from a fork server (``forkserver``): a clean process started once, without the parent's
 threads or CUDA context, forks each worker with numpy and dsbuild already imported — safe after the
-parent initialised CUDA or started threads (a plain ``fork`` is not), and quicker than ``spawn``, which
-imports everything again in every worker. Workers start on first use, stay for every epoch until
+parent initialised CUDA or started threads (a plain ``fork`` is not), and quicker than ``spawn`` or a
+``subprocess`` running ``python -m``, which import everything again in every worker (≈ 0.5 s each here,
+against a few milliseconds a fork). multiprocessing sends the fork server its ``Process`` object, which
+it pickles itself: it holds only ``_serve`` (a module's function, by name), the description as a string
+and the worker's end of its pipe (multiprocessing's own ``Connection``, passed as a file descriptor).
+The fork server would run the parent's script (``__main__``) again to start; workers need nothing of it
+(a map function is never taken from ``__main__``), so it is left out (``_main_left_out``). Workers start on first use, stay for every epoch until
 ``close()``, and die with the parent (``PR_SET_PDEATHSIG``, as convert's do). A worker that dies is a
 ``WorkerDied`` naming it and how it died, never a hang. A segment that would not fit in ``/dev/shm`` is a
 ``StorageError`` naming the size it needs and the options that lower it (it is allocated up front, so a
@@ -38,7 +44,6 @@ import dataclasses
 import json
 import mmap
 import os
-import pickle
 import signal
 import struct
 import sys
@@ -60,6 +65,7 @@ from dsbuild.core import errors
 from dsbuild.core.errors import DsbuildError, StorageError, UsageError, WorkerDied
 from dsbuild.core.executor import _die_with_parent
 from dsbuild.core.files import PARENT_ONLY_FDS
+from dsbuild.loader.description import WorkerSpec, describe, import_path, rebuild
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.passes import decode, encode
 from dsbuild.loader.walk import SampleRef, Step
@@ -97,22 +103,12 @@ def choose_mode(o: LoaderOptions) -> tuple[str, str]:
         return o.worker_mode, f"worker_mode={o.worker_mode!r}"
     if o.num_workers <= 2:
         return "thread", f"auto: num_workers={o.num_workers} <= 2, threads overlap decoding and reads without hand-offs"
-    if o.map is not None and not _importable(o.map):
-        return "thread", "auto: map cannot be sent to a worker process (define it at a module's top level)"
+    if o.map is not None:
+        try:
+            import_path(o.map)
+        except UsageError:
+            return "thread", "auto: map has no import path ('package.module:function') a worker process could import"
     return "process", f"auto: num_workers={o.num_workers} > 2, processes use the cores the GIL keeps threads from"
-
-
-def _importable(fn: Any) -> bool:
-    """Whether a worker process can have ``fn``: it pickles (by reference), and not from an interactive
-    ``__main__`` (a notebook's or a REPL's, which a worker cannot import)."""
-    main = sys.modules.get("__main__")
-    if getattr(fn, "__module__", None) == "__main__" and not hasattr(main, "__file__"):
-        return False
-    try:
-        pickle.dumps(fn)
-    except Exception:
-        return False
-    return True
 
 
 # -- messages ------------------------------------------------------------------------------------------
@@ -295,13 +291,16 @@ class Ring:
         self.segments = [None] * len(self.segments)
 
 
-def _serve(loader, conn, worker: int, prefix: str, slots: int, budget: int | None, fds) -> None:
-    """A worker process: build the batches the parent names, each into a slot of its ring. Its parent is
-    the fork server, which exits when the loader's process does; a closed pipe ends it too."""
-    _die_with_parent(os.getppid(), fds)
-    ring = Ring(prefix, slots, budget, worker)
+def _serve(text: str, conn) -> None:
+    """A worker process: build the batches the parent names, each into a slot of its ring. ``text`` is its
+    ``WorkerSpec``. Its parent is the fork server, which exits when the loader's process does; a closed
+    pipe ends it too."""
+    spec = WorkerSpec.read(text)
+    _die_with_parent(os.getppid(), spec.close_fds)
+    ring = Ring(spec.prefix, spec.slots, spec.budget, spec.worker)
     try:
         try:
+            loader = rebuild(spec)
             loader.open()
             loader._io()
         except DsbuildError as e:
@@ -392,12 +391,11 @@ def _map(name: str, size: int) -> mmap.mmap:
 
 
 @contextmanager
-def _main_left_out(needed: bool) -> Iterator[None]:
-    """Start workers without running the parent's script again in them (multiprocessing's spawn and
-    forkserver import ``__main__`` by its path): they need nothing of it, unless ``map`` is defined there
-    (then the script must keep its work under ``if __name__ == "__main__":``)."""
+def _main_left_out() -> Iterator[None]:
+    """Start workers without running the parent's script again in them (multiprocessing's fork server
+    imports ``__main__`` by its path when it starts): they need nothing of it."""
     main = sys.modules.get("__main__")
-    if needed or main is None:
+    if main is None:
         yield
         return
     saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
@@ -464,23 +462,19 @@ class ProcessWorkers:
             raise UsageError("a process worker pool starts once (make a new one to start again)")
         t0 = time.perf_counter()
         try:
+            spec = describe(
+                loader, prefix=self.prefix, slots=self.slots, budget=self.budget, close_fds=tuple(PARENT_ONLY_FDS)
+            )
             for w in range(self.n):
                 mine, theirs = ctx.Pipe(duplex=True)
                 p = ctx.Process(  # type: ignore[attr-defined]
                     target=_serve,
-                    args=(loader, theirs, w, self.prefix, self.slots, self.budget, tuple(PARENT_ONLY_FDS)),
+                    args=(dataclasses.replace(spec, worker=w).text(), theirs),
                     name=f"dsbuild-load-proc_{w}",
                     daemon=True,
                 )
-                try:
-                    with _main_left_out(getattr(loader.options.map, "__module__", None) == "__main__"):
-                        p.start()
-                except (pickle.PicklingError, AttributeError, TypeError) as e:
-                    raise UsageError(
-                        f"worker_mode='process' sends the loader's settings to its workers, and they cannot be: {e}",
-                        hint="define map at a module's top level (not a lambda or a nested function), "
-                        "or use worker_mode='thread'",
-                    ) from None
+                with _main_left_out():
+                    p.start()
                 theirs.close()
                 self._procs.append(p)
                 self._conns.append(mine)
@@ -510,8 +504,7 @@ class ProcessWorkers:
             p.join(1)
             raise WorkerDied(
                 f"loader worker process {w} (pid {p.pid}) died while starting ({_how(p.exitcode)})",
-                hint="see its output above (a script whose map function it defines must keep its work under "
-                "`if __name__ == '__main__':`, which workers import); worker_mode='thread' needs neither",
+                hint="see its output above; worker_mode='thread' builds batches in this process",
             ) from None
         if msg[0] == "error":
             raise _error(msg[2], msg[3], msg[4], w)

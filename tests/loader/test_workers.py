@@ -151,7 +151,7 @@ def test_auto_picks_processes_above_two_workers_and_says_why():
     mode, why = choose_mode(LoaderOptions(num_workers=4))
     assert mode == "process" and "num_workers=4" in why
     assert choose_mode(LoaderOptions(num_workers=4, map=lambda s, rng: s))[0] == "thread"
-    assert choose_mode(LoaderOptions(num_workers=4, map=same_batch))[0] == "process"  # (a module's function)
+    assert choose_mode(LoaderOptions(num_workers=4, map=tagged))[0] == "process"  # (a module's function)
     assert choose_mode(LoaderOptions(num_workers=1, worker_mode="process")) == ("process", "worker_mode='process'")
 
 
@@ -162,13 +162,31 @@ def test_an_invalid_worker_mode_is_a_usage_error():
         LoaderOptions(worker_mode="process", num_workers=0)
 
 
-def test_a_map_that_cannot_cross_is_a_usage_error(cat):
+def test_a_map_without_an_import_path_is_a_usage_error(cat):
     ref, _ = cat
     loader = Loader(ref, decode="bytes", worker_mode="process", num_workers=1, map=lambda s, rng: s)
-    with pytest.raises(UsageError, match="cannot be: .*lambda") as e:
+    with pytest.raises(UsageError, match=r"'package.module:function'\): a lambda") as e:
         next(iter(loader))
-    assert "define map at a module's top level" in e.value.hint
+    assert "top level of a module" in e.value.hint and "worker_mode='thread'" in e.value.hint
     loader.close()
+
+
+def tagged(sample: dict, rng) -> dict:
+    """A map function with an import path (``tests.loader.test_workers:tagged``): seeded noise on actions."""
+    sample["actions"] = sample["actions"] + rng.normal(size=sample["actions"].shape).astype(np.float32)
+    return sample
+
+
+def test_a_map_named_by_its_import_path_runs_in_the_workers(cat):
+    ref, _ = cat
+    kw = {"decode": "bytes", "batch_size": 3, "seed": 4, "num_workers": 2, "map": tagged}
+    a, _ = epoch(Loader(ref, worker_mode="thread", **kw), 3)
+    with Loader(ref, worker_mode="process", **kw) as procs:
+        b, _ = epoch(procs, 3)
+    plain, _ = epoch(Loader(ref, worker_mode="thread", **{**kw, "map": None}), 1)
+    assert not np.array_equal(plain[0]["actions"], a[0]["actions"])
+    for x, y in zip(a, b):
+        same_batch(x, y)
 
 
 def test_a_segment_layout_round_trips_views_json_and_clips():

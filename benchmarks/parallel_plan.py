@@ -59,13 +59,17 @@ def last_reader(layout: tuple, world: int) -> int:
     return max(r for r in range(world) if p.coords(r, world).reads)
 
 
-def timed(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
-    times: list[float] = []
+def timed(fn: Callable[[], T], repeats: int) -> tuple[float, float, T]:
+    """Median wall and CPU seconds of ``repeats`` calls (CPU: this process's, what a loaded shared
+    machine inflates least), and the last call's result."""
+    walls: list[float] = []
+    cpus: list[float] = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out  # (repeats >= 1)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus), out  # (repeats >= 1)
 
 
 def main() -> None:
@@ -83,8 +87,8 @@ def main() -> None:
         f"balance={'frames' if args.balance else None}"
     )
     print(
-        f"{'layout (tp,cp,pp) W=4096':<26} {'dp':>5} {'step ms':>8} {'restore ms':>11} {'-> layout W=3072':<18} "
-        f"{'epoch ms':>9} {'batches':>8}"
+        f"{'layout (tp,cp,pp) W=4096':<26} {'dp':>5} {'step ms':>8} {'(cpu)':>6} {'restore ms':>11} {'(cpu)':>6} "
+        f"{'-> layout W=3072':<18} {'epoch ms':>9} {'batches':>8}"
     )
     state = LoaderState(
         sources=(SourceId("0" * 64, None, None, 1.0),),
@@ -103,7 +107,7 @@ def row(plan: EpochPlan, state: LoaderState, layout: tuple, other: tuple, repeat
     dp = p.data_parallel(4096)
     rank = last_reader(layout, 4096)
     mid = (plan.batches_in_epoch(0) // 2) // dp * dp  # a checkpoint after a whole global step, mid-epoch
-    step_s, _ = timed(lambda: rank_plan(plan, layout, 4096, rank, mid, 1, balance), repeats)
+    step_s, step_cpu, _ = timed(lambda: rank_plan(plan, layout, 4096, rank, mid, 1, balance), repeats)
     saved = json.dumps(
         {**state.to_json(), "position": mid, "cursors": [{"epoch": 0, "at": mid}], "layout": p.to_json(4096)}
     )
@@ -114,10 +118,11 @@ def row(plan: EpochPlan, state: LoaderState, layout: tuple, other: tuple, repeat
         state.check_compatible(theirs)
         return rank_plan(plan, other, 3072, new_rank, theirs.position, 1, balance)
 
-    restore_s, _ = timed(restore, repeats)
-    epoch_s, batches = timed(lambda: rank_plan(plan, layout, 4096, rank, 0, None, balance), 1)
+    restore_s, restore_cpu, _ = timed(restore, repeats)
+    epoch_s, _, batches = timed(lambda: rank_plan(plan, layout, 4096, rank, 0, None, balance), 1)
     return (
-        f"{layout!s:<26} {dp:>5} {1000 * step_s:>8.1f} {1000 * restore_s:>11.1f} {other!s:<18} "
+        f"{layout!s:<26} {dp:>5} {1000 * step_s:>8.1f} {1000 * step_cpu:>6.1f} {1000 * restore_s:>11.1f} "
+        f"{1000 * restore_cpu:>6.1f} {other!s:<18} "
         f"{1000 * epoch_s:>9.0f} {len(batches):>8}"
     )
 

@@ -14,12 +14,12 @@ and the pipeline stage changes slowest. Megatron's own default "tp-cp-ep-dp-pp" 
   multiples of 2C).
 - PP stages other than the first and last read nothing.
 - ``balance`` reassigns the samples of one global step among the DP ranks, largest first onto the
-  least-loaded rank with room, so that no rank is a straggler made by the data.
+  least-loaded rank with room (in rounds of one item a rank: vectorised), so that no rank is a
+  straggler made by the data.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -342,20 +342,26 @@ def _cp_audio(batch: dict, bounds: np.ndarray, frames: np.ndarray, cp: int, rank
 
 # -- balanced data-parallel batches -----------------------------------------------------------------------
 def balance(weights: Sequence[int] | np.ndarray, capacities: Sequence[int]) -> np.ndarray:
-    """The rank of each item: items largest first (ties by index) onto the least-loaded rank that has room
-    (ties by rank index). Rank k takes ``capacities[k]`` items; their sum must be the item count."""
+    """The rank of each item, dealt in rounds: items largest first (ties by index), each round the next
+    items, one for every rank with room left (rank k takes ``capacities[k]`` items in all; their sum must
+    be the item count), the largest onto the least-loaded rank (ties by rank index). With equal
+    capacities the ranks' loads end at most the largest item minus the smallest apart. Vectorised: one
+    sort of the ranks a round (max(capacities) rounds), the same deal on every rank."""
     w = np.asarray(weights, dtype=np.int64)
-    if int(np.sum(capacities)) != len(w):
-        raise ValueError(f"balance: {len(w)} items for capacities summing to {int(np.sum(capacities))}")
-    room = [int(c) for c in capacities]
-    heap = [(0, k) for k, c in enumerate(room) if c > 0]  # (load, rank): the least loaded, lowest index first
+    cap = np.asarray(capacities, dtype=np.int64)
+    if int(cap.sum()) != len(w):
+        raise ValueError(f"balance: {len(w)} items for capacities summing to {int(cap.sum())}")
+    order = np.argsort(-w, kind="stable")
     owner = np.empty(len(w), dtype=np.int64)
-    for i in np.argsort(-w, kind="stable").tolist():
-        load, k = heapq.heappop(heap)
-        owner[i] = k
-        room[k] -= 1
-        if room[k]:
-            heapq.heappush(heap, (load + int(w[i]), k))
+    load = np.zeros(len(cap), dtype=np.int64)
+    start = 0
+    for r in range(int(cap.max(initial=0))):
+        ranks = np.flatnonzero(cap > r)  # by index: a stable sort on load breaks ties by rank
+        ranks = ranks[np.argsort(load[ranks], kind="stable")]
+        items = order[start : start + len(ranks)]
+        owner[items] = ranks
+        load[ranks] += w[items]
+        start += len(ranks)
     return owner
 
 

@@ -83,6 +83,7 @@ class Plan(Protocol):
     n: int
     bucket_keys: np.ndarray | None
     lengths: np.ndarray | None
+    spec: PlanSpec
 
     def batches_in_epoch(self, epoch: int) -> int: ...
     def batch(self, epoch: int, b: int) -> Batch: ...
@@ -264,28 +265,44 @@ def rank_steps(
             held = None
 
 
-def _group_work(group: list[Step], plans: Sequence[Plan]) -> tuple[list[list], np.ndarray]:
-    """Each step's items as the plan holds them (tuples of sample indices of ``step.source``, or of
-    SampleRefs for mix="sample") and every item's work, in step order: its samples' delivered frames
-    (``Plan.lengths``; none: 1 a sample). Made without a SampleRef per sample, in one numpy pass: a
-    balanced step weighs every DP rank's items."""
-    per: list[list] = []
-    refs: list[tuple[int, int]] = []
-    for step in group:
+def _group_work(group: list[Step], plans: Sequence[Plan]) -> tuple[list, np.ndarray]:
+    """Each step's items as the plan holds them (tuples of sample indices of ``step.source``, rows of an
+    index array for a plain plan, or tuples of SampleRefs for mix="sample") and every item's work, in
+    step order: its samples' delivered frames (``Plan.lengths``; none: 1 a sample). Made in numpy,
+    without a SampleRef per sample: a balanced step weighs every DP rank's items, and a plain plan's run
+    of consecutive batches is one ``Plan.order`` call, not a planned chunk per 64 batches."""
+    per: list = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (source, index) a sample; samples an item
+    k = 0
+    while k < len(group):
+        step, e = group[k], k + 1
         if step.items is not None:
             per.append(list(step.items))
-            refs.extend((r.source, r.index) for item in step.items for r in item)
-        else:  # (a mix="batch" step: source, epoch and batch are set)
-            source: int = step.source  # type: ignore[assignment]
-            per.append(plans[source].batch(step.epoch, step.batch))  # type: ignore[arg-type]
-            refs.extend((source, i) for item in per[-1] for i in item)
-    src, idx = np.array(refs, np.int64).reshape(-1, 2).T
-    frames = np.ones(len(refs), np.int64)
+            refs = np.array([(r.source, r.index) for item in step.items for r in item], np.int64).reshape(-1, 2)
+            parts.append((refs[:, 0], refs[:, 1], np.array([len(item) for item in step.items], np.int64)))
+            k = e
+            continue
+        source, epoch, b = int(step.source), int(step.epoch), int(step.batch)  # type: ignore[arg-type]  # (mix="batch")
+        plan = plans[source]
+        if plan.spec.simple:  # a run of consecutive batches of the source's epoch, one sample an item
+            while e < len(group) and (group[e].source, group[e].epoch, group[e].batch) == (source, epoch, b + e - k):
+                e += 1
+            size = plan.spec.batch_size
+            idx = plan.order(epoch, b * size, (e - k) * size)
+            per.extend(idx[i : i + size, None] for i in range(0, len(idx), size))
+            counts = np.ones(len(idx), np.int64)
+        else:
+            per.append(plan.batch(epoch, b))
+            idx = np.array([i for item in per[-1] for i in item], np.int64)
+            counts = np.array([len(item) for item in per[-1]], np.int64)
+        parts.append((np.full(len(idx), source), idx, counts))
+        k = e
+    src, idx, sizes = (np.concatenate([p[i] for p in parts]).astype(np.int64) for i in range(3))
+    frames = np.ones(len(idx), np.int64)
     for s, plan in enumerate(plans):
         mine = src == s
         if plan.lengths is not None and mine.any():
             frames[mine] = plan.lengths[idx[mine]]
-    sizes = [len(item) for items in per for item in items]
     return per, np.bincount(np.repeat(np.arange(len(sizes)), sizes), frames, len(sizes)).astype(np.int64)
 
 
@@ -307,7 +324,7 @@ def balance_steps(
         k = int(np.searchsorted(ends, p, side="right"))
         item = per[k][p - (int(ends[k - 1]) if k else 0)]
         step = group[k]
-        mine.append(item if step.items is not None else tuple(SampleRef(step.source, step.epoch, i) for i in item))  # type: ignore[arg-type]
+        mine.append(item if step.items is not None else tuple(SampleRef(step.source, step.epoch, int(i)) for i in item))  # type: ignore[arg-type]
     drawn = np.repeat(np.arange(len(per)), sizes)
     dealt = Step(group[rank].j, group[rank].after, items=tuple(mine))
     return dealt, np.bincount(drawn, work, len(per)), np.bincount(owner, work, len(per))

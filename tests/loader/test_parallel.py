@@ -17,7 +17,15 @@ from dsbuild.loader import Loader, Parallel
 from dsbuild.loader.epoch import EpochPlan
 from dsbuild.loader.parallel import balance, cp_bounds, cp_gather, cp_slice, cp_spans, parse_order
 from dsbuild.loader.plan import PlanSpec, rank_batch_ids
-from dsbuild.loader.walk import Position, balance_steps, rank_keep, rank_steps, step_items, walk_batches
+from dsbuild.loader.walk import (
+    Position,
+    balance_steps,
+    rank_keep,
+    rank_steps,
+    step_items,
+    walk_batches,
+    walk_samples,
+)
 from tests.loader.conftest import index_rows
 
 # -- the rank arithmetic ---------------------------------------------------------------------------------
@@ -189,8 +197,18 @@ def test_balance_keeps_every_rank_s_count_and_spreads_by_less_than_the_largest_i
     owner = balance(work, [per] * ranks)
     assert np.bincount(owner, minlength=ranks).tolist() == [per] * ranks
     dealt = np.bincount(owner, work, ranks)
-    assert dealt.max() - dealt.min() <= max(work)  # (a deal as drawn may be off by the sum of a batch)
+    assert dealt.max() - dealt.min() <= max(work) - min(work)  # (a deal as drawn: off by a batch's sum)
     assert balance(work, [per] * ranks).tolist() == owner.tolist()
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 600), st.integers(0, 9)), min_size=1, max_size=64))
+def test_balance_fills_unequal_capacities_exactly(pairs):
+    work, capacities = [w for w, _ in pairs], [c for _, c in pairs]
+    total = sum(capacities)
+    work = (work * (total // len(work) + 1))[:total]
+    owner = balance(work, capacities)
+    assert np.bincount(owner, minlength=len(capacities)).tolist() == capacities
 
 
 # -- exactly once at the sizes users run ------------------------------------------------------------------
@@ -273,6 +291,26 @@ def test_balanced_steps_at_4096_ranks_keep_every_sample_and_even_the_work():
     assert sorted(r.index for s in steps for item in s.items for r in item) == before
     assert [len(s.items) for s in steps] == [B] * dp and [s.j for s in steps] == [s.j for s in group]
     assert dealt.max() / dealt.mean() < drawn.max() / drawn.mean() and dealt.sum() == drawn.sum()
+
+
+@pytest.mark.parametrize("mix", ["batch", "sample"])
+@pytest.mark.parametrize("pack", [None, 240])
+def test_balanced_steps_of_packed_and_mixed_sources_keep_every_item_once(mix, pack):
+    rng = np.random.default_rng(1)
+    spec = PlanSpec(4, pack_frames=pack)
+    plans = [EpochPlan(400, 3, f"s{s}/", spec, lengths=rng.integers(20, 200, 400)) for s in range(2)]
+    start, weights = Position(0, ((0, 0), (0, 0))), np.array([0.7, 0.3])
+    walk = (
+        walk_batches(start, plans, weights, 3, True)
+        if mix == "batch"
+        else walk_samples(start, plans, weights, 3, True, spec)
+    )
+    group = list(itertools.islice(walk, 8))
+    steps = [balance_steps(group, plans, pack, k)[0] for k in range(8)]
+    _, drawn, dealt = balance_steps(group, plans, pack, 0)
+    assert sorted(i for s in steps for i in s.items) == sorted(i for s in group for i in step_items(s, plans))
+    assert [len(s.items) for s in steps] == [len(step_items(s, plans)) for s in group]
+    assert dealt.sum() == drawn.sum() and dealt.max() <= drawn.max()
 
 
 # -- the loader under TP, CP and PP at W = 8 ---------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Every recipe in docs/interop.md runs as written, in order, in one empty folder.
 
 ```python``` blocks run with this interpreter, ```sh``` blocks with bash (the venv's ``dsbuild`` first
-on PATH); a block right after ``<!-- illustrative ... -->`` is skipped. HF runs offline with its cache
-in the folder.
+on PATH); a block right after ``<!-- illustrative ... -->`` is skipped, and one after
+``<!-- needs: MODULE -->`` runs only where MODULE imports (an optional extra's, e.g. nvidia.dali). HF runs
+offline with its cache in the folder.
 """
 
 from __future__ import annotations
@@ -16,13 +17,26 @@ from pathlib import Path
 import pytest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "interop.md"
-BLOCK = re.compile(r"(<!-- illustrative[^>]*-->\s*)?^```(python|sh)\n(.*?)^```", re.S | re.M)
+BLOCK = re.compile(r"(?:<!-- (illustrative|needs: ([\w.]+))[^>]*-->\s*)?^```(python|sh)\n(.*?)^```", re.S | re.M)
 PEERS = ("megatron.energon", "wids", "datasets", "litdata", "grain", "ray", "polars", "webdataset")
 
 
 def blocks() -> list[tuple[str, str, bool]]:
-    """(language, code, illustrative) of every fenced python/sh block, in order."""
-    return [(m.group(2), m.group(3), bool(m.group(1))) for m in BLOCK.finditer(DOC.read_text())]
+    """(language, code, illustrative) of every fenced python/sh block, in order; a block whose module is
+    absent counts as illustrative."""
+    return [
+        (m.group(3), m.group(4), m.group(1) == "illustrative" or (m.group(2) is not None and not _imports(m.group(2))))
+        for m in BLOCK.finditer(DOC.read_text())
+    ]
+
+
+def _imports(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # (its parent package is absent)
+        return False
 
 
 def test_the_doc_has_a_recipe_per_tool():
@@ -32,6 +46,7 @@ def test_the_doc_has_a_recipe_per_tool():
         "wids",
         "Hugging Face datasets",
         "Megatron-Energon",
+        "NVIDIA DALI",
         "Mosaic Streaming",
         "LitData",
         "grain",

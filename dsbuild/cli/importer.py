@@ -20,10 +20,17 @@ Examples:
   dsbuild import mcap bags captures --video-topic /cam --telemetry-topic /joint_states --title Reach
 Exit: 0 imported, 1 --strict and a message or file was dropped, 2 bad input. See docs/import.md."""
 
+LEROBOT_EXAMPLES = """\b
+Examples:
+  dsbuild import lerobot lerobot/pusht captures                     # v2.1 or v3.0, one session per episode
+  dsbuild import lerobot so100_pick captures --camera observation.images.wrist --title "SO-100 pick"
+Exit: 0 imported, 1 --strict and a row, frame or episode was dropped, 2 bad input. See docs/import.md."""
+
 import_app = typer.Typer(
     help="Bring your own recordings: write them as captures that `dsbuild convert` reads.",
     epilog="\b\nExamples:\n  dsbuild import video recordings captures --title Kart --player p-7f3a91\n"
-    "  dsbuild import mcap run.mcap captures --video-topic /camera --action-topic /cmd\nSee docs/import.md.",
+    "  dsbuild import mcap run.mcap captures --video-topic /camera --action-topic /cmd\n"
+    "  dsbuild import lerobot so100_pick captures\nSee docs/import.md.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -159,7 +166,42 @@ def mcap(
     _render(o, report, strict)
 
 
+def lerobot(
+    src: str = typer.Argument(..., metavar="SRC", help="A LeRobot dataset folder (meta/info.json, data/, videos/)."),
+    out: str = typer.Argument(..., metavar="CAPTURES", help="A new (or empty) folder to write the captures into."),
+    camera: str = typer.Option(
+        None, "--camera", metavar="KEY", help="The camera whose stream comes first (default: the first in info.json)."
+    ),
+    title: str = typer.Option(None, "--title", metavar="TEXT", help="The task or robot (default: the folder's name)."),
+    player: str = typer.Option(None, "--player", metavar="ID", help="Who or what recorded it (default: robot_type)."),
+    condition: list[str] = typer.Option(
+        [], "--condition", metavar="KEY=VALUE", help="A condition label for every session; repeatable."
+    ),
+    crf: int = typer.Option(18, "--crf", min=0, max=51, metavar="0-51", help="H.264 quality of the re-encoded video."),
+    strict: bool = STRICT,
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
+) -> None:
+    """Import a LeRobot dataset (codebase v2.1 or v3.0), one session per episode.
+
+    Each camera becomes a stream of the session's video at the dataset's fps; action becomes actions
+    (continuous controls action.0, ...), the other numeric features telemetry, the task text a condition
+    and a text event. Times are the parquet's timestamps, kept on the 1/fps grid."""
+    from pathlib import Path
+
+    from dsbuild.importers.lerobot import LeRobotImport, import_lerobot
+
+    o = Out(as_json, quiet)
+    options = LeRobotImport(title, player, _conditions(condition), camera, crf)
+    with Progress("import", o) as bar:
+        report = import_lerobot(
+            Path(src), Path(out), options, lambda done, total, detail: bar.update(done, total, detail=detail)
+        )
+    _render(o, report, strict)
+
+
 def register(app: typer.Typer) -> None:
     import_app.command("video", epilog=VIDEO_EXAMPLES)(video)
     import_app.command("mcap", epilog=MCAP_EXAMPLES)(mcap)
+    import_app.command("lerobot", epilog=LEROBOT_EXAMPLES)(lerobot)
     app.add_typer(import_app, name="import")

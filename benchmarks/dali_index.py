@@ -53,7 +53,8 @@ def dataset(out: Path, sessions: int, seconds: float, shard_bytes: int) -> tuple
 def build_seconds(dest: Path, doc: dict, indexed: bool) -> float:
     from nvidia.dali import fn, pipeline_def
 
-    @pipeline_def(batch_size=8, num_threads=2, device_id=None, prefetch_queue_depth=1)
+    # (DALI's stubs type device_id as int; None, documented, makes the CPU-only pipeline)
+    @pipeline_def(batch_size=8, num_threads=2, device_id=None, prefetch_queue_depth=1)  # type: ignore[call-overload]
     def pipe():
         index = {"index_paths": [str(dest / p) for p in doc["index_paths"]]} if indexed else {}
         return tuple(fn.readers.webdataset(paths=[str(dest / p) for p in doc["paths"]], ext=doc["ext"], **index))

@@ -130,7 +130,8 @@ def read_meta(root: Path, camera: str | None) -> Dataset:
     if version not in SUPPORTED:
         raise UsageError(
             f"{info_path}: codebase_version {version!r} is not supported; supported: {', '.join(SUPPORTED)}",
-            hint="convert it with lerobot's own conversion script (lerobot.datasets.v30.convert_dataset_v21_to_v30)",
+            hint="convert it with lerobot's scripts: v2.0 to v2.1 with lerobot 0.3 "
+            "(lerobot.datasets.v21.convert_dataset_v20_to_v21), v2.1 to v3.0 with 0.4 (v30.convert_dataset_v21_to_v30)",
         )
     fps, features = info.get("fps"), info.get("features")
     if isinstance(fps, float) and fps.is_integer():

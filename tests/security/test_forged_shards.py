@@ -1,5 +1,5 @@
 """Every way out of a catalog refuses a forged shard, and they agree: ``verify`` reports it (exit 1),
-every export, ``shards`` and ``pull`` refuse it in one line naming the shard and the sample (exit 3),
+every export, ``shards``, ``push`` and ``pull`` refuse it in one line naming the shard and the sample (exit 3),
 writing nothing, and the loader delivers none of its damaged samples (each counted as corrupt).
 The shards are forged as an attacker who can write the catalog would: member headers named ``../``
 or ``/``, links to /etc/passwd, FIFOs, setuid bits, 8 GB sizes, a truncated tar, a member hidden in the
@@ -16,7 +16,7 @@ from dsbuild.core.errors import CorruptDataError, FormatError
 from dsbuild.export import TOOLS, export
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.transfer import transfer
-from dsbuild.lineage.verify import verify
+from dsbuild.lineage.verify import check_shards, verify
 from dsbuild.loader import Loader
 from tests.cli.clitools import run
 from tests.helpers import tree_bytes
@@ -50,6 +50,8 @@ def test_verify_exports_pull_and_the_loader_agree_on_a_forged_shard(case, forged
         assert not (tmp_path / tool).exists()
     with pytest.raises(CorruptDataError, match=shard):
         transfer(Catalog.open(cat), vid, Catalog.open(tmp_path / "copy", create=True))
+    with pytest.raises(CorruptDataError, match=shard):  # what `dsbuild shards` runs before it lists
+        check_shards(Catalog.open(cat), vid)
     assert not Catalog.open(tmp_path / "copy").versions()
     damaged = {r["key"] for r in Catalog.open(cat).index(vid).to_pylist() if r["shard"] == shard}
     loader = Loader(str(cat), decode="bytes", batch_size=2, seed=1)

@@ -50,6 +50,7 @@ F32_MAX = 3.4028234663852886e38
 MAX_META = 16 << 20  # meta/info.json: a few KB as written
 MAX_VALUES = 4096  # elements of one feature (the contract's list limit)
 MAX_FPS = 1000
+MAX_T = 1e7  # seconds into an episode (115 days): a later timestamp is no frame's
 GRID = 1e-4  # seconds: a timestamp this close to k/fps is frame k (LeRobot's own tolerance_s)
 PATH_FIELD = re.compile(r"\{(episode_chunk|episode_index|video_key|chunk_index|file_index)(:0?\d{1,2}d)?\}")
 Progress = Callable[[int, int, str], None]
@@ -323,16 +324,18 @@ class _Rows:
         return self.table.filter(pc.equal(self.table.column("episode_index"), ep.index))
 
 
-def _grid(ts: object, fps: int) -> tuple[int | None, bool]:
-    """(frame k whose time k/fps the timestamp is, whether it was off the exact float32 value), or None."""
+def grid(ts: object, fps: int) -> tuple[int | None, bool]:
+    """(frame k whose time k/fps the timestamp is, whether it had to be moved onto the grid), or None when
+    it is off the grid. A timestamp is on it when it is k/fps as float32 (as LeRobot stores it: hours into
+    an episode that is further from k/fps than ``GRID``), moved when within ``GRID`` of k/fps."""
     import numpy as np
 
-    if not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not 0 <= ts <= MAX_T:
         return None, False
     k = round(ts * fps)
-    if abs(ts - k / fps) > GRID:
-        return None, False
-    return k, float(np.float32(k / fps)) != float(np.float32(ts))
+    if float(np.float32(k / fps)) == float(np.float32(ts)):
+        return k, False
+    return (k, True) if abs(ts - k / fps) <= GRID else (None, False)
 
 
 def _values(value: object, name: str, report: SessionReport, where: str) -> list[tuple[str, float]]:
@@ -483,7 +486,7 @@ def import_episode(
     ks: list[tuple[int, int]] = []  # (row, frame k) of the rows kept, in row order
     last = -1
     for row, ts in enumerate(table.column("timestamp").to_pylist()):
-        k, snapped = _grid(ts, ds.fps)
+        k, snapped = grid(ts, ds.fps)
         if k is None or k <= last:
             reason = (
                 f"timestamp {ts!r} is not on the 1/{ds.fps} s grid"

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.cli.clitools import run
 
@@ -103,7 +105,7 @@ def test_each_version_loads_with_actions_and_telemetry_intact(imported):
             col = channels.index(f"observation.state.{j}")
             np.testing.assert_array_equal(batch["telemetry"][0, :n, col], src["observation.state"][rows, j])
     assert {ep: len(ts) for ep, ts in seen.items()} == LENGTHS  # every frame of every episode
-    assert all(float(np.abs(source[0]["action"]).max()) > 1 for _ in [0])  # (robot units, outside [-1, 1])
+    assert max(np.abs(src["action"]).max() for src in source.values()) > 1  # robot units, kept beyond [-1, 1]
 
 
 def test_importing_twice_gives_byte_identical_captures(imported, tmp_path):
@@ -116,6 +118,19 @@ def test_importing_twice_gives_byte_identical_captures(imported, tmp_path):
     assert len(files) == 15
     for p in files:
         assert (caps / p).read_bytes() == (tmp_path / "again" / p).read_bytes(), p
+
+
+@given(st.integers(1, 120), st.integers(0, 7200 * 120), st.floats(-0.4, 0.4))
+def test_a_stored_timestamp_is_its_frame_on_the_fps_grid_and_an_off_grid_one_is_refused(fps, k, off):
+    from dsbuild.importers.lerobot import GRID, grid
+
+    k = k % (7200 * fps)  # up to two hours into an episode
+    assert grid(float(np.float32(k / fps)), fps) == (k, False)  # as the writer stores it: exact
+    moved = k / fps + off * GRID  # (within the tolerance: moved onto the grid, counted)
+    if np.float32(moved) != np.float32(k / fps) and moved >= 0:
+        assert grid(moved, fps) == (k, True)
+    assert grid(k / fps + 0.4 / fps, fps) == (None, False)  # 0.4 of a frame off: no frame's time
+    assert grid(float("nan"), fps) == grid(-1.0, fps) == grid(True, fps) == (None, False)
 
 
 def test_an_unsupported_lerobot_version_is_refused_naming_it(tmp_path):

@@ -172,9 +172,10 @@ class SessionSpec:
     build: str = "1.0.0"
     started_at: str = "2026-11-01T10:00:00Z"
     conditions: dict[str, str] = field(default_factory=dict)
+    controls: dict[str, dict] = field(default_factory=dict)  # declared continuous controls (robots); none: left out
 
     def document(self, video_name: str) -> dict:
-        return {
+        doc = {
             "format": "capture/1",
             "session_id": self.session_id,
             "title": self.title,
@@ -186,6 +187,9 @@ class SessionSpec:
             "video": video_name,
             "streams": {"actions": "actions.jsonl", "telemetry": "telemetry.jsonl", "text": "text.jsonl"},
         }
+        if self.controls:
+            doc["controls"] = {name: dict(c) for name, c in self.controls.items()}
+        return doc
 
 
 def write_session(

@@ -161,3 +161,15 @@ def test_a_missing_video_and_a_corrupt_parquet_are_named_and_the_rest_imported(t
     doc = json.loads((tmp_path / "caps" / "episode_000001" / "session.json").read_text())
     assert doc["lerobot"]["cameras"] == ["observation.images.wrist"]  # the picture feature still makes the video
     assert "--strict: 1 file(s) refused and 1 value(s) dropped" in p.stderr
+
+
+def test_a_corrupt_v3_data_file_fails_every_episode_it_holds_naming_it(tmp_path):
+    from dsbuild.core.errors import UsageError
+    from dsbuild.importers.lerobot import LeRobotImport, import_lerobot
+
+    src = tmp_path / "broken"
+    shutil.copytree(DATA / "v30", src)
+    (src / "data" / "chunk-000" / "file-000.parquet").write_bytes(b"PAR1" * 8)
+    with pytest.raises(UsageError, match=r"^data/chunk-000/file-000.parquet: episode 0: not a readable parquet file"):
+        import_lerobot(src, tmp_path / "caps", LeRobotImport())
+    assert not (tmp_path / "caps").exists() and not list(tmp_path.glob(".caps.*"))

@@ -12,13 +12,14 @@ import tarfile
 
 import pytest
 
+from dsbuild.export import export
 from dsbuild.export.source import open_source
 from dsbuild.formats.sample import MEMBERS
 from tests.cli.clitools import run
 from tests.security.conftest import SHARD_CASES
 from tests.validators.support import reseal
 
-from .conftest import SPLITS
+from .conftest import SPLITS, TARGET
 
 SKIP = "nvidia-dali-cuda120 is not installed: pip install -e '.[dali]' (a large wheel, kept out of make test)"
 
@@ -39,41 +40,57 @@ def catalog_members(export_catalog) -> dict[str, list[tuple[str, tuple[bytes, ..
     return out
 
 
-def test_each_split_lists_tars_of_only_its_samples_with_an_index_that_tar_agrees_with(
-    exported, catalog_members, export_catalog
-):
-    """Read with ``tarfile`` (no DALI needed): every listed tar holds exactly the split's samples in key
-    order, and its index gives each member's data offset, size and name as tar sees them."""
+@pytest.fixture(scope="module")
+def whole(export_catalog, tmp_path_factory):
+    """The version exported without a split set: one split ``train`` whose tars are all catalog links."""
+    cat, _ = export_catalog
+    dest = tmp_path_factory.mktemp("dali-whole") / "out"
+    export(f"{cat}@v1", dest, to="dali", target_bytes=TARGET)
+    return dest
+
+
+def indexed_keys(root, doc: dict) -> list[str]:
+    """The keys of the split's tars in order, read with ``tarfile`` (no DALI needed), each tar's index
+    checked against the data offset, size and name of every member as tar sees them."""
+    assert doc["ext"] == list(MEMBERS) and len(doc["paths"]) == len(doc["index_paths"])
+    keys: list[str] = []
+    for tar_rel, idx_rel in zip(doc["paths"], doc["index_paths"]):
+        assert tar_rel.startswith(f"shards/{doc['split']}/") and idx_rel == tar_rel.removesuffix(".tar") + ".idx"
+        with tarfile.open(root / tar_rel) as tf:
+            members = [m for m in tf if m.isreg()]
+        samples: dict[str, list[str]] = {}
+        for m in members:
+            key, _, ext = m.name.partition(".")
+            samples.setdefault(key, []).append(f"{ext} {m.offset_data} {m.size} {m.name}")
+        want = f"v1.2 {len(samples)}\n" + "".join(" ".join(parts) + "\n" for parts in samples.values())
+        assert (root / idx_rel).read_text() == want, idx_rel
+        keys += samples
+    return keys
+
+
+def test_each_split_lists_tars_of_only_its_samples_in_key_order_with_their_index(exported, catalog_members):
     root = exported("dali")
     for split, doc in splits(root).items():
-        assert doc["ext"] == list(MEMBERS) and len(doc["paths"]) == len(doc["index_paths"])
         assert doc["samples"] == len(catalog_members[split])
-        keys = []
-        for tar_rel, idx_rel in zip(doc["paths"], doc["index_paths"]):
-            assert tar_rel.startswith(f"shards/{split}/") and idx_rel == tar_rel.removesuffix(".tar") + ".idx"
-            with tarfile.open(root / tar_rel) as tf:
-                members = [m for m in tf if m.isreg()]
-            samples: dict[str, list[str]] = {}
-            for m in members:
-                key, _, ext = m.name.partition(".")
-                samples.setdefault(key, []).append(f"{ext} {m.offset_data} {m.size} {m.name}")
-            want = f"v1.2 {len(samples)}\n" + "".join(" ".join(parts) + "\n" for parts in samples.values())
-            assert (root / idx_rel).read_text() == want, idx_rel
-            keys += samples
-        assert keys == [k for k, _ in catalog_members[split]], split
+        assert indexed_keys(root, doc) == [k for k, _ in catalog_members[split]], split
 
 
-def test_the_index_files_are_what_dalis_wds2idx_writes(exported, tmp_path):
+def test_without_a_split_set_every_catalog_shard_is_linked_and_indexed(whole, catalog_members):
+    doc = json.loads((whole / "train.json").read_text())
+    assert all((whole / p).is_symlink() for p in doc["paths"])
+    assert indexed_keys(whole, doc) == sorted(k for split in SPLITS for k, _ in catalog_members[split])
+
+
+def test_the_index_files_are_what_dalis_wds2idx_writes(exported, whole, tmp_path):
     wds2idx = pytest.importorskip("wds2idx", reason=SKIP)
     root = exported("dali")
-    tars = [t for doc in splits(root).values() for t in doc["paths"]]
+    tars = [root / t for doc in splits(root).values() for t in doc["paths"]]
+    tars += [whole / t for t in json.loads((whole / "train.json").read_text())["paths"]]
     assert tars
-    for rel in tars:
-        with wds2idx.IndexCreator(str(root / rel), str(tmp_path / "ref.idx"), verbose=False) as creator:
+    for tar in tars:
+        with wds2idx.IndexCreator(str(tar), str(tmp_path / "ref.idx"), verbose=False) as creator:
             creator.create_index()
-        assert (root / rel.removesuffix(".tar")).with_suffix(".idx").read_bytes() == (
-            tmp_path / "ref.idx"
-        ).read_bytes(), rel
+        assert tar.with_suffix(".idx").read_bytes() == (tmp_path / "ref.idx").read_bytes(), tar
 
 
 def test_dalis_reader_on_cpu_returns_every_member_of_every_sample_of_each_split(exported, catalog_members):

@@ -188,7 +188,7 @@ class ScriptedPolicy(Policy):
     """A simple RAM-reading player: tracks the ball in Breakout and Pong, turns when stuck in MsPacman
     (and any other game), with SCRIPTED_EPSILON random presses."""
 
-    def __init__(self, names, rom, rng):
+    def __init__(self, names, rom, rng) -> None:
         super().__init__(names, rom, rng)
         self.direction = self.index.get("LEFT", 0)
         self.still = 0

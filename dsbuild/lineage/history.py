@@ -144,20 +144,33 @@ class ShardLocation(Record):
     in_split: int  # samples of the requested split in it (all of them without a split)
 
 
+def split_parts(split: str) -> tuple[str, str]:
+    """(NAME, SPLIT) of ``--split NAME/SPLIT``."""
+    name, slash, part = split.partition("/")
+    if not slash or not name or not part:
+        raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train")
+    return name, part
+
+
 def shard_locations(catalog: Catalog, version_id: str, split: str | None = None) -> list[ShardLocation]:
     """The version's shards in manifest order (the order of their samples' keys). With ``split``
-    (NAME/SPLIT) only the shards holding samples of that split: shards span sessions, so a shard may
-    also hold samples of other splits (``in_split`` says how many are the split's)."""
+    (NAME/SPLIT) the shards holding samples of that split, refused when one of them also holds other
+    splits' samples (shards span sessions): a tar reader reads every sample of a listed shard, and
+    ``dsbuild.export.materialize`` writes the split's own tars instead."""
     m = catalog.manifest(version_id)
     counts = None
     if split is not None:
-        name, slash, part = split.partition("/")
-        if not slash or not name or not part:
-            raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train")
+        name, part = split_parts(split)
         index = catalog.index(version_id, ["key", "shard"])  # (a split file's own shard column is not trusted)
         shard_of = dict(zip(index["key"].to_pylist(), index["shard"].to_pylist()))
         keys = open_split_set(catalog, version_id, name).key_assignment(shard_of, only=part)
         counts = Counter(shard_of[k] for k in keys)
+        shared = sum(0 < counts.get(s.path, 0) < s.samples for s in m.shards)
+        if shared:
+            raise UsageError(
+                f"--split {split}: {shared} of {len(counts)} shards holding its samples also hold other splits' "
+                "(a tar reader reads them all); add --materialize DIR to write and list the split's own tars"
+            )
     out = []
     for s in m.shards:
         if counts is not None and not counts.get(s.path):

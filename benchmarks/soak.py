@@ -14,12 +14,14 @@
    errors, never hang, never read or write outside the catalog.
 5. red team (``--red-team N``): N copies of a small good catalog, each with one hostile tar member header
    forged into a seeded random member of a random shard (``../`` or absolute name, symlink, hard link,
-   FIFO, character device, setuid/setgid/sticky mode, 8 GB size) or a shard truncated or given a member
-   in its end padding, every hash and the manifest re-pinned; then every way out runs over it: verify,
-   the five exports, the ``shards`` check, pull and the loader. Counted: refused with our error, handed
-   out (an export, pull or ``shards`` that accepted it: must be 0), disagreements with verify (must be
-   0), errors that escaped (must be 0), files written outside the target (must be 0). Every 13th copy is
-   a control, re-pinned without an edit, which every way out must accept.
+   FIFO, character device, setuid/setgid/sticky mode, 8 GB size), a shard truncated or given a member
+   in its end padding, or a seeded random sample's actions array rewritten as a big-endian float64 or
+   Fortran-order array; every hash and the manifest re-pinned; then every way out runs over it: verify,
+   every export, the ``shards`` check, pull and the loader. Counted: refused with our error, handed out
+   (an export, pull or ``shards`` that accepted a forged copy: must be 0; ``forged_accepted_by`` names
+   kind and way), delivered by the loader (must be 0), forged copies ``verify`` passed, disagreements
+   with verify, errors that escaped (must be 0), files written outside the target (must be 0). Every
+   15th copy is a control, re-pinned without an edit, which every way out must accept.
 Prints JSON: faults injected, bad inputs tried, versions checked, data lost (must be 0). Sections run with
 a count of 0 are skipped (``--kills 0 --damaged 0 --flips 0 --hostile 0 --red-team 40``: the red team only).
 """
@@ -187,7 +189,26 @@ HEADER_EDITS = {
     "sticky": lambda name: {"mode": 0o1644},
     "huge_size": lambda name: {"size": 8_000_000_000},
 }
-RED_TEAM = (*HEADER_EDITS, "truncated", "hidden_in_padding", "control")  # control: no edit, all must accept
+ARRAY_EDITS = ("big_endian_float64", "fortran_order")  # a sample's actions.npy rewritten (test_forged_arrays)
+# control: no edit, all must accept
+RED_TEAM = (*HEADER_EDITS, "truncated", "hidden_in_padding", *ARRAY_EDITS, "control")
+
+
+def _array_edit(kind: str, victim: str):
+    """``edit(key, members)`` for ``reseal``: sample ``victim``'s actions array rewritten as ``kind`` (a
+    valid .npy of the wrong dtype or order)."""
+    import io
+
+    import numpy as np
+
+    from tests.security.test_forged_arrays import REWRITE
+
+    def edit(key: str, members: list) -> list:
+        if key != victim:
+            return members
+        return [(ext, REWRITE[kind](np.load(io.BytesIO(p))) if ext == "actions.npy" else p) for ext, p in members]
+
+    return edit
 
 
 def _red_edit(kind: str, rng: random.Random):
@@ -248,7 +269,9 @@ def red_team(out: Path, rounds: int, rng: random.Random) -> dict:
     vid = convert(
         caps, good, ConvertConfig(clip_seconds=1.0, shard_size=65_536), executor=ExecutorSpec(workers=1)
     ).version_id
-    shards = len(Catalog.open(good).manifest(vid).shards)
+    m = Catalog.open(good).manifest(vid)
+    rows = Catalog.open(good).index(vid, ["key", "frames", "n_controls"]).to_pylist()
+    victims = [r["key"] for r in rows if r["frames"] > 1 and r["n_controls"] > 1]  # (Fortran order differs)
     counts = dict.fromkeys(
         (
             "red_team_cases",
@@ -256,6 +279,8 @@ def red_team(out: Path, rounds: int, rng: random.Random) -> dict:
             "refused",
             "controls_accepted",
             "handed_out",
+            "loader_delivered",
+            "verify_passed_forged",
             "disagreements",
             "escaped_errors",
             "written_outside",
@@ -263,16 +288,21 @@ def red_team(out: Path, rounds: int, rng: random.Random) -> dict:
         0,
     )
     by_kind: dict[str, int] = {}
+    accepted_by: dict[str, dict[str, int]] = {}  # forged kind -> way out -> copies it accepted
     for i in range(rounds):
         kind = RED_TEAM[i % len(RED_TEAM)]
         by_kind[kind] = by_kind.get(kind, 0) + 1
         cat = out / f"red-{i}"
         shutil.copytree(good, cat)
-        edit, choose = _red_edit(kind, rng)
-        choose(shards)
-        forged = restat(cat, reseal(cat, vid, None, edit))
+        if kind in ARRAY_EDITS:
+            forged = restat(cat, reseal(cat, vid, _array_edit(kind, rng.choice(victims))))
+        else:
+            edit, choose = _red_edit(kind, rng)
+            choose(len(m.shards))
+            forged = restat(cat, reseal(cat, vid, None, edit))
         counts["red_team_cases"] += 1
         bad = not verify(Catalog.open(cat), forged).ok
+        counts["verify_passed_forged"] += not bad and kind != "control"
         ways = _ways_out(cat, forged, out, i)
         for name, way in ways.items():
             counts["red_team_ways_out"] += 1
@@ -286,7 +316,10 @@ def red_team(out: Path, rounds: int, rng: random.Random) -> dict:
                 print(f"red team {kind}: {name}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
                 continue
             counts["refused"] += refused
-            counts["handed_out"] += not refused and bad and name != "loader"  # (a control is not handed out)
+            if not refused and kind != "control":
+                counts["handed_out" if name != "loader" else "loader_delivered"] += 1
+                accepted_by.setdefault(kind, {}).setdefault(name, 0)
+                accepted_by[kind][name] += 1
             counts["controls_accepted"] += not refused and kind == "control"
             counts["disagreements"] += refused != bad
             if refused != bad:
@@ -299,7 +332,7 @@ def red_team(out: Path, rounds: int, rng: random.Random) -> dict:
         shutil.rmtree(cat, ignore_errors=True)
         for p in out.glob(f"red-*-{i}*"):
             shutil.rmtree(p, ignore_errors=True)
-    return {**counts, "red_team_kinds": by_kind}
+    return {**counts, "red_team_kinds": by_kind, "forged_accepted_by": accepted_by}
 
 
 def damaged(out: Path, n: int, rng: random.Random) -> dict:
@@ -371,6 +404,7 @@ def main() -> None:
         + (0 if report.get("rerun_matches_clean", True) else 1)
         + report.get("escaped_errors", 0)
         + report.get("handed_out", 0)
+        + report.get("loader_delivered", 0)
     )
     report["hygiene_failures"] = (
         report.get("orphaned_workers", 0)

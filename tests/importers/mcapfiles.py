@@ -224,6 +224,10 @@ VIDEO_SCHEMA = {
 }
 
 
+VIDEO_MSG = "builtin_interfaces/Time timestamp\nstring frame_id\nuint8[] data\nstring format\n"
+VIDEO_MSG += "=" * 80 + "\nMSG: builtin_interfaces/Time\nint32 sec\nuint32 nanosec"
+
+
 def _compressed_video_class():
     """foxglove.CompressedVideo (timestamp, frame_id, data, format) as a protobuf class, from a descriptor."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
@@ -249,7 +253,7 @@ def _compressed_video_class():
 
 
 def video_mcap(path: Path, kind: str = "json", frames: int = 30, first: int = 0, fmt: str = "h264") -> Path:
-    """/camera as foxglove.CompressedVideo (``kind`` json or protobuf): one access unit per message at
+    """/camera as foxglove.CompressedVideo (``kind`` json, protobuf or ros2): one access unit per message at
     the frame times, from picture ``first`` on (a log that starts inside a GOP), and /cmd as in
     ``json_mcap``. ``fmt`` is the message's format field (h265 encodes with libx265; any other is
     written as H.264 bytes under that name)."""
@@ -258,6 +262,17 @@ def video_mcap(path: Path, kind: str = "json", frames: int = 30, first: int = 0,
     units = h264_units(frames, "libx265" if fmt == "h265" else "libx264")[first:]
     times = frame_times(frames)[first:]
     with open(path, "wb") as f:
+        if kind == "ros2":
+            from mcap_ros2.writer import Writer as Ros2Writer
+
+            w2 = Ros2Writer(f)
+            schema = w2.register_msgdef("foxglove_msgs/msg/CompressedVideo", VIDEO_MSG)
+            for t, (data, _) in zip(times, units):
+                stamp = {"sec": t // 10**9, "nanosec": t % 10**9}
+                doc = {"timestamp": stamp, "frame_id": "cam", "data": data, "format": fmt}
+                w2.write_message("/camera", schema, doc, log_time=t, publish_time=t)
+            w2.finish()
+            return path
         if kind == "protobuf":
             from mcap_protobuf.writer import Writer as ProtobufWriter
 

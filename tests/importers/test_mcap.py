@@ -139,12 +139,12 @@ def _decoded(frames) -> list[np.ndarray]:
     return [f.to_ndarray(format="rgb24") for f in frames]
 
 
-@pytest.mark.parametrize("kind", ["json", "protobuf"])
+@pytest.mark.parametrize("kind", ["json", "protobuf", "ros2"])
 def test_a_compressed_video_topic_is_remuxed_at_its_log_times_without_reencoding(tmp_path, kind):
     import av
 
-    if kind == "protobuf":
-        pytest.importorskip("mcap_protobuf", reason="needs mcap-protobuf-support")
+    if kind != "json":
+        pytest.importorskip(f"mcap_{kind}", reason=f"needs mcap-{kind}-support")
     src = video_mcap(tmp_path / "run.mcap", kind)
     rep = run_json("import", "mcap", src, tmp_path / "caps", "--video-topic", "/camera", "--player", "arm-1")
     assert rep["dropped"] == {} and rep["failed"] == [] and rep["sessions"][0]["duration"] == 1.45
@@ -161,7 +161,7 @@ def test_a_compressed_video_topic_is_remuxed_at_its_log_times_without_reencoding
     logged += _decoded(decoder.decode(None))
     assert len(remuxed) == len(logged) == 30
     assert all(np.array_equal(a, b) for a, b in zip(remuxed, logged))  # the same pictures: nothing re-encoded
-    if kind == "json":  # (the protobuf file has no other topic: the video alone converts as well)
+    if kind == "json":  # (the other files have no other topic: the video alone converts as well)
         run("convert", tmp_path / "caps", tmp_path / "cat", "--clip-seconds", "0.5", "--strict", "-q")
         run("validate", tmp_path / "cat", "--level", "full", "-q")
 

@@ -5,7 +5,7 @@
 
 | tool      | reads with                                              | bytes                                 |
 |-----------|---------------------------------------------------------|---------------------------------------|
-| energon   | ``get_train_dataset(DEST, split_part="train", ...)``    | catalog tars linked, foreign samples excluded |
+| energon   | ``get_train_dataset(DEST, split_part="train", ...)``    | as wids, plus what ``energon prepare`` writes |
 | wids      | ``wids.ShardListDataset("DEST/train.json")``            | catalog tars linked where a shard is one split's |
 | hf        | ``datasets.load_dataset(DEST, split="train")``          | Parquet + a card declaring every feature |
 | mds       | ``StreamingDataset(local=DEST, split="train")``         | MDS shards written                    |
@@ -28,6 +28,7 @@ from dsbuild.export import dali, energon, hf, litdata, mds, wids
 from dsbuild.export.folder import ExportFolder, ExportMarker
 from dsbuild.export.report import ExportReport, Ticker
 from dsbuild.export.source import open_source
+from dsbuild.export.tars import check_arrays
 
 WRITERS = {
     "dali": dali.write,
@@ -37,7 +38,10 @@ WRITERS = {
     "litdata": litdata.write,
     "wids": wids.write,
 }
-CHECKS = {"hf": hf.check}  # what a tool cannot load, refused before the folder is claimed
+# what a tool cannot load, refused before the folder is claimed (after what no tool may be handed: damaged
+# shards, and arrays that are not what the index records, which every tool hands on)
+CHECKS = {"hf": hf.check}
+EDITABLE = {"energon": energon.USER_FILES}  # files the user may edit once written: kept on a re-export
 TOOLS = tuple(sorted(WRITERS))
 # The size of each file an export writes (tars, MDS shards, LitData chunks, Parquet files): big sequential
 # reads, small enough for Mosaic's and LitData's 4 GiB offset limit with room to spare.
@@ -73,6 +77,7 @@ def export(
     dest = local_path(dest)  # (file:///x is /x, not a folder "file:" here)
     source = open_source(ref, split)
     source.check_shards()
+    check_arrays(source)
     if to in CHECKS:
         CHECKS[to](source)
     splits = {s.name: s.samples for s in source.splits}
@@ -87,6 +92,7 @@ def export(
             False,
             target_bytes=target_bytes,
         ),
+        EDITABLE.get(to),
     )
     try:
         existed = folder.claim()
@@ -112,5 +118,8 @@ def export(
             f"split {name!r} is empty: {to} cannot open it"  # the tools refuse to
             for name, n in splits.items()
             if not n
+        )
+        + tuple(
+            f"{dest / rel}: edited since the export; kept as it is (remove it for dsbuild's)" for rel in folder.edited()
         ),
     )  # open an empty split

@@ -21,6 +21,7 @@ import fcntl
 import os
 import re
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -71,13 +72,13 @@ def _sizes(root: Path) -> dict[str, int]:
     return out
 
 
-def _damaged(root: Path, files: dict[str, int]) -> list[str]:
+def _damaged(root: Path, files: dict[str, int], editable: Collection[str] = ()) -> list[str]:
     """The recorded files of ``root`` that are gone, or not the size they were written with (a link whose
-    target is gone or changed counts)."""
+    target is gone or changed counts; an ``editable`` file that is there is the user's, whatever its size)."""
     out = []
     for rel, size in files.items():
         try:
-            if (root / rel).stat().st_size != size:
+            if (root / rel).stat().st_size != size and not (rel in editable and (root / rel).is_file()):
                 out.append(rel)
         except OSError:
             out.append(rel)
@@ -128,7 +129,7 @@ def read_marker(dest: Path) -> ExportMarker | None:
 class ExportFolder:
     """Claims ``dest`` for ``marker`` (refusing anything else there) and writes files beside it, in ``work``."""
 
-    def __init__(self, dest: Path, marker: ExportMarker):
+    def __init__(self, dest: Path, marker: ExportMarker, editable: dict[str, bytes] | None = None):
         # the folder itself (a link to an empty folder is followed: the rename must land on a folder), and
         # a name to derive the sibling's from, even for "."
         self.dest = Path(os.path.realpath(dest))
@@ -142,6 +143,9 @@ class ExportFolder:
         self.linked = 0  # catalog shards shared by a symlink
         self.repaired = 0  # files of a complete export found missing or changed, written again
         self._lock: int | None = None  # the partial folder's lock, while this run writes there
+        # files the user may edit once written (a tool's config) -> what dsbuild writes: an edited one is
+        # left as it is, never rewritten or counted as damage (a removed one is written again)
+        self.editable = editable or {}
 
     def claim(self) -> bool:
         """Take the folder; True when it already holds this export complete (nothing to do)."""
@@ -154,7 +158,7 @@ class ExportFolder:
         found = self._mine(d, read_marker(d) if d.is_dir() else None)
         if found is None and d.is_dir() and any(d.iterdir()):
             raise UsageError(f"{d}: folder is not empty and is not an earlier export; choose an empty folder")
-        damaged = _damaged(d, found.files or {}) if found is not None and found.complete else []
+        damaged = _damaged(d, found.files or {}, self.editable) if found is not None and found.complete else []
         if found is not None and found.complete and not damaged:
             (d / LOCK).unlink(missing_ok=True)  # (one an interrupt left between the rename and its removal)
             return True
@@ -240,6 +244,8 @@ class ExportFolder:
         return self.work / TMP / name
 
     def put(self, rel: str, data: bytes) -> None:
+        if rel in self.editable and self.has(rel):
+            return
         tmp = self.temp(rel.replace("/", "__"))
         self._land(rel, lambda: write_durably(tmp, data), tmp)
         self.bytes += len(data)
@@ -292,6 +298,22 @@ class ExportFolder:
         fsync_dir(self.dest.parent)
         # (still held: a run that opened it meanwhile finds the export complete, and may remove it first)
         (self.dest / LOCK).unlink(missing_ok=True)
+
+    def edited(self) -> list[str]:
+        """The editable files of the finished export that differ from what dsbuild writes (kept as they are)."""
+        out = []
+        for rel, data in self.editable.items():
+            path = self.dest / rel
+            try:
+                if not path.is_file():  # (not a FIFO a read would wait on)
+                    out.append(rel)
+                    continue
+                with open(path, "rb") as f:
+                    if f.read(len(data) + 1) != data:
+                        out.append(rel)
+            except OSError:
+                out.append(rel)
+        return out
 
     def release(self) -> None:
         """Let go of the partial folder's lock (the export finished, or failed and may be run again)."""

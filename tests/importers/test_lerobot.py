@@ -1,4 +1,4 @@
-"""`dsbuild import lerobot` on datasets written by the real ``lerobot`` writer (tests/data/lerobot, made by
+"""`dsbuild import lerobot` on datasets written by the real ``lerobot`` writer (sample_data/lerobot, made by
 its make.py: v2.1 by lerobot 0.3.3, v3.0 by 0.4.4), through the real executable; values and times are
 checked against the source parquet read with pyarrow."""
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.cli.clitools import run
 
-DATA = Path(__file__).parent.parent / "data" / "lerobot"
+DATA = Path(__file__).resolve().parents[2] / "sample_data" / "lerobot"
 FPS = 10
 LENGTHS = {0: 12, 1: 15, 2: 10}
 TASKS = {0: "pick the red cube", 1: "push the block to the left", 2: "pick the red cube"}

@@ -20,9 +20,9 @@ To remake them (Python 3.11; each version in its own venv, never the project's):
     /tmp/lr044/bin/pip install 'datasets<5,>=4.0.0' 'huggingface-hub>=0.34.2,<0.36' 'av>=15,<16' jsonlines \
         pillow numpy draccus==0.10.0 'deepdiff>=7.0.1,<9' einops termcolor 'imageio[ffmpeg]' \
         filelock typing-extensions sympy networkx jinja2 fsspec 'setuptools>=77,<81' 'packaging<26'
-    rm -rf tests/data/lerobot/v21 tests/data/lerobot/v30
-    /tmp/lr033/bin/python tests/data/lerobot/make.py tests/data/lerobot/v21
-    /tmp/lr044/bin/python tests/data/lerobot/make.py tests/data/lerobot/v30
+    rm -rf sample_data/lerobot/v21 sample_data/lerobot/v30
+    /tmp/lr033/bin/python sample_data/lerobot/make.py sample_data/lerobot/v21
+    /tmp/lr044/bin/python sample_data/lerobot/make.py sample_data/lerobot/v30
 
 Made on 2026-12-06 with: v21 by lerobot 0.3.3, datasets 3.6.0, av 18.1.0 (SVT-AV1 4.1.0), pyarrow 26.0.1;
 v30 by lerobot 0.4.4, datasets 4.8.5, av 15.1.0, pyarrow 26.0.1; both torch 2.13.0+cpu, numpy 2.4.6.

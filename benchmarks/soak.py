@@ -29,6 +29,7 @@ a count of 0 are skipped (``--kills 0 --damaged 0 --flips 0 --hostile 0 --red-te
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -37,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,7 +252,9 @@ def _ways_out(cat: Path, vid: str, out: Path, i: int) -> dict:
         if loader.stats()["corrupt"]:
             raise CorruptDataError(f"{loader.stats()['corrupt']} corrupt sample(s)")
 
-    ways = {f"export-{t}": lambda t=t: export(str(cat), out / f"red-x-{i}-{t}", to=t) for t in TOOLS}
+    ways: dict[str, Callable[[], object]] = {
+        f"export-{t}": functools.partial(export, str(cat), out / f"red-x-{i}-{t}", to=t) for t in TOOLS
+    }
     ways["shards"] = lambda: check_shards(Catalog.open(cat), vid)
     ways["pull"] = lambda: transfer(Catalog.open(cat), vid, Catalog.open(out / f"red-pull-{i}", create=True))
     ways["loader"] = load

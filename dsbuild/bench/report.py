@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsbuild.bench.balance import RankWork
 from dsbuild.bench.dataset import DatasetFacts
 from dsbuild.bench.gate import Gate
 from dsbuild.bench.measure import Measured
@@ -23,7 +24,7 @@ from dsbuild.bench.stages import Stages
 from dsbuild.bench.stats import Spread
 from dsbuild.bench.step import H2D, StepInfo
 from dsbuild.core.errors import FormatError, UsageError
-from dsbuild.core.records import Record
+from dsbuild.core.records import Record, spec
 
 FORMAT = "dsbuild.bench/2"
 MAX_REPORT = 1 << 26
@@ -119,6 +120,9 @@ class BenchReport(Record):
     ranks: Ranks | None
     rounds: tuple[Measured, ...]  # every measurement of every finished round, in the order they ran
     gate: Gate | None = None
+    rank_work: RankWork | None = field(  # dp > 1: frames per rank per step, as drawn and balanced
+        default=None, metadata=spec(absent_when_none=True, doc="the per-rank spread (dsbuild.bench.balance)")
+    )
 
     def check_fields(self, what: str) -> None:
         """A report read back (a ``--baseline``) is what a run wrote: its ratios are what its rounds give

@@ -203,6 +203,7 @@ def run_bench(
             h2d,
             backend.note if backend else None,
         )
+        report = replace(report, rank_work=_rank_work(o, data, resolved))
         if against is not None and len(ours) >= MIN_ROUNDS and interrupted is None:  # (fewer: ``enforce`` refuses)
             report = replace(report, gate=against.judge(report, diffs))
     finally:
@@ -214,6 +215,18 @@ def run_bench(
     if interrupted is not None:
         raise BenchInterrupted(report, interrupted)
     return report
+
+
+def _rank_work(o: BenchOptions, data: Dataset, resolved: Resolved):
+    """With several data-parallel ranks: their frames per step, as drawn and balanced (``bench.balance``)."""
+    from dsbuild.bench.balance import rank_work
+    from dsbuild.bench.harness import loader_kwargs
+    from dsbuild.loader import Loader
+
+    if o.ranks < 2:
+        return None
+    with Loader(data.ref, o.split, **loader_kwargs(o, resolved.bucket_by, None, 0, o.ranks)) as loader:
+        return rank_work(loader)
 
 
 def _report(

@@ -58,6 +58,16 @@ def _render(o: Out, rep) -> None:
         o.line(("note ", "yellow"), note)
     if rep.ours.corrupt:
         o.line(("corrupt ", "red"), f"{rep.ours.corrupt} damaged sample(s) were replaced")
+    if rep.rank_work is not None:
+        from dsbuild.bench import balance
+
+        w = rep.rank_work
+        o.table(
+            list(balance.COLUMNS),
+            balance.rows(w),
+            title=f"frames per data-parallel rank per step, {w.dp} ranks, the plan's first {w.steps} steps (means); "
+            "straggler cost: step time beyond an even split if a rank's time follows its frames",
+        )
     g = rep.gate
     if g is not None:
         o.table(

@@ -370,3 +370,19 @@ def spread(loads: Sequence[int] | np.ndarray) -> dict:
     a = np.asarray(loads, dtype=np.float64)
     mean = float(a.mean()) if len(a) else 0.0
     return {"min": int(a.min()), "max": int(a.max()), "max_over_mean": float(a.max() / mean) if mean else 1.0}
+
+
+def straggler(loads: np.ndarray) -> dict:
+    """Per-rank work of many steps (``loads[step, rank]``) summarised: the least and the most loaded rank's
+    work (means over steps), the means of max / min and max / mean, and the predicted straggler cost,
+    sum(max) / sum(mean) - 1: how much longer the steps take than an even split would, if a rank's time
+    follows its work (every rank waits for the busiest one at the step's collective)."""
+    a = np.asarray(loads, dtype=np.float64)
+    lo, hi, mean = a.min(1), a.max(1), a.mean(1)
+    return {
+        "min": float(lo.mean()),
+        "max": float(hi.mean()),
+        "max_over_min": float((hi / lo).mean()) if lo.min() > 0 else None,
+        "max_over_mean": float((hi / np.where(mean > 0, mean, 1)).mean()),
+        "straggler_cost": float(hi.sum() / mean.sum() - 1) if mean.sum() > 0 else 0.0,
+    }

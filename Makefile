@@ -7,7 +7,8 @@ DEMO := demo
 .PHONY: demo demo-run test lint readme venv clean chromium ffmpeg
 
 # torch is pinned (extra "torch"): a plain `torch` pulls a multi-GB CUDA build. ale-py is optional:
-# without it the demo falls back to synthetic captures and the Atari tests skip.
+# without it the demo falls back to synthetic captures and the Atari tests skip; so do the MuJoCo ones without
+# dm-control, mujoco or a working offscreen renderer.
 $(BIN)/dsbuild: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -16,6 +17,7 @@ $(BIN)/dsbuild: pyproject.toml
 	$(BIN)/pip install -q --no-deps 'litdata==0.2.76' 'mosaicml-streaming==0.13.0'  # their deps are in [peers]
 	$(BIN)/pip install -q --no-deps 'torchdata==0.11.0'  # StatefulDataLoader; its declared deps pull a CUDA torch
 	$(BIN)/pip install -q -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"
+	$(BIN)/pip install -q -e '.[mujoco]' || echo "note: dm-control/mujoco could not be installed; --source mujoco is unavailable"
 	touch $@
 
 venv: $(BIN)/dsbuild

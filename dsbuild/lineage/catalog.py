@@ -823,12 +823,16 @@ class Catalog:
     def publish(self, vid: str, files: dict[str, bytes], scratch: Path) -> None:
         """Write version ``vid``'s files (name -> bytes, ``manifest.json`` last) with the lock held: on an
         object store one by one, the manifest landing last (until then the version is invisible); locally
-        as one rename of a complete folder staged in ``scratch``."""
+        as one rename of a complete folder staged in ``scratch``. Then the dataset card names the newest
+        version's samples for HF ``datasets`` (``dsbuild.lineage.card``)."""
+        from dsbuild.lineage.card import write_card  # (only publishing writes a card)
+
         vkey = f"versions/{vid}"
         if self.root is None:
             for name, data in files.items():
                 self.store.write(f"{vkey}/{name}", data)
             PUBLISHED.append(vid)
+            write_card(self)
             return
         staging = scratch / "version"
         staging.mkdir()
@@ -842,6 +846,7 @@ class Catalog:
         os.rename(staging, target)
         PUBLISHED.append(vid)
         fsync_dir(self.root / "versions")
+        write_card(self)
 
 
 def _age(p: Path) -> float:

@@ -8,7 +8,10 @@ rows still in the read buffer (``read.Rows``) that land contiguously are one mem
 ``alloc(shape, dtype)`` makes the batch arrays (zeroed): numpy by default, the loader's reused buffers
 when it builds a batch. Given ``empty``, the
 frames array (by far the largest) comes from it instead and only its padding is zeroed: clearing the
-whole array and then overwriting it was one more pass over every frame byte.
+whole array and then overwriting it was one more pass over every frame byte. The frames array may be a
+torch tensor on a device (NVDEC's route: ``empty`` makes it there, samples' frames are device tensors,
+or numpy for a clip decoded on CPU, copied up): it is written and padded in place by torch, on its device;
+every other array stays numpy.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ Alloc = Callable[[tuple, DTypeLike], np.ndarray]
 
 
 def _same_frame_shape(samples: list[dict]) -> tuple | None:
-    shapes = {s["frames"].shape[1:] for s in samples if "frames" in s}
+    shapes = {tuple(s["frames"].shape[1:]) for s in samples if "frames" in s}  # (numpy or torch)
     if len(shapes) > 1:
         raise UsageError(f"a batch mixes frame shapes {sorted(shapes)}", hint="use bucket_by='resolution' or resize=")
     return shapes.pop() if shapes else None
@@ -189,13 +192,34 @@ def collate_spans(
     return out, {"frames": real, "padding": n * length - real, "truncated": 0}, videos
 
 
-def _in_place(a: np.ndarray, dst: np.ndarray) -> bool:
-    """Whether ``a`` is ``dst`` itself (a sample decoded into its row of the batch)."""
+def _in_place(a, dst) -> bool:
+    """Whether ``a`` is ``dst`` itself (a sample decoded into its row of the batch): numpy arrays, or torch
+    tensors on one device."""
+    if isinstance(dst, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and a.shape == dst.shape
+            and a.strides == dst.strides
+            and a.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
+        )
     return (
-        a.shape == dst.shape
-        and a.strides == dst.strides
-        and a.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
+        not isinstance(a, np.ndarray)
+        and a.device == dst.device
+        and a.shape == dst.shape
+        and a.stride() == dst.stride()
+        and a.data_ptr() == dst.data_ptr()
     )
+
+
+def _put_frames(dst, a) -> None:
+    """Frames ``a`` into the batch's rows ``dst``: numpy into numpy; into a torch tensor (on its device)
+    from a tensor or from numpy (a clip decoded on CPU)."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = a
+        return
+    import torch
+
+    dst.copy_(torch.from_numpy(a) if isinstance(a, np.ndarray) else a)
 
 
 def collate(
@@ -205,11 +229,13 @@ def collate(
     pack_frames: int | None,
     alloc: Alloc = np.zeros,
     empty: Alloc | None = None,
-    frames: np.ndarray | None = None,
+    frames=None,
 ) -> tuple[dict, dict]:
     """(batch, counters). Each item is one sample, or several packed into ``pack_frames`` frames.
-    ``frames``: the batch's frames array made before decoding, whose rows samples may already have been
-    decoded into (those are not copied); used when it has the batch's shape."""
+    ``frames``: the batch's frames array (numpy, or a torch tensor on a device) made before decoding,
+    whose rows samples may already have been decoded into (those are not copied); used when it has the
+    batch's shape. ``empty`` may make the frames array a torch tensor (samples' frames are then tensors
+    on its device or numpy)."""
     samples = [s for item in items for s in item]
     frame_shape = _same_frame_shape(samples)
     cut = [[len(s["timestamps"]) for s in item] for item in items]
@@ -229,7 +255,8 @@ def collate(
     }
     if frame_shape is not None:
         shape = (batch_size, length, *frame_shape)
-        out["frames"] = frames if frames is not None and frames.shape == shape else (empty or alloc)(shape, np.uint8)
+        given = frames is not None and tuple(frames.shape) == shape
+        out["frames"] = frames if given else (empty or alloc)(shape, np.uint8)
     raw = {name: _raw(out[name]) for name in ("actions", "telemetry", "timestamps")}
     for b, (item, lens) in enumerate(zip(items, cut)):
         pos = 0
@@ -238,7 +265,7 @@ def collate(
             _put(out["telemetry"], raw["telemetry"], b, pos, s["telemetry"], n, tmap)
             _put(out["timestamps"], raw["timestamps"], b, pos, s["timestamps"], n, None)
             if frame_shape is not None and not _in_place(s["frames"][:n], out["frames"][b, pos : pos + n]):
-                out["frames"][b, pos : pos + n] = s["frames"][:n]
+                _put_frames(out["frames"][b, pos : pos + n], s["frames"][:n])
             pos += n
         if frame_shape is not None and (empty is not None or out["frames"] is frames):
             out["frames"][b, pos:] = 0  # the padding: the only part of the row not written above

@@ -212,8 +212,9 @@ def decode_device(
     """torch uint8 [len(indices), H, W, 3] on CUDA device ``device`` (CPU when None): the clip's frames at
     ``indices`` decoded by the cached decoder of its stream configuration (``decoders``: a
     ``gpu.DecoderCache``), frames kept on the device, converted and resized by ``gpu.to_rgb`` into
-    ``out`` (a slot range of a batch tensor) when given. A clip whose codec, profile or pixel format the
-    device path does not take raises ``gpu.Unsupported`` naming it (the caller falls back to the CPU)."""
+    ``out`` (a slot range of a batch tensor) when it has their shape, else into a new tensor. A clip whose
+    codec, profile or pixel format the device path does not take raises ``gpu.Unsupported`` naming it (the
+    caller falls back to the CPU)."""
     import torch
 
     from dsbuild.loader import gpu
@@ -231,9 +232,12 @@ def decode_device(
             gpu.check_supported(state["stream"], frame.format.name)
             state["stream"] = None
         planes = gpu.planes_of(frame)
-        if state["out"] is None:
+        if not state.get("fits"):  # (the first frame: the clip's shape is known now)
             h, w = size if size is not None else tuple(planes.y.shape)
-            state["out"] = torch.empty((n, h, w, 3), dtype=torch.uint8, device=planes.y.device)
+            given = state["out"]
+            if given is None or tuple(given.shape) != (n, h, w, 3) or given.device != planes.y.device:
+                state["out"] = torch.empty((n, h, w, 3), dtype=torch.uint8, device=planes.y.device)
+            state["fits"] = True
         gpu.to_rgb(planes, size, state["out"][slot])
 
     decode_clip(data, indices, decoder, take, skip_nonref, counts)
@@ -252,14 +256,19 @@ def decode_nvdec(
     skip_nonref: bool = False,
     counts: dict | None = None,
     alloc=np.empty,
+    out=None,
 ):
-    """``decode_device``'s frames, or where the device path does not take the clip (``gpu.Unsupported``,
-    or NVDEC failing on a clip the CPU decodes) ``decode_pyav``'s, with ``counts["fallback"]`` grown by
-    one; with ``fallback`` off that is one FormatError line naming the clip ``key`` and its profile."""
+    """torch uint8 [len(indices), H, W, 3] on the device: ``decode_device``'s frames (written into ``out``,
+    a row of the device batch, when it has their shape), or where the device path does not take the clip
+    (``gpu.Unsupported``, or NVDEC failing on a clip the CPU decodes) ``decode_pyav``'s (in ``alloc``'s
+    host array) copied into ``out`` or onto the device, with ``counts["fallback"]`` grown by one; with
+    ``fallback`` off that is one FormatError line naming the clip ``key`` and its profile."""
+    import torch
+
     from dsbuild.loader.gpu import Unsupported
 
     try:
-        return decode_device(data, indices, size, decoders, device, skip_nonref, counts)
+        return decode_device(data, indices, size, decoders, device, skip_nonref, counts, out)
     except Unsupported as e:
         why, frames = str(e), None
     except FormatError as e:  # NVDEC refused a profile the parser let through, or the clip is bad
@@ -271,7 +280,12 @@ def decode_nvdec(
         )
     if counts is not None:
         counts["fallback"] = counts.get("fallback", 0) + 1
-    return frames if frames is not None else decode_pyav(data, indices, size, skip_nonref, counts, alloc)
+    if frames is None:
+        frames = decode_pyav(data, indices, size, skip_nonref, counts, alloc)
+    host = torch.from_numpy(frames)
+    if out is not None and tuple(out.shape) == tuple(host.shape):
+        return out.copy_(host)
+    return host.to("cpu" if device is None else f"cuda:{device}")  # (on CPU the pool's array, held by it)
 
 
 def decode_torchcodec(data, indices: np.ndarray, size: tuple[int, int] | None, device: str) -> np.ndarray:

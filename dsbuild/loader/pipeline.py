@@ -211,6 +211,12 @@ class Mixture:
         self.backend = choose_backend(o.decode_backend, cuda=cuda, installed=installed)
         if o.decode_backend != "pyav":
             self._stats.note(self.backend.note)
+        if self.backend.name == "nvdec" and o.worker_mode == "process":
+            raise UsageError(
+                "worker_mode='process' cannot carry the frames of decode_backend='nvdec': they stay in device "
+                "memory, and worker processes hand batches over in host shared memory",
+                hint="use worker_mode='thread' or 'auto' (threads with nvdec)",
+            )
         self._opened = True
         return self
 
@@ -442,8 +448,8 @@ class Mixture:
 
     def _build(self, step: Step) -> dict:
         o = self.options
-        arrays = self._io()[1].arrays
-        alloc, empty = arrays.zeros, arrays.empty
+        prepare = self._io()[1]
+        alloc, empty = prepare.arrays.zeros, prepare.frames_empty if prepare.on_device else prepare.arrays.empty
         if o.plain and step.items is None:
             batch = self._mapped_batch(step, alloc)
             if batch is not None:
@@ -568,7 +574,8 @@ class Mixture:
     def _frame_rows(self, refs: list[SampleRef], alloc) -> tuple[np.ndarray | None, list | None]:
         """The batch's frames array and each sample's row of it, made before decoding so that a sample
         decodes straight into its row (one copy of every frame less): when the index gives every sample
-        the same frame size. Otherwise (and with packing, or a user ``map`` that may reshape frames)
+        the same frame size (on NVDEC's route a torch tensor on the device, ``alloc`` being
+        ``Preparer.frames_empty``). Otherwise (and with packing, or a user ``map`` that may reshape frames)
         (None, None), and collation copies."""
         o = self.options
         if o.decode != "frames" or o.pack_frames or o.map is not None or not refs:
@@ -720,6 +727,8 @@ class Mixture:
         mode, why = choose_mode(self.options)
         self._stats.workers_info(mode=mode, why=why)
         return mode
+        if mode == "process" and self.backend.name == "nvdec":  # (worker_mode='process' is refused at open)
+            mode, why = "thread", "auto: decode_backend='nvdec' keeps frames in device memory, threads hand them on"
 
     def _processes(self) -> ProcessWorkers:
         """The worker processes (``dsbuild.loader.workers``): started on first use, kept from epoch to epoch

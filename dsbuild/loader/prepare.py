@@ -123,6 +123,26 @@ class Preparer:
         # decoded clips and batch arrays in reused memory: enough buffers for every batch in flight
         self.arrays = BufferPool(keep=options.prefetch + options.num_workers * (options.batch_size + 2) + 2)
 
+    @property
+    def on_device(self) -> bool:
+        """Whether batches' frames are collated on the decode device (``decode_backend="nvdec"``): frames
+        decoded there stay there, and a clip that falls back to the CPU is copied into its device row.
+        ``auto`` collates on the host: its probe decodes the first clips on either route, and its batches
+        keep one kind whichever it keeps."""
+        return self.backend.name == "nvdec"
+
+    def frames_empty(self, shape: tuple, dtype=np.uint8):
+        """An uninitialised uint8 frames batch on the decode device (``on_device``; collate zeroes its
+        padding), made per batch, not pooled: a delivered batch is the user's for as long as it (or a view
+        of it) lives, which a pool could only tell by watching tensor storages, while torch's CUDA caching
+        allocator already hands the block of a batch the user dropped to the next batch of its size, with
+        neither a cudaMalloc nor a page fault (what ``BufferPool`` saves host arrays)."""
+        import torch
+
+        if np.dtype(dtype) != np.uint8:
+            raise UsageError(f"a device frames batch is uint8, not {np.dtype(dtype)}")
+        return torch.empty(tuple(shape), dtype=torch.uint8, device="cpu" if self.gpu is None else f"cuda:{self.gpu}")
+
     def frames_shape(self, src: int, i: int) -> tuple[int, int, int, int]:
         """(frames, height, width, 3) sample ``i`` of source ``src`` decodes to, from its index row: where
         a batch can hold its frames before they are decoded."""
@@ -131,8 +151,9 @@ class Preparer:
         height, width = o.resize if o.resize else (int(source.height[i]), int(source.width[i]))
         return count, height, width, 3
 
-    def __call__(self, src: int, raw: RawSample, epoch: int, into: np.ndarray | None = None) -> tuple[dict, ColumnMap]:
-        """The sample prepared; its frames decoded straight into ``into`` when they have its shape."""
+    def __call__(self, src: int, raw: RawSample, epoch: int, into=None) -> tuple[dict, ColumnMap]:
+        """The sample prepared; its frames decoded straight into ``into`` (a row of the batch's frames: a
+        numpy array, or a torch tensor on the device when ``on_device``) when they have its shape."""
         o, source = self.o, self.sources[src]
         who = (source.version_id, raw.key)  # draws differ between sources that share keys
         sel = (
@@ -160,6 +181,8 @@ class Preparer:
             ]
         cmap = self.maps[src][raw.session]
         if o.map is not None:
+            if not isinstance(sample.get("frames", np.empty(0)), np.ndarray):  # map takes numpy (on_device)
+                sample["frames"] = sample["frames"].cpu().numpy()
             sample["actions"] = on_vocabulary(sample["actions"].array(), cmap[0], self.widths[0])
             sample["telemetry"] = on_vocabulary(sample["telemetry"].array(), cmap[1], self.widths[1])
             sample["timestamps"] = sample["timestamps"].array()
@@ -170,14 +193,16 @@ class Preparer:
             cmap = (None, None)
         return sample, cmap
 
-    def _decode(self, video, idx: np.ndarray, into: np.ndarray | None, key: str) -> np.ndarray:
+    def _decode(self, video, idx: np.ndarray, into, key: str):
+        """The clip's frames at ``idx``: numpy, or on the ``on_device`` route a torch tensor on the device
+        (``into`` when it has their shape)."""
         if self.backend.name == "torchcodec":
             frames = decode_torchcodec(video, idx, self.o.resize, self.backend.device)
         else:
             counts: dict = {}
 
             def alloc(shape, dtype):
-                fits = into is not None and into.shape == tuple(shape) and into.dtype == dtype
+                fits = isinstance(into, np.ndarray) and into.shape == tuple(shape) and into.dtype == dtype
                 return into if fits else self.arrays.empty(shape, dtype)
 
             route = self.probe.route() if self.probe else "gpu" if self.backend.name == "nvdec" else "cpu"
@@ -194,8 +219,9 @@ class Preparer:
                     skip_nonref=skip,
                     counts=counts,
                     alloc=alloc,
+                    out=into if self.on_device else None,
                 )
-                if not isinstance(frames, np.ndarray):  # on the device: the batch is collated on the host
+                if not self.on_device:  # auto: its batches are collated on the host
                     host = alloc(tuple(frames.shape), np.uint8)
                     host[...] = frames.cpu().numpy()
                     frames = host

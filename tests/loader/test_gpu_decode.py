@@ -139,8 +139,13 @@ def test_a_profile_the_engine_does_not_take_falls_back_counted_or_fails_naming_c
     with pytest.raises(Unsupported, match=r"yuv444p"):
         decode_device(data, idx, None, DecoderCache())
     counts: dict = {}
-    got = decode_nvdec(data, idx, None, DecoderCache(), None, key="s1/c7", fallback=True, counts=counts)
-    assert np.array_equal(got, decode_pyav(data, idx)) and counts["fallback"] == 1
+    batch = torch.ones((2, 4, 180, 320, 3), dtype=torch.uint8)  # its row: the clip's frames, copied in
+    row = batch[1, :3]
+    got = decode_nvdec(data, idx, None, DecoderCache(), None, key="s1/c7", fallback=True, counts=counts, out=row)
+    assert got.data_ptr() == row.data_ptr() and np.array_equal(batch[1, :3].numpy(), decode_pyav(data, idx))
+    assert counts["fallback"] == 1 and batch[0].eq(1).all() and batch[1, 3].eq(1).all()
+    alone = decode_nvdec(data, idx, None, DecoderCache(), None, key="s1/c7", fallback=True)  # (no row: a tensor)
+    assert isinstance(alone, torch.Tensor) and torch.equal(alone, got)
     with pytest.raises(Unsupported) as e:
         decode_nvdec(data, idx, None, DecoderCache(), None, key="s1/c7", fallback=False)
     line = str(e.value)
@@ -196,7 +201,7 @@ def test_the_loaders_nvdec_route_gives_the_cpu_batches_within_the_bound_with_a_d
     nv, cpu = Loader(ref, decode_backend="nvdec", **kw), Loader(ref, **kw)
     for a, b in zip(nv, cpu):
         assert a["keys"] == b["keys"] and np.array_equal(a["actions"], b["actions"])
-        assert a["frames"].shape == b["frames"].shape and psnr(a["frames"], b["frames"]) >= RESIZED_PSNR
+        assert a["frames"].shape == b["frames"].shape and psnr(a["frames"].numpy(), b["frames"]) >= RESIZED_PSNR
     stats = nv.stats()
     assert stats["decode_fallback"] == 0 and any(n.startswith("nvdec: requested") for n in stats["notes"])
     # a decoder per configuration and parameter sets (each session here has its own SPS: sizes and rates
@@ -217,3 +222,99 @@ def test_auto_with_a_gpu_probes_the_first_clips_and_says_which_it_kept(cat, monk
     assert any(n.startswith("auto: probing NVDEC against PyAV on CPU over the first 8 clips") for n in notes)
     kept = [n for n in notes if n.startswith(("auto: nvdec, measured faster", "auto: pyav on CPU, NVDEC not"))]
     assert len(kept) == 1 and "frames/s vs PyAV on CPU" in kept[0], notes
+
+
+def keep_frames_numpy(sample, rng):
+    """A user ``map``: takes the frames as numpy on any decode route."""
+    assert isinstance(sample["frames"], np.ndarray)
+    return sample
+
+
+def as_numpy(x):
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def assert_same_batches_but_frames(a: dict, b: dict) -> None:
+    """Everything but the frames identical (keys, actions, telemetry, lengths, timestamps, metadata)."""
+    assert a.keys() == b.keys()
+    for name in a.keys() - {"frames"}:
+        if isinstance(a[name], (np.ndarray, torch.Tensor)):
+            assert type(a[name]) is type(b[name]) and np.array_equal(as_numpy(a[name]), as_numpy(b[name])), name
+        elif name == "cu_seqlens":
+            assert all(np.array_equal(x, y) for x, y in zip(a[name], b[name]))
+        else:
+            assert a[name] == b[name], name
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(resize=(24, 32), clip_frames=4),  # decoded straight into their rows of the device batch
+        dict(bucket_by="resolution", clip_frames=3, frame_stride=2),  # native size
+        dict(resize=(24, 32), clip_frames=4, pack_frames=10),  # packed: collation copies on the device
+        dict(resize=(24, 32), clip_frames=4, map=keep_frames_numpy, device="cpu"),  # map sees numpy; torch out
+    ],
+    ids=["rows", "native", "packed", "map-torch"],
+)
+def test_the_nvdec_route_collates_frames_in_a_device_tensor_and_the_rest_as_the_cpu_does(cat, monkeypatch, kw):
+    from dsbuild.loader import Loader
+
+    ref, _ = cat
+    on_this_machine_as_if_with_a_gpu(monkeypatch)  # (the decode device is the CPU here: torch's "cpu")
+    kw = dict(batch_size=3, seed=3, num_workers=1, **kw)
+    bound, least = (NATIVE_MAX, NATIVE_PSNR) if "resize" not in kw else (RESIZED_MAX, RESIZED_PSNR)
+    nv, cpu = Loader(ref, decode_backend="nvdec", **kw), Loader(ref, **kw)
+    batches = 0
+    for a, b in zip(nv, cpu, strict=True):
+        frames, want = a["frames"], as_numpy(b["frames"])
+        assert isinstance(frames, torch.Tensor) and frames.device.type == "cpu" and frames.dtype == torch.uint8
+        assert tuple(frames.shape) == want.shape
+        got = frames.numpy()
+        assert np.abs(got.astype(int) - want).max() <= bound and psnr(got, want) >= least
+        assert_same_batches_but_frames(a, b)
+        batches += 1
+    assert batches == len(nv) > 1 and nv.stats()["decode_fallback"] == 0
+
+
+def test_a_clip_the_device_path_refuses_decodes_on_cpu_into_its_device_row_counted(cat, monkeypatch):
+    from dsbuild.loader import Loader, gpu
+
+    ref, _ = cat
+    on_this_machine_as_if_with_a_gpu(monkeypatch)
+    kw = dict(batch_size=3, seed=3, num_workers=1, resize=(24, 32), clip_frames=4)
+    nv, cpu = Loader(ref, decode_backend="nvdec", **kw), Loader(ref, **kw)
+    refused = int(nv.open().sources[0].width[0])  # clips of this width stand for a profile the engine lacks
+    supported = gpu.check_supported
+
+    def refuse_one_width(cc, fmt):
+        if cc.width == refused:
+            raise Unsupported(f"{cc.name} at width {cc.width}: refused for this test")
+        supported(cc, fmt)
+
+    monkeypatch.setattr(gpu, "check_supported", refuse_one_width)
+    fell = 0
+    for a, b in zip(nv, cpu, strict=True):
+        assert isinstance(a["frames"], torch.Tensor)
+        assert_same_batches_but_frames(a, b)
+        for k, width in enumerate(a["width"]):
+            got, want = a["frames"][k].numpy(), b["frames"][k]
+            fell += width == refused  # (swscale's own frames, copied into the row: the same bytes)
+            assert np.array_equal(got, want) if width == refused else psnr(got, want) >= RESIZED_PSNR
+    assert nv.stats()["decode_fallback"] == fell >= 1
+
+
+def test_process_workers_cannot_carry_device_frames_refused_in_one_line_or_threads_said(cat, monkeypatch):
+    from dsbuild.core.errors import UsageError
+    from dsbuild.loader import Loader
+
+    ref, _ = cat
+    on_this_machine_as_if_with_a_gpu(monkeypatch)
+    with pytest.raises(UsageError) as e:
+        Loader(ref, decode_backend="nvdec", worker_mode="process", resize=(24, 32)).open()
+    line = str(e.value)
+    assert "\n" not in line and "worker_mode='process' cannot carry the frames of decode_backend='nvdec'" in line
+    auto = Loader(ref, decode_backend="nvdec", num_workers=3, batch_size=2, resize=(24, 32), clip_frames=2)
+    with auto:
+        assert isinstance(next(iter(auto))["frames"], torch.Tensor)
+        workers = auto.stats()["workers"]
+    assert workers["mode"] == "thread" and "decode_backend='nvdec' keeps frames in device memory" in workers["why"]

@@ -11,8 +11,9 @@ and the pipeline stage changes slowest. Megatron's own default "tp-cp-ep-dp-pp" 
 - CP splits every sequence's time axis into 2C chunks, chunk j spanning floor(n*j/2C) ..
   floor(n*(j+1)/2C), and CP rank i keeps chunks i and 2C-1-i (the load-balanced split of causal
   context-parallel attention, Megatron-LM's ``get_batch_on_this_cp_rank``; any n >= 2C, not only
-  multiples of 2C).
-- PP stages other than the first and last read nothing.
+  multiples of 2C). Text events go with the chunk of the frame they fall in.
+- PP stages other than the first and last read nothing; with ``pp_data="split"`` the first stage
+  delivers the inputs and the last the targets (Megatron-LM's ``get_batch``), by default both whole.
 - ``balance`` reassigns the samples of one global step among the DP ranks, largest first onto the
   least-loaded rank with room (in rounds of one item a rank: vectorised), so that no rank is a
   straggler made by the data.
@@ -33,6 +34,9 @@ DEFAULT_ORDER = "tp-cp-dp-pp"  # tp fastest: TP peers are neighbouring ranks (on
 MESH_DIMS = ("dp", "dp_replicate", "dp_shard", "tp", "cp", "pp")  # HSDP's two data dims multiply into dp
 DATA_DIMS = ("dp_replicate", "dp_shard", "dp")  # outer to inner, as torch's HSDP meshes lay them out
 BALANCES = (None, "frames", "tokens")
+PP_DATA = ("both", "split")  # both: the first and last stages deliver whole batches; split: inputs / targets
+FIELDS = ("frames", "video", "actions", "telemetry", "timestamps", "audio", "text")  # what a split stage picks
+WITH = {"audio": ("audio_lengths", "audio_cp_bounds")}  # fields that go where their sequence goes
 
 
 def parse_order(order: str) -> tuple[str, ...]:
@@ -67,6 +71,7 @@ class Coords:
     cp_size: int
     pp: int
     pp_size: int
+    fields: tuple[str, ...] | None = None  # a split pipeline's first or last stage: its fields (None: all)
 
     @property
     def reads(self) -> bool:
@@ -79,7 +84,10 @@ class Coords:
         if self.pp_size == 1:
             return "reads (single stage)"
         if self.reads:
-            return f"reads ({'first' if self.pp == 0 else 'last'} of {self.pp_size} pipeline stages)"
+            stage = f"{'first' if self.pp == 0 else 'last'} of {self.pp_size} pipeline stages"
+            if self.fields is None:
+                return f"reads ({stage}: inputs and targets)"
+            return f"reads {'inputs' if self.pp == 0 else 'targets'} ({stage}: {', '.join(self.fields)})"
         return f"reads nothing (pipeline stage {self.pp} of {self.pp_size}: neither first nor last)"
 
     def to_json(self) -> dict:
@@ -97,12 +105,17 @@ class Parallel:
     """A model-parallel layout: ``Loader(..., rank=r, world_size=W, parallel=Parallel(tp=2, cp=2))``.
 
     ``tp``, ``cp``, ``pp``: the tensor, context and pipeline degrees (dp = W / (tp * cp * pp));
-    ``order``: the rank layout, fastest-varying first (Megatron-LM's meaning)."""
+    ``order``: the rank layout, fastest-varying first (Megatron-LM's meaning); ``pp_data``: under pp > 1,
+    "both" (the first and the last stage each deliver whole batches) or "split" (as Megatron-LM's
+    ``get_batch``: the first stage delivers the inputs, every sequence field but ``targets``; the last the
+    ``targets`` fields; both keep keys, lengths and the other per-sample fields)."""
 
     tp: int = 1
     cp: int = 1
     pp: int = 1
     order: str = DEFAULT_ORDER
+    pp_data: str = "both"
+    targets: tuple[str, ...] = ("actions",)
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "pp"):
@@ -110,6 +123,16 @@ class Parallel:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UsageError(f"Parallel: {name} must be an integer >= 1, not {v!r}")
         parse_order(self.order)
+        if self.pp_data not in PP_DATA:
+            raise UsageError(f"Parallel: pp_data must be one of {', '.join(PP_DATA)}, not {self.pp_data!r}")
+        targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
+        bad = [t for t in targets if t not in FIELDS]
+        if not targets or bad or len(set(targets)) < len(targets):
+            raise UsageError(
+                f"Parallel: targets {list(targets)} must be distinct fields among {', '.join(FIELDS)}",
+                hint='for example targets=("actions",)',
+            )
+        object.__setattr__(self, "targets", targets)  # (a list read back from JSON)
 
     @property
     def model(self) -> int:
@@ -145,6 +168,9 @@ class Parallel:
         """Rank ``rank`` of ``world``: its DP index (what data it gets), TP/CP index and pipeline stage."""
         c = {k: int(v[0]) for k, v in self.coordinates(np.array([rank]), world).items()}
         sizes = self.sizes(world)
+        fields = None
+        if self.pp_data == "split" and self.pp > 1:
+            fields = tuple(f for f in FIELDS if f not in self.targets) if c["pp"] == 0 else self.targets
         return Coords(
             rank,
             world,
@@ -156,6 +182,7 @@ class Parallel:
             self.cp,
             c["pp"],
             self.pp,
+            fields,
         )
 
     def to_json(self, world: int) -> dict:
@@ -289,7 +316,8 @@ TIME_KEYS = ("actions", "telemetry", "timestamps", "frames")  # arrays [batch, t
 def cp_slice(batch: dict, cp: int, rank: int) -> dict:
     """CP rank ``rank``'s share of a collated batch: every row's frames, actions, telemetry and timestamps
     at its two chunks (of each packed sub-sequence on its own: segment ids and ``cu_seqlens`` follow),
-    audio at the matching span of its own samples, zero-padded to the longest row. ``cp_bounds`` holds each
+    audio at the matching span of its own samples, zero-padded to the longest row, and text events by the
+    frame they fall in (``_cp_text``). ``cp_bounds`` holds each
     row's two spans in the sample's frames ([row, 2, 2]; packed: a [segment, 2, 2] array per row), so
     the CP ranks' pieces, put in chunk order, are the sample again. The encoded video (bytes mode) is
     left whole."""
@@ -325,6 +353,23 @@ def cp_slice(batch: dict, cp: int, rank: int) -> dict:
         out["cp_bounds"] = np.concatenate(spans)
     if "audio" in batch:
         out.update(_cp_audio(batch, out["cp_bounds"], np.asarray(batch["lengths"]), cp, rank))
+    if "text" in batch:
+        texts = [batch["text"][b] if packed else [batch["text"][b]] for b in range(rows)]
+        kept = [_cp_text(t, batch["timestamps"][b], *segments[b], cp, rank) for b, t in enumerate(texts)]
+        out["text"] = kept if packed else [k[0] for k in kept]
+    return out
+
+
+def _cp_text(texts: list, timestamps, starts: np.ndarray, lengths: np.ndarray, cp: int, rank: int) -> list:
+    """Each segment's text events that fall in CP rank ``rank``'s two chunks of its time axis: an event
+    belongs to the frame it falls in (the last one stamped at or before it; before the first: the first),
+    so each event is on one CP rank, and the ranks' events in chunk order are the segment's again."""
+    out = []
+    for events, start, n in zip(texts, starts.tolist(), lengths.tolist()):
+        ts = np.asarray(timestamps[start : start + n])
+        frame = np.clip(np.searchsorted(ts, [e["t"] for e in events], side="right") - 1, 0, n - 1)
+        chunk = np.searchsorted(cp_bounds(n, cp), frame, side="right") - 1
+        out.append([e for e, c in zip(events, chunk.tolist()) if c in (rank, 2 * cp - 1 - rank)])
     return out
 
 
@@ -386,3 +431,11 @@ def straggler(loads: np.ndarray) -> dict:
         "max_over_mean": float((hi / np.where(mean > 0, mean, 1)).mean()),
         "straggler_cost": float(hi.sum() / mean.sum() - 1) if mean.sum() > 0 else 0.0,
     }
+
+
+def stage_fields(batch: dict, fields: tuple[str, ...]) -> dict:
+    """A split pipeline stage's share of a batch: the sequence fields (``FIELDS``) named in ``fields`` and
+    their companions (audio's lengths and CP bounds), and every per-sample field (keys, lengths, ...)."""
+    dropped = {f for f in FIELDS if f not in fields}
+    dropped |= {c for f in dropped for c in WITH.get(f, ())}
+    return {k: v for k, v in batch.items() if k not in dropped}

@@ -40,7 +40,7 @@ from dsbuild.loader.files import ShardFiles
 from dsbuild.loader.mixture import normalise, schedule_counts
 from dsbuild.loader.options import LoaderOptions, order_options, with_overrides
 from dsbuild.loader.pace import Pace
-from dsbuild.loader.parallel import check_cp_lengths, cp_slice, spread
+from dsbuild.loader.parallel import check_cp_lengths, cp_slice, spread, stage_fields
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
 from dsbuild.loader.prepare import Preparer
@@ -443,6 +443,8 @@ class Mixture:
         batch = self._build(step)
         if self.coords.cp_size > 1:  # this CP rank's chunks of every sequence (``parallel.cp_slice``)
             batch = cp_slice(batch, self.coords.cp_size, self.coords.cp)
+        if self.coords.fields is not None:  # pp_data="split": the first stage's inputs, the last's targets
+            batch = stage_fields(batch, self.coords.fields)
         self._pace.built(time.perf_counter() - t0)
         return batch
 
@@ -725,10 +727,10 @@ class Mixture:
     def _worker_mode(self) -> str:
         """ "thread" or "process" (``workers.choose_mode``), noted with the reason in ``stats()``."""
         mode, why = choose_mode(self.options)
-        self._stats.workers_info(mode=mode, why=why)
-        return mode
         if mode == "process" and self.backend.name == "nvdec":  # (worker_mode='process' is refused at open)
             mode, why = "thread", "auto: decode_backend='nvdec' keeps frames in device memory, threads hand them on"
+        self._stats.workers_info(mode=mode, why=why)
+        return mode
 
     def _processes(self) -> ProcessWorkers:
         """The worker processes (``dsbuild.loader.workers``): started on first use, kept from epoch to epoch

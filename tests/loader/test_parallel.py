@@ -396,6 +396,59 @@ def test_cp_slices_each_packed_sub_sequence_and_keeps_its_segment_ids(cat):
             assert np.array_equal(whole, plain["actions"][row, lo:hi])
 
 
+def test_cp_slices_text_events_by_the_frame_they_fall_in(cat):
+    """Text events are stamped on the session clock, as timestamps are: each goes with the chunk of the
+    frame it falls in (the last one stamped at or before it), so it is on exactly one CP rank."""
+    ref, _ = cat
+    plain = list(_loader(ref, 0, 1, text=True))
+    slices = [list(_loader(ref, r, 2, (1, 2, 1), text=True)) for r in range(2)]
+    per_rank = [0, 0]
+    for b, whole in enumerate(plain):
+        for row, events in enumerate(whole["text"]):
+            mine = [s[b]["text"][row] for s in slices]
+            assert sorted(mine[0] + mine[1], key=lambda e: e["t"]) == events
+            n, ts = whole["lengths"][row], whole["timestamps"][row]
+            for r, got in enumerate(mine):
+                frames = np.searchsorted(ts[:n], [e["t"] for e in got], side="right") - 1
+                spans = slices[r][b]["cp_bounds"][row].tolist()
+                assert all(any(lo <= max(f, 0) < hi for lo, hi in spans) for f in frames.tolist())
+                per_rank[r] += len(got)
+    assert min(per_rank) > 0
+
+
+def test_a_split_pipeline_gives_the_first_stage_inputs_and_the_last_targets(cat):
+    ref, _ = cat
+    layout = Parallel(pp=2, pp_data="split", targets=("actions", "timestamps"))
+    plain = next(iter(_loader(ref, 1, 2, text=True)))
+    first = Loader(ref, decode="bytes", batch_size=2, seed=5, text=True, rank=1, world_size=4, parallel=layout)
+    last = Loader(ref, decode="bytes", batch_size=2, seed=5, text=True, rank=3, world_size=4, parallel=layout)
+    inputs, targets = next(iter(first)), next(iter(last))
+    assert inputs["keys"] == targets["keys"] == plain["keys"]
+    assert "actions" not in inputs and "timestamps" not in inputs and {"video", "telemetry", "text"} <= set(inputs)
+    assert set(targets) == set(plain) - {"video", "telemetry", "text"}
+    assert np.array_equal(targets["actions"], plain["actions"]) and inputs["text"] == plain["text"]
+    assert (
+        first.stats()["parallel"]["role"]
+        == "reads inputs (first of 2 pipeline stages: frames, video, telemetry, audio, text)"
+    )
+    assert last.stats()["parallel"]["role"] == "reads targets (last of 2 pipeline stages: actions, timestamps)"
+    both = Parallel(pp=2).coords(3, 4)
+    assert both.fields is None and both.role == "reads (last of 2 pipeline stages: inputs and targets)"
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"pp_data": "halves"}, "pp_data must be one of both, split, not 'halves'"),
+        ({"targets": ("labels",)}, r"targets \['labels'\] must be distinct fields among frames, video"),
+        ({"targets": ()}, r"targets \[\] must be distinct fields"),
+    ],
+)
+def test_a_bad_pipeline_split_is_a_usage_error_naming_it(kw, message):
+    with pytest.raises(UsageError, match=message):
+        Parallel(pp=2, **kw)
+
+
 _runs: dict = {}
 
 

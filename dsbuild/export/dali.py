@@ -29,7 +29,7 @@ KIND = "dsbuild-dali/1"
 
 def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
     for split in source.splits:
-        tars = split_tars(source, split, folder, tick, partial="write", target=target)
+        tars = split_tars(source, split, folder, tick, target=target)
         index_paths = []
         for t in tars:
             rel = index_path(t.rel)

@@ -69,7 +69,7 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
     parts: dict[str, list[str]] = {}
     tars: list[TarFile] = []
     for split in source.splits:
-        files = split_tars(source, split, folder, tick, partial="write", target=target)
+        files = split_tars(source, split, folder, tick, target=target)
         parts[split.name] = [t.rel for t in files]
         tars += files
     tars.sort(key=lambda t: t.rel)  # .info.json's key order (sorted) numbers the tars in index.sqlite

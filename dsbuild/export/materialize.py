@@ -3,8 +3,8 @@
 
 A catalog shard may hold samples of several splits, so listing the catalog's shards would hand such a
 reader other splits' samples. DIR is the wids export of that split alone: catalog shards holding only
-the split are linked, the split's other samples written into tars of their own (``tars.split_tars`` with
-``partial="write"``), so the listed tars hold exactly the split's samples, in key order. Like every
+the split are linked, the split's other samples written into tars of their own (``tars.split_tars``),
+so the listed tars hold exactly the split's samples, in key order. Like every
 export it is atomic, resumable, and reused as it is when run again.
 """
 

@@ -1,11 +1,11 @@
-"""WebDataset tar files for the tools that read tars (Energon, wids), shared with the catalog when they can be.
+"""WebDataset tar files for the tools that read tars (Energon, wids, DALI), shared with the catalog where they can be.
 
-A shard of a tar version is linked (a relative symlink into the catalog: no byte copied) when the tool
-can read it as it is: it holds only the split's samples, or the tool can skip the others
-(``partial="link"``: Energon's per-sample excludes). Every other sample — those of a version in another
-shard format, or of a shard shared by several splits for a tool that cannot skip (wids) — is written into
-new tars by the tar format's own writer (samples proven against their hash on the way), named by their
-sha256 so basenames are unique (wids caches shards by basename).
+Each split gets tars holding its samples alone: these tools read (and count, and partition over ranks)
+every sample of a listed tar. A shard of a tar version that holds only the split's samples is linked (a
+relative symlink into the catalog: no byte copied). Every other sample — those of a version in another
+shard format, or of a shard shared by several splits — is written into new tars by the tar format's own
+writer (samples proven against their hash on the way), named by their sha256 so basenames are unique
+(wids caches shards by basename).
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ TAR_FORMAT = "webdataset"  # what Energon, wids and the webdataset library read
 
 @dataclass(frozen=True)
 class TarFile:
-    """One tar in the export: its path there, every sample it holds in file order, and the keys of
-    those that belong to another split (the tool must skip them)."""
+    """One tar in the export: its path there and every sample it holds (all of its split), in file order."""
 
     rel: str
     samples: tuple[Entry, ...]
-    foreign: frozenset[str]
 
 
 def framed(e: Entry) -> tuple[int, int, tuple[int, ...]]:
@@ -44,12 +42,9 @@ def framed(e: Entry) -> tuple[int, int, tuple[int, ...]]:
     return e.offset, e.length, e.member_bytes
 
 
-def split_tars(
-    source: ExportSource, split: Split, folder: ExportFolder, tick: Ticker, *, partial: str, target: int
-) -> list[TarFile]:
-    """The tars holding ``split``, in key order (an index-based reader's sample i is the split's i-th):
-    catalog shards linked where possible, the samples between them written into tars of their own.
-    ``partial`` is "link" (the tool skips foreign samples) or "write"."""
+def split_tars(source: ExportSource, split: Split, folder: ExportFolder, tick: Ticker, *, target: int) -> list[TarFile]:
+    """The tars holding ``split`` and nothing else, in key order (an index-based reader's sample i is the
+    split's i-th): catalog shards linked where whole, the samples between them written into tars of their own."""
     tar = get_format(TAR_FORMAT)
     linkable = get_format(source.manifest.shard_format) is tar
     out: list[TarFile] = []
@@ -63,19 +58,18 @@ def split_tars(
             w = write_shard(tar, segments, folder.temp(f"{split.name}-{written:06d}.{tar.ext}"))
             rel = f"shards/{split.name}/{w.sha256}.{tar.ext}"
             folder.adopt(rel, w.tmp_path)
-            out.append(TarFile(rel, w.entries, frozenset()))
+            out.append(TarFile(rel, w.entries))
             tick(len(group))
             written += 1
         rest.clear()
 
     for part in split.parts:
-        if linkable and (part.whole or partial == "link"):
+        if linkable and part.whole:
             flush()
             rel = f"shards/{split.name}/{part.shard.sha256}.{tar.ext}"
             if not folder.has(rel):
                 _share(source, part.shard, folder, rel)
-            every = sorted(part.entries + part.foreign, key=lambda e: framed(e)[0])
-            out.append(TarFile(rel, tuple(every), frozenset(e.key for e in part.foreign)))
+            out.append(TarFile(rel, tuple(sorted(part.entries, key=lambda e: framed(e)[0]))))
             tick(len(part.entries))
         else:
             rest += [(part.shard, e) for e in part.entries]

@@ -21,7 +21,7 @@ from dsbuild.export.tars import split_tars
 
 def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int) -> None:
     for split in source.splits:
-        tars = split_tars(source, split, folder, tick, partial="write", target=target)
+        tars = split_tars(source, split, folder, tick, target=target)
         doc = {
             "__kind__": "wids-shard-index-v1",
             "wids_version": 1,

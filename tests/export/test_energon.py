@@ -114,6 +114,7 @@ def test_len_and_each_ranks_share_are_energons_partition_of_the_split(world, exp
     for part in SPLITS:
         n = len(expected[part])
         seen: list[str] = []
+        counts = []
         for rank in range(world):
             wc = energon.WorkerConfig(rank=rank, world_size=world, num_workers=0)
             start, end = Sharder.split_samples_to_workers(0, n, wc)  # what Energon gives a rank of n samples
@@ -122,7 +123,9 @@ def test_len_and_each_ranks_share_are_energons_partition_of_the_split(world, exp
             assert len(ds) == end - start
             assert len(keys) == end - start, (part, world, rank)
             seen += keys
+            counts.append(len(keys))
         assert sorted(seen) == sorted(expected[part])  # each sample once, on one rank
+        assert max(counts) - min(counts) <= 1, counts
 
 
 def test_each_splits_tars_hold_its_samples_alone(exported, expected, export_catalog):
@@ -194,6 +197,10 @@ def test_a_users_edited_dataset_yaml_is_kept_on_re_export(export_catalog, tmp_pa
     assert config.read_bytes() == USER_FILES[".nv-meta/dataset.yaml"]
     edited = config.read_bytes() + b"shuffle_over_epochs_multiplier: 2\n"
     config.write_bytes(edited)
+    again = export(f"{cat}@v1", dest, to="energon", split="main/val")  # complete: nothing to do, and it says so
+    assert again.existed and again.warnings == (
+        f"{config}: edited since the export; kept as it is (remove it for dsbuild's)",
+    )
     (dest / ".nv-meta" / ".info.json").unlink()  # damage elsewhere: the export is reopened and repaired
     p = run("export", f"{cat}@v1", dest, "--to", "energon", "--split", "main/val")
     assert "dataset.yaml: edited since the export; kept as it is" in p.stderr, p.stderr

@@ -22,8 +22,11 @@ def test_any_window_of_the_order_is_computed_alone(n, key, start, count):
     assert global_order(n, key, start, count).tolist() == full[start : start + count].tolist()
 
 
+# n up to 1,000: with blocks of 1 that is still 1,000 windows (cost grows with the window count, a
+# permutation per window), and every case the order has (many windows, a short tail block, a short last
+# window, a start past the end) occurs far below it
 @settings(max_examples=100, deadline=None)
-@given(st.integers(1, 3000), st.integers(0, 2**63), st.integers(1, 64), st.integers(1, 8), st.integers(0, 3000))
+@given(st.integers(1, 1000), st.integers(0, 2**63), st.integers(1, 64), st.integers(1, 8), st.integers(0, 1100))
 def test_block_order_is_a_permutation_with_random_access(n, key, block, window, start):
     full = block_order(n, key, 0, n, block, window)
     assert sorted(full.tolist()) == list(range(n))

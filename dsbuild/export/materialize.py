@@ -28,12 +28,16 @@ def materialize_split(ref: str, split: str, dest: str | Path) -> list[ShardLocat
     root = Path(export(ref, dest, to="wids", split=split).dest).resolve()
     listing = root / f"{part}.json"
     doc = loads_bounded(listing.read_bytes(), max_bytes=LIST_BYTES, what=str(listing))
+    foreign = CorruptDataError(f"{listing}: not a shard list dsbuild wrote", hint=f"remove {root} and run again")
     entries = doc.get("shardlist") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        raise foreign
     out = []
-    for e in entries if isinstance(entries, list) else [None]:
-        url, n = (e.get("url"), e.get("nsamples")) if isinstance(e, dict) else (None, None)
-        tar = root / str(url)
+    for e in entries:
+        url = e.get("url") if isinstance(e, dict) else None
+        n = e.get("nsamples") if isinstance(e, dict) else None
         if not isinstance(url, str) or not url.startswith(f"shards/{part}/") or ".." in url or type(n) is not int:
-            raise CorruptDataError(f"{listing}: not a shard list dsbuild wrote", hint=f"remove {root} and run again")
+            raise foreign
+        tar = root / url
         out.append(ShardLocation(tar.as_uri(), str(tar), Path(url).stem, tar.stat().st_size, n, n))
     return out

@@ -148,7 +148,13 @@ def bench(
         metavar="S",
         help="Wall seconds of all rounds and baselines together (start-up not included).",
     ),
-    rounds: int = typer.Option(5, "--rounds", min=1, metavar="N", help="Interleaved rounds (the gate needs >= 3)."),
+    rounds: int = typer.Option(
+        5,
+        "--rounds",
+        min=1,
+        metavar="N",
+        help="Interleaved rounds (the gate needs >= 3); with --model, the rounds the --steps are cut into.",
+    ),
     compare: str = typer.Option(
         "auto",
         "--compare",
@@ -245,6 +251,7 @@ def bench(
             resize=parse_resize(resize) or (64, 64),
             threads=_one(threads, "--threads"),
             steps=steps,
+            rounds=rounds,
             warmup=warmup,
             seed=seed,
             inject=parse_inject(inject_delay),

@@ -39,13 +39,25 @@ def render(o: Out, rep) -> None:
         f"{rep.peak.source}: {rep.peak.device})"
     )
     o.table(
-        ["point", "ranks", "batch/rank", "step ms", "MFU counted", "MFU 6ND", "clips/s", "frames/s", "efficiency"],
+        [
+            "point",
+            "ranks",
+            "batch/rank",
+            "step ms",
+            "by round",
+            "MFU counted",
+            "MFU 6ND",
+            "clips/s",
+            "frames/s",
+            "efficiency",
+        ],
         [
             [
                 p.kind,
                 p.world,
                 p.batch_size,
                 _ms(p.step_s),
+                "/".join(_ms(s) for s in p.round_step_s or ()),
                 f"{p.mfu * 100:.2f}%",
                 f"{p.mfu_analytic * 100:.2f}%",
                 f"{p.samples_per_s:.2f}",
@@ -54,7 +66,9 @@ def render(o: Out, rep) -> None:
             ]
             for p in rep.points
         ],
-        title="one job per point; the step is the slowest rank's mean over the profiled window",
+        title=f"one interleaved run: the points take turns over {len(rep.points[0].round_step_s or (0,))} round(s); "
+        "the step is the slowest rank's mean over its profiled steps; efficiency, the median of the rounds' "
+        "paired ratios",
     )
     for p in rep.points:
         if p.kind == "strong":

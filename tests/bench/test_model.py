@@ -1,6 +1,6 @@
 """`dsbuild bench CATALOG --model NAME` through the real executable: a real training step, measured.
 
-One sweep (DDP, --ranks 1,2, a data delay injected on rank 1) and one FSDP2 run (a compute delay on rank
+One sweep (DDP, --ranks 1,2 in three interleaved rounds, a data delay injected on rank 1) and one FSDP2 run (a compute delay on rank
 0) serve the structure tests: each is a few 2-rank gloo jobs of the tiny model on 32x32 crops. Tests
 assert structure and consistency (MFU in (0, 1), parts that add up, communication with 2 ranks, the
 injected rank and component named), never wall-clock limits.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -124,11 +125,16 @@ def test_two_ranks_communicate_and_one_rank_does_not_wait_for_peers(sweep, fsdp)
     assert [(p.kind, p.world, p.batch_size) for p in sweep.points] == [("base", 1, 2), ("weak", 2, 2), ("strong", 2, 1)]
 
 
-def test_scaling_efficiency_for_each_larger_world(sweep):
+def test_the_points_run_interleaved_and_efficiency_is_the_median_of_paired_rounds(sweep):
+    """--steps 3 under the default --rounds 5: three rounds of one profiled step, the points taking turns."""
     base, weak, strong = sweep.points
+    assert all(r.round_steps == (1, 1, 1) for p in sweep.points for r in p.ranks)
+    for p in sweep.points:  # a round's step: the slowest rank's in that round
+        assert p.round_step_s == pytest.approx([max(r.parts[k].step for r in p.ranks) for k in range(3)])
     assert base.efficiency is None
-    assert weak.efficiency == pytest.approx(base.step_s / weak.step_s)
-    assert strong.efficiency == pytest.approx(base.step_s / (2 * strong.step_s))
+    pairs = list(zip(base.round_step_s, weak.round_step_s, strong.round_step_s))
+    assert weak.efficiency == pytest.approx(statistics.median(b / w for b, w, _ in pairs))
+    assert strong.efficiency == pytest.approx(statistics.median(b / (2 * s) for b, _, s in pairs))
 
 
 def test_an_injected_data_delay_is_named_by_rank_and_component(sweep):
@@ -177,6 +183,8 @@ def test_the_table_shows_points_parts_and_the_straggler(swept):
         "frames/step",
         "input-bound",
         "per 1,000 steps",
+        "take turns over 3 round(s)",
+        "by round",
     ):
         assert text in out, out
     page = (work / "run.html").read_text()

@@ -8,8 +8,9 @@ from dsbuild.bench import models
 from dsbuild.bench.train.decompose import Parts
 from dsbuild.bench.train.options import Inject, TrainOptions, parse_inject, parse_ranks
 from dsbuild.bench.train.peaks import datasheet
-from dsbuild.bench.train.report import efficiency, straggler
+from dsbuild.bench.train.report import efficiency, paired_efficiency, straggler
 from dsbuild.bench.train.run import plan
+from dsbuild.bench.train.worker import round_steps
 from dsbuild.core.errors import UsageError
 
 
@@ -37,6 +38,18 @@ def test_scaling_efficiency_weak_and_strong():
     assert efficiency("weak", 1.0, 1.0, 2) == 1.0  # the step did not grow with the ranks
     assert efficiency("strong", 1.0, 0.5, 2) == 1.0  # half the batch each, half the time
     assert efficiency("strong", 1.0, 1.0, 2) == 0.5
+
+
+def test_steps_are_cut_into_even_rounds_and_rounds_are_paired():
+    assert round_steps(5, 3) == [2, 2, 1] and round_steps(2, 5) == [1, 1] and round_steps(4, 1) == [4]
+
+    class P:  # the two fields paired_efficiency reads of a Point
+        def __init__(self, world, step_s, rounds):
+            self.world, self.step_s, self.round_step_s = world, step_s, rounds
+
+    base, weak = P(1, 1.0, (1.0, 2.0, 1.0)), P(2, 2.0, (2.0, 2.0, 4.0))
+    assert paired_efficiency("weak", base, weak) == 0.5  # median of 0.5, 1.0, 0.25: each round under one load
+    assert paired_efficiency("weak", P(1, 1.0, None), P(2, 2.0, None)) == 0.5  # (no rounds: the windows)
 
 
 def test_the_sweep_plans_weak_and_strong_points_when_the_batch_divides():

@@ -52,18 +52,30 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def run_ranks(setup: dict, world: int, timeout_s: float, expect_death: bool = False) -> Outcome:
-    """Run one job of ``world`` ranks to its end. ``expect_death``: a rank that dies ends the job quietly
-    (the restart measurement kills one on purpose), its rank and code in ``Outcome.died``."""
-    port = free_port()
-    procs, logs = [], []
-    sel = selectors.DefaultSelector()
-    trained: list[list[list[str]]] = [[] for _ in range(world)]
-    results: dict[int, dict] = {}
-    buffers = dict.fromkeys(range(world), b"")
-    try:
-        for r in range(world):
-            log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
+class Job:
+    """The W rank processes of one job, which may be kept for interleaved rounds: ``start`` spawns them and
+    sends the setup (with ``rounds`` in it, waits until every rank says it is ready: warmed up, its peak
+    measured, blocked on its input), ``round(k)`` has every rank run its round k and returns once all have,
+    ``finish`` closes their input (they end and answer their results), ``close`` ends what is left. While
+    it waits the job watches every rank: a death or a silence is named (see the module docstring)."""
+
+    def __init__(self, setup: dict, world: int, timeout_s: float, expect_death: bool = False):
+        self.setup, self.world, self.timeout_s, self.expect_death = setup, world, timeout_s, expect_death
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+        self.sel = selectors.DefaultSelector()
+        self.trained: list[list[list[str]]] = [[] for _ in range(world)]
+        self.results: dict[int, dict] = {}
+        self.marks: list[set[str]] = [set() for _ in range(world)]  # "ready", "round K": what each rank said
+        self.buffers = dict.fromkeys(range(world), b"")
+        self.reading: set[int] = set()
+        self.failed: dict[int, Exception] = {}  # a rank's own error: often a peer's death seen from the other side
+        self.first_failure: float | None = None
+
+    def start(self) -> None:
+        port = free_port()
+        for r in range(self.world):
+            log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
             spawned = time.time()
             p = subprocess.Popen(
                 [sys.executable, "-m", "dsbuild.bench.train.worker"],
@@ -71,73 +83,111 @@ def run_ranks(setup: dict, world: int, timeout_s: float, expect_death: bool = Fa
                 stdout=subprocess.PIPE,
                 stderr=log,
             )
-            procs.append(p)
-            logs.append(log)
-            stdin, stdout = p.stdin, p.stdout
-            assert stdin is not None and stdout is not None  # (both are pipes)
-            stdin.write(json.dumps({**setup, "rank": r, "world": world, "port": port, "spawned_at": spawned}).encode())
-            stdin.write(b"\n")
-            stdin.close()
-            sel.register(stdout, selectors.EVENT_READ, r)
-        reading = set(range(world))
+            self.procs.append(p)
+            self.logs.append(log)
+            self._send(p, {**self.setup, "rank": r, "world": self.world, "port": port, "spawned_at": spawned})
+            self.sel.register(p.stdout, selectors.EVENT_READ, r)  # type: ignore[arg-type]  # (a pipe)
+            self.reading.add(r)
+        if self.setup.get("rounds"):
+            self._wait(lambda: all("ready" in m for m in self.marks))
+
+    def round(self, k: int) -> None:
+        for p in self.procs:
+            self._send(p, {"round": k})
+        self._wait(lambda: all(f"round {k}" in m for m in self.marks))
+
+    def finish(self) -> Outcome:
+        for p in self.procs:
+            if p.stdin is not None and not p.stdin.closed:
+                p.stdin.close()
+        died = self._wait(lambda: len(self.results) == self.world)
+        if died is not None:
+            return Outcome([self.results.get(i, {}) for i in range(self.world)], self.trained, died)
+        return Outcome([self.results[r] for r in range(self.world)], self.trained)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p, log in zip(self.procs, self.logs):
+            p.wait()
+            for pipe in (p.stdin, p.stdout):
+                if pipe is not None and not pipe.closed:
+                    try:
+                        pipe.close()
+                    except BrokenPipeError:
+                        pass
+            log.close()
+        self.sel.close()
+
+    def _send(self, p: subprocess.Popen, doc: dict) -> None:
+        """One line to a rank (a rank already dead is named by the wait that follows, not here)."""
+        try:
+            p.stdin.write(json.dumps(doc).encode() + b"\n")  # type: ignore[union-attr]  # (a pipe)
+            p.stdin.flush()  # type: ignore[union-attr]
+        except BrokenPipeError:
+            pass
+
+    def _wait(self, done) -> tuple[int, int] | None:
+        """Hear the ranks until ``done()``; with ``expect_death``, a rank's death ends the wait: (rank, code)."""
         last_heard = time.monotonic()
-        failed: dict[int, Exception] = {}  # a rank's own error: often a peer's death seen from the other side
-        first_failure = None
-        while len(results) < world:
-            events = sel.select(timeout=1.0)
-            for key, _ in events:
+        while not done():
+            for key, _ in self.sel.select(timeout=1.0):
                 r = key.data
                 chunk = key.fileobj.read1(1 << 16)  # type: ignore[union-attr]
                 if not chunk:
-                    sel.unregister(key.fileobj)
-                    reading.discard(r)
+                    self.sel.unregister(key.fileobj)
+                    self.reading.discard(r)
                     continue
                 last_heard = time.monotonic()
-                buffers[r] += chunk
-                if len(buffers[r]) > MAX_LINE:
+                self.buffers[r] += chunk
+                if len(self.buffers[r]) > MAX_LINE:
                     raise errors.FormatError(f"rank {r}: a line longer than {MAX_LINE} bytes")
-                *lines, buffers[r] = buffers[r].split(b"\n")
+                *lines, self.buffers[r] = self.buffers[r].split(b"\n")
                 for line in lines:
                     try:
-                        _hear(r, loads_bounded(line, max_bytes=MAX_LINE, what=f"rank {r}"), results, trained)
+                        _hear(r, loads_bounded(line, max_bytes=MAX_LINE, what=f"rank {r}"), self)
                     except Exception as e:
-                        failed[r] = e
-                        first_failure = first_failure or time.monotonic()
-            for r, p in enumerate(procs):
+                        self.failed[r] = e
+                        self.first_failure = self.first_failure or time.monotonic()
+            for r, p in enumerate(self.procs):
                 # dead once its output is read to the end (its result may still be in the pipe)
-                if r not in results and r not in failed and p.poll() is not None and r not in reading:
-                    if expect_death:
-                        return Outcome([results.get(i, {}) for i in range(world)], trained, (r, p.returncode))
+                if r not in self.results and r not in self.failed and p.poll() is not None and r not in self.reading:
+                    if self.expect_death:
+                        return r, p.returncode
                     raise errors.WorkerDied(
-                        f"rank {r} of {world} died ({describe_exit(p.returncode)}) before its result"
-                        + _tail(logs[r])
-                        + f"; the other ranks were stopped (collective timeout {timeout_s:g} s, --timeout)",
+                        f"rank {r} of {self.world} died ({describe_exit(p.returncode)}) before its result"
+                        + _tail(self.logs[r])
+                        + f"; the other ranks were stopped (collective timeout {self.timeout_s:g} s, --timeout)",
                         hint="a rank killed by the OOM killer: fewer --ranks, a smaller --model or --batch-size",
                     )
-            if first_failure is not None and time.monotonic() - first_failure > DEATH_GRACE_S:
-                raise failed[min(failed)]
-            if time.monotonic() - last_heard > timeout_s + SILENCE_MARGIN_S:
+            if self.first_failure is not None and time.monotonic() - self.first_failure > DEATH_GRACE_S:
+                raise self.failed[min(self.failed)]
+            if time.monotonic() - last_heard > self.timeout_s + SILENCE_MARGIN_S:
                 raise errors.WorkerDied(
-                    f"ranks silent for {timeout_s + SILENCE_MARGIN_S:g} s (collective timeout {timeout_s:g} s, "
-                    "--timeout): stopped",
+                    f"ranks silent for {self.timeout_s + SILENCE_MARGIN_S:g} s (collective timeout "
+                    f"{self.timeout_s:g} s, --timeout): stopped",
                     hint="a larger --timeout for a slow first step",
                 )
-        return Outcome([results[r] for r in range(world)], trained)
+        return None
+
+
+def run_ranks(setup: dict, world: int, timeout_s: float, expect_death: bool = False) -> Outcome:
+    """Run one job of ``world`` ranks to its end (no rounds). ``expect_death``: a rank that dies ends the
+    job quietly (the restart measurement kills one on purpose), its rank and code in ``Outcome.died``."""
+    job = Job(setup, world, timeout_s, expect_death)
+    try:
+        job.start()
+        return job.finish()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p, log in zip(procs, logs):
-            p.wait()
-            if p.stdout is not None:
-                p.stdout.close()
-            log.close()
-        sel.close()
+        job.close()
 
 
-def _hear(r: int, doc: dict, results: dict, trained: list) -> None:
+def _hear(r: int, doc: dict, job: Job) -> None:
     if "trained" in doc:
-        trained[r].append([str(k) for k in doc["trained"]["keys"]])
+        job.trained[r].append([str(k) for k in doc["trained"]["keys"]])
+    elif "mark" in doc:
+        job.marks[r].add(str(doc["mark"]))
     elif "error" in doc:
         if doc.get("kind") == "MemoryError":
             raise errors.StorageError(f"rank {r}: out of memory", hint="a smaller --model or --batch-size")
@@ -152,7 +202,7 @@ def _hear(r: int, doc: dict, results: dict, trained: list) -> None:
             raise RuntimeError(message)
         raise cls(message, hint=doc.get("hint"))
     else:
-        results[r] = doc["result"]
+        job.results[r] = doc["result"]
 
 
 def _tail(log) -> str:

@@ -35,6 +35,10 @@ class TrainOptions(Record):
     resize: tuple[int, ...] = (64, 64)  # the models need one frame size; 64x64 keeps tiny in seconds on a CPU
     threads: int = field(default=2, metadata=spec(minimum=1, doc="loader threads per rank"))
     steps: int = field(default=5, metadata=spec(minimum=1, doc="profiled steps per rank"))
+    rounds: int = field(  # (an older report, made before rounds, reads as the default)
+        default=3,
+        metadata=spec(minimum=1, doc="interleaved rounds the steps are cut into, the scaling points alternating"),
+    )
     warmup: int = field(default=2, metadata=spec(minimum=0, doc="steps before the profiled window (lazy setup)"))
     seed: int = field(default=0, metadata=spec(minimum=0))
     inject: Inject | None = None

@@ -3,15 +3,16 @@ figures: MFU, the mean step's parts, the straggler, scaling efficiency, the inpu
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dsbuild.bench.report import Machine
 from dsbuild.bench.train.decompose import Parts, mean
 from dsbuild.bench.train.options import TrainOptions
 from dsbuild.bench.train.peaks import Peak
-from dsbuild.core.records import JsonValue, Record
+from dsbuild.core.records import JsonValue, Record, spec
 
 FORMAT = "dsbuild.bench.model/1"
 FED_BELOW = 0.05  # input-bound when the step waits for data this share of its time or more (as `bench`)
@@ -39,6 +40,9 @@ class RankRun(Record):
     loss: tuple[float, ...]  # first and last
     timings: dict[str, float]
     software: dict[str, JsonValue]
+    round_steps: tuple[int, ...] | None = field(  # of step_s, per interleaved round, in order
+        default=None, metadata=spec(absent_when_none=True, doc="profiled steps per interleaved round")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +71,11 @@ class Point(Record):
     mfu_analytic: float
     samples_per_s: float
     frames_per_s: float
-    efficiency: float | None  # weak: T1 / TW; strong: T1 / (W x TW); base: None
+    efficiency: float | None  # weak: T1 / TW; strong: T1 / (W x TW); base: None; median over rounds
     straggler: Straggler | None
+    round_step_s: tuple[float, ...] | None = field(  # per interleaved round: the slowest rank's mean step
+        default=None, metadata=spec(absent_when_none=True, doc="the job's step in each interleaved round")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +186,17 @@ def point(kind: str, runs: list[RankRun], tokens_per_clip: int) -> Point:
         frames_per_s=sum(statistics.fmean(r.frames) for r in runs) / step,
         efficiency=None,
         straggler=straggler(parts),
+        round_step_s=round_steps(runs),
     )
+
+
+def round_steps(runs: list[RankRun]) -> tuple[float, ...] | None:
+    """Per interleaved round, the job's step: the slowest rank's mean step over that round's steps."""
+    counts = runs[0].round_steps
+    if counts is None:
+        return None
+    ends = [0, *itertools.accumulate(counts)]
+    return tuple(max(mean(r.parts[a:b]).step for r in runs) for a, b in zip(ends, ends[1:]))
 
 
 def efficiency(kind: str, base_step_s: float, step_s: float, scale: float) -> float:
@@ -187,6 +204,15 @@ def efficiency(kind: str, base_step_s: float, step_s: float, scale: float) -> fl
     not grow. Strong (global batch fixed, split over the ranks): T1 / (scale x TW), 1 when twice the ranks
     take half the time."""
     return base_step_s / step_s if kind == "weak" else base_step_s / (scale * step_s)
+
+
+def paired_efficiency(kind: str, base: Point, p: Point) -> float:
+    """``efficiency`` of ``p`` against ``base``: with rounds interleaved, the median over rounds of each
+    round's (paired: both measured under the same load), else from the whole windows."""
+    scale = p.world / base.world
+    if base.round_step_s and p.round_step_s and len(base.round_step_s) == len(p.round_step_s):
+        return statistics.median(efficiency(kind, b, t, scale) for b, t in zip(base.round_step_s, p.round_step_s))
+    return efficiency(kind, base.step_s, p.step_s, scale)
 
 
 def verdict(p: Point, threads: int) -> InputVerdict:

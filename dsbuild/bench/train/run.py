@@ -1,8 +1,11 @@
 """``bench --model``: train a world model on the version's batches and measure the steps.
 
-One job per scaling point, one after another on the same machine: the base point (1 rank, or the smallest
-world asked for), weak scaling (each larger world with the same per-rank batch) and strong scaling (each
-larger world with the base's global batch split among its ranks, when it divides).
+One job per scaling point: the base point (1 rank, or the smallest world asked for), weak scaling (each
+larger world with the same per-rank batch) and strong scaling (each larger world with the base's global
+batch split among its ranks, when it divides). The jobs run as one interleaved run: each is started in
+turn and warmed up (its CPU peak measured while the others wait), then the profiled steps are cut into
+``rounds`` and the points take turns, round after round (the order rotating), so load on the machine
+falls on every point alike; efficiency is the median of the rounds' paired ratios.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import os
 from collections.abc import Callable
 
 from dsbuild.bench import models
-from dsbuild.bench.train.launch import run_ranks
+from dsbuild.bench.train.launch import Job
 from dsbuild.bench.train.options import TrainOptions
 from dsbuild.bench.train.report import (
     DatasetRef,
@@ -20,10 +23,11 @@ from dsbuild.bench.train.report import (
     RankRun,
     TrainReport,
     cost,
-    efficiency,
+    paired_efficiency,
     point,
     verdict,
 )
+from dsbuild.bench.train.worker import round_steps
 from dsbuild.core.errors import MissingDependency, StorageError, UsageError
 
 
@@ -104,19 +108,12 @@ def run_train(o: TrainOptions, progress: Callable[[str], None] | None = None) ->
     # every point gives a rank the same share of the host's cores, so points differ in ranks alone
     threads = max(1, (os.cpu_count() or 1) // max(o.ranks))
     tokens = models.tokens(o.clip_frames, o.resize[0], o.resize[1])
-    points: list[Point] = []
-    for kind, world, batch in jobs:
-        if progress:
-            progress(f"{kind}: {world} rank(s) x batch {batch}")
-        setup = {"options": o.to_json(), "ref": data.ref, "batch_size": batch, "torch_threads": threads}
-        outcome = run_ranks(setup, world, o.timeout_s)
-        runs = [RankRun.from_json(r, f"rank {i}") for i, r in enumerate(outcome.results)]
-        points.append(point(kind, runs, tokens))
-    base = points[0]
     points = [
-        p if p.kind == "base" else _with_efficiency(p, efficiency(p.kind, base.step_s, p.step_s, p.world / base.world))
-        for p in points
+        point(kind, runs, tokens)
+        for (kind, _, _), runs in zip(jobs, _interleaved(o, data.ref, jobs, threads, progress))
     ]
+    base = points[0]
+    points = [p if p.kind == "base" else _with_efficiency(p, paired_efficiency(p.kind, base, p)) for p in points]
     top = max((p for p in points if p.kind != "strong"), key=lambda p: p.world)
     restart = None
     if o.restart:
@@ -141,6 +138,39 @@ def run_train(o: TrainOptions, progress: Callable[[str], None] | None = None) ->
         restart=restart,
         notes=tuple(notes),
     )
+
+
+def _interleaved(
+    o: TrainOptions, ref: str, jobs: list[tuple[str, int, int]], threads: int, progress: Callable[[str], None] | None
+) -> list[list[RankRun]]:
+    """Every job's ranks' measurements, the jobs started in turn, then run round by round (see the module
+    docstring)."""
+    rounds = len(round_steps(o.steps, o.rounds))
+    running: list[Job] = []
+    try:
+        for kind, world, batch in jobs:
+            if progress:
+                progress(f"start-up: {kind}, {world} rank(s) x batch {batch}")
+            setup = {
+                "options": o.to_json(),
+                "ref": ref,
+                "batch_size": batch,
+                "torch_threads": threads,
+                "rounds": rounds,
+            }
+            running.append(Job(setup, world, o.timeout_s))
+            running[-1].start()
+        for k in range(rounds):
+            for i in [(k + j) % len(jobs) for j in range(len(jobs))]:  # rotated: no point always first
+                if progress:
+                    kind, world, batch = jobs[i]
+                    progress(f"round {k + 1}/{rounds}: {kind}, {world} rank(s) x batch {batch}")
+                running[i].round(k)
+        outcomes = [job.finish() for job in running]
+    finally:
+        for job in running:
+            job.close()
+    return [[RankRun.from_json(r, f"rank {i}") for i, r in enumerate(out.results)] for out in outcomes]
 
 
 def _with_efficiency(p: Point, e: float) -> Point:

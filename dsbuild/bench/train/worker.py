@@ -7,9 +7,12 @@ group's collective timeout is the options' ``timeout_s``: a peer that dies leave
 longer than that (and the parent, which watches every rank, stops the others as soon as one dies).
 
 Modes: ``measure`` (warm-up steps, one step under FlopCounterMode, a window of steps under the profiler:
-a ``RankRun``), ``checkpoint`` (train one epoch, checkpointing after every step; the rank named
-``kill_rank`` SIGKILLs itself once step ``kill_after`` is checkpointed) and ``resume`` (restore the
-latest checkpoint, time each part of the way to the first step, train to the end of the epoch).
+a ``RankRun``; with ``rounds`` in the setup the window is cut into rounds interleaved with the other
+scaling points' jobs: the rank says ``{"mark": "ready"}``, then runs round k when the parent sends
+``{"round": k}`` and says ``{"mark": "round k"}``), ``checkpoint`` (train one epoch, checkpointing
+after every step; the rank named ``kill_rank`` SIGKILLs itself once step ``kill_after`` is
+checkpointed) and ``resume`` (restore the latest checkpoint, time each part of the way to the first
+step, train to the end of the epoch).
 """
 
 from __future__ import annotations
@@ -192,15 +195,24 @@ def measure(setup: dict, answer) -> dict:
     counter = FlopCounterMode(display=False)
     with counter:
         step()
-    seconds, frames, samples = [], [], []
+    seconds, frames, samples, parts = [], [], [], []
     last_loss = first_loss
-    with torch.profiler.profile(activities=_activities(torch, r.device)) as prof:
-        for _ in range(o.steps):
-            s, last_loss, batch = step()
-            seconds.append(s)
-            frames.append(int(batch["lengths"].sum()))
-            samples.append(len(batch["keys"]))
-    parts = step_parts(prof.events())
+    rounds = setup.get("rounds")  # interleaved with the other points' jobs: a round when the parent says
+    windows = round_steps(o.steps, rounds or 1)
+    if rounds:
+        answer({"mark": "ready"})
+    for k, count in enumerate(windows):
+        if rounds and json.loads(sys.stdin.readline() or "null") != {"round": k}:
+            raise RuntimeError(f"expected round {k} from the parent")
+        with torch.profiler.profile(activities=_activities(torch, r.device)) as prof:
+            for _ in range(count):
+                s, last_loss, batch = step()
+                seconds.append(s)
+                frames.append(int(batch["lengths"].sum()))
+                samples.append(len(batch["keys"]))
+        parts += step_parts(prof.events())
+        if rounds:
+            answer({"mark": f"round {k}"})
     stats = r.loader.stats()
     _finish(r)
     build = sum(v.get(k, 0.0) for v in stats["threads"].values() for k in ("read", "decode", "collate"))
@@ -220,9 +232,17 @@ def measure(setup: dict, answer) -> dict:
         "samples": samples,
         "batch_build_s": build / built if built else None,
         "loss": [first_loss, last_loss],
+        "round_steps": windows if rounds else None,
         "timings": r.timings,
         "software": _software(torch),
     }
+
+
+def round_steps(steps: int, rounds: int) -> list[int]:
+    """``steps`` profiled steps over ``rounds`` interleaved rounds (at most one round a step), as even as
+    they divide: 5 over 3 -> [2, 2, 1]."""
+    n = max(1, min(steps, rounds))
+    return [steps // n + (k < steps % n) for k in range(n)]
 
 
 def _finish(r: Rank) -> None:

@@ -96,3 +96,41 @@ def test_an_iterator_restored_in_process_goes_on_from_its_checkpoint(cat):
     other = iter(Loader(ref, **KW).as_torch_dataset())
     other.load_state_dict(state)
     assert [b["keys"] for b in other] == full[2:]
+
+
+def test_a_kept_batch_never_changes_and_a_dropped_ones_block_is_reused(cat):
+    """The worker's ring writes a block again only once no batch made from it is left: a kept batch keeps
+    its block (the next batch gets another), a dropped one frees it. (Leases count opens in this process
+    as in any other, so the ring is exercised here directly.)"""
+    from dsbuild.loader.torch import Ring, shared_batch
+
+    ref, _ = cat
+    loader = Loader(ref, **KW)
+    ring = Ring()
+    steps = [s for s, _ in loader.steps() if s is not None]
+    first = shared_batch(loader.build(steps[0]), ring)
+    kept = first["video_data"].clone()
+    second = shared_batch(loader.build(steps[1]), ring)
+    assert ring.made == 2 and torch.equal(first["video_data"], kept)
+    del first, second
+    for step in steps[2:]:
+        shared_batch(loader.build(step), ring)
+    assert ring.made == 2
+
+
+def test_a_dataset_crosses_to_a_spawned_worker_as_plain_data(cat):
+    """What torch pickles for a worker started by spawn or forkserver: strings and ints, from which the
+    dataset is rebuilt where it stands (its loader's checkpoint)."""
+    from dsbuild.loader.torch import TorchDataset
+
+    ref, _ = cat
+    loader = Loader(ref, **KW)
+    full = [b["keys"] for b in Loader(ref, **KW)]
+    stream = iter(loader)
+    next(stream)
+    state = loader.as_torch_dataset().__getstate__()
+    assert all(type(v) in (str, int) for v in state.values()), state
+    copy = TorchDataset.__new__(TorchDataset)
+    copy.__setstate__(state)
+    assert copy.loader.options == loader.options and copy.loader.state_dict() == loader.state_dict()
+    assert [b["keys"] for b in copy] == full[1:]

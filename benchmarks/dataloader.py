@@ -1,0 +1,97 @@
+"""torch's DataLoader over ``as_torch_dataset()`` against the loader's own process mode, at the same N.
+
+    .venv/bin/python benchmarks/dataloader.py CATALOG [--workers 2] [--rounds 3] [--seconds 3]
+        [--batch-size 8] [--resize 64x64] [--verify shard] [--modes bytes,frames]
+
+Per mode (bytes: encoded clips; frames: decoded and resized), in interleaved rounds (the order rotated each
+round), each contender runs whole epochs for --seconds after one untimed warm epoch (which also starts its
+persistent workers):
+  process    : Loader(..., worker_mode="process", num_workers=N), ``for batch in loader``
+  dataloader : DataLoader(Loader(...).as_torch_dataset(), batch_size=None, num_workers=N,
+               persistent_workers=True, prefetch_factor=<the loader's prefetch>)
+Prints samples/s per round, the median of the per-round ratios dataloader / process, the load average
+before and after, and the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from dsbuild.loader import Loader  # noqa: E402
+
+
+def contenders(ref: str, mode: str, args) -> dict:
+    kw = {"decode": mode, "batch_size": args.batch_size, "verify": args.verify, "num_workers": args.workers}
+    if mode == "frames" and args.resize:
+        h, w = (int(x) for x in args.resize.split("x"))
+        kw["resize"] = (h, w)
+    procs = Loader(ref, worker_mode="process", **kw)
+    loader = Loader(ref, **kw)
+    dl = torch.utils.data.DataLoader(
+        loader.as_torch_dataset(),
+        batch_size=None,
+        num_workers=args.workers,
+        persistent_workers=True,
+        prefetch_factor=loader.options.prefetch,
+    )
+    return {"process": procs, "dataloader": dl}
+
+
+def epoch(source) -> int:
+    return sum(len(b["keys"]) for b in source)
+
+
+def timed(source, seconds: float) -> float:
+    """Samples a second over whole epochs lasting at least ``seconds``."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        n += epoch(source)
+        dt = time.perf_counter() - t0
+        if dt >= seconds:
+            return n / dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("catalog")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--resize", default="64x64")
+    ap.add_argument("--verify", default="shard")
+    ap.add_argument("--modes", default="bytes,frames")
+    args = ap.parse_args()
+    print(f"load before: {os.getloadavg()[0]:.1f}")
+    for mode in args.modes.split(","):
+        runs = contenders(args.catalog, mode, args)
+        for source in runs.values():
+            epoch(source)  # warm: workers started, pages cached
+        rates: dict[str, list[float]] = {name: [] for name in runs}
+        for r in range(args.rounds):
+            names = list(runs)
+            for name in names[r % 2 :] + names[: r % 2]:
+                rates[name].append(timed(runs[name], args.seconds))
+        ratios = [d / p for d, p in zip(rates["dataloader"], rates["process"])]
+        shown = {n: ", ".join(f"{x:.0f}" for x in v) for n, v in rates.items()}
+        print(
+            f"{mode}: process {shown['process']} samples/s; dataloader {shown['dataloader']} samples/s; "
+            f"ratio median {statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)}); "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
+        runs["process"].close()
+        del runs
+    print("command: .venv/bin/python benchmarks/dataloader.py " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

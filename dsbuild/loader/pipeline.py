@@ -445,6 +445,8 @@ class Mixture:
             batch = cp_slice(batch, self.coords.cp_size, self.coords.cp)
         if self.coords.fields is not None:  # pp_data="split": the first stage's inputs, the last's targets
             batch = stage_fields(batch, self.coords.fields)
+        if self._io()[1].on_device:  # nvdec: the batch's device work done before another thread reads it
+            self._io()[1].settle()
         self._pace.built(time.perf_counter() - t0)
         return batch
 

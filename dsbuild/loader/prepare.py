@@ -143,6 +143,15 @@ class Preparer:
             raise UsageError(f"a device frames batch is uint8, not {np.dtype(dtype)}")
         return torch.empty(tuple(shape), dtype=torch.uint8, device="cpu" if self.gpu is None else f"cuda:{self.gpu}")
 
+    def settle(self) -> None:
+        """Wait until this thread's device work (conversions, resizes, padding, fallback copies) is done, so
+        that a device batch handed to the consumer's thread is complete on whatever stream it reads it (the
+        work runs on the decode thread's stream; torch's side streams do not wait for it). A no-op on CPU."""
+        if self.gpu is not None:
+            import torch
+
+            torch.cuda.current_stream(self.gpu).synchronize()
+
     def frames_shape(self, src: int, i: int) -> tuple[int, int, int, int]:
         """(frames, height, width, 3) sample ``i`` of source ``src`` decodes to, from its index row: where
         a batch can hold its frames before they are decoded."""

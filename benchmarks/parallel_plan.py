@@ -10,6 +10,8 @@ each layout, one rank (the last reading one: the most global batches walked befo
 - ``epoch``: every batch of its epoch from the start (all its steps).
 
 With ``--balance`` the global step's samples are dealt with ``balance="frames"`` (lengths drawn 30..600).
+Each figure is a median of ``--repeats`` runs, in wall time and in this process's CPU time (what a loaded,
+shared machine inflates least).
 
     .venv/bin/python benchmarks/parallel_plan.py [--repeats 5] [--balance]
 """

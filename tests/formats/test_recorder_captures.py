@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
 import tarfile
 from collections import defaultdict
 from pathlib import Path
@@ -73,6 +74,12 @@ def recorded(tmp_path_factory):
     return root, r, report, _samples(root / "cat", r.version_id)
 
 
+def _session(recorded, kind: str) -> Path:
+    """The module's recording of ``kind`` (what ``record`` writes: the encoder runs once a module); copy it
+    before changing it."""
+    return recorded[0] / "caps" / kind.replace("_", "-")
+
+
 def test_no_session_is_quarantined_and_validation_passes_every_check(recorded):
     _, r, report, samples = recorded
     assert r.quarantined == () and set(samples) == {k.replace("_", "-") for k in RECORDERS}
@@ -133,9 +140,17 @@ def test_hevc_tags_survive_and_untagged_hevc_gets_hvc1(recorded, tmp_path):
         for s in samples[kind]:
             (tmp_path / "c.mp4").write_bytes(s["mp4"])
             assert ffprobe_frames(tmp_path / "c.mp4")[1] == "hvc1" == s["json"]["video"]["codec_tag"]
-    caps = tmp_path / "caps"
-    d = record(caps, "x265_hvc1_mov", "hev1")
-    ffmpeg("-i", str(d / "video.mov"), "-c", "copy", "-tag:v", "hev1", str(d / "hev1.mov"))
+    d = tmp_path / "caps" / "hev1"
+    d.mkdir(parents=True)
+    ffmpeg(
+        "-i",
+        str(_session(recorded, "x265_hvc1_mov") / "video.mov"),
+        "-c",
+        "copy",
+        "-tag:v",
+        "hev1",
+        str(d / "hev1.mov"),
+    )
     write_streams(d, "hev1.mov", "hev1")
     with VideoSource(d / "hev1.mov") as src:
         assert src.info.codec_tag == "hev1"
@@ -168,7 +183,7 @@ def test_mkv_without_dts_and_vfr_keep_their_timestamps(recorded):
     assert sum(s["json"]["clip"]["frames"] for s in vfr) == 60 - 60 // 7 - 1
 
 
-def test_codec_mp4_cannot_hold_is_a_one_line_quarantine_and_transcode_rescues_it(tmp_path):
+def test_codec_mp4_cannot_hold_is_a_one_line_quarantine_and_transcode_rescues_it(recorded, tmp_path):
     caps = tmp_path / "caps"
     d = caps / "vp8"
     d.mkdir(parents=True)
@@ -184,7 +199,7 @@ def test_codec_mp4_cannot_hold_is_a_one_line_quarantine_and_transcode_rescues_it
         str(d / "video.webm"),
     )
     write_streams(d, "video.webm", "vp8")
-    record(caps, "silent_x264_mp4")
+    shutil.copytree(_session(recorded, "silent_x264_mp4"), caps / "silent-x264-mp4")
     r = convert(caps, tmp_path / "cat", ConvertConfig(clip_seconds=CLIP), executor=ExecutorSpec(workers=1))
     [q] = r.quarantined
     assert "\n" not in q.reason and all(w in q.reason for w in ("vp8", "matroska", "MP4", "transcode"))
@@ -197,9 +212,9 @@ def test_codec_mp4_cannot_hold_is_a_one_line_quarantine_and_transcode_rescues_it
     assert ok.quarantined == () and ok.samples == 2 + 4
 
 
-def test_broken_audio_keeps_the_video_and_is_a_counted_repair(tmp_path):
+def test_broken_audio_keeps_the_video_and_is_a_counted_repair(recorded, tmp_path):
     caps = tmp_path / "caps"
-    good = record(tmp_path / "src", "obs_x264_mkv", "good")
+    good = _session(recorded, "obs_x264_mkv")
     d = caps / "broken-audio"
     d.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -399,8 +414,8 @@ def test_a_gap_in_the_recording_ends_the_window_at_its_last_frame_counted(tmp_pa
     assert report.accepted, [c.name for c in report.checks if c.failed]
 
 
-def test_audio_false_drops_audio_as_a_recorded_choice(tmp_path):
-    record(tmp_path / "caps", "obs_x264_mkv")
+def test_audio_false_drops_audio_as_a_recorded_choice(recorded, tmp_path):
+    shutil.copytree(_session(recorded, "obs_x264_mkv"), tmp_path / "caps" / "obs-x264-mkv")
     r = convert(
         tmp_path / "caps",
         tmp_path / "cat",
@@ -417,8 +432,8 @@ def test_audio_false_drops_audio_as_a_recorded_choice(tmp_path):
     assert report.check("audio").status == "pass"
 
 
-def test_transcode_is_deterministic_and_validates(tmp_path):
-    record(tmp_path / "caps", "vfr_aac_mp4")
+def test_transcode_is_deterministic_and_validates(recorded, tmp_path):
+    shutil.copytree(_session(recorded, "vfr_aac_mp4"), tmp_path / "caps" / "vfr-aac-mp4")
     config = ConvertConfig(clip_seconds=CLIP, transcode="h264:64x48:20fps:gop8")
     a = convert(tmp_path / "caps", tmp_path / "a", config, executor=ExecutorSpec(workers=1))
     b = convert(tmp_path / "caps", tmp_path / "b", config, executor=ExecutorSpec(workers=1))
@@ -443,8 +458,8 @@ def test_transcode_is_deterministic_and_validates(tmp_path):
 
 
 @pytest.mark.parametrize("spec", ["hevc:64x48:gop4", "av1:64x48:10fps", "vp9:64x48", "mjpeg:64x48:10fps:crf5"])
-def test_every_transcode_codec_gives_the_same_bytes_twice(tmp_path, spec):
-    d = record(tmp_path, "obs_x264_mkv")
+def test_every_transcode_codec_gives_the_same_bytes_twice(recorded, spec):
+    d = _session(recorded, "obs_x264_mkv")
 
     def clips():
         with VideoSource(d / "video.mkv", transcode=spec) as src:

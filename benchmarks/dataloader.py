@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from dsbuild.loader import Loader  # noqa: E402
+from dsbuild.loader import Loader
 
 
 def contenders(ref: str, mode: str, args) -> dict:

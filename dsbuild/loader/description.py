@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,10 +40,10 @@ def import_path(fn: Any) -> str:
     why: str | None
     if not isinstance(module, str) or not isinstance(name, str):
         why = f"a {type(fn).__name__} has no module and name"
-    elif module == "__main__":
-        why = "it is defined in __main__ (a script or notebook), which worker processes do not import"
     elif "<" in name:  # <lambda>, <locals>
         why = "a lambda or a nested function has no import path"
+    elif module == "__main__":
+        why = "it is defined in __main__ (a script or notebook), which worker processes do not import"
     else:
         try:
             same = resolve(f"{module}:{name}") is fn
@@ -152,7 +153,7 @@ def describe(loader: Any, **place: Any) -> WorkerSpec:
         single=isinstance(loader, Loader),
         sources=tuple(SourceSpec(ref, split, float(w)) for (ref, split), w in zip(loader._specs, loader.weights)),
         options=options_to_json(loader.options),
-        sys_path=tuple(p for p in sys.path if _utf8(p)),
+        sys_path=tuple(os.path.abspath(p) for p in sys.path if _utf8(p)),  # ("": this folder, not the worker's)
         **place,
     )
 

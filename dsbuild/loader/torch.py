@@ -34,6 +34,7 @@ import fcntl
 import json
 import mmap
 import os
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,6 +53,7 @@ ALIGN = 64  # bytes: every array's view starts on a cache line (and on its dtype
 BIG = 1 << 20  # bytes: an array at least this large crosses in the ring's block, not the small one
 SLOTS = 8  # a worker's ring: the DataLoader's prefetch_factor in flight, the batch the loop holds, and spare
 MIB = 1 << 20
+SWITCH_S = 0.0005  # a DataLoader worker's GIL switch interval (see ``TorchDataset.ring``)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -284,9 +286,14 @@ class TorchDataset(IterableDataset):
         self._begun, self._ring = state["begun"], None
 
     def ring(self) -> Ring:
-        """This process's ring (a forked copy of the dataset makes its own)."""
+        """This process's ring (a forked copy of the dataset makes its own). Made on a DataLoader worker's
+        first batch, which also shortens the worker's GIL switch interval to ``SWITCH_S``: torch hands each
+        tensor's storage to the main process through a thread of the worker (``resource_sharer``: a
+        connection and a handshake, a few steps that each need the GIL), which waits a whole interval
+        (5 ms by default) for every step while this thread builds the next batch."""
         if self._ring is None or self._ring[0] != os.getpid():
             self._ring = (os.getpid(), Ring())
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_S))
         return self._ring[1]
 
     def __iter__(self) -> Batches:

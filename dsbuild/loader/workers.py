@@ -29,8 +29,9 @@ against a few milliseconds a fork). multiprocessing sends the fork server its ``
 it pickles itself: it holds only ``_serve`` (a module's function, by name), the description as a string
 and the worker's end of its pipe (multiprocessing's own ``Connection``, passed as a file descriptor).
 The fork server would run the parent's script (``__main__``) again to start; workers need nothing of it
-(a map function is never taken from ``__main__``), so it is left out (``_main_left_out``). Workers start on first use, stay for every epoch until
-``close()``, and die with the parent (``PR_SET_PDEATHSIG``, as convert's do). A worker that dies is a
+(a map function is never taken from ``__main__``), so it is left out (``_main_left_out``).
+
+Workers start on first use, stay for every epoch until ``close()``, and die with the parent (``PR_SET_PDEATHSIG``, as convert's do). A worker that dies is a
 ``WorkerDied`` naming it and how it died, never a hang. A segment that would not fit in ``/dev/shm`` is a
 ``StorageError`` naming the size it needs and the options that lower it (it is allocated up front, so a
 full ``/dev/shm`` never surfaces as a SIGBUS mid-copy). ``close()`` (or the loader's collection, or the

@@ -11,7 +11,7 @@ import hashlib
 import io
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -195,6 +195,21 @@ def npy_problem(data: bytes | memoryview, descr: str, shape: tuple[int, ...], to
     if total - f.tell() != need:
         return f"holds {total - f.tell()} bytes after its header, its {descr} {list(shape)} array needs {need}"
     return None  # the right array, its header formatted otherwise (another numpy wrote it)
+
+
+def array_shapes(frames: int, controls: int, channels: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a sample's ARRAY_MEMBERS (actions, telemetry, timestamps), as its index row gives them."""
+    return ((frames, controls), (frames, channels), (frames,))
+
+
+def arrays_problem(heads: Sequence[tuple[bytes | memoryview, int]], shapes: Sequence[tuple[int, ...]]) -> str | None:
+    """What keeps a sample's array members from being exactly the arrays its index row records, naming
+    the member (``npy_problem`` of each; None: nothing). ``heads``: each ARRAY_MEMBERS member's bytes, or
+    its first bytes, with its size; ``shapes``: ``array_shapes`` of its row."""
+    for ext, descr, shape, (head, size) in zip(ARRAY_MEMBERS, ARRAY_DESCRS, shapes, heads):
+        if why := npy_problem(head, descr, shape, total=size):
+            return f"{ext} {why}"
+    return None
 
 
 def npy_load(data: bytes, native: bool = False) -> np.ndarray:

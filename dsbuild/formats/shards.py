@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsbuild.core.errors import CorruptDataError, FormatError, StorageError
 from dsbuild.core.hashing import HashingWriter
 from dsbuild.formats.base import Entry, Segment, ShardFormat
+from dsbuild.formats.sample import ARRAY_DESCRS, ARRAY_MEMBERS, MAX_NPY_HEADER, MEMBERS, arrays_problem, npy_header
 
 BOUNDARY_SALT = b"dsbuild.shards/1"
 
@@ -123,11 +124,69 @@ def shard_problems(
         return found
 
 
+Shapes = Mapping[str, Sequence[tuple[int, ...]]]  # sample key -> its array members' shapes (``array_shapes``)
+
+
+def array_problems(fmt: ShardFormat, path: Path, entries: Sequence[Entry], shapes: Shapes) -> list[tuple[str, str]]:
+    """(key, what is wrong, naming the member) for every sample of ``entries`` (in the shard at ``path``,
+    framed as ``shard_problems`` proves) whose array members are not exactly the arrays its index row
+    records (``shapes``): each .npy member parsed by its header (``arrays_problem``: dtype, byte order,
+    ``fortran_order``, shape, a header of at most ``MAX_NPY_HEADER`` bytes), never its bytes reinterpreted;
+    nothing is converted. Where a format holds members verbatim at known offsets (``payload_offsets``: a
+    tar), only headers are read: the writer's 128 bytes of each array member, up to
+    ``MAX_NPY_HEADER + 16`` where they differ. Any other format's members come through its reader (a
+    Parquet sample's array columns, re-encoded: their stored type fixes dtype and order, so only a shape
+    can disagree)."""
+    import numpy as np
+
+    if not entries:
+        return []
+    slots = [MEMBERS.index(ext) for ext in ARRAY_MEMBERS]
+    sized = [(e.offset, e.member_bytes) for e in entries]
+    places = [(at, m) for at, m in sized if at is not None and m is not None and len(m) == len(MEMBERS)]
+    starts = (
+        fmt.payload_offsets(np.asarray([m for _, m in places], dtype=np.int64)) if len(places) == len(sized) else None
+    )
+    found = []
+    if starts is not None:
+        with open(path, "rb") as f:
+            for e, (offset, m), first in zip(entries, places, starts.tolist()):
+                heads = []
+                for slot, descr, shape in zip(slots, ARRAY_DESCRS, shapes[e.key]):
+                    want, where = npy_header(descr, tuple(shape)), offset + first[slot]
+                    head = os.pread(f.fileno(), min(m[slot], len(want)), where)
+                    if head != want:  # another header: parsed from its first bytes (bounded)
+                        head = os.pread(f.fileno(), min(m[slot], MAX_NPY_HEADER + 16), where)
+                    heads.append((head, m[slot]))
+                if why := arrays_problem(heads, shapes[e.key]):
+                    found.append((e.key, why))
+        return found
+    with fmt.reader(path) as reader:
+        for e in entries:
+            try:
+                members = dict(reader.member_views(e))
+            except FormatError as err:
+                found.append((e.key, str(err)))
+                continue
+            views = [members.get(ext, b"") for ext in ARRAY_MEMBERS]
+            if why := arrays_problem([(v, len(v)) for v in views], shapes[e.key]):
+                found.append((e.key, why))
+    return found
+
+
 def check_shard(
-    fmt: ShardFormat, path: Path, name: str, entries: Sequence[Entry], size: int, *, whole: bool = True
+    fmt: ShardFormat,
+    path: Path,
+    name: str,
+    entries: Sequence[Entry],
+    size: int,
+    *,
+    whole: bool = True,
+    shapes: Shapes | None = None,
 ) -> None:
-    """``shard_problems``, refused: CorruptDataError naming the shard (``name``), the sample and what is
-    wrong with which member, and how many other samples are damaged."""
+    """``shard_problems`` (and, given ``shapes``, ``array_problems`` of the samples framed right), refused:
+    CorruptDataError naming the shard (``name``), the sample and what is wrong with which member, and how
+    many other samples are damaged."""
     try:
         actual = os.stat(path).st_size
     except OSError as e:
@@ -135,6 +194,9 @@ def check_shard(
     if actual != size:
         raise CorruptDataError(f"{name}: holds {actual} bytes, its record says {size}", hint=UNSAFE_HINT)
     found = shard_problems(fmt, path, entries, size, whole=whole)
+    if shapes is not None:
+        bad = {key for key, _ in found}
+        found += array_problems(fmt, path, [e for e in entries if e.key not in bad], shapes)
     if found:
         key, why = found[0]
         more = f" (and {len(found) - 1} more sample(s))" if len(found) > 1 else ""

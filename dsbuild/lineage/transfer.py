@@ -32,6 +32,7 @@ from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
 from dsbuild.lineage.manifest import ShardRecord
 from dsbuild.lineage.splitsets import SplitSet, list_split_sets, publish_split_set
+from dsbuild.lineage.verify import SHAPE_COLUMNS, index_shapes
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +120,11 @@ def transfer(
     state = _Progress(total=len(m.shards))
     sent = skipped = nbytes = 0
     fmt = get_format(m.shard_format)
-    by_shard = entries_by_shard(source.index(vid, list(LOCATOR_COLUMNS)))
+    table = source.index(vid, list(dict.fromkeys([*LOCATOR_COLUMNS, *SHAPE_COLUMNS])))
+    by_shard, shapes = entries_by_shard(table), index_shapes(table)
 
-    def check(rec: ShardRecord, copy: Path) -> None:
-        check_shard(fmt, copy, f"{source.url}/{rec.path}", by_shard.get(rec.path, []), rec.bytes)
+    def check(rec: ShardRecord, copy: Path) -> None:  # what verify checks, array headers included
+        check_shard(fmt, copy, f"{source.url}/{rec.path}", by_shard.get(rec.path, []), rec.bytes, shapes=shapes)
 
     with dest.build_area() as area:
 

@@ -8,9 +8,12 @@
                    under it (convert hashes what it writes, push and pull check both hashes, an object
                    store's reads are checked against the name)
     every index entry lies inside its shard and frames exactly its own sample
+    every array member is, by its .npy header, the array the index records (dtype, order, shape)
 
 Shards are hashed in a thread pool (the hashes release the GIL), several at once; entry checks are
-arithmetic over the index plus the format's cheap framing proof, grouped by shard (linear in rows).
+arithmetic over the index plus the format's cheap framing proof, grouped by shard (linear in rows), and
+the array members' headers (a few hundred bytes a sample, read as the shard's hash finishes: from the
+page cache, not a second pass over its bytes).
 Every problem names the file and what is wrong; missing or damaged shards name the command that heals.
 """
 
@@ -29,12 +32,25 @@ from dsbuild.core.files import open_regular
 from dsbuild.core.hashing import CHUNK
 from dsbuild.core.records import JsonValue
 from dsbuild.formats import Entry, get_format
-from dsbuild.formats.shards import check_shard, shard_problems
+from dsbuild.formats.sample import array_shapes
+from dsbuild.formats.shards import Shapes, array_problems, check_shard, shard_problems
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.index import LOCATOR_COLUMNS, entries_by_shard
 from dsbuild.lineage.manifest import MAX_SESSIONS_BYTES, Manifest, ShardRecord
 
 NOT_A_FILE = "not a regular file"  # a shard's name taken by a FIFO, a folder, a device or a link: never read
+BAD_ARRAY = "bad array"  # a sample's .npy member is not the array its index row records (a damaged sample)
+SHAPE_COLUMNS = ("key", "frames", "n_controls", "n_channels")  # what ``index_shapes`` reads
+
+
+def index_shapes(table) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Each sample's array members' shapes (``array_shapes``), by key, from an index table holding
+    ``SHAPE_COLUMNS`` (a null, in a forged index, counts as 0: no array matches it)."""
+    cols = table.select(list(SHAPE_COLUMNS)).to_pydict()
+    return {
+        k: array_shapes(f or 0, c or 0, ch or 0)
+        for k, f, c, ch in zip(cols["key"], cols["frames"], cols["n_controls"], cols["n_channels"])
+    }
 
 
 @dataclass
@@ -123,17 +139,24 @@ def _hashed(problem: dict | None) -> bool:
     return problem is None or problem["problem"] == "altered"
 
 
-def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: list[Entry]) -> list[dict]:
+def _check_entries(catalog: Catalog, m: Manifest, rec: ShardRecord, entries: list[Entry], shapes: Shapes) -> list[dict]:
     fmt = get_format(m.shard_format)
     try:
         # (an object store's cached copy is proven first: damage on local disk is the cache's, never the
         # version's, and is fetched again)
-        found = shard_problems(fmt, catalog.shard_file(rec, proven=True), entries, rec.bytes)
+        path = catalog.shard_file(rec, proven=True)
+        found = shard_problems(fmt, path, entries, rec.bytes)
+        framed = [e for e in entries if e.key not in {key for key, _ in found}]
+        arrays = array_problems(fmt, path, framed, shapes)
     except PermissionError as e:
         raise _not_allowed(catalog, rec, e) from None
     except (OSError, DsbuildError) as e:
         return [_unreadable(catalog, rec, e)]
-    return [{"sample": key, "shard": rec.path, "problem": "bad locator", "detail": why} for key, why in found]
+    return [
+        {"sample": key, "shard": rec.path, "problem": kind, "detail": why}
+        for kind, pairs in (("bad locator", found), (BAD_ARRAY, arrays))
+        for key, why in pairs
+    ]
 
 
 def check_shards(
@@ -143,12 +166,16 @@ def check_shards(
     entries: dict[str, list[Entry]] | None = None,
 ) -> None:
     """Refuse (CorruptDataError, exit 3) the version if one of its shards (``records``: those of them) fails
-    the format's shard-safety check (``formats.shards.check_shard``): what exports, ``shards`` and ``pull``
-    run before they link, list or copy a shard on. ``entries``: the index's entries by shard, if read."""
+    the format's shard-safety check (``formats.shards.check_shard``, array headers included): what
+    exports, ``shards`` and ``pull`` run before they link, list or copy a shard on; ``verify`` reports the
+    same problems. ``entries``: the index's entries by shard, if read."""
     m = catalog.manifest(version_id)
     fmt = get_format(m.shard_format)
+    columns = SHAPE_COLUMNS if entries is not None else (*LOCATOR_COLUMNS, *SHAPE_COLUMNS)
+    table = catalog.index(version_id, list(dict.fromkeys(columns)))
+    shapes = index_shapes(table)
     if entries is None:
-        entries = entries_by_shard(catalog.index(version_id, list(LOCATOR_COLUMNS)))
+        entries = entries_by_shard(table)
     for rec in m.shards if records is None else records:
         try:
             path = catalog.shard_file(rec, proven=True)
@@ -157,7 +184,7 @@ def check_shards(
                 f"{catalog.url}/{rec.path}: the shard is missing",
                 hint=f"`dsbuild verify {catalog.url}` names the command that heals it",
             ) from None
-        check_shard(fmt, path, rec.path, entries.get(rec.path, []), rec.bytes)
+        check_shard(fmt, path, rec.path, entries.get(rec.path, []), rec.bytes, shapes=shapes)
 
 
 def _not_allowed(catalog: Catalog, rec: ShardRecord, e: OSError) -> StorageError:
@@ -168,13 +195,16 @@ def _not_allowed(catalog: Catalog, rec: ShardRecord, e: OSError) -> StorageError
     )
 
 
-def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: VerifyReport) -> dict[str, list[Entry]]:
-    """The index's entries by shard, after the checks that need no shard bytes (problems go to ``report``)."""
+def _index_entries(
+    catalog: Catalog, m: Manifest, version_id: str, report: VerifyReport
+) -> tuple[dict[str, list[Entry]], Shapes]:
+    """The index's entries by shard and its samples' array shapes, after the checks that need no shard
+    bytes (problems go to ``report``)."""
     try:  # proven by its hash only: its records are parsed by the commands that use them
         catalog.pinned_file(version_id, m.sessions, MAX_SESSIONS_BYTES)
     except LineageError as e:
         report.problems.append({"sessions": m.sessions.path, "problem": "altered or missing", "detail": str(e)})
-    table = catalog.index(version_id, list(LOCATOR_COLUMNS))
+    table = catalog.index(version_id, list(dict.fromkeys([*LOCATOR_COLUMNS, *SHAPE_COLUMNS])))
     if table.num_rows != m.index.rows:
         report.problems.append(
             {"index": m.index.path, "problem": f"{table.num_rows} rows, manifest says {m.index.rows}"}
@@ -201,7 +231,7 @@ def _index_entries(catalog: Catalog, m: Manifest, version_id: str, report: Verif
                     "problem": f"manifest says {s.samples} samples, index has {len(by_shard.get(s.path, ()))}",
                 }
             )
-    return by_shard
+    return by_shard, index_shapes(table)
 
 
 def stats_problems(m: Manifest, index) -> list[str]:
@@ -311,7 +341,7 @@ def verify(
     def check(rec: ShardRecord, bad: dict | None) -> list[dict]:
         nonlocal done
         entries = by_shard.get(rec.path, []) if by_shard is not None else None
-        found = [bad] if bad else [] if entries is None else _check_entries(catalog, m, rec, entries)
+        found = [bad] if bad else [] if entries is None else _check_entries(catalog, m, rec, entries, shapes)
         with counting:  # counted and reported together: the reports of the pool's threads stay in order
             done += 1
             if progress:
@@ -321,7 +351,7 @@ def verify(
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         hashes = [pool.submit(_hash_shard, catalog, rec, stop) for rec in shards]
         try:
-            by_shard = _index_entries(catalog, m, version_id, report)
+            by_shard, shapes = _index_entries(catalog, m, version_id, report)
         except (DsbuildError, FormatError) as e:
             if isinstance(e, StorageError) and not isinstance(e, LineageError):
                 for h in hashes:
@@ -329,7 +359,7 @@ def verify(
                 raise  # cannot be read here (permissions, the store): not a finding about the data
             # the shards are still proven (their damage would hide behind the index's); no entry is checked
             report.problems.append({"version": version_id, "problem": "index", "detail": str(e)})
-            by_shard = None
+            by_shard, shapes = None, {}
         checks = [pool.submit(check, rec, h.result()) for rec, h in zip(shards, hashes)]
         for c in checks:
             report.problems += c.result()

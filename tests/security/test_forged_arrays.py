@@ -12,6 +12,7 @@ import pytest
 from dsbuild.export import TOOLS
 from dsbuild.formats.sample import npy_bytes, npy_problem
 from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.verify import BAD_ARRAY, verify
 from dsbuild.loader import Loader
 from tests.cli.clitools import run
 from tests.security.driver import drive
@@ -56,8 +57,8 @@ def forged_arrays(forged):
 @pytest.mark.parametrize("case", sorted(REWRITE))
 def test_the_loader_counts_an_array_of_another_dtype_or_order_as_corrupt(case, forged_arrays):
     cat, _, key = forged_arrays[case]
-    for verify in ("none", "sample"):
-        loader = Loader(str(cat), decode="bytes", batch_size=2, seed=3, verify=verify)
+    for checking in ("none", "sample"):
+        loader = Loader(str(cat), decode="bytes", batch_size=2, seed=3, verify=checking)
         delivered = [k for b in loader for k in b["keys"]]
         assert key not in delivered
         assert loader.stats()["corrupt"] == 1 and loader.stats()["corrupt_keys"][0].startswith(key), loader.stats()
@@ -65,14 +66,13 @@ def test_the_loader_counts_an_array_of_another_dtype_or_order_as_corrupt(case, f
 
 
 # Every way out and what it does with a catalog whose sample holds such an array: refused naming shard,
-# sample and member (3); verify, shards and pull, which read no array header yet, pass it (0).
+# sample and member (3); verify reports it (1). One array check (formats.shards.array_problems) for all.
 WAYS_OUT = {
     **{f"export-{tool}": (("{out}", "--to", tool), 3) for tool in TOOLS},
     "verify": ((), 1),
     "shards": ((), 3),
     "pull": (("{out}",), 3),
 }
-UNCHECKED = ("verify", "shards", "pull")
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +109,23 @@ def test_every_export_refuses_it_naming_shard_sample_and_member(case, forged_arr
         assert f"{shard}: {key}: actions.npy is >f8" in p.stderr and not (wrote.parent / "wids-cli").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="verify, shards and pull read no array header yet (docs/trust.md)")
 @pytest.mark.parametrize("case", sorted(REWRITE))
-def test_verify_shards_and_pull_agree_with_the_loader_and_the_exports(case, ways_out):
-    assert {name: ways_out[case, name][0]["exit"] for name in UNCHECKED} == {
-        name: WAYS_OUT[name][1] for name in UNCHECKED
+def test_verify_shards_and_pull_agree_with_the_loader_and_the_exports(case, forged_arrays, ways_out):
+    """They passed such a catalog (exit 0; pull copied it on) while the loader and the exports refused it."""
+    cat, vid, key = forged_arrays[case]
+    shard = _shard_of(cat, vid, key)
+    assert {name: ways_out[case, name][0]["exit"] for name in ("verify", "shards", "pull")} == {
+        "verify": 1,
+        "shards": 3,
+        "pull": 3,
     }
+    found = [p for p in verify(Catalog.open(cat), vid).problems if p["problem"] == BAD_ARRAY]
+    assert [(p["shard"], p["sample"]) for p in found] == [(shard, key)] and "actions.npy is " in found[0]["detail"]
+    for name in ("shards", "pull"):
+        got = ways_out[case, name][0]
+        errors = [x for x in got["stderr"].splitlines() if x.startswith("error:")]
+        assert len(errors) == 1 and f"{shard}: {key}: actions.npy is " in errors[0], (name, got)
+    assert not any(ways_out[case, "pull"][1].rglob("*.tar")), "pull copied the shard on"
 
 
 @pytest.mark.parametrize("case", sorted(REWRITE))

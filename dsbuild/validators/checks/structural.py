@@ -13,6 +13,7 @@ from collections import Counter
 from dsbuild.formats.capture import parse_started_at
 from dsbuild.formats.sample import ARRAY_MEMBERS, KEY_RE, MEMBERS, members_blake3, members_sha256, sample_key
 from dsbuild.lineage.index import IndexRow
+from dsbuild.lineage.verify import BAD_ARRAY
 from dsbuild.validators.base import Check, Judge, Threshold
 from dsbuild.validators.facts import SHARD_DAMAGE, VersionFacts
 from dsbuild.validators.model import CheckResult
@@ -32,7 +33,7 @@ def _manifest(j: Judge, d: VersionFacts) -> CheckResult:
             "file",
         )
         for p in d.verify
-        if p["problem"] not in SHARD_DAMAGE and p["problem"] != "bad locator"
+        if p["problem"] not in (*SHARD_DAMAGE, "bad locator", BAD_ARRAY)
     ]
     return j.result(
         measured=len(found),
@@ -140,6 +141,16 @@ def _members(v: SampleView) -> list[str]:
     return [f"member(s) {', '.join('.' + e for e in odd)} are not the canonical encoding of their value"] if odd else []
 
 
+def _members_run(j: Judge, d: VersionFacts) -> CheckResult:
+    """The per-sample pass's malformed samples, with those whose .npy headers lineage.verify finds are
+    not the arrays the index records (a damaged sample, as the loader counts it)."""
+    found = dict(d.offenders("members"))
+    for p in d.verify:
+        if p["problem"] == BAD_ARRAY:
+            found[p["sample"]] = "; ".join(x for x in (p.get("detail", ""), found.get(p["sample"])) if x)
+    return j.count(sorted(found.items()))
+
+
 # -- keys --------------------------------------------------------------------------------------------
 def _keys_sample(v: SampleView) -> list[str]:
     key = v.row.key
@@ -204,10 +215,12 @@ CHECKS = (
         "members",
         "structural",
         "Every sample has exactly the canonical members, its metadata is a valid "
-        "SampleMeta, its arrays are plain .npy, and each member is the canonical encoding of its value.",
+        "SampleMeta, its arrays are plain .npy (by their headers, lineage.verify: the dtype, order and "
+        "shape the index records), and each member is the canonical encoding of its value.",
         (Threshold("max_malformed_samples", 0, "count", ZERO),),
         counts="sample(s) malformed",
         sample=_members,
+        run=_members_run,
     ),
     Check(
         "keys",

@@ -28,7 +28,6 @@ from dsbuild.export import dali, energon, hf, litdata, mds, wids
 from dsbuild.export.folder import ExportFolder, ExportMarker
 from dsbuild.export.report import ExportReport, Ticker
 from dsbuild.export.source import open_source
-from dsbuild.export.tars import check_arrays
 
 WRITERS = {
     "dali": dali.write,
@@ -77,7 +76,6 @@ def export(
     dest = local_path(dest)  # (file:///x is /x, not a folder "file:" here)
     source = open_source(ref, split)
     source.check_shards()
-    check_arrays(source)
     if to in CHECKS:
         CHECKS[to](source)
     splits = {s.name: s.samples for s in source.splits}

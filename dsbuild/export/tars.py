@@ -10,7 +10,6 @@ writer (samples proven against their hash on the way), named by their sha256 so 
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 
@@ -19,9 +18,7 @@ from dsbuild.export.folder import ExportFolder
 from dsbuild.export.report import Ticker
 from dsbuild.export.source import HEAL, ExportSource, Split
 from dsbuild.formats import Entry, get_format
-from dsbuild.formats.sample import ARRAY_DESCRS, ARRAY_MEMBERS, MAX_NPY_HEADER, MEMBERS, npy_problem
-from dsbuild.formats.shards import UNSAFE_HINT, write_shard
-from dsbuild.formats.webdataset import payload_offsets
+from dsbuild.formats.shards import write_shard
 from dsbuild.lineage.manifest import ShardRecord
 
 TAR_FORMAT = "webdataset"  # what Energon, wids and the webdataset library read
@@ -75,39 +72,6 @@ def split_tars(source: ExportSource, split: Split, folder: ExportFolder, tick: T
             rest += [(part.shard, e) for e in part.entries]
     flush()
     return out
-
-
-def check_arrays(source: ExportSource) -> None:
-    """Refuse (CorruptDataError: exit 3, naming shard, sample and member) an export one of whose samples
-    holds an array member that is not exactly the array the index records (``npy_problem``: its .npy
-    header parsed for dtype, byte order, order and shape; its bytes never reinterpreted). Run before the
-    folder is claimed, on every sample the export hands out: in a tar version by the members' headers
-    alone (a few hundred bytes a sample, read at the offsets the index gives), else through the reader."""
-    cols = source.catalog.index(source.version_id, ["key", "frames", "n_controls", "n_channels"]).to_pydict()
-    dims = dict(zip(cols["key"], zip(cols["frames"], cols["n_controls"], cols["n_channels"])))
-    fmt = get_format(source.manifest.shard_format)
-    sliced = fmt is get_format(TAR_FORMAT)
-    slots = [MEMBERS.index(ext) for ext in ARRAY_MEMBERS]
-    for split in source.splits:
-        for part in split.parts:
-            path = source.catalog.shard_file(part.shard, proven=True)
-            with fmt.reader(path) as reader, open(path, "rb") as f:
-                for e in part.entries:
-                    if sliced:
-                        offset, _, sizes = framed(e)
-                        at = payload_offsets(sizes)
-                        heads = [
-                            (os.pread(f.fileno(), min(sizes[i], MAX_NPY_HEADER + 16), offset + at[i]), sizes[i])
-                            for i in slots
-                        ]
-                    else:
-                        members = dict(reader.member_views(e))
-                        heads = [(members[ext], len(members[ext])) for ext in ARRAY_MEMBERS]
-                    frames, controls, channels = dims[e.key]
-                    shapes = ((frames, controls), (frames, channels), (frames,))
-                    for ext, descr, shape, (head, size) in zip(ARRAY_MEMBERS, ARRAY_DESCRS, shapes, heads):
-                        if why := npy_problem(head, descr, shape, total=size):
-                            raise CorruptDataError(f"{part.shard.path}: {e.key}: {ext} {why}", hint=UNSAFE_HINT)
 
 
 def _share(source: ExportSource, shard, folder: ExportFolder, rel: str) -> None:

@@ -25,8 +25,8 @@ Arrays are cut by the shapes the index gives (the last ``frames * width * itemsi
 ``.npy`` member), so no ``.npy`` header is parsed per read, and stay in the read buffer (``Rows``) until
 collation copies them into the batch. What makes that safe is checked once per shard, on its first read
 (``SampleReader.refused``): every member header by the shard-safety check ``verify`` runs, and every
-array member's .npy header compared with the one the writer makes for the index's shape (a big-endian
-float64 or Fortran-order array is a damaged sample, never float32 garbage).
+array member's .npy header by the array check ``verify`` runs (``formats.shards.array_problems``: a
+big-endian float64 or Fortran-order array is a damaged sample, never float32 garbage).
 """
 
 from __future__ import annotations
@@ -43,16 +43,15 @@ import numpy as np
 
 from dsbuild.core.errors import FormatError
 from dsbuild.formats.sample import (
-    ARRAY_DESCRS,
     ARRAY_MEMBERS,
-    MAX_NPY_HEADER,
     MEMBERS,
     VIDEO_EXT,
+    array_shapes,
+    arrays_problem,
     members_blake3,
     members_sha256,
-    npy_problem,
 )
-from dsbuild.formats.shards import shard_problems
+from dsbuild.formats.shards import array_problems, shard_problems
 from dsbuild.loader.files import BufferPool, ShardFiles, storage_error
 from dsbuild.loader.source import ARRAY_DTYPES, Source
 
@@ -91,8 +90,8 @@ class SampleReader:
     def refused(self, shards: list[int]) -> dict[int, FormatError]:
         """Samples (by index) of ``shards`` that fail the shard-safety check ``verify`` and the exports run
         (``formats.shards.shard_problems``: links, paths, modes, sizes, padding) or whose array members'
-        .npy headers are not the dtype, order and shape the index gives (``npy_problem``): damaged
-        samples, replaced and counted like any other. Each shard is checked once per reader, on its first
+        .npy headers are not the dtype, order and shape the index gives (``array_problems``, as ``verify``
+        runs it): damaged samples, replaced and counted like any other. Each shard is checked once per reader, on its first
         read (its member headers only: a few hundred bytes a sample)."""
         out: dict[int, FormatError] = {}
         for s in set(shards):
@@ -121,32 +120,22 @@ class SampleReader:
             try:
                 if os.fstat(fd).st_size != rec.bytes:  # damage, not a forgery: no header of it is read
                     return None
-                found = dict(
-                    shard_problems(src.format, Path(path), [src.entry(i) for i in rows], rec.bytes, whole=not src.split)
-                )
-                if self.fast:
-                    layout = src.sliced()
-                    for i in rows:
-                        if src.keys[i] not in found and (why := self._array_problem(fd, i, *layout)):
-                            found[src.keys[i]] = why
+                entries = [src.entry(i) for i in rows]
+                found = dict(shard_problems(src.format, Path(path), entries, rec.bytes, whole=not src.split))
+                if self.fast:  # (other formats' arrays are checked as each sample is read: ``_generic``)
+                    framed = {e.key: (i, e) for i, e in zip(rows, entries) if e.key not in found}
+                    shapes = {key: self._shapes(i) for key, (i, _) in framed.items()}
+                    found.update(array_problems(src.format, Path(path), [e for _, e in framed.values()], shapes))
             except OSError as e:
                 raise storage_error(f"{rec.path}: cannot read shard", e) from None
         return {
             i: FormatError(f"{rec.path}: {src.keys[i]}: {found[src.keys[i]]}") for i in rows if src.keys[i] in found
         }
 
-    def _array_problem(self, fd: int, i: int, payload_offsets: np.ndarray, member_bytes: np.ndarray) -> str | None:
-        """What is wrong with sample ``i``'s array members' .npy headers (read from the shard), or None
-        (``payload_offsets``, ``member_bytes``: the source's ``sliced()``)."""
+    def _shapes(self, i: int) -> tuple[tuple[int, ...], ...]:
+        """The shapes the index gives sample ``i``'s array members."""
         src = self.source
-        frames = int(src.frames[i])
-        shapes = ((frames, int(src.n_controls[i])), (frames, int(src.n_channels[i])), (frames,))
-        for slot, descr, shape in zip(ARRAY_SLOTS, ARRAY_DESCRS, shapes):
-            size = int(member_bytes[i, slot])
-            head = os.pread(fd, min(size, MAX_NPY_HEADER + 16), int(src.byte_offset[i] + payload_offsets[i, slot]))
-            if why := npy_problem(head, descr, shape, total=size):
-                return f"{MEMBERS[slot]} {why}"
-        return None
+        return array_shapes(int(src.frames[i]), int(src.n_controls[i]), int(src.n_channels[i]))
 
     def read(self, indices: list[int]) -> list[RawSample | FormatError]:
         """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place)."""
@@ -252,11 +241,9 @@ class SampleReader:
             raise storage_error(f"{src.shards[int(src.shard_id[i])].path}: cannot read shard", e) from None
         if tuple(name for name, _ in pairs) != MEMBERS:
             return FormatError(f"{src.keys[i]}: members are not the canonical {', '.join(MEMBERS)}")
-        frames = int(src.frames[i])
-        shapes = ((frames, int(src.n_controls[i])), (frames, int(src.n_channels[i])), (frames,))
-        for slot, descr, shape in zip(ARRAY_SLOTS, ARRAY_DESCRS, shapes):
-            if why := npy_problem(pairs[slot][1], descr, shape):
-                return FormatError(f"{src.keys[i]}: {MEMBERS[slot]} {why}")
+        arrays = [pairs[slot][1] for slot in ARRAY_SLOTS]
+        if why := arrays_problem([(a, len(a)) for a in arrays], self._shapes(i)):
+            return FormatError(f"{src.keys[i]}: {why}")
         return RawSample(i, facts[1], [p for _, p in pairs], *facts[2:])
 
     def _hashed(self, raw: RawSample) -> RawSample | FormatError:

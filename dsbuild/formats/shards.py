@@ -99,7 +99,11 @@ def write_shard(fmt: ShardFormat, segments: Iterable[Segment], path: Path) -> Wr
     return WrittenShard(path, out.hexdigest(), out.blake3_hexdigest(), out.tell_bytes, tuple(entries))
 
 
-UNSAFE_HINT = "the catalog is damaged or forged: `dsbuild verify` names every problem and the command that heals it"
+# (verify reports everything check_shard refuses: its size, the member headers, the array headers)
+UNSAFE_HINT = (
+    "the catalog is damaged or forged: `dsbuild verify` names every problem, and the command that heals shards "
+    "whose bytes no longer match their hash; take a forged one (its hashes re-pinned) again from a source you trust"
+)
 
 
 def shard_problems(

@@ -37,7 +37,9 @@ def damaged(tmp_path_factory):
         "missing_streams",
     ]
     root = tmp_path_factory.mktemp("damaged") / "cap"
-    paths = generate(root, sessions=len(kinds) + 1, seconds=4, seed=2, damage={i + 1: k for i, k in enumerate(kinds)})
+    # 2-s sessions: the truncated one still keeps a clip before its damage, and every line the damage
+    # kinds add or swap lies inside the video
+    paths = generate(root, sessions=len(kinds) + 1, seconds=2, seed=2, damage={i + 1: k for i, k in enumerate(kinds)})
     out = root.parent / "cat"
     r = convert(root, out, CONFIG, executor=ExecutorSpec(workers=2))
     return (
@@ -126,13 +128,21 @@ def test_strict_turns_quarantine_into_exit_1(tmp_path):
     assert '"quarantined": [' in strict.stdout and "not a readable video" in strict.stdout
 
 
+@pytest.fixture(scope="module")
+def one_session(tmp_path_factory):
+    """A capture folder of one clean 1-s session (read only: every convert given it here is refused)."""
+    cap = tmp_path_factory.mktemp("one") / "cap"
+    generate(cap, sessions=1, seconds=1, seed=0)
+    return cap
+
+
 @pytest.mark.parametrize("case", ["missing", "out_is_file", "empty", "bad_size", "bad_format"])
-def test_user_mistakes_get_one_line_and_exit_2(tmp_path, case):
-    cap, out, extra = tmp_path / "cap", tmp_path / "out", []
-    cap.mkdir()
-    if case != "empty":
-        generate(cap, sessions=1, seconds=1, seed=0)
-    if case == "missing":
+def test_user_mistakes_get_one_line_and_exit_2(one_session, tmp_path, case):
+    cap, out, extra = one_session, tmp_path / "out", []
+    if case == "empty":
+        cap = tmp_path / "cap"
+        cap.mkdir()
+    elif case == "missing":
         cap = tmp_path / "nope"
     elif case == "out_is_file":
         out.write_text("x")
@@ -142,6 +152,7 @@ def test_user_mistakes_get_one_line_and_exit_2(tmp_path, case):
         extra = ["--format", "csv"]
     r = cli("convert", cap, out, *extra)
     assert r.returncode == 2, r.stderr
+    assert not out.is_dir()  # refused before anything was written
     lines = r.stderr.strip().splitlines()  # one error line, and a hint line when there is something to do
     assert lines[0].startswith("error:") and "Traceback" not in r.stderr
     assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("hint: "))

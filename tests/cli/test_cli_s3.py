@@ -22,12 +22,11 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def remote(s3, caps, tmp_path_factory):
-    """caps converted into s3://data/cat through the CLI; the same captures into a local catalog."""
-    local = tmp_path_factory.mktemp("s3-local") / "cat"
-    local_id = run("convert", caps, local, "--clip-seconds", 2, "--quiet").stdout.strip()
+def remote(s3, caps, catalog):
+    """(version id, the local build's): caps converted into s3://data/cat through the CLI, and the session's
+    ``catalog`` fixture, the same captures built locally with the same settings."""
     vid = run("convert", caps, "s3://data/cat", "--clip-seconds", 2, "--quiet", extra_env=s3).stdout.strip()
-    return vid, local_id
+    return vid, catalog[1]
 
 
 def s3_keys(s3, prefix: str) -> list[str]:

@@ -60,8 +60,14 @@ def jax_batches(loader, sharding) -> Iterator[dict]:
         from jax.sharding import NamedSharding, PartitionSpec
     except ImportError:
         raise MissingDependency("as_jax_iterator", "jax") from None
-    loader.open()
     o = loader.options
+    if o.decode_backend == "nvdec":  # its frames are a torch tensor in torch's CUDA memory
+        raise UsageError(
+            "as_jax_iterator delivers numpy-backed jax.Arrays; decode_backend='nvdec' keeps frames in torch's "
+            "CUDA memory",
+            hint="use decode_backend='pyav' or 'auto' (auto collates on the host)",
+        )
+    loader.open()
     procs, me = jax.process_count(), jax.process_index()
     if (o.world_size, o.rank) != (procs, me):
         raise UsageError(

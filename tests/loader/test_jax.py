@@ -109,3 +109,17 @@ def test_two_processes_build_one_global_batch_and_resume_exactly(cat):
     for k in range(2):
         assert [r["rows"] for r in resumed[k]] == [r["rows"] for r in first[k][2:4]]
         assert [r["keys"] for r in resumed[k]] == [r["keys"] for r in first[k][2:4]]
+
+
+def test_nvdec_frames_are_refused_before_the_loader_opens(cat):
+    """NVDEC batches hold frames in torch's CUDA memory, not numpy: one line, even where no GPU is."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from dsbuild.core.errors import UsageError
+
+    ref, _ = cat
+    sharding = NamedSharding(jax.make_mesh((1,), ("data",), devices=jax.devices()[:1]), P("data"))
+    with pytest.raises(UsageError, match="decode_backend='nvdec' keeps frames in torch's CUDA memory"):
+        next(iter(Loader(ref, resize=(8, 8), decode_backend="nvdec").as_jax_iterator(sharding)))

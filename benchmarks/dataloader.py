@@ -11,6 +11,12 @@ persistent workers):
                persistent_workers=True, prefetch_factor=<the loader's prefetch>)
 Prints samples/s per round, the median of the per-round ratios dataloader / process, the load average
 before and after, and the command line.
+
+    .venv/bin/python benchmarks/dataloader.py --handover [--rounds 3]
+
+What torch's transport costs alone: a DataLoader worker yielding ready batches (a few strings and 0, 1
+or 2 tensors in shared memory, reused: nothing is built or copied), as the main process receives them.
+Each shared storage is handed over by file descriptor through the worker's ``resource_sharer`` thread.
 """
 
 from __future__ import annotations
@@ -60,7 +66,38 @@ def timed(source, seconds: float) -> float:
             return n / dt
 
 
+class Ready(torch.utils.data.IterableDataset):
+    """``n`` batches of 8 keys and ``storages`` small shared tensors (made once)."""
+
+    def __init__(self, storages: int, n: int = 2000):
+        super().__init__()
+        self.storages, self.n = storages, n
+
+    def __iter__(self):
+        blocks = [torch.zeros(4096, dtype=torch.uint8).share_memory_() for _ in range(self.storages)]
+        keys = [f"key{j}" for j in range(8)]
+        for _ in range(self.n):
+            yield {"keys": keys, **{f"t{j}": b[:100] for j, b in enumerate(blocks)}}
+
+
+def handover(rounds: int) -> None:
+    for r in range(rounds):
+        shown = []
+        for storages in (0, 1, 2):
+            it = iter(torch.utils.data.DataLoader(Ready(storages), batch_size=None, num_workers=1))
+            next(it)
+            t0, k = time.perf_counter(), sum(1 for _ in it)
+            shown.append(f"{storages} storages {(time.perf_counter() - t0) / k * 1e3:.2f} ms")
+        print(f"round {r}: a batch with {'; '.join(shown)}; load {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
+    if "--handover" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--handover", action="store_true")
+        ap.add_argument("--rounds", type=int, default=3)
+        handover(ap.parse_args().rounds)
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("catalog")
     ap.add_argument("--workers", type=int, default=2)

@@ -12,7 +12,7 @@ import pytest
 from dsbuild.export import TOOLS
 from dsbuild.formats.sample import npy_bytes, npy_problem
 from dsbuild.lineage.catalog import Catalog
-from dsbuild.lineage.verify import BAD_ARRAY, verify
+from dsbuild.lineage.verify import BAD_ARRAY, check_shards, verify
 from dsbuild.loader import Loader
 from tests.cli.clitools import run
 from tests.security.driver import drive
@@ -144,3 +144,20 @@ def test_a_header_is_parsed_only_when_it_is_not_the_writers():
     claims = b"\x93NUMPY\x01\x00" + (60000).to_bytes(2, "little") + b" " * 200
     assert "over the limit" in npy_problem(claims, "<f4", (6, 2))
     assert npy_problem(b"PK\x03\x04" + b"\0" * 100, "<f4", (6, 2)).startswith("not a .npy")
+
+
+def test_the_right_array_under_another_header_is_no_damage_anywhere(forged):
+    """A .npy 2.0 header (another numpy's writer) over the same <f4 C-order array is not the writer's, so
+    it is parsed (not refused): verify, the shard check and the loader all accept the sample."""
+
+    def edit(key, members):
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, np.load(io.BytesIO(dict(members)["actions.npy"])), version=(2, 0))
+        return [(ext, buf.getvalue() if ext == "actions.npy" else p) for ext, p in members]
+
+    cat, vid = forged("array-npy-2.0", members=edit)
+    assert not [p for p in verify(Catalog.open(cat), vid).problems if p["problem"] == BAD_ARRAY]
+    check_shards(Catalog.open(cat), vid)
+    loader = Loader(str(cat), decode="bytes", batch_size=2, seed=3)
+    assert sum(len(b["keys"]) for b in loader) == Catalog.open(cat).manifest(vid).stats.samples
+    assert loader.stats()["corrupt"] == 0

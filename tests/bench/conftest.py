@@ -1,5 +1,6 @@
 """Fixtures of the bench tests: a private copy of the shared WebDataset catalog (its folder name holds
-markup, to prove the HTML page escapes it) with a split set, and small, fast options."""
+markup, to prove the HTML page escapes it) with a split set, small, fast options, and one saved report of
+three rounds that the gate's tests share (each run starts a loader process per round: seconds of CPU)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,42 @@ def bench_catalog(wds_catalog, tmp_path_factory) -> tuple[Path, str]:
 
 def options(cat: Path, **kw) -> BenchOptions:
     return BenchOptions(ref=str(cat), **kw)
+
+
+class SteppingClock:
+    """A clock that moves a millisecond each time it is read: the budget grants every round asked for, while
+    each measurement inside its slice still runs on real time. (Each slice is then the budget over the
+    measurements left, so the measuring takes about 2.8 x --duration for 9 measurements.)"""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += 0.001
+        return self.t
+
+
+# The gated runs' budget: slices of 0.17 s to 1.5 s (see SteppingClock), hundreds of bytes-mode batches each.
+# --duration is not a setting, so these runs are comparable with the executable's.
+GATED_DURATION = 1.5
+
+
+def measured(cat: Path, against=None, **kw):
+    """The gated settings (``BYTES``: three rounds, raw and sha256) measured in-process, every round granted
+    (``SteppingClock``)."""
+    from dsbuild.bench import run_bench
+
+    rep = run_bench(options(cat, **{**BYTES, "duration": GATED_DURATION, **kw}), against=against, clock=SteppingClock())
+    assert rep.time.rounds_done == 3
+    return rep
+
+
+@pytest.fixture(scope="session")
+def baseline(bench_catalog, tmp_path_factory) -> Path:
+    """A saved report of three rounds with the gated settings, written as ``--save`` writes it."""
+    from dsbuild.cli.render import json_text
+
+    cat, _ = bench_catalog
+    path = tmp_path_factory.mktemp("bench-baseline") / "base.json"
+    path.write_text(json_text(measured(cat).to_json()) + "\n")
+    return path

@@ -31,7 +31,8 @@ def peers(bench_catalog):
     if missing:
         pytest.skip("; ".join(missing))
     cat, _ = bench_catalog
-    return run_bench(options(cat, **{**BYTES, "compare": None, "duration": 3.0}))
+    # one round (one loader process) of each: what is checked is which baselines ran, and that each measured
+    return run_bench(options(cat, **{**BYTES, "compare": None, "duration": 1.5, "rounds": 1}))
 
 
 def positive(s) -> bool:
@@ -133,7 +134,7 @@ def test_bytes_mode_compares_with_reads_hashing_and_the_peer_loaders(peers):
 
 def test_what_cannot_run_is_skipped_with_the_reason_or_refused_when_asked_for(parquet_catalog):
     cat, _ = parquet_catalog
-    rep = run_bench(BenchOptions(ref=str(cat), **{**BYTES, "compare": None, "duration": 1.0, "rounds": 1}))
+    rep = run_bench(BenchOptions(ref=str(cat), **{**BYTES, "compare": None, "duration": 0.5, "rounds": 1}))
     skipped = {b.name: b.skipped for b in rep.baselines if b.skipped}
     assert "parquet, not tar" in skipped["webdataset"] and {b.name for b in rep.baselines if b.ratio} >= {
         "raw",
@@ -146,8 +147,12 @@ def test_what_cannot_run_is_skipped_with_the_reason_or_refused_when_asked_for(pa
 
 
 def test_two_simulated_ranks_report_each_rank(bench_catalog):
+    """One round of two ranks (two loader processes): per-rank figures taken per round instead of per rank
+    would show one rank."""
     cat, vid = bench_catalog
-    rep = run_bench(options(cat, **{**BYTES, "ranks": 2, "compare": ("raw",), "rounds": 2, "step_ms": 2}))
+    rep = run_bench(
+        options(cat, **{**BYTES, "ranks": 2, "compare": ("raw",), "rounds": 1, "step_ms": 2, "duration": 1.5})
+    )
     rk = rep.ranks
     assert rk.world_size == 2 and [r.rank for r in rk.per_rank] == [0, 1]
     assert all(positive(r.figure) and positive(r.first_batch_s) for r in rk.per_rank)

@@ -66,7 +66,7 @@ def test_the_cli_sweeps_worker_processes_into_a_table_json_and_a_plot(bench_cata
     cat, _ = bench_catalog
     page = tmp_path / "sweep.html"
     p = run(
-        "bench", cat, "--decode", "bytes", "--workers", "1,2", "--duration", "2", "--rounds", "1",
+        "bench", cat, "--decode", "bytes", "--workers", "1,2", "--duration", "1", "--rounds", "1",
         "--step-ms", "0", "--compare", "raw", "--json", "--html", page,
     )  # fmt: skip
     sweep = json.loads(p.stdout)["sweep"]

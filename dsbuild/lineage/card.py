@@ -22,24 +22,21 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from dsbuild.core.errors import DsbuildError
+from dsbuild.core.store import Store
 from dsbuild.formats import get_format
-
-if TYPE_CHECKING:
-    from dsbuild.lineage.catalog import Catalog
+from dsbuild.lineage.manifest import Manifest
 
 CARD = "README.md"
 MARK = "# dsbuild dataset card, rewritten on every commit: a README.md without this line is left alone"
 HF_READS_EXACTLY = ("parquet",)  # shard file extensions HF's builder for that extension reads sample for sample
 
 
-def card_text(catalog: Catalog) -> str:
-    """The card for the catalog's newest version: the same versions give the same bytes, wherever the
-    catalog is (no path in it)."""
-    version_id = catalog.versions()[0].version_id
-    m = catalog.manifest(version_id)
+def card_text(version_id: str, m: Manifest) -> str:
+    """The card for the catalog's newest version ``version_id`` (manifest ``m``): the same versions give
+    the same bytes, wherever the catalog is (no path in it)."""
     ext = get_format(m.shard_format).ext
     head = ["---", MARK, "configs:"]
     if ext in HF_READS_EXACTLY:
@@ -65,33 +62,34 @@ def card_text(catalog: Catalog) -> str:
     return "\n".join(head + body)
 
 
-def write_card(catalog: Catalog) -> None:
-    """Write the card for the newest version (under the commit lock, after a version is published). Never
-    fails the commit that called it: a card that cannot be written is a note on stderr."""
+def write_card(store: Store, root: Path | None, url: str, version_id: str, m: Manifest) -> None:
+    """Write the card for the newest version (under the commit lock, after a version is published) into
+    the catalog at ``url`` (``root``: its local folder, None on an object store). Never fails the commit
+    that called it: a card that cannot be written is a note on stderr."""
     try:
-        if _foreign(catalog):
+        if _foreign(store, root):
             _note(
-                f"note: {catalog.url}/{CARD} is not a card dsbuild wrote: left as it is (Hugging Face datasets "
+                f"note: {url}/{CARD} is not a card dsbuild wrote: left as it is (Hugging Face datasets "
                 "pointed at the catalog reads what it says); remove it for dsbuild's card on the next commit"
             )
             return
-        catalog.store.write(CARD, card_text(catalog).encode())
+        store.write(CARD, card_text(version_id, m).encode())
     except (OSError, DsbuildError) as e:
-        _note(f"note: {catalog.url}/{CARD}: the dataset card was not written ({e})")
+        _note(f"note: {url}/{CARD}: the dataset card was not written ({e})")
 
 
-def _foreign(catalog: Catalog) -> bool:
+def _foreign(store: Store, root: Path | None) -> bool:
     """Something other than dsbuild's card is at the root under the card's name."""
     head = f"---\n{MARK}\n".encode()
-    if catalog.root is not None:
-        path = catalog.root / CARD
+    if root is not None:
+        path = root / CARD
         if not os.path.lexists(path):
             return False
         if path.is_symlink() or not path.is_file():
             return True
-    elif not catalog.store.exists(CARD):
+    elif not store.exists(CARD):
         return False
-    return catalog.store.read_range(CARD, 0, len(head)) != head
+    return store.read_range(CARD, 0, len(head)) != head
 
 
 def _note(line: str) -> None:

@@ -825,14 +825,12 @@ class Catalog:
         object store one by one, the manifest landing last (until then the version is invisible); locally
         as one rename of a complete folder staged in ``scratch``. Then the dataset card names the newest
         version's samples for HF ``datasets`` (``dsbuild.lineage.card``)."""
-        from dsbuild.lineage.card import write_card  # (only publishing writes a card)
-
         vkey = f"versions/{vid}"
         if self.root is None:
             for name, data in files.items():
                 self.store.write(f"{vkey}/{name}", data)
             PUBLISHED.append(vid)
-            write_card(self)
+            self.write_card()
             return
         staging = scratch / "version"
         staging.mkdir()
@@ -846,7 +844,14 @@ class Catalog:
         os.rename(staging, target)
         PUBLISHED.append(vid)
         fsync_dir(self.root / "versions")
-        write_card(self)
+        self.write_card()
+
+    def write_card(self) -> None:
+        """The dataset card for the newest version (``dsbuild.lineage.card``)."""
+        from dsbuild.lineage.card import write_card  # (only publishing writes a card)
+
+        newest = self.versions()[0].version_id
+        write_card(self.store, self.root, self.url, newest, self.manifest(newest))
 
 
 def _age(p: Path) -> float:

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.jsonio import canonical_json, loads_bounded
 from dsbuild.core.records import JsonValue, Record, spec
@@ -33,8 +31,9 @@ MAP_HINT = "put the function at the top level of a module (not a lambda, a neste
 
 
 # -- the map function by name ------------------------------------------------------------------------
-def import_path(fn: Any) -> str:
-    """``"package.module:function"`` naming ``fn``; a UsageError when no worker process could import it."""
+def import_path(fn: Any, what: str = "map") -> str:
+    """``"package.module:function"`` naming ``fn`` (a ``what``); a UsageError when no worker process could
+    import it."""
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     shown = name if isinstance(name, str) else type(fn).__name__
     why: str | None
@@ -46,28 +45,29 @@ def import_path(fn: Any) -> str:
         why = "it is defined in __main__ (a script or notebook), which worker processes do not import"
     else:
         try:
-            same = resolve(f"{module}:{name}") is fn
+            same = resolve(f"{module}:{name}", what) is fn
         except UsageError:
             same = False
         why = None if same else f"{module}:{name} does not name it"
     if why is not None:
         raise UsageError(
-            f"map {shown!r} cannot be named for worker processes ('package.module:function'): {why}", hint=MAP_HINT
+            f"{what} {shown!r} cannot be named for worker processes ('package.module:function'): {why}", hint=MAP_HINT
         )
     return f"{module}:{name}"
 
 
-def resolve(path: str) -> Callable:
-    """The function ``"package.module:function"`` names (imported here: in a worker, its first use)."""
+def resolve(path: str, what: str = "map") -> Callable:
+    """The function (or class, a ``what``) ``"package.module:function"`` names (imported here: in a
+    worker, its first use)."""
     module, _, name = path.partition(":")
     try:
         obj: Any = importlib.import_module(module)
         for part in name.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError, ValueError) as e:
-        raise UsageError(f"map {path!r} cannot be imported: {e}", hint=MAP_HINT) from None
+        raise UsageError(f"{what} {path!r} cannot be imported: {e}", hint=MAP_HINT) from None
     if not callable(obj):
-        raise UsageError(f"map {path!r} names a {type(obj).__name__}, not a function", hint=MAP_HINT)
+        raise UsageError(f"{what} {path!r} names a {type(obj).__name__}, not a function", hint=MAP_HINT)
     return obj
 
 
@@ -117,7 +117,7 @@ class WorkerSpec(Record):
     """A loader for another process, and (for the loader's own worker processes) the worker's place."""
 
     FORMAT = SPEC_FORMAT
-    single: bool  # a Loader (one source), else a Mixture
+    factory: str  # the loader's class by import path ("dsbuild.loader.pipeline:Loader"): its from_description
     sources: tuple[SourceSpec, ...]
     options: dict[str, JsonValue]  # ``options_to_json``
     sys_path: tuple[str, ...]  # the parent's: a map function's module is found where the parent found it
@@ -146,11 +146,11 @@ def _utf8(path: str) -> bool:
 
 
 def describe(loader: Any, **place: Any) -> WorkerSpec:
-    """``loader`` (a ``Loader`` or ``Mixture``) as a ``WorkerSpec``; ``place``: the worker's fields."""
-    from dsbuild.loader.pipeline import Loader
-
+    """``loader`` (a ``Loader`` or ``Mixture``) as a ``WorkerSpec``; ``place``: the worker's fields. Its
+    class goes by import path, as a map function does: this module never imports the pipeline (which
+    imports the workers that use it)."""
     return WorkerSpec(
-        single=isinstance(loader, Loader),
+        factory=import_path(type(loader), what="loader class"),
         sources=tuple(SourceSpec(ref, split, float(w)) for (ref, split), w in zip(loader._specs, loader.weights)),
         options=options_to_json(loader.options),
         sys_path=tuple(os.path.abspath(p) for p in sys.path if _utf8(p)),  # ("": this folder, not the worker's)
@@ -160,13 +160,9 @@ def describe(loader: Any, **place: Any) -> WorkerSpec:
 
 def rebuild(spec: WorkerSpec) -> Any:
     """The loader ``spec`` describes (not opened); the parent's ``sys.path`` first, so its map imports."""
-    from dsbuild.loader.pipeline import Loader, Mixture
-
     sys.path[:] = [*spec.sys_path, *(p for p in sys.path if p not in spec.sys_path)]
     options = options_from_json(spec.options)
-    if spec.single:
-        (s,) = spec.sources
-        return Loader(s.ref, s.split, options)
-    mixture = Mixture([(s.ref, s.split, s.weight) for s in spec.sources], options)
-    mixture.weights = np.array([s.weight for s in spec.sources])  # as given: normalised twice may differ in an ulp
-    return mixture
+    build = getattr(resolve(spec.factory, what="loader class"), "from_description", None)
+    if build is None:
+        raise FormatError(f"loader description: {spec.factory} is not a dsbuild loader class")
+    return build([(s.ref, s.split, s.weight) for s in spec.sources], options)

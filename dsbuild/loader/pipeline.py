@@ -161,6 +161,13 @@ class Mixture:
         self._moved: list[weakref.WeakMethod] = []  # told where load_state_dict moves it (``on_move``)
         weakref.finalize(self, self._held.release)  # a loader simply dropped releases its files too
 
+    @classmethod
+    def from_description(cls, sources: list[tuple[str, str | None, float]], options: LoaderOptions) -> Mixture:
+        """The mixture a worker process rebuilds from its JSON description (``description.rebuild``)."""
+        mixture = cls(sources, options)
+        mixture.weights = np.array([w for _, _, w in sources])  # as given: normalised twice may differ in an ulp
+        return mixture
+
     def _stops(self) -> bool:
         return self.options.policy == "stop"
 
@@ -837,6 +844,11 @@ class Loader(Mixture):
 
     def __init__(self, ref: str, split: str | None = None, options: LoaderOptions | None = None, **overrides: Any):
         super().__init__([(ref, split, 1.0)], options, **overrides)
+
+    @classmethod
+    def from_description(cls, sources: list[tuple[str, str | None, float]], options: LoaderOptions) -> Loader:
+        ((ref, split, _),) = sources
+        return cls(ref, split, options)
 
     def _stops(self) -> bool:
         return True

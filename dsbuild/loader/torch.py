@@ -256,7 +256,7 @@ class TorchDataset(IterableDataset):
     ``StatefulDataLoader`` snapshots it in each worker and restores it exactly, without reading a
     skipped batch again."""
 
-    def __init__(self, loader):
+    def __init__(self, loader) -> None:
         super().__init__()
         self.loader = loader  # a dsbuild.loader.Mixture (or Loader)
         self._passes = PassFile()

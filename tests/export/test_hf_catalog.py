@@ -14,7 +14,7 @@ import pytest
 
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.executor import ExecutorSpec
-from dsbuild.lineage.card import CARD, MARK, write_card
+from dsbuild.lineage.card import CARD, MARK
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.samples.synthetic import generate, session_spec
 from dsbuild.samples.writer import VideoSpec
@@ -118,5 +118,5 @@ def test_a_users_own_readme_is_left_as_it_is_and_said_so(tmp_path, capfd):
     err = capfd.readouterr().err
     assert f"{cat}/{CARD} is not a card dsbuild wrote: left as it is" in err
     os.remove(cat / CARD)
-    write_card(Catalog.open(cat))  # what the next commit runs
+    Catalog.open(cat).write_card()  # what the next commit runs
     assert (cat / CARD).read_text().startswith(f"---\n{MARK}\n") and "not a card" not in capfd.readouterr().err

@@ -325,6 +325,12 @@ class Batches:
 
     def _begin(self) -> None:
         loader, info = self.loader, self.info
+        if info is not None and loader.options.decode_backend == "nvdec":
+            raise UsageError(
+                "decode_backend='nvdec' in DataLoader worker processes: its frames are CUDA tensors, which a "
+                "worker process cannot hand over (and CUDA does not start in a forked process)",
+                hint="use num_workers=0 (the loader's own threads decode; NVDEC does the heavy work)",
+            )
         loader.open()
         if info is None:
             start, k = loader.position, 0

@@ -208,3 +208,13 @@ def test_packed_frames_cross_whole_with_their_segments(cat):
         for k, v in mine.items():
             if isinstance(v, np.ndarray):
                 assert b[k].is_shared() and np.array_equal(b[k].numpy(), v), k
+
+
+def test_nvdec_in_dataloader_worker_processes_is_refused_in_one_line(cat):
+    """NVDEC frames are CUDA tensors: a worker process can neither start CUDA after a fork nor hand them
+    over. The refusal comes before the device is looked for, so it is the same on any machine."""
+    ref, _ = cat
+    loader = Loader(ref, batch_size=2, resize=(8, 8), decode_backend="nvdec")
+    dl = torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=1)
+    with pytest.raises(Exception, match="decode_backend='nvdec' in DataLoader worker processes"):
+        next(iter(dl))

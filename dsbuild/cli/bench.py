@@ -182,7 +182,8 @@ def bench(
         "ddp",
         "--parallel",
         metavar="ddp|fsdp|tp=T,cp=C",
-        help="With --model: ddp or fsdp. Without: the loader's model-parallel layout over --ranks (tp=, cp=, order=).",
+        help="With --model: ddp or fsdp. Without: the loader's model-parallel layout over --ranks "
+        "(tp=, cp=, order=; pp=, pp_data=both|split, targets=FIELD+FIELD are parsed, pp > 1 is not measured).",
     ),
     dtype: str = typer.Option(
         "bf16", "--dtype", metavar="bf16|fp32", callback=choice("--dtype", ("bf16", "fp32")), help="With --model."

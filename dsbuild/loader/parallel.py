@@ -190,16 +190,25 @@ class Parallel:
         return {"world_size": world, "dp": self.data_parallel(world), "tp": self.tp, "cp": self.cp, "pp": self.pp}
 
     @classmethod
-    def from_mesh(cls, mesh) -> Parallel:
+    def from_mesh(cls, mesh, pp_data: str = "both", targets: tuple[str, ...] = ("actions",)) -> Parallel:
         """The layout of a torch ``DeviceMesh`` (as ``init_device_mesh`` makes it: ranks 0 .. W-1 in
         row-major order, the last dimension fastest) whose dimension names are among ``MESH_DIMS``.
-        ``dp_replicate`` and ``dp_shard`` (HSDP) multiply into dp and must be neighbours, replicate outer."""
+        ``dp_replicate`` and ``dp_shard`` (HSDP) multiply into dp and must be neighbours, replicate outer.
+        ``pp_data`` and ``targets``: as ``Parallel``'s (the mesh has no say in them)."""
         names = tuple(mesh.mesh_dim_names or ())
         shape = tuple(int(s) for s in mesh.mesh.shape)
-        return cls.from_mesh_shape(names, shape, np.asarray(mesh.mesh.flatten().tolist(), dtype=np.int64))
+        ranks = np.asarray(mesh.mesh.flatten().tolist(), dtype=np.int64)
+        return cls.from_mesh_shape(names, shape, ranks, pp_data, targets)
 
     @classmethod
-    def from_mesh_shape(cls, names: tuple[str, ...], shape: tuple[int, ...], ranks: np.ndarray) -> Parallel:
+    def from_mesh_shape(
+        cls,
+        names: tuple[str, ...],
+        shape: tuple[int, ...],
+        ranks: np.ndarray,
+        pp_data: str = "both",
+        targets: tuple[str, ...] = ("actions",),
+    ) -> Parallel:
         """``from_mesh`` on the mesh's dimension names, shape and flattened rank table."""
         if len(names) != len(shape):
             raise UsageError(
@@ -242,22 +251,32 @@ class Parallel:
                 tokens.append(n)
         tokens += [t for t in REQUIRED if t not in tokens]
         sizes = dict(zip(names, shape))
-        return cls(tp=sizes.get("tp", 1), cp=sizes.get("cp", 1), pp=sizes.get("pp", 1), order="-".join(tokens))
+        return cls(
+            tp=sizes.get("tp", 1),
+            cp=sizes.get("cp", 1),
+            pp=sizes.get("pp", 1),
+            order="-".join(tokens),
+            pp_data=pp_data,
+            targets=targets,
+        )
 
 
 def parse_layout(text: str) -> Parallel:
-    """'tp=2,cp=2' (also pp=, order=) -> ``Parallel``: the CLI's spelling of a layout; a bad one is a
-    UsageError naming it."""
-    fields: dict[str, int | str] = {}
+    """'tp=2,cp=2' (also pp=, order=, pp_data=both|split, targets=actions+telemetry) -> ``Parallel``: the
+    CLI's spelling of a layout; a bad one is a UsageError naming it."""
+    fields: dict[str, int | str | tuple[str, ...]] = {}
     for part in text.split(","):
         name, sep, value = part.strip().partition("=")
-        if not sep or name not in ("tp", "cp", "pp", "order") or name in fields:
+        if not sep or name not in ("tp", "cp", "pp", "order", "pp_data", "targets") or name in fields:
             raise UsageError(
-                f"layout {text!r}: {part.strip()!r} is not one of tp=N, cp=N, pp=N, order=ORDER (each once)",
+                f"layout {text!r}: {part.strip()!r} is not one of tp=N, cp=N, pp=N, order=ORDER, "
+                "pp_data=both|split, targets=FIELD+FIELD (each once)",
                 hint="for example --parallel tp=2,cp=2",
             )
-        if name == "order":
+        if name in ("order", "pp_data"):
             fields[name] = value
+        elif name == "targets":
+            fields[name] = tuple(value.split("+"))
         elif value.isdigit():
             fields[name] = int(value)
         else:

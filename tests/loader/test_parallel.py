@@ -15,7 +15,16 @@ from hypothesis import strategies as st
 from dsbuild.core.errors import UsageError
 from dsbuild.loader import Loader, Parallel
 from dsbuild.loader.epoch import EpochPlan
-from dsbuild.loader.parallel import balance, cp_bounds, cp_gather, cp_slice, cp_spans, parse_order
+from dsbuild.loader.parallel import (
+    DEFAULT_ORDER,
+    balance,
+    cp_bounds,
+    cp_gather,
+    cp_slice,
+    cp_spans,
+    parse_layout,
+    parse_order,
+)
 from dsbuild.loader.plan import PlanSpec, rank_batch_ids
 from dsbuild.loader.walk import (
     Position,
@@ -104,6 +113,20 @@ def test_a_mesh_shape_maps_to_the_order_it_lays_out():
         Parallel.from_mesh_shape(("dp", "ep"), (8, 2), ranks)
     with pytest.raises(UsageError, match="row-major"):
         Parallel.from_mesh_shape(("dp", "tp"), (2, 4), np.arange(8)[::-1].copy())
+    split = Parallel.from_mesh_shape(("pp", "dp", "tp"), (2, 2, 4), ranks, "split", ("actions", "telemetry"))
+    assert split == Parallel(4, 1, 2, "tp-dp-pp-cp", "split", ("actions", "telemetry"))
+    with pytest.raises(UsageError, match="pp_data must be one of both, split, not 'halves'"):
+        Parallel.from_mesh_shape(("pp", "dp"), (2, 8), ranks, "halves")
+
+
+def test_the_cli_spelling_of_a_layout_sets_every_field_of_parallel():
+    got = parse_layout("pp=2,tp=2,order=tp-cp-ep-dp-pp,pp_data=split,targets=actions+telemetry")
+    assert got == Parallel(tp=2, pp=2, order="tp-cp-ep-dp-pp", pp_data="split", targets=("actions", "telemetry"))
+    assert parse_layout("pp=2,pp_data=split") == Parallel(pp=2, pp_data="split")  # targets: actions
+    with pytest.raises(UsageError, match=r"targets \['actions', ''\] must be distinct fields"):
+        parse_layout("pp=2,pp_data=split,targets=actions+")
+    with pytest.raises(UsageError, match="'pp_data=split' is not one of .* pp_data=both|split, targets=FIELD"):
+        parse_layout("pp_data=split,pp_data=split")
 
 
 # -- context parallelism -------------------------------------------------------------------------------
@@ -559,13 +582,18 @@ def _mesh_rank(rank: int, world: int, ref: str, folder: str) -> None:
         for name, shape, dims, equivalent in (
             ("dp-cp-tp", (1, 2, 2), ("dp", "cp", "tp"), (2, 2, 1)),
             ("hsdp", (2, 1, 2), ("dp_replicate", "dp_shard", "tp"), (2, 1, 1)),
+            ("pp-split", (2, 2), ("pp", "dp"), (1, 1, 2, DEFAULT_ORDER, "split", ("actions", "telemetry"))),
         ):
             mesh = init_device_mesh("cpu", shape, mesh_dim_names=dims)
-            loader = Loader(ref, decode="bytes", batch_size=2, seed=5, parallel=mesh)
+            if len(equivalent) > 3:  # a split pipeline: the layout from the mesh, its rank and size with it
+                layout = Parallel.from_mesh(mesh, pp_data="split", targets=("actions", "telemetry"))
+                loader = Loader(ref, decode="bytes", batch_size=2, seed=5, parallel=layout, rank=rank, world_size=world)
+            else:
+                loader = Loader(ref, decode="bytes", batch_size=2, seed=5, parallel=mesh)
             mine = _loader(ref, rank, world, equivalent)
             out[name] = {
-                "mesh": [b["keys"] for b in loader],
-                "parallel": [b["keys"] for b in mine],
+                "mesh": [[b["keys"], sorted(b)] for b in loader],
+                "parallel": [[b["keys"], sorted(b)] for b in mine],
                 "coords": [loader.stats()["parallel"], mine.stats()["parallel"]],
             }
         with open(f"{folder}/rank{rank}.json", "w") as f:
@@ -584,6 +612,8 @@ def test_a_device_mesh_gives_every_rank_what_the_equivalent_parallel_gives(cat, 
         for name, run in got.items():
             assert run["mesh"] == run["parallel"] and run["mesh"], (rank, name)
             assert run["coords"][0] == run["coords"][1] and run["coords"][0]["rank"] == rank
+        fields = set(got["pp-split"]["mesh"][0][1])  # ranks 0, 1: the first stage; 2, 3: the last
+        assert ("actions" in fields) == (rank >= 2) and ("video" in fields) == (rank < 2)
 
 
 JAX_SCRIPT = """
@@ -652,6 +682,8 @@ def test_jax_processes_of_one_tp_group_supply_one_data_parallel_batch(cat):
         ("tp=2,xp=2", "layout 'tp=2,xp=2': 'xp=2' is not one of tp=N, cp=N, pp=N, order=ORDER"),
         ("tp=2,order=tp-tp-cp-dp-pp", "order 'tp-tp-cp-dp-pp': token 'tp' appears 2 times"),
         ("cp=0", "cp must be an integer >= 1, not 0"),
+        ("pp_data=halves", "pp_data must be one of both, split, not 'halves'"),
+        ("targets=actions+labels", "targets ['actions', 'labels'] must be distinct fields among frames"),
     ],
 )
 def test_bench_refuses_a_bad_layout_in_one_line_with_exit_2(cat, layout, message):

@@ -6,6 +6,7 @@ text from the report (paths, names, notes) is escaped.
   3. ours against each baseline: the median per-round ratio with its q1-q3, and parity
   4. the data wait: a histogram with p50 / p90 / p99
   5. where the time goes: the consumer's and each loader thread's wall time by stage
+  6. with several data-parallel ranks: their work per step, as drawn and balanced (``bench.balance``)
 """
 
 from __future__ import annotations
@@ -71,6 +72,20 @@ def _stages(rep) -> str:
     return svg.stacked(rows, STAGE_COLOURS, "stage decomposition")
 
 
+def _rank_work(w) -> str:
+    """The per-rank spread: the text report's table, and the least and busiest rank's mean work drawn."""
+    from dsbuild.bench import balance
+
+    deals = [("as drawn", w.drawn), ('balance="frames"', w.balanced)]
+    return (
+        f"<h2>Work per data-parallel rank</h2><p>{escape(w.unit)} per rank per step, {w.dp} ranks, the plan's "
+        f"first {w.steps} steps (means); straggler cost: step time beyond an even split if a rank's time follows "
+        f"its {escape(w.unit)}.</p>"
+        + _table(balance.COLUMNS, balance.rows(w))
+        + svg.ranges([(n, s.min, s.max) for n, s in deals if s is not None], w.unit, "work per data-parallel rank")
+    )
+
+
 def render(rep) -> str:
     """The page as a string."""
     ds, m = rep.dataset, rep.machine
@@ -111,6 +126,8 @@ def render(rep) -> str:
                 f"<h2>Gate against {escape(rep.gate.baseline_file)}</h2>",
                 _table(tables.GATE, tables.gate_rows(rep.gate)),
             ]
+        if rep.rank_work is not None:
+            parts.append(_rank_work(rep.rank_work))
         parts += [
             "<h2>Throughput over time</h2><p>Sampled every second; each line is one reader, each segment "
             "one of its slices, placed where it ran in the interleaved rounds.</p>",

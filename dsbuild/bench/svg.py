@@ -1,4 +1,4 @@
-"""Inline SVG charts for the HTML report: lines, bars with whiskers, a histogram and stacked bars, each
+"""Inline SVG charts for the HTML report: lines, bars with whiskers, ranges, a histogram and stacked bars, each
 with axes and a legend. Pure functions returning markup; every text goes through ``html.escape``."""
 
 from __future__ import annotations
@@ -146,6 +146,35 @@ def ratio_bars(rows: list[tuple[str, float, float, float]], label: str) -> str:
         height + 4,
     )
     return _svg(height + lh + 6, body + marks, label)
+
+
+def ranges(rows: list[tuple[str, float, float]], unit: str, label: str) -> str:
+    """Horizontal bars from 0 to each row's (name, low, high) high, the part below low darker: the least and
+    the busiest rank's work side by side, so an even deal is a bar with little light end."""
+    if not rows:
+        return "<p>(nothing to plot)</p>"
+    left, bar_h, gap = 200, 22, 10
+    xmax = max(r[2] for r in rows) * 1.15 or 1.0
+    w = WIDTH - left - 20
+    x = lambda v: left + v / xmax * w  # noqa: E731
+    body = []
+    for i, (name, low, high) in enumerate(rows):
+        y = 6 + i * (bar_h + gap)
+        body.append(
+            f'<text x="{left - 8}" y="{y + 15}" text-anchor="end">{escape(name)}</text>'
+            f'<rect x="{left}" y="{y}" width="{x(high) - left:.1f}" height="{bar_h}" fill="{PALETTE[1]}" '
+            f'opacity="0.45"><title>busiest rank: {num(high)} {escape(unit)}</title></rect>'
+            f'<rect x="{left}" y="{y}" width="{x(low) - left:.1f}" height="{bar_h}" fill="{PALETTE[0]}">'
+            f"<title>least-loaded rank: {num(low)} {escape(unit)}</title></rect>"
+            f'<text x="{x(high) + 6:.1f}" y="{y + 15}">{num(low)} - {num(high)}</text>'
+        )
+    height = len(rows) * (bar_h + gap) + 8
+    marks, lh = legend(
+        [(f"least-loaded rank ({unit})", PALETTE[0], "box"), (f"busiest rank ({unit})", PALETTE[1], "box")],
+        height + 2,
+        x0=left,
+    )
+    return _svg(height + lh + 4, body + marks, label)
 
 
 def histogram(values: list[float], marks: dict[str, float], xlabel: str, label: str, bins: int = 24) -> str:

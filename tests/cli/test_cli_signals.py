@@ -30,6 +30,14 @@ def many(caps, tmp_path_factory):
     return root
 
 
+def _ctrl_c_as_a_terminal_sends_it() -> None:
+    """In the child before it runs dsbuild: Ctrl-C at its default, as a shell in front gives it. A job a
+    script starts in the background (`cmd &`) inherits SIGINT ignored, and dsbuild rightly keeps an
+    ignored signal ignored (test_a_signal_the_parent_ignores_stays_ignored): a suite run that way saw
+    every SIGINT here fail."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_convert(many, cat):
     """Start a convert with two workers in its own process group; return once it reports progress."""
     p = subprocess.Popen(
@@ -39,6 +47,7 @@ def start_convert(many, cat):
         text=True,
         env=env(),
         start_new_session=True,
+        preexec_fn=_ctrl_c_as_a_terminal_sends_it,
     )
     first = p.stderr.readline()
     assert first.startswith("convert sessions: "), first + p.stderr.read()
@@ -76,7 +85,13 @@ def test_a_first_convert_stopped_before_it_sent_anything_leaves_no_catalog(many,
     """Ctrl-C as soon as the catalog's marker appeared left the marker and two lock files: a catalog of
     nothing, which the README's "nothing half-written" does not allow."""
     cat = tmp_path / "made" / "cat"
-    p = subprocess.Popen(argv("convert", many, cat, "--workers", 1), stderr=subprocess.PIPE, text=True, env=env())
+    p = subprocess.Popen(
+        argv("convert", many, cat, "--workers", 1),
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        preexec_fn=_ctrl_c_as_a_terminal_sends_it,
+    )
     while not (cat / "catalog.json").exists() and p.poll() is None:
         time.sleep(0.005)  # a poll for the marker, not a wait for the clock
     p.send_signal(signal.SIGINT)
@@ -138,6 +153,7 @@ def test_an_interrupted_query_is_an_interruption_not_an_internal_error(catalog, 
         stderr=subprocess.PIPE,
         text=True,
         env=env(),
+        preexec_fn=_ctrl_c_as_a_terminal_sends_it,
     )
     try:
         _busy(p.pid, cpu_seconds=cpu_seconds)  # past its start-up (~0.3 s of CPU): duckdb is scanning
@@ -163,6 +179,7 @@ def test_an_interrupted_samples_leaves_only_whole_sessions(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env(),
+        preexec_fn=_ctrl_c_as_a_terminal_sends_it,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:  # interrupt while the second session is written
@@ -196,6 +213,7 @@ def test_an_interrupt_while_the_executable_loads_is_one_line_not_a_traceback(cat
             stderr=subprocess.PIPE,
             text=True,
             env=env(),
+            preexec_fn=_ctrl_c_as_a_terminal_sends_it,
         )
         time.sleep(delay)
         p.send_signal(sig)

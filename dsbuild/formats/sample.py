@@ -132,11 +132,15 @@ class SampleMeta(Record):
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
-    """NumPy .npy v1.0 bytes: deterministic header, no pickle."""
+    """NumPy .npy v1.0 bytes: deterministic header, no pickle. A bool or number array's header is
+    ``npy_header``'s (cached: the bytes ``write_array`` makes, not formatted again for every member)."""
     import numpy as np
 
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.kind in "biuf":
+        return npy_header(arr.dtype.str, arr.shape) + arr.tobytes()
     buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.ascontiguousarray(arr), version=(1, 0), allow_pickle=False)
+    np.lib.format.write_array(buf, arr, version=(1, 0), allow_pickle=False)
     return buf.getvalue()
 
 

@@ -92,7 +92,7 @@ dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode bytes --batch-size 16 
   --save "$OUT/sweep-bytes.json" --html "$OUT/sweep-bytes.html" >&2 || stamp "failed (see above)"
 stamp "bench: worker-process sweep $PSWEEP, frames 224x224"
 dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode frames --resize 224x224 --batch-size 8 --workers "$PSWEEP" \
-  --step-ms 0 --duration "$SECONDS_PER_RUN" --rounds "$ROUNDS" --compare pyav \
+  --step-ms 0 --duration "$SECONDS_PER_RUN" --rounds "$ROUNDS" --compare pyav-procs \
   --save "$OUT/sweep-frames.json" --html "$OUT/sweep-frames.html" >&2 || stamp "failed (see above)"
 
 # -- the training observatory (issue 41): a real model step on the GPU, one rank per GPU ----------------
@@ -212,9 +212,9 @@ for set in hd mixed; do
   cat="$WORK/${set}cat"
   common=(--device "$DEVICE" --decode frames --resize 224x224 --batch-size 8 --step-ms 0 --duration "$HALF" --rounds "$ROUNDS")
   for w in $SWEEP; do
-    stamp "decoders ($set): the CPU loader, PyAV, $w worker processes (and the bare PyAV loop)"
+    stamp "decoders ($set): the CPU loader, PyAV, $w worker processes (and the bare PyAV loop in $w processes)"
     measure "$set-pyav-w$w" "${bench_py[@]}" "$cat" "${common[@]}" --decode-backend pyav --workers "$w" \
-      --compare pyav --save "$OUT/decode-$set-pyav-w$w.json"
+      --compare pyav-procs --save "$OUT/decode-$set-pyav-w$w.json"
   done
   stamp "decoders ($set): NVDEC, frames on the GPU, 2 loader threads"
   measure "$set-nvdec" "${bench_py[@]}" "$cat" "${common[@]}" --decode-backend nvdec --threads 2 --compare none \
@@ -246,9 +246,9 @@ for s in ("hd", "mixed"):
     cpu = {}
     for f in sorted(out.glob(f"decode-{s}-pyav-w*.json")):
         w = int(f.stem.rsplit("-w", 1)[1]); d = json.loads(f.read_text())
-        bare = next((b for b in d.get("baselines", []) if b["name"] == "pyav"), None)
+        bare = next((b for b in d.get("baselines", []) if b["name"] == "pyav-procs"), None)
         cpu[w] = {"frames_per_s": fps(d), "cpu": load(f"cpu-{s}-pyav-w{w}.json"),
-                  "bare_pyav_frames_per_s": bare["figure"]["median"] if bare and bare.get("figure") else None}
+                  "bare_pyav_procs_frames_per_s": bare["figure"]["median"] if bare and bare.get("figure") else None}
     best = max((w for w in cpu if cpu[w]["frames_per_s"]), key=lambda w: cpu[w]["frames_per_s"], default=None)
     nv, auto = load(f"decode-{s}-nvdec.json"), load(f"decode-{s}-auto.json")
     row = {"cpu_loader": cpu, "cpu_best_workers": best, "nvdec_frames_per_s": fps(nv), "nvdec_host": load(f"cpu-{s}-nvdec.json"),

@@ -7,6 +7,8 @@
   webdataset : the ``webdataset`` library's own pipeline iterating the same tar shards (bytes mode).
   pyav       : a bare PyAV decode loop over the split's clips (read into memory first, so decode only), in
                as many threads as ours has, ``thread_type="AUTO"``, the same resize, RGB arrays (frames mode).
+  pyav-procs : the same loop in as many processes as ours has worker processes, each decoding its share
+               of the same clips (frames mode with ``--workers``: the GIL binds neither).
 Each reader continues where its previous slice stopped, so rounds walk the data instead of re-reading its
 start. Peer loaders (LitData, Mosaic Streaming) are in ``dsbuild.bench.peers``.
 """
@@ -16,14 +18,20 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Protocol
 
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
-from dsbuild.core.errors import UsageError
+from dsbuild.core.errors import UsageError, WorkerDied
 from dsbuild.formats.probe import STORED_OPEN, SWSCALE_THREADS
 from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
@@ -178,6 +186,44 @@ class WebDatasetLib:
             self.samples.close()
 
 
+def held_clips(data: Dataset) -> list[tuple[bytes, int]]:
+    """(clip bytes, sample payload bytes) of the split's first clips in key order, up to ``CLIP_BUDGET``:
+    what the PyAV loops decode, from memory."""
+    clips: list[tuple[bytes, int]] = []
+    held = 0
+    video = MEMBERS.index(VIDEO_EXT)
+    for entry, members in data.source.members(data.items()):
+        clip = bytes(members[video][1])
+        clips.append((clip, data.sizes[entry.key]))
+        held += len(clip)
+        if held >= CLIP_BUDGET:
+            break
+    return clips
+
+
+def decode_clip(
+    clip: bytes, resize: tuple[int, ...] | None, keep: Callable[[object], None], decoded: Callable[[], bool]
+) -> bool:
+    """One clip through a bare PyAV loop: each frame to RGB at ``resize`` (H, W), given to ``keep``, then
+    ``decoded()``, which returns True to stop. Returns whether the clip was decoded to its end."""
+    import av
+    from av.video.reformatter import VideoReformatter
+
+    # One swscale thread per conversion, as the loader: PyAV's default made this loop 12-32% slower
+    # here, and the baseline is the strongest loop
+    width, height = (resize[1], resize[0]) if resize else (None, None)
+    # opened as the loader opens clips: as MP4, without FFmpeg's probing decode of the first frame
+    with av.open(io.BytesIO(clip), "r", format=VIDEO_EXT, options=STORED_OPEN) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        rgb = VideoReformatter()  # one scaler per clip, as a careful PyAV user writes it
+        for frame in container.decode(stream):
+            keep(rgb.reformat(frame, format="rgb24", threads=SWSCALE_THREADS, width=width, height=height).to_ndarray())
+            if decoded():
+                return False
+    return True
+
+
 class PyAV:
     name = "pyav"
 
@@ -186,41 +232,20 @@ class PyAV:
         self.clips: list[tuple[bytes, int]] = []
 
     def prepare(self) -> None:
-        held = 0
-        video = MEMBERS.index(VIDEO_EXT)
-        for entry, members in self.data.source.members(self.data.items()):
-            clip = bytes(members[video][1])
-            self.clips.append((clip, self.data.sizes[entry.key]))
-            held += len(clip)
-            if held >= CLIP_BUDGET:
-                break
+        self.clips = held_clips(self.data)
         self._next = itertools.cycle(range(len(self.clips)))
         self._lock = threading.Lock()
 
     def _decode(self, meter: Meter) -> None:
-        import av
-        from av.video.reformatter import VideoReformatter
+        def decoded() -> bool:
+            meter.add(0, 1, 0)
+            return meter.over
 
-        # One swscale thread per conversion, as the loader: PyAV's default made this loop 12-32% slower
-        # here, and the baseline is the strongest loop
-        width, height = (self.resize[1], self.resize[0]) if self.resize else (None, None)
         while not meter.over:
             with self._lock:
                 clip, size = self.clips[next(self._next)]
-            # opened as the loader opens clips: as MP4, without FFmpeg's probing decode of the first frame
-            with av.open(io.BytesIO(clip), "r", format=VIDEO_EXT, options=STORED_OPEN) as container:
-                stream = container.streams.video[0]
-                stream.thread_type = "AUTO"
-                rgb = VideoReformatter()  # one scaler per clip, as a careful PyAV user writes it
-                for frame in container.decode(stream):
-                    self.keep(
-                        rgb.reformat(
-                            frame, format="rgb24", threads=SWSCALE_THREADS, width=width, height=height
-                        ).to_ndarray()
-                    )
-                    meter.add(0, 1, 0)
-                    if meter.over:
-                        return
+            if not decode_clip(clip, self.resize, self.keep, decoded):
+                return
             meter.add(1, 0, size)
 
     def keep(self, frame) -> None:
@@ -231,3 +256,118 @@ class PyAV:
 
     def close(self) -> None:
         self.clips = []
+
+
+class PyAVProcs:
+    """The bare PyAV loop in ``processes`` processes (``python -m dsbuild.bench.pyavproc``, see there): the
+    floor of the loader's worker processes, which the GIL does not bind either. The clips are written once
+    to a file in ``scratch``; each process is given its share (every N-th clip) by offset in a JSON
+    argument, reads it into memory and decodes it round and round, with the same resize. The figure is
+    the processes' total over the meter's window. Started by ``prepare`` (once per bench run), so start-up
+    and the clip reads stay out of the measurement, as the loader's own start-up does."""
+
+    name = "pyav-procs"
+
+    def __init__(self, data: Dataset, processes: int, resize: tuple[int, ...] | None, scratch: Path):
+        self.data, self.processes, self.resize, self.scratch = data, processes, resize, scratch
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+
+    def prepare(self) -> None:
+        from dsbuild.bench import pyavproc
+
+        clips = held_clips(self.data)
+        path = self.scratch / "pyav-clips.bin"
+        places, at = [], 0
+        with path.open("wb") as f:
+            for clip, size in clips:
+                f.write(clip)
+                places.append([at, len(clip), size])
+                at += len(clip)
+        for i in range(self.processes):
+            share = places[i :: self.processes] or [places[i % len(places)]]  # (fewer clips than processes)
+            spec = {"clips": str(path), "share": share, "resize": list(self.resize) if self.resize else None}
+            log = tempfile.TemporaryFile()  # noqa: SIM115 (the process's stderr, closed in close())
+            self.logs.append(log)
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "dsbuild.bench.pyavproc", json.dumps(spec)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                )
+            )
+        for i in range(self.processes):
+            self._receive(i, pyavproc.READY)
+
+    def run(self, meter: Meter) -> None:
+        from dsbuild.bench import pyavproc
+
+        failed: list[BaseException] = []
+
+        def listen(i: int) -> None:
+            try:
+                while (counts := self._receive(i, pyavproc.STOPPED)) is not None:
+                    meter.add(*counts)
+            except BaseException as e:  # (reported by the caller, in its thread)
+                failed.append(e)
+                meter.stop()
+
+        for i in range(self.processes):
+            self._send(i, pyavproc.GO)
+        readers = [threading.Thread(target=listen, args=(i,), daemon=True) for i in range(self.processes)]
+        for t in readers:
+            t.start()
+        try:
+            while not meter.over:
+                time.sleep(0.01)
+        finally:
+            for i in range(self.processes):
+                self._send(i, pyavproc.STOP)
+            for t in readers:
+                t.join()
+        if failed:
+            raise failed[0]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None and p.stdin is not None:
+                p.stdin.close()  # (its input closed, a process exits)
+        for p, log in zip(self.procs, self.logs):
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
+            log.close()
+        self.procs, self.logs = [], []
+
+    def _send(self, i: int, line: bytes) -> None:
+        stdin = self.procs[i].stdin
+        if stdin is None or self.procs[i].poll() is not None:
+            return  # (a dead process is reported by its reader)
+        try:
+            stdin.write(line)
+            stdin.flush()
+        except BrokenPipeError:
+            pass
+
+    def _receive(self, i: int, until: str) -> list[float] | None:
+        """Process ``i``'s next counts [samples, frames, bytes], or None at its ``until`` line; a process
+        that exited is ``WorkerDied`` naming it and its last line of stderr."""
+        from dsbuild.bench import pyavproc
+
+        p = self.procs[i]
+        stdout = p.stdout
+        line = stdout.readline(pyavproc.MAX_LINE) if stdout is not None else b""
+        if not line:
+            p.wait()
+            self.logs[i].seek(0)
+            tail = self.logs[i].read()[-400:].decode(errors="replace").strip().splitlines()
+            raise WorkerDied(
+                f"bench baseline {self.name}: process {i} of {self.processes} exited (code {p.returncode})"
+                + (f": {tail[-1]}" if tail else "")
+            )
+        return pyavproc.parse_answer(line, until, f"{self.name} process {i}")

@@ -1,6 +1,8 @@
 """Which baselines a run compares with: only readers doing the same work as ours in its decode mode.
 
-  frames mode : pyav (decoded frames against a bare decode loop; never against byte reads)
+  frames mode : pyav (decoded frames against a bare decode loop in threads; never against byte reads), or
+                with worker processes (``--workers``), pyav-procs (the same loop in as many processes);
+                ``--compare`` may name either
   bytes mode  : raw, sha256 (only when ours verifies), webdataset (tar shards), litdata, mosaic
 Without ``--compare`` every one that applies runs, and one that cannot run here (a peer not installed,
 webdataset on Parquet shards) is listed as skipped with the reason. Naming one that does not apply to
@@ -18,6 +20,7 @@ from dsbuild.core.errors import UsageError
 
 DESCRIPTIONS = {
     "pyav": "bare PyAV decode loop over the same clips in memory, same threads and resize",
+    "pyav-procs": "bare PyAV decode loop in as many processes as ours has workers, each its share of the clips",
     "raw": "sequential read of the same shard files, 8 MiB reads, no parsing or hashing",
     "sha256": "the same reads + hashlib sha256 in as many threads as ours (the verify floor)",
     "webdataset": "the webdataset library iterating the same tar shards",
@@ -28,9 +31,9 @@ NAMES = tuple(DESCRIPTIONS)
 
 
 def applicable(o: BenchOptions) -> tuple[str, ...]:
-    """The baselines doing the same work as ours under these options."""
+    """The baselines doing the same work as ours under these options (run without ``--compare``)."""
     if o.decode == "frames":
-        return ("pyav",)
+        return ("pyav-procs",) if o.workers is not None else ("pyav",)
     return ("raw", *(("sha256",) if o.verify != "none" else ()), "webdataset", *peers.PEERS)
 
 
@@ -44,10 +47,10 @@ def _cannot(name: str, data: Dataset) -> str | None:
 
 def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list[baselines.Baseline], dict[str, str]]:
     """(baselines to run, {name: why skipped}) for this run."""
-    fits = applicable(o)
     if o.compare is None:
-        wanted = fits
+        wanted = applicable(o)
     else:
+        fits = ("pyav", "pyav-procs") if o.decode == "frames" else applicable(o)
         for name in o.compare:
             if name not in NAMES:
                 raise UsageError(
@@ -73,6 +76,8 @@ def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list[baseline
             skipped[name] = why
         elif name == "pyav":
             active.append(baselines.PyAV(data, threads, o.resize))
+        elif name == "pyav-procs":
+            active.append(baselines.PyAVProcs(data, threads, o.resize, scratch))
         elif name == "raw":
             active.append(baselines.ShardReads("raw", data, threads, hashed=False))
         elif name == "sha256":

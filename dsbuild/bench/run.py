@@ -169,7 +169,7 @@ def run_bench(
                             r,
                             budget.elapsed(),
                             seconds,
-                            decodes=name == "pyav",
+                            decodes=name.startswith("pyav"),
                             tick=lambda m: tick(m.name, m.elapsed(), m.frames, m.bytes, m.round),
                         )
                         by_name[name].run(meter)

@@ -12,7 +12,13 @@ from dsbuild.bench.stats import paired_ratios, spread, summarise
 from dsbuild.bench.step import StepInfo
 
 FED_BELOW = 0.05  # the pipeline keeps the accelerator fed when it waits under 5% of the wall time
-PACKAGE_OF = {"webdataset": "webdataset", "pyav": "av", "litdata": "litdata", "mosaic": "mosaicml-streaming"}
+PACKAGE_OF = {
+    "webdataset": "webdataset",
+    "pyav": "av",
+    "pyav-procs": "av",
+    "litdata": "litdata",
+    "mosaic": "mosaicml-streaming",
+}
 NO_GPU = "no CUDA device: the step is time.sleep, there is no GPU to be idle"
 
 

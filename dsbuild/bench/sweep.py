@@ -1,8 +1,8 @@
 """Scaling as a measured curve: `dsbuild bench --workers 1,2,4` (worker processes) or `--threads 1,2,4`.
 
 Each point N is a bench run of the loader with N workers against the baselines at the same N (N-thread
-sha256 and raw reads, an N-thread bare PyAV loop: PyAV releases the GIL, so its threads are a fair
-floor). The points are interleaved: round r runs every N once, in the order given, before round r + 1,
+sha256 and raw reads; in frames mode a bare PyAV loop in N processes, ``pyav-procs``, for worker
+processes, and in N threads, ``pyav``, for threads). The points are interleaved: round r runs every N once, in the order given, before round r + 1,
 so a machine that drifts (another job, a warming cache) touches every point alike. A point's figure is
 the median of its rounds; its ratio to a baseline is the median of the per-round ratios. Efficiency is
 throughput at N / (N x throughput at 1) — against the smallest N measured when 1 is not in the list

@@ -62,25 +62,55 @@ def test_rounds_interleave_every_count_and_points_take_medians():
     assert s.points[1].ratios["raw"] == pytest.approx(0.19)
 
 
-def test_the_cli_sweeps_worker_processes_into_a_table_json_and_a_plot(bench_catalog, tmp_path):
-    cat, _ = bench_catalog
-    page = tmp_path / "sweep.html"
-    p = run(
-        "bench", cat, "--decode", "bytes", "--workers", "1,2", "--duration", "1", "--rounds", "1",
-        "--step-ms", "0", "--compare", "raw", "--json", "--html", page,
-    )  # fmt: skip
-    sweep = json.loads(p.stdout)["sweep"]
-    assert sweep["mode"] == "process" and [pt["n"] for pt in sweep["points"]] == [1, 2]
-    for pt in sweep["points"]:
-        assert pt["figure"] > 0 and pt["efficiency"] > 0 and pt["baselines"]["raw"] > 0
-    assert sweep["points"][0]["efficiency"] == 1.0
-    html = page.read_text()
-    assert "<svg" in html and "worker processes" in html
-
-
 def test_bad_counts_and_a_sweep_against_a_baseline_are_usage_errors(bench_catalog):
     cat, _ = bench_catalog
     p = run("bench", cat, "--workers", "0", check=2)
     assert "--workers '0'" in p.stderr
     p = run("bench", cat, "--threads", "1,2", "--baseline", "x.json", check=2)
     assert "--baseline gates one run, not a sweep" in p.stderr
+
+
+def test_frames_sweeps_compare_worker_processes_with_as_many_pyav_processes_and_threads_with_threads():
+    from dsbuild.bench.compare import applicable
+
+    assert applicable(BenchOptions(ref="x", workers=2)) == ("pyav-procs",)
+    assert applicable(BenchOptions(ref="x", threads=2)) == ("pyav",)
+
+
+def test_the_cli_sweeps_worker_processes_against_as_many_pyav_processes_into_a_table_json_and_a_plot(
+    bench_catalog, tmp_path
+):
+    cat, _ = bench_catalog
+    page = tmp_path / "sweep.html"
+    p = run(
+        "bench", cat, "--workers", "1,2", "--resize", "32x32", "--batch-size", "2", "--duration", "2",
+        "--rounds", "1", "--step-ms", "0", "--json", "--html", page,
+    )  # fmt: skip
+    sweep = json.loads(p.stdout)["sweep"]
+    assert sweep["mode"] == "process" and sweep["unit"] == "frames/s"
+    assert [pt["n"] for pt in sweep["points"]] == [1, 2]
+    for pt in sweep["points"]:  # (the bare loop in N processes, each its share of the clips)
+        assert pt["figure"] > 0 and pt["efficiency"] > 0
+        assert list(pt["baselines"]) == ["pyav-procs"] and pt["baselines"]["pyav-procs"] > 0
+        assert pt["ratios"]["pyav-procs"] > 0
+    assert sweep["points"][0]["efficiency"] == 1.0
+    html = page.read_text()
+    assert "<svg" in html and "worker processes" in html and "ours / pyav-procs" in html
+
+
+def test_a_pyav_process_that_dies_is_an_error_naming_it_never_a_hang(bench_catalog, tmp_path):
+    from dsbuild.bench.baselines import PyAVProcs
+    from dsbuild.bench.dataset import describe
+    from dsbuild.bench.measure import Meter
+    from dsbuild.core.errors import WorkerDied
+
+    cat, _ = bench_catalog
+    procs = PyAVProcs(describe(str(cat), BenchOptions(ref="x").split), 2, (32, 32), tmp_path)
+    procs.prepare()
+    try:
+        procs.procs[1].kill()
+        with pytest.raises(WorkerDied, match="pyav-procs: process 1 of 2 exited"):
+            procs.run(Meter("pyav-procs", 0, 0.0, 30.0, decodes=True))
+    finally:
+        procs.close()
+    assert not procs.procs

@@ -1,0 +1,166 @@
+"""One process of the N-process bare PyAV baseline (``baselines.PyAVProcs``):
+``python -m dsbuild.bench.pyavproc SPEC``.
+
+SPEC is one JSON object (nothing is pickled): ``{"clips": the clip file, "share": [[offset, length,
+payload bytes], ...], "resize": [H, W] or null}``. The process reads its share of the clip file into
+memory and answers ``{"ready": true}``; then, on each ``go`` line, decodes its clips round and round
+(``baselines.decode_clip``: the thread baseline's loop) and reports ``{"n": [samples, frames, bytes]}``
+done since its last report, about every ``REPORT_S``, until a ``stop`` line, which it answers with its
+last counts and ``{"stopped": true}``. It exits when its input closes, dies with its parent and ignores
+Ctrl-C (the parent handles it). A failure is answered ``{"error": ...}`` before it exits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from dsbuild.core.errors import FormatError, WorkerDied
+from dsbuild.core.jsonio import loads_bounded
+
+GO, STOP = b"go\n", b"stop\n"
+READY, STOPPED = "ready", "stopped"
+REPORT_S = 0.05  # counts reach the parent's meter this often (its samples are ~1 s apart)
+MAX_LINE = 1 << 10  # an answer is a few numbers
+MAX_SPEC = 16 << 20  # a share of a CLIP_BUDGET of clips, ~100 bytes a clip
+
+
+def parse_spec(text: str) -> tuple[str, list[tuple[int, int, int]], tuple[int, int] | None]:
+    """(clip file, share, resize) of a SPEC, validated."""
+    doc = loads_bounded(text.encode(), max_bytes=MAX_SPEC, what="pyav process spec")
+    share, resize = doc.get("share"), doc.get("resize")
+    if (
+        not isinstance(doc.get("clips"), str)
+        or not isinstance(share, list)
+        or not share
+        or not all(isinstance(p, list) and len(p) == 3 and all(isinstance(x, int) and x >= 0 for x in p) for p in share)
+        or not (
+            resize is None
+            or (isinstance(resize, list) and len(resize) == 2 and all(isinstance(x, int) and x > 0 for x in resize))
+        )
+    ):
+        raise FormatError(
+            f"pyav process spec: expected clips, share [[offset, length, bytes], ...], resize: {text[:200]!r}"
+        )
+    return doc["clips"], [(a, n, b) for a, n, b in share], (resize[0], resize[1]) if resize else None
+
+
+def parse_answer(line: bytes, until: str, what: str) -> list[float] | None:
+    """A process's answer: its counts [samples, frames, bytes], or None for the ``until`` line; an error
+    it reported is ``WorkerDied`` with its message."""
+    doc = loads_bounded(line, max_bytes=MAX_LINE, what=what)
+    if "error" in doc:
+        raise WorkerDied(f"{what}: {doc['error']}")
+    if doc.get(until) is True:
+        return None
+    counts = doc.get("n")
+    if not (
+        isinstance(counts, list)
+        and len(counts) == 3
+        and all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in counts)
+    ):
+        raise FormatError(f"{what}: expected {{'n': [samples, frames, bytes]}} or {until!r}, got {line[:200]!r}")
+    return [float(x) for x in counts]
+
+
+def read_share(path: str, share: list[tuple[int, int, int]]) -> list[tuple[bytes, int]]:
+    """The share's clips in memory (each read exactly its length)."""
+    clips = []
+    with open(path, "rb") as f:
+        for at, n, size in share:
+            f.seek(at)
+            clip = f.read(n)
+            if len(clip) != n:
+                raise FormatError(f"{path}: {n} bytes at {at} asked, {len(clip)} there")
+            clips.append((clip, size))
+    return clips
+
+
+def decode_until(
+    clips: list[tuple[bytes, int]], resize: tuple[int, int] | None, stop: threading.Event, report: Callable
+) -> None:
+    """The clips round and round until ``stop``; ``report(samples, frames, bytes)`` of the work since the
+    last report, about every ``REPORT_S`` and once at the end."""
+    from dsbuild.bench.baselines import decode_clip
+
+    counts = [0, 0, 0]
+    last = time.perf_counter()
+
+    def flush() -> None:
+        nonlocal last
+        report(*counts)
+        counts[:] = [0, 0, 0]
+        last = time.perf_counter()
+
+    def decoded() -> bool:
+        counts[1] += 1
+        if time.perf_counter() - last >= REPORT_S:
+            flush()
+        return stop.is_set()
+
+    for clip, size in itertools.cycle(clips):
+        if not decode_clip(clip, resize, lambda frame: None, decoded):
+            break
+        counts[0] += 1
+        counts[2] += size
+        if stop.is_set():
+            break
+    flush()
+
+
+def main(argv: list[str]) -> None:
+    from dsbuild.core.executor import _die_with_parent
+
+    _die_with_parent(os.getppid(), ())  # (and Ctrl-C ignored: the parent's to handle)
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the protocol
+    lock = threading.Lock()
+
+    def answer(doc: dict) -> None:
+        with lock:
+            out.write(json.dumps(doc) + "\n")
+            out.flush()
+
+    try:
+        path, share, resize = parse_spec(argv[0] if argv else "")
+        clips = read_share(path, share)
+        import av  # noqa: F401 (imported at start-up, not in the first measurement)
+
+        answer({READY: True})
+        for line in iter(sys.stdin.buffer.readline, b""):
+            if line != GO:
+                continue
+            stop = threading.Event()
+            failed: list[BaseException] = []
+
+            def work(stop: threading.Event = stop, failed: list = failed) -> None:
+                try:
+                    decode_until(clips, resize, stop, lambda s, f, b: answer({"n": [s, f, b]}))
+                except Exception as e:
+                    failed.append(e)
+
+            worker = threading.Thread(target=work, name="dsbuild-pyav", daemon=True)
+            worker.start()
+            ended = sys.stdin.buffer.readline()  # STOP (or the input closed)
+            stop.set()
+            worker.join()
+            if failed:
+                raise failed[0]
+            answer({STOPPED: True})
+            if ended != STOP:
+                return
+    except Exception as e:
+        answer({"error": f"{type(e).__name__}: {e}"})
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    main(sys.argv[1:])

@@ -241,7 +241,9 @@ class Mixture:
                     ]
                     self._held.files = files
                     self._readers = [SampleReader(s, f, o.verify_level, o.mapped) for s, f in zip(self.sources, files)]
-                    self._preparer = Preparer(o, self.sources, self.controls, self.channels, self.backend, self._stats)
+                    self._preparer = Preparer(
+                        o, self.sources, self.controls, self.channels, self.backend, self._stats, self.coords.fields
+                    )
                     self._io_process = _Process.generation
         return self._readers, self._preparer
 
@@ -588,10 +590,9 @@ class Mixture:
         the same frame size (on NVDEC's route a torch tensor on the device, ``alloc`` being
         ``Preparer.frames_empty``). Otherwise (and with packing, or a user ``map`` that may reshape frames)
         (None, None), and collation copies."""
-        o = self.options
-        if o.decode != "frames" or o.pack_frames or o.map is not None or not refs:
+        o, (_, prepare) = self.options, self._io()
+        if not prepare.frames or o.pack_frames or o.map is not None or not refs:  # (frames: whether decoded)
             return None, None
-        _, prepare = self._io()
         shapes = [prepare.frames_shape(r.source, r.index) for r in refs]
         if len({shape[1:] for shape in shapes}) != 1:
             return None, None

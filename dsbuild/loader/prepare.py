@@ -27,6 +27,7 @@ from dsbuild.loader.crop import frame_indices, frame_window, kept_frames
 from dsbuild.loader.decode import check_frames_memory, decode_nvdec, decode_pyav, decode_torchcodec
 from dsbuild.loader.files import BufferPool
 from dsbuild.loader.options import LoaderOptions
+from dsbuild.loader.parallel import FIELDS
 from dsbuild.loader.permutation import derive_key
 from dsbuild.loader.read import VIDEO_SLOT, RawSample, sample_arrays
 from dsbuild.loader.source import Source
@@ -98,8 +99,15 @@ class Preparer:
         channels: list[str],
         backend: Backend,
         stats: Stats,
+        fields: tuple[str, ...] | None = None,
     ):
+        """``fields``: the sequence fields this rank delivers (a split pipeline stage's, ``Coords.fields``;
+        None: all). The frames and the audio of a stage that drops them are not decoded, unless a ``map``
+        (which may read them) runs."""
         self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
+        kept = FIELDS if fields is None or options.map is not None else fields
+        self.frames = options.decode == "frames" and "frames" in kept  # whether the video is decoded
+        self.audio = options.audio and "audio" in kept
         check_frames_memory(options, sources)  # (before any frames batch is allocated: a clip too big is named)
         self.gpu = _current_cuda_device() if backend.name in ("nvdec", "auto") else None  # NVDEC decodes there
         self.decoders = None  # one NVDEC decoder per stream configuration and thread, kept across clips
@@ -176,13 +184,14 @@ class Preparer:
         idx: np.ndarray | None
         if o.decode == "frames":
             idx = frame_indices(sel)
-            sample["frames"] = self._decode(video, idx, into, raw.key)
+            if self.frames:
+                sample["frames"] = self._decode(video, idx, into, raw.key)
         else:
             idx = frame_indices(sel) if o.audio else None  # bytes mode needs none but for audio
             sample["video"] = video
             self.video_facts(src, raw)
         span = self._span(source, raw.index, ts.clip(), idx) if idx is not None and len(idx) != raw.frames else None
-        if o.audio:
+        if self.audio:
             sample["audio"] = self._audio(video, source, raw.index, span)
         if o.text:  # (a crop or stride keeps the lines of the time its frames stand for, as it keeps their audio)
             sample["text"] = [

@@ -24,6 +24,7 @@ from dsbuild.loader.parallel import (
     cp_spans,
     parse_layout,
     parse_order,
+    stage_fields,
 )
 from dsbuild.loader.plan import PlanSpec, rank_batch_ids
 from dsbuild.loader.walk import (
@@ -457,6 +458,21 @@ def test_a_split_pipeline_gives_the_first_stage_inputs_and_the_last_targets(cat)
     assert last.stats()["parallel"]["role"] == "reads targets (last of 2 pipeline stages: actions, timestamps)"
     both = Parallel(pp=2).coords(3, 4)
     assert both.fields is None and both.role == "reads (last of 2 pipeline stages: inputs and targets)"
+
+
+def test_a_split_stage_decodes_no_frames_or_audio_it_drops_and_delivers_the_rest_unchanged(cat):
+    ref, _ = cat
+    kw = {"decode": "frames", "resize": (24, 32), "audio": True, "text": True, "batch_size": 2}
+    split = Parallel(pp=2, pp_data="split", targets=("actions", "telemetry"))
+    whole = [next(iter(_loader(ref, r, 4, (1, 1, 2), **kw))) for r in (1, 3)]  # dp 1's stages, whole batches
+    for rank, want in zip((1, 3), whole):
+        stage = Loader(ref, **{"seed": 5, **kw}, rank=rank, world_size=4, parallel=split)
+        got = next(iter(stage))
+        fields = split.coords(rank, 4).fields
+        assert set(got) == set(stage_fields(want, fields)) and got["keys"] == want["keys"]
+        for k, v in got.items():
+            assert np.array_equal(v, want[k]) if isinstance(v, np.ndarray) else v == want[k], k
+        assert (stage.stats()["decoded_frames"] == 0) == (rank == 3), rank  # the last stage decodes nothing
 
 
 @pytest.mark.parametrize(

@@ -64,8 +64,9 @@ def write(source: ExportSource, folder: ExportFolder, tick: Ticker, target: int)
 def streaming_dataset():
     """Mosaic's ``StreamingDataset`` class, imported without ``streaming/__init__.py``: that file imports
     torchvision (``streaming.vision``) and transformers (``streaming.base.dataloader``) at import time,
-    which MDS reading needs neither of, and no torchvision wheel imports beside the CPU torch this
-    toolchain pins. With a matching torchvision, ``from streaming import StreamingDataset`` is the same class."""
+    which MDS reading needs neither of. ``make`` installs both (torchvision 0.16.2, whose Python parts
+    import beside the pinned CPU torch: docs/interop.md), so ``from streaming import StreamingDataset``,
+    the same class, works there; this route keeps the bench's baseline where they are absent."""
     if "streaming.base.dataset" in sys.modules:
         return sys.modules["streaming.base.dataset"].StreamingDataset
     spec = importlib.util.find_spec("streaming")

@@ -9,13 +9,13 @@ validate, the loader and export all ask ``get_format(name)``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 from dsbuild.core.errors import FormatError
-from dsbuild.formats.sample import Sample, members_sha256, sample_from_members
+from dsbuild.formats.sample import ARRAY_MEMBERS, Sample, members_sha256, sample_from_members
 
 Members = list[tuple[str, bytes]]
 # Payloads that may be read-only views into one read: what ``encode`` and the member hashes accept.
@@ -68,6 +68,19 @@ class ShardReader(ABC):
         """``members``, whose payloads may be read-only views into one read instead of a copy each (a 10 MB
         clip is not copied again): for callers that look at the bytes and let them go."""
         return self.members(entry)
+
+    def array_members(self, entries: Sequence[Entry]) -> Iterator[tuple[Entry, MemberViews | FormatError]]:
+        """Each entry's ARRAY_MEMBERS as (ext, payload), in that order, or the FormatError that keeps its
+        sample from being framed: what the array check reads (``formats.shards.array_problems``). The
+        payloads are ``member_views``' own; a format that stores arrays apart from the rest of a sample
+        (Parquet's columns) reads only them, never the clip."""
+        for e in entries:
+            try:
+                members = dict(self.member_views(e))
+            except FormatError as err:
+                yield e, err
+                continue
+            yield e, [(ext, members.get(ext, b"")) for ext in ARRAY_MEMBERS]
 
     def read(self, entry: Entry) -> Sample:
         """The typed sample at ``entry``."""

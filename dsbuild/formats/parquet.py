@@ -12,15 +12,25 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dsbuild.core.arrow import check_expansion
 from dsbuild.core.errors import FormatError, StorageError
 from dsbuild.core.jsonio import parse
-from dsbuild.formats.base import ByteSink, Entry, Members, Segment, ShardFormat, ShardReader, register_format
-from dsbuild.formats.sample import MEMBERS, Sample, SampleMeta, npy_bytes, npy_load
+from dsbuild.formats.base import (
+    ByteSink,
+    Entry,
+    Members,
+    MemberViews,
+    Segment,
+    ShardFormat,
+    ShardReader,
+    register_format,
+)
+from dsbuild.formats.sample import ARRAY_MEMBERS, MEMBERS, Sample, SampleMeta, npy_bytes, npy_load
 
 if TYPE_CHECKING:  # numpy loads lazily: `dsbuild log` and `info` start without it
     import numpy as np
@@ -64,6 +74,8 @@ COLUMNS = (
     "timestamps",
     "events",
 )
+# What the array check reads (``array_members``): a row's arrays and what shapes them, never its clip.
+ARRAY_COLUMNS = ("key", "frames", "controls", "actions", "telemetry_channels", "telemetry", "timestamps")
 # Column paths as Parquet names them (a list's values are "<name>.list.element").
 _STORED_AS_IS = ("video", "events")
 _FLOATS = ("actions.list.element", "telemetry.list.element", "timestamps.list.element")
@@ -92,12 +104,23 @@ def _unframe(data: bytes) -> list[memoryview]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """``columns`` of a run of row groups as one table; row group ``groups[i]`` starts at row ``starts[i]``."""
+
+    groups: range
+    columns: tuple[str, ...]
+    table: pa.Table
+    starts: list[int]
+
+
 class ParquetReader(ShardReader):
     def __init__(self, path: Path):
         super().__init__(path)
         self._file = None
         self._size = 0  # bytes of the file (what its row groups may expand to is bounded by it)
-        self._group: tuple[int, pa.Table] | None = None
+        self._group: _Read | None = None  # the last read, kept until another is asked for
+        self._alone = False  # a run of row groups failed to read: each is read alone from then on
 
     def _pf(self):
         import pyarrow as pa
@@ -113,34 +136,70 @@ class ParquetReader(ShardReader):
                 raise FormatError(f"{self.path.name}: not readable Parquet ({str(e)[:160]})") from None
         return self._file
 
-    def _row(self, entry: Entry) -> dict:
-        import pyarrow as pa
-
+    def _table(self, entry: Entry, columns: tuple[str, ...], wanted: Container[int] = ()) -> tuple[pa.Table, int]:
+        """A table of ``columns`` holding ``entry``'s row group, and the entry's row in it. The row groups
+        right after it that are in ``wanted`` come in the same read where together they stay within the
+        bound every read has (what their column chunks declare once decompressed), else it comes alone (and
+        so does every later one: a damaged group costs one failed run, not one a group)."""
         pf = self._pf()
         g, r = entry.row_group, entry.row
         if g is None or r is None or not 0 <= g < pf.num_row_groups:
             raise FormatError(f"{entry.key}: row group {g} does not exist")
-        if self._group is None or self._group[0] != g:
-            check_expansion(
-                pf, COLUMNS, [g], MAX_EXPANSION * self._size + EXPANSION_FLOOR, f"{entry.key}: row group {g}"
-            )
+        held = self._group
+        if held is None or held.columns != columns or g not in held.groups:
+            end = g + 1
+            while not self._alone and end < pf.num_row_groups and end in wanted:
+                end += 1
             try:
-                self._group = (g, pf.read_row_group(g, columns=list(COLUMNS)))
-            except (OSError, pa.ArrowException, KeyError) as e:
-                raise FormatError(f"{entry.key}: row group {g} unreadable ({str(e)[:160]})") from None
-        table = self._group[1]
-        if not 0 <= r < table.num_rows:
+                held = self._read(range(g, end), columns, entry.key)
+            except FormatError:
+                if end == g + 1:
+                    raise
+                self._alone = True
+                held = self._read(range(g, g + 1), columns, entry.key)
+            self._group = held
+        at, stop = held.starts[g - held.groups.start], held.starts[g - held.groups.start + 1]
+        if not 0 <= r < stop - at:
             raise FormatError(f"{entry.key}: row {g}/{r} does not exist")
-        row = {c: table.column(c)[r].as_py() for c in COLUMNS}
+        return held.table, at + r
+
+    def _read(self, groups: range, columns: tuple[str, ...], key: str) -> _Read:
+        import pyarrow as pa
+
+        pf = self._pf()
+        what = f"{key}: row group{'s' if len(groups) > 1 else ''} {groups.start}"
+        what += f"-{groups.stop - 1}" if len(groups) > 1 else ""
+        check_expansion(pf, columns, groups, MAX_EXPANSION * self._size + EXPANSION_FLOOR, what)
+        try:
+            table = pf.read_row_groups(list(groups), columns=list(columns))
+        except (OSError, pa.ArrowException, KeyError) as e:
+            raise FormatError(f"{what} unreadable ({str(e)[:160]})") from None
+        starts = [0]
+        for g in groups:
+            starts.append(starts[-1] + pf.metadata.row_group(g).num_rows)
+        if starts[-1] != table.num_rows:
+            raise FormatError(f"{what}: {table.num_rows} rows read, its metadata says {starts[-1]}")
+        return _Read(groups, columns, table, starts)
+
+    @staticmethod
+    def _vetted(entry: Entry, row: dict) -> dict:
+        """``row`` (a value, or None for null, under each column read), refused unless it is ``entry``'s."""
         if row["key"] != entry.key:
-            raise FormatError(f"{entry.key}: row {g}/{r} holds {str(row['key'])[:80]!r}")
-        nulls = [c for c in COLUMNS if row[c] is None]
+            raise FormatError(f"{entry.key}: row {entry.row_group}/{entry.row} holds {str(row['key'])[:80]!r}")
+        nulls = [c for c, v in row.items() if v is None]
         if nulls:
             raise FormatError(f"{entry.key}: null column(s) {', '.join(nulls)}")
         return row
 
+    def _row(self, entry: Entry) -> dict:
+        table, r = self._table(entry, COLUMNS)
+        return self._vetted(entry, {c: table.column(c)[r].as_py() for c in COLUMNS})
+
     @staticmethod
     def _arrays(row: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A row's actions, telemetry and timestamps shaped by its frames and names. Its list columns may
+        be Python lists (``_row``) or numpy vectors of the values (``array_members``); ``controls`` and
+        ``telemetry_channels`` then only need a length."""
         import numpy as np
 
         f = int(row["frames"])
@@ -154,6 +213,24 @@ class ParquetReader(ShardReader):
         if len(ts) != f:
             raise FormatError(f"{row['key']}: {len(ts)} timestamps for {f} frames")
         return shaped[0], shaped[1], ts
+
+    def array_members(self, entries: Sequence[Entry]) -> Iterator[tuple[Entry, MemberViews | FormatError]]:
+        """The array members as ``members`` makes them, from the array columns alone (``ARRAY_COLUMNS``,
+        each row group's read bounded as ``members``' is): the clips, metadata and events are never read
+        or decompressed; the row groups ``entries`` hold are read together (within the bound), and their
+        columns become numpy vectors once, not a Python list a row."""
+        wanted = {e.row_group for e in entries if e.row_group is not None}
+        rows: tuple[pa.Table | None, list[dict]] = (None, [])  # the last table read, its rows as numpy
+        for e in entries:
+            try:
+                table, i = self._table(e, ARRAY_COLUMNS, wanted)
+                if rows[0] is not table:
+                    rows = (table, _array_rows(table))
+                arrays = self._arrays(self._vetted(e, rows[1][i]))
+            except FormatError as err:
+                yield e, err
+                continue
+            yield e, [(ext, npy_bytes(a)) for ext, a in zip(ARRAY_MEMBERS, arrays)]
 
     def members(self, entry: Entry) -> Members:
         row = self._row(entry)
@@ -235,6 +312,33 @@ class ParquetReader(ShardReader):
 
     def close(self) -> None:
         self._file, self._group = None, None
+
+
+def _array_rows(table: pa.Table) -> list[dict]:
+    """Each row of a table of ``ARRAY_COLUMNS`` as ``_arrays`` takes it (None for a null): its float lists
+    as slices of one numpy vector a column (a null value inside one is NaN, as ``as_py`` then ``asarray``
+    makes it), its name lists as their lengths."""
+    import numpy as np
+
+    from dsbuild.core.arrow import to_numpy
+
+    n, out = table.num_rows, {}
+    for c in ARRAY_COLUMNS:
+        col = table.column(c).combine_chunks()
+        if c == "key":
+            out[c] = col.to_pylist()
+        elif c == "frames":
+            out[c] = to_numpy(col, null=-1).tolist()
+        else:
+            at = to_numpy(col.offsets).tolist()
+            if c in ("controls", "telemetry_channels"):
+                out[c] = [range(b - a) for a, b in zip(at, at[1:])]
+            else:
+                values = to_numpy(col.values, null=np.nan)
+                out[c] = [values[a:b] for a, b in zip(at, at[1:])]
+        if col.null_count:
+            out[c] = [None if null else v for v, null in zip(out[c], col.is_null().to_pylist())]
+    return [{c: out[c][i] for c in ARRAY_COLUMNS} for i in range(n)]
 
 
 class ParquetFormat(ShardFormat):

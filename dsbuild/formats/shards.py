@@ -138,9 +138,9 @@ def array_problems(fmt: ShardFormat, path: Path, entries: Sequence[Entry], shape
     ``fortran_order``, shape, a header of at most ``MAX_NPY_HEADER`` bytes), never its bytes reinterpreted;
     nothing is converted. Where a format holds members verbatim at known offsets (``payload_offsets``: a
     tar), only headers are read: the writer's 128 bytes of each array member, up to
-    ``MAX_NPY_HEADER + 16`` where they differ. Any other format's members come through its reader (a
-    Parquet sample's array columns, re-encoded: their stored type fixes dtype and order, so only a shape
-    can disagree)."""
+    ``MAX_NPY_HEADER + 16`` where they differ. Any other format's array members come through its reader's
+    ``array_members`` (a Parquet shard's array columns only, never its clips, re-encoded: their stored
+    type fixes dtype and order, so only a shape can disagree)."""
     import numpy as np
 
     if not entries:
@@ -166,14 +166,10 @@ def array_problems(fmt: ShardFormat, path: Path, entries: Sequence[Entry], shape
                     found.append((e.key, why))
         return found
     with fmt.reader(path) as reader:
-        for e in entries:
-            try:
-                members = dict(reader.member_views(e))
-            except FormatError as err:
-                found.append((e.key, str(err)))
-                continue
-            views = [members.get(ext, b"") for ext in ARRAY_MEMBERS]
-            if why := arrays_problem([(v, len(v)) for v in views], shapes[e.key]):
+        for e, arrays in reader.array_members(entries):
+            if isinstance(arrays, FormatError):
+                found.append((e.key, str(arrays)))
+            elif why := arrays_problem([(v, len(v)) for _, v in arrays], shapes[e.key]):
                 found.append((e.key, why))
     return found
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.clitools import env, run, run_json
+from tests.cli.clitools import argv, env, run, run_json
 from tests.helpers import index_rows
 
 
@@ -544,8 +544,6 @@ def test_a_ray_cluster_address_nothing_answers_at_is_one_line_exit_3(catalog):
     an address nothing answers at hung for minutes printing Ray's own warnings; `auto` with no cluster
     running on the node was a traceback."""
     pytest.importorskip("ray")
-    from tests.cli.clitools import argv
-
     cat, _ = catalog
     addresses = ("ray://127.0.0.1:1", "127.0.0.1:1", "auto")
     # started together: each spends seconds of wall time (not CPU) loading Ray before it refuses

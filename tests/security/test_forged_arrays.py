@@ -5,6 +5,8 @@ never delivered as float32 garbage) and for ``validate`` at its default level; n
 from __future__ import annotations
 
 import io
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -15,7 +17,9 @@ from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.verify import BAD_ARRAY, check_shards, verify
 from dsbuild.loader import Loader
 from tests.cli.clitools import run
+from tests.security.conftest import restat
 from tests.security.driver import drive
+from tests.validators.support import reseal
 
 
 def _fortran(a: np.ndarray) -> bytes:
@@ -133,6 +137,41 @@ def test_validate_at_its_default_level_rejects_it(case, forged_arrays):
     cat, _, key = forged_arrays[case]
     p = run("validate", cat, check=1)
     assert key in p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def forged_parquet(parquet_catalog, tmp_path_factory):
+    """(catalog, version id, key): a copy of the Parquet catalog, re-pinned, whose first sample's arrays
+    lost their last frame. A Parquet column's stored type fixes dtype and order, so a shape is what a
+    forger can change; the row still frames (its frames, arrays and timestamps agree with each other)."""
+    cat = tmp_path_factory.mktemp("forged-parquet") / "catalog"
+    shutil.copytree(parquet_catalog[0], cat)
+    hit = {}
+
+    def edit(key, members):
+        if hit:
+            return members
+        hit["key"] = key
+        return [(ext, npy_bytes(np.load(io.BytesIO(p))[:-1]) if ext.endswith(".npy") else p) for ext, p in members]
+
+    vid = restat(cat, reseal(cat, parquet_catalog[1], edit))
+    return cat, vid, hit["key"]
+
+
+def test_a_parquet_sample_whose_arrays_disagree_with_its_index_is_damaged(forged_parquet):
+    """Read from the array columns alone (``ParquetReader.array_members``): verify names shard, sample and
+    member, ``shards`` refuses it (exit 3) and the loader counts it corrupt."""
+    cat, vid, key = forged_parquet
+    shard = _shard_of(cat, vid, key)
+    found = [p for p in verify(Catalog.open(cat), vid).problems if p["problem"] == BAD_ARRAY]
+    assert [(p["shard"], p["sample"]) for p in found] == [(shard, key)]
+    shapes = re.fullmatch(r"actions\.npy is <f4 \[(\d+), \d+\], expected <f4 \[(\d+), \d+\]", found[0]["detail"])
+    assert shapes and int(shapes[1]) == int(shapes[2]) - 1, found
+    p = run("shards", cat, check=3)
+    assert f"{shard}: {key}: actions.npy is <f4 " in p.stderr
+    loader = Loader(str(cat), decode="bytes", batch_size=2, seed=3)
+    assert key not in [k for b in loader for k in b["keys"]]
+    assert loader.stats()["corrupt"] == 1 and loader.stats()["corrupt_keys"][0].startswith(key)
 
 
 def test_a_header_is_parsed_only_when_it_is_not_the_writers():

@@ -94,6 +94,21 @@ stamp "bench: worker-process sweep $PSWEEP, frames 224x224"
 dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode frames --resize 224x224 --batch-size 8 --workers "$PSWEEP" \
   --step-ms 0 --duration "$SECONDS_PER_RUN" --rounds "$ROUNDS" --compare pyav-procs \
   --save "$OUT/sweep-frames.json" --html "$OUT/sweep-frames.html" >&2 || stamp "failed (see above)"
+stamp "loader: worker segments pinned for CUDA (cudaHostRegister)? process batches = thread batches on $DEVICE?"
+"$PYTHON" - "$WORK/catalog" "$DEVICE" <<'PY' | tee "$OUT/pinned-check.json" || stamp "pinned check failed"
+import json, sys, torch
+from dsbuild.loader import Loader
+ref, device = sys.argv[1], sys.argv[2]
+kw = dict(decode="frames", resize=(64, 64), batch_size=4, seed=1, num_workers=2, device=device)
+with Loader(ref, worker_mode="process", **kw) as procs, Loader(ref, worker_mode="thread", **kw) as threads:
+    same, n = True, 0
+    for a, b in zip(procs, threads):
+        same = same and all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+        n += 1
+    stats = procs.stats()
+print(json.dumps({"device": device, "pinned": stats["workers"].get("pinned"), "pinned_expected": device.startswith("cuda"),
+                  "batches": n, "same_as_threads": same, "notes": stats["notes"]}, indent=2))
+PY
 
 # -- the training observatory (issue 41): a real model step on the GPU, one rank per GPU ----------------
 for model in $([ -n "$TINY" ] && echo tiny || echo tiny base); do

@@ -3,6 +3,8 @@ present; plain tensors on CPU (a CPU build of torch cannot pin memory: ``pin_mem
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from dsbuild.core.errors import MissingDependency, UsageError
@@ -37,18 +39,28 @@ class Transfer:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        # sources already pinned (a worker process's segment, registered with CUDA) are copied from in
+        # place: each batch's are kept until its copy is done, so the worker cannot overwrite them first
+        self.copying: deque = deque()
 
     def __call__(self, batch: dict) -> dict:
         torch = self.torch
         out = {}
         if self.cuda:
+            while self.copying and self.copying[0][0].query():
+                self.copying.popleft()
+            pinned = []
             with torch.cuda.stream(self.stream):
                 for k, v in batch.items():
-                    out[k] = (
-                        torch.from_numpy(v).pin_memory().to(self.device, non_blocking=True)
-                        if isinstance(v, np.ndarray)
-                        else v
-                    )
+                    if isinstance(v, np.ndarray):
+                        src = torch.from_numpy(v)
+                        if src.is_pinned():
+                            pinned.append(src)
+                        out[k] = src.pin_memory().to(self.device, non_blocking=True)  # (pinned: itself)
+                    else:
+                        out[k] = v
+                if pinned:
+                    self.copying.append((torch.cuda.current_stream(self.device).record_event(), pinned))
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
             for v in out.values():
                 if isinstance(v, torch.Tensor):

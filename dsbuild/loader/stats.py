@@ -17,7 +17,8 @@ class Stats:
     workers (``dsbuild-load_0``...) for read/decode/collate, the consumer's thread for wait/h2d.
     ``notes`` say what the loader chose on the user's behalf (a device or decoder fallback).
     ``workers`` says how batches are built: ``mode`` (thread or process) and ``why``; with processes,
-    how many, their start method, ``startup_seconds`` and ``shm_bytes`` (shared memory in use). The
+    how many, their start method, ``startup_seconds``, ``shm_bytes`` (shared memory in use) and
+    ``pinned`` (the segments are registered with CUDA as pinned host memory: device CUDA only). The
     seconds worker processes spend are added under their names (``dsbuild-load-proc_0``...).
 
     Counters count what was delivered: a batch's counts (and its substituted samples) are held while it

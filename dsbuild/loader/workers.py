@@ -52,7 +52,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from multiprocessing import connection, get_context
@@ -67,6 +67,7 @@ from dsbuild.core.errors import DsbuildError, StorageError, UsageError, WorkerDi
 from dsbuild.core.executor import _die_with_parent
 from dsbuild.core.files import PARENT_ONLY_FDS
 from dsbuild.loader.description import WorkerSpec, describe, import_path, rebuild
+from dsbuild.loader.device import resolve_device
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.passes import decode, encode
 from dsbuild.loader.walk import SampleRef, Step
@@ -391,6 +392,90 @@ def _map(name: str, size: int) -> mmap.mmap:
         os.close(fd)
 
 
+def cuda_register(address: int, size: int) -> None:
+    """``cudaHostRegister`` (portable, as torch's own helper): the pages become pinned host memory, so
+    host->device copies from them are DMA, non-blocking, without a staging copy."""
+    import torch
+
+    err = int(torch.cuda.cudart().cudaHostRegister(address, size, 1))
+    if err != 0:
+        raise StorageError(f"cudaHostRegister of a {_mib(size)} worker segment failed (cudaError {err})")
+
+
+def cuda_unregister(address: int) -> None:
+    import torch
+
+    torch.cuda.cudart().cudaHostUnregister(address)
+
+
+class HostPins:
+    """The consumer's segment mappings registered as pinned host memory (batches bound for CUDA).
+
+    A mapping is registered when the consumer maps it (``add``) and unregistered once its slot has moved
+    on to another segment (``retire``; the pool's ``close`` retires all) *and* no batch from it is alive
+    (``hold`` counts each batch's root array until it is collected). This keeps the mapping itself until
+    then, so it is never closed while registered. ``register`` and ``unregister`` are ``cuda_register``
+    and ``cuda_unregister`` (tests watch them on CPU). A registration CUDA refuses leaves that mapping
+    unpinned (copies from it are staged, as in thread mode) and says so in ``failed``."""
+
+    def __init__(self, register: Callable[[int, int], None], unregister: Callable[[int], None]) -> None:
+        self._register, self._unregister = register, unregister
+        self._lock = threading.RLock()  # (a batch collected inside a call here releases through it too)
+        self._live: dict[int, list] = {}  # id(mapping) -> [mapping, address, batches alive, current]
+        self.failed: str | None = None
+
+    def add(self, mapping: mmap.mmap) -> None:
+        address = np.frombuffer(mapping, np.uint8).ctypes.data
+        try:
+            self._register(address, len(mapping))
+        except (DsbuildError, RuntimeError, AssertionError) as e:
+            self.failed = str(e)
+            return
+        with self._lock:
+            self._live[id(mapping)] = [mapping, address, 0, True]
+
+    def hold(self, mapping: mmap.mmap, root: np.ndarray) -> None:
+        with self._lock:
+            entry = self._live.get(id(mapping))
+            if entry is None:
+                return
+            entry[2] += 1
+        weakref.finalize(root, self._dropped, id(mapping)).atexit = False  # (at exit CUDA is going too)
+
+    def retire(self, mapping: mmap.mmap | None) -> None:
+        if mapping is None:
+            return
+        with self._lock:
+            entry = self._live.get(id(mapping))
+            if entry is not None:
+                entry[3] = False
+                self._release(id(mapping))
+
+    def pinned_bytes(self) -> int:
+        with self._lock:
+            return sum(len(e[0]) for e in self._live.values())
+
+    def _dropped(self, key: int) -> None:
+        with self._lock:
+            entry = self._live.get(key)
+            if entry is not None:
+                entry[2] -= 1
+                self._release(key)
+
+    def _release(self, key: int) -> None:
+        entry = self._live[key]
+        if entry[2] == 0 and not entry[3]:
+            del self._live[key]
+            self._unregister(entry[1])  # (the mapping is dropped after: it closes unregistered)
+
+
+def host_pins(device: str | None) -> HostPins | None:
+    """Pins for a pool's segments when its batches go to a CUDA device; None otherwise."""
+    if device is None or not device.startswith("cuda"):
+        return None
+    return HostPins(cuda_register, cuda_unregister)
+
+
 @contextmanager
 def _main_left_out() -> Iterator[None]:
     """Start workers without running the parent's script again in them (multiprocessing's fork server
@@ -454,6 +539,7 @@ class ProcessWorkers:
         self._conns: list = []
         self._collector: threading.Thread | None = None
         self._wake_r = self._wake_w = -1
+        self._pins = host_pins(resolve_device(o.device)[0])  # (the loader resolved it: valid here)
 
     def start(self) -> ProcessWorkers:
         ctx = get_context(START_METHOD)
@@ -542,6 +628,8 @@ class ProcessWorkers:
         for k, s in enumerate(ring):  # ring has prefetch + 1 slots, at most prefetch builds under way
             if not s.busy:
                 self._kept.append((s.root, s.size))
+                if self._pins is not None:
+                    self._pins.retire(s.mapping)
                 s.busy, s.name, s.mapping, s.root, s.size = True, None, None, None, 0
                 return k, True
         raise RuntimeError("every ring slot is busy: more builds under way than prefetch")
@@ -600,11 +688,17 @@ class ProcessWorkers:
             _, _, _, name, size, in_use = msg
             mapping = slot.mapping
             if mapping is None or slot.name != name:  # a new segment (the old mapping lives on in its batches)
+                if self._pins is not None:
+                    self._pins.retire(mapping)
                 mapping = slot.mapping = _map(name, size)
                 slot.name, slot.size = name, size
+                if self._pins is not None:
+                    self._pins.add(mapping)
             self._in_use[w] = in_use
             root = np.frombuffer(mapping, np.uint8)
             slot.root = weakref.ref(root)  # (set before the slot can be picked again)
+            if self._pins is not None:
+                self._pins.hold(mapping, root)
         batch, extra = read_batch(root)
         self.stats.add_worker(f"dsbuild-load-proc_{w}", extra["seconds"])
         self._shm()
@@ -637,14 +731,17 @@ class ProcessWorkers:
         with self._lock:
             self._kept = [(r, n) for r, n in self._kept if r is not None and r() is not None]
             kept = sum(n for _, n in self._kept)
-        self.stats.workers_info(shm_bytes=sum(self._in_use) + kept)
+        pins = self._pins
+        self.stats.workers_info(shm_bytes=sum(self._in_use) + kept, pinned=pins is not None and pins.failed is None)
+        if pins is not None and pins.failed is not None:
+            self.stats.note(f"worker segments not pinned: {pins.failed}; host->device copies are staged")
 
     def close(self) -> None:
         """Stop the workers, fail what is still under way, unlink every segment. Batches delivered stay
         valid: their mappings outlive the segments' names. In a forked child, only forgets them: the
         workers, pipes and segments are the parent's."""
         if os.getpid() != self.owner:  # (before the lock: a thread may have held it when the fork was made)
-            self._closing, self._procs, self._conns, self._ring = True, [], [], []
+            self._closing, self._procs, self._conns, self._ring, self._pins = True, [], [], [], None
             return
         with self._lock:
             if self._closing:
@@ -675,5 +772,9 @@ class ProcessWorkers:
                 fut.set_exception(UsageError("the loader was closed while this batch was being built"))
             self._jobs.clear()
         unlink_prefix(self.prefix)
+        if self._pins is not None:  # (unregistered now, or once the last batch from it is collected)
+            for ring in self._ring:
+                for s in ring:
+                    self._pins.retire(s.mapping)
         self._in_use, self._ring = [0] * self.n, []
         self._shm()

@@ -17,7 +17,7 @@ import pytest
 from dsbuild.core.errors import StorageError, UsageError, WorkerDied
 from dsbuild.loader import Loader, Mixture
 from dsbuild.loader.options import LoaderOptions
-from dsbuild.loader.workers import choose_mode, lay_out, read_batch, write_batch
+from dsbuild.loader.workers import HostPins, choose_mode, host_pins, lay_out, read_batch, write_batch
 
 SHM = "/dev/shm"
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM), reason="needs /dev/shm (Linux)")
@@ -276,3 +276,53 @@ def test_no_segment_is_left_after_a_crash_or_ctrl_c(cat, how):
             break
         subprocess.run(["sleep", "0.1"])
     assert not made & set(os.listdir(SHM))
+
+
+def test_on_cpu_no_segment_is_pinned_and_stats_say_so(cat):
+    ref, _ = cat
+    with Loader(ref, decode="bytes", batch_size=2, worker_mode="process", num_workers=1) as loader:
+        next(iter(loader))
+        assert loader.stats()["workers"]["pinned"] is False
+    assert host_pins(None) is None and host_pins("cpu") is None
+    assert host_pins("cuda:0") is not None  # (its calls are CUDA's: checked on a GPU by gpu.sh)
+
+
+class Registrations:
+    """Stands in for CUDA's cudaHostRegister / cudaHostUnregister: which addresses are registered now."""
+
+    def __init__(self) -> None:
+        self.now: dict[int, int] = {}
+        self.ever = 0
+
+    def register(self, address: int, size: int) -> None:
+        assert address not in self.now
+        self.now[address] = size
+        self.ever += 1
+
+    def unregister(self, address: int) -> None:
+        del self.now[address]
+
+    def holding(self, a: np.ndarray) -> bool:
+        at = a.ctypes.data
+        return any(start <= at < start + size for start, size in self.now.items())
+
+
+def test_segments_bound_for_cuda_stay_registered_while_a_batch_uses_them_and_no_longer(cat, monkeypatch):
+    """With batches bound for CUDA each segment the consumer maps is registered as pinned host memory
+    (``workers.host_pins``; its two CUDA calls are watched here on CPU) and unregistered once its slot
+    has moved on and no batch from it is alive: never while a batch can still be copied from it."""
+    ref, _ = cat
+    cuda = Registrations()
+    monkeypatch.setattr("dsbuild.loader.workers.host_pins", lambda device: HostPins(cuda.register, cuda.unregister))
+    kw = {"decode": "bytes", "batch_size": 2, "seed": 3, "num_workers": 2, "prefetch": 1}
+    with Loader(ref, worker_mode="process", **kw) as loader:
+        for b in loader:  # batches dropped as they come: each ring's segments reused, registered once
+            assert cuda.holding(b["actions"])
+        del b
+        assert loader.stats()["workers"]["pinned"] is True and 0 < cuda.ever <= 2 * 2  # workers x slots
+        kept = list(loader)  # (every batch kept: segments leave their rings, still registered)
+        assert all(cuda.holding(b["actions"]) for b in kept)
+    assert cuda.now and all(cuda.holding(b["actions"]) for b in kept)  # closed: kept batches still pinned
+    del kept
+    gc.collect()
+    assert not cuda.now and cuda.ever >= 2  # every registration undone once its batches are gone

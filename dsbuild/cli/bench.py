@@ -159,7 +159,7 @@ def bench(
         "auto",
         "--compare",
         metavar="auto|none|A,B",
-        help="Baselines: pyav (frames); raw, sha256, webdataset, litdata, mosaic (bytes).",
+        help="Baselines: pyav, pyav-procs (frames; --workers runs: pyav-procs); raw, sha256, webdataset, litdata, mosaic (bytes).",
     ),
     seed: int = seed_option("The loader's seed."),
     baseline: str = typer.Option(

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+from dsbuild.bench import pyavproc
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
 from dsbuild.core.errors import UsageError, WorkerDied
@@ -274,9 +275,9 @@ class PyAVProcs:
         self.logs: list = []
 
     def prepare(self) -> None:
-        from dsbuild.bench import pyavproc
-
         clips = held_clips(self.data)
+        if not clips:
+            raise UsageError(f"baseline {self.name}: the split has no clips to decode")
         path = self.scratch / "pyav-clips.bin"
         places, at = [], 0
         with path.open("wb") as f:
@@ -301,8 +302,6 @@ class PyAVProcs:
             self._receive(i, pyavproc.READY)
 
     def run(self, meter: Meter) -> None:
-        from dsbuild.bench import pyavproc
-
         failed: list[BaseException] = []
 
         def listen(i: int) -> None:
@@ -357,8 +356,6 @@ class PyAVProcs:
     def _receive(self, i: int, until: str) -> list[float] | None:
         """Process ``i``'s next counts [samples, frames, bytes], or None at its ``until`` line; a process
         that exited is ``WorkerDied`` naming it and its last line of stderr."""
-        from dsbuild.bench import pyavproc
-
         p = self.procs[i]
         stdout = p.stdout
         line = stdout.readline(pyavproc.MAX_LINE) if stdout is not None else b""

@@ -114,3 +114,23 @@ def test_a_pyav_process_that_dies_is_an_error_naming_it_never_a_hang(bench_catal
     finally:
         procs.close()
     assert not procs.procs
+
+
+def test_pyav_process_messages_are_validated_json():
+    from dsbuild.bench.pyavproc import parse_answer, parse_spec
+    from dsbuild.core.errors import FormatError, WorkerDied
+
+    assert parse_spec('{"clips": "c.bin", "share": [[0, 10, 7]], "resize": [32, 32]}') == (
+        "c.bin",
+        [(0, 10, 7)],
+        (32, 32),
+    )
+    for bad in ('{"clips": "c", "share": []}', '{"clips": "c", "share": [[0, -1, 1]]}', '{"share": [[0, 1, 1]]}'):
+        with pytest.raises(FormatError):
+            parse_spec(bad)
+    assert parse_answer(b'{"n": [1, 30, 900]}\n', "stopped", "p") == [1.0, 30.0, 900.0]
+    assert parse_answer(b'{"stopped": true}\n', "stopped", "p") is None
+    with pytest.raises(FormatError):
+        parse_answer(b'{"n": [1, -2, 3]}\n', "stopped", "p")
+    with pytest.raises(WorkerDied, match="p: OSError: gone"):
+        parse_answer(b'{"error": "OSError: gone"}\n', "stopped", "p")

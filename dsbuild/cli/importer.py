@@ -36,6 +36,10 @@ import_app = typer.Typer(
 )
 
 STRICT = typer.Option(False, "--strict", help="Exit 1 if any file, line or value was dropped.")
+CONDITION = typer.Option(
+    [], "--condition", metavar="KEY=VALUE", help="A condition label for every session; repeatable."
+)
+CRF = typer.Option(18, "--crf", min=0, max=51, metavar="0-51", help="H.264 quality of the re-encoded video.")
 
 
 def _conditions(pairs: list[str]) -> tuple[tuple[str, str], ...]:
@@ -81,9 +85,7 @@ def video(
     out: str = typer.Argument(..., metavar="CAPTURES", help="A new (or empty) folder to write the captures into."),
     title: str = typer.Option(None, "--title", metavar="TEXT", help="The game's title (overrides --pattern)."),
     player: str = typer.Option(None, "--player", metavar="ID", help="Who played (overrides --pattern)."),
-    condition: list[str] = typer.Option(
-        [], "--condition", metavar="KEY=VALUE", help="A condition label for every session; repeatable."
-    ),
+    condition: list[str] = CONDITION,
     pattern: str = typer.Option(
         None,
         "--pattern",
@@ -138,10 +140,8 @@ def mcap(
     ),
     title: str = typer.Option(None, "--title", metavar="TEXT", help="The task or robot (default: the file's name)."),
     player: str = typer.Option(None, "--player", metavar="ID", help="Who or what recorded it (default: unknown)."),
-    condition: list[str] = typer.Option(
-        [], "--condition", metavar="KEY=VALUE", help="A condition label for every session; repeatable."
-    ),
-    crf: int = typer.Option(18, "--crf", min=0, max=51, metavar="0-51", help="H.264 quality of the re-encoded video."),
+    condition: list[str] = CONDITION,
+    crf: int = CRF,
     strict: bool = STRICT,
     as_json: bool = JSON,
     quiet: bool = QUIET,
@@ -174,10 +174,8 @@ def lerobot(
     ),
     title: str = typer.Option(None, "--title", metavar="TEXT", help="The task or robot (default: the folder's name)."),
     player: str = typer.Option(None, "--player", metavar="ID", help="Who or what recorded it (default: robot_type)."),
-    condition: list[str] = typer.Option(
-        [], "--condition", metavar="KEY=VALUE", help="A condition label for every session; repeatable."
-    ),
-    crf: int = typer.Option(18, "--crf", min=0, max=51, metavar="0-51", help="H.264 quality of the re-encoded video."),
+    condition: list[str] = CONDITION,
+    crf: int = CRF,
     strict: bool = STRICT,
     as_json: bool = JSON,
     quiet: bool = QUIET,

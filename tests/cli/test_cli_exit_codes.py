@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -237,6 +238,9 @@ def test_an_interrupt_after_the_commit_says_the_version_was_committed(caps, tmp_
         capture_output=True,
         text=True,
         env=env(),
+        # Ctrl-C at its default, as a terminal gives it: a suite started in the background (`cmd &`) passes
+        # SIGINT ignored, and dsbuild keeps an ignored signal ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     [vid] = run("log", tmp_path / "c", "--quiet").stdout.split()
     assert p.returncode == 130 and f"interrupted after version {vid[:12]} was committed" in p.stderr, p.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,14 @@ EXTRA_MODULES = {  # module -> the optional extra its tests need (each skips wit
     "test_wids.py": "peers",
     "test_interop_docs.py": "peers",
 }
+
+
+def pytest_configure(config):
+    """Ctrl-C at its default in the suite's process, so every process a test starts can be interrupted:
+    a suite started in the background (``make test &``, a CI runner's job) inherits SIGINT ignored, and
+    dsbuild keeps an ignored SIGINT ignored (as it should), so the interruption tests would wait out
+    their whole work and fail."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items):

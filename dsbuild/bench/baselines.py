@@ -16,7 +16,6 @@ start. Peer loaders (LitData, Mosaic Streaming) are in ``dsbuild.bench.peers``.
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import json
 import os
@@ -32,8 +31,8 @@ from typing import Protocol
 from dsbuild.bench import pyavproc
 from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
+from dsbuild.bench.pyavproc import decode_clip
 from dsbuild.core.errors import UsageError, WorkerDied
-from dsbuild.formats.probe import STORED_OPEN, SWSCALE_THREADS
 from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
 PIECE = 8 << 20
@@ -200,29 +199,6 @@ def held_clips(data: Dataset) -> list[tuple[bytes, int]]:
         if held >= CLIP_BUDGET:
             break
     return clips
-
-
-def decode_clip(
-    clip: bytes, resize: tuple[int, ...] | None, keep: Callable[[object], None], decoded: Callable[[], bool]
-) -> bool:
-    """One clip through a bare PyAV loop: each frame to RGB at ``resize`` (H, W), given to ``keep``, then
-    ``decoded()``, which returns True to stop. Returns whether the clip was decoded to its end."""
-    import av
-    from av.video.reformatter import VideoReformatter
-
-    # One swscale thread per conversion, as the loader: PyAV's default made this loop 12-32% slower
-    # here, and the baseline is the strongest loop
-    width, height = (resize[1], resize[0]) if resize else (None, None)
-    # opened as the loader opens clips: as MP4, without FFmpeg's probing decode of the first frame
-    with av.open(io.BytesIO(clip), "r", format=VIDEO_EXT, options=STORED_OPEN) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        rgb = VideoReformatter()  # one scaler per clip, as a careful PyAV user writes it
-        for frame in container.decode(stream):
-            keep(rgb.reformat(frame, format="rgb24", threads=SWSCALE_THREADS, width=width, height=height).to_ndarray())
-            if decoded():
-                return False
-    return True
 
 
 class PyAV:

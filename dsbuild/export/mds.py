@@ -9,6 +9,7 @@ arrays of a session without telemetry). Shards are uncompressed, so Streaming re
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import sys
@@ -77,6 +78,8 @@ def streaming_dataset():
         if name not in sys.modules:
             package = types.ModuleType(name)
             package.__path__, package.__package__ = [path], name
+            package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)  # find_spec reads it
+            package.__spec__.submodule_search_locations = [path]
             sys.modules[name] = package
     from streaming.base.dataset import StreamingDataset
 

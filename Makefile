@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
+EXTRAS := dev,docs,importers,torch,ray,s3,peers,jax
 
 .PHONY: demo demo-run test lint readme venv clean chromium ffmpeg
 
@@ -13,12 +14,16 @@ $(BIN)/dsbuild: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q 'torch==2.13.0'  # alone first: resolved together with ray/s3, pip may pick a CUDA build
-	$(BIN)/pip install -q -e '.[dev,docs,importers,torch,ray,s3,peers,jax]'  # torch extra in the same resolve: it stays 2.13.0
-	$(BIN)/pip install -q --no-deps 'litdata==0.2.76' 'mosaicml-streaming==0.13.0'  # their deps are in [peers]
-	$(BIN)/pip install -q --no-deps 'transformers==5.24.0' 'tokenizers==0.23.3' 'safetensors==0.8.0' 'torchvision==0.16.2'  # what `from streaming import StreamingDataset` imports: docs/interop.md
-	$(BIN)/pip install -q --no-deps 'torchdata==0.11.0'  # StatefulDataLoader; its declared deps pull a CUDA torch
-	$(BIN)/pip install -q -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"
-	$(BIN)/pip install -q -e '.[mujoco]' || echo "note: dm-control/mujoco could not be installed; --source mujoco is unavailable"
+	@# One resolve for everything (torch extra included: it stays 2.13.0); where atari or mujoco cannot be
+	@# installed, the rest is installed without them and each is tried on its own.
+	$(BIN)/pip install -q -e '.[$(EXTRAS),atari,mujoco]' || { $(BIN)/pip install -q -e '.[$(EXTRAS)]' && \
+	  { $(BIN)/pip install -q -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"; } && \
+	  { $(BIN)/pip install -q -e '.[mujoco]' || echo "note: dm-control/mujoco could not be installed; --source mujoco is unavailable"; }; }
+	@# --no-deps: litdata and mosaicml-streaming (their deps are in [peers]); what `from streaming import
+	@# StreamingDataset` imports (docs/interop.md); torchdata's StatefulDataLoader. Their declared deps pull a
+	@# CUDA torch, torchvision's pin an old one.
+	$(BIN)/pip install -q --no-deps 'litdata==0.2.76' 'mosaicml-streaming==0.13.0' 'transformers==5.24.0' \
+	  'tokenizers==0.23.3' 'safetensors==0.8.0' 'torchvision==0.16.2' 'torchdata==0.11.0'
 	touch $@
 
 venv: $(BIN)/dsbuild

@@ -4,9 +4,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
 EXTRAS := dev,docs,importers,torch,ray,s3,peers,jax
-# --no-compile: pip byte-compiles every module it installs (torch, ray, jax: tens of thousands), most of
-# which nothing imports; Python compiles what is imported, once. torch alone installs in 5 s instead of 16.
-PIP_FLAGS := -q --no-compile
 
 .PHONY: demo demo-run test lint readme venv clean chromium ffmpeg
 
@@ -15,17 +12,17 @@ PIP_FLAGS := -q --no-compile
 # dm-control, mujoco or a working offscreen renderer.
 $(BIN)/dsbuild: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install $(PIP_FLAGS) --upgrade pip
-	$(BIN)/pip install $(PIP_FLAGS) 'torch==2.13.0'  # alone first: resolved together with ray/s3, pip may pick a CUDA build
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q 'torch==2.13.0'  # alone first: resolved together with ray/s3, pip may pick a CUDA build
 	@# One resolve for everything (torch extra included: it stays 2.13.0); where atari or mujoco cannot be
 	@# installed, the rest is installed without them and each is tried on its own.
-	$(BIN)/pip install $(PIP_FLAGS) -e '.[$(EXTRAS),atari,mujoco]' || { $(BIN)/pip install $(PIP_FLAGS) -e '.[$(EXTRAS)]' && \
-	  { $(BIN)/pip install $(PIP_FLAGS) -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"; } && \
-	  { $(BIN)/pip install $(PIP_FLAGS) -e '.[mujoco]' || echo "note: dm-control/mujoco could not be installed; --source mujoco is unavailable"; }; }
+	$(BIN)/pip install -q -e '.[$(EXTRAS),atari,mujoco]' || { $(BIN)/pip install -q -e '.[$(EXTRAS)]' && \
+	  { $(BIN)/pip install -q -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"; } && \
+	  { $(BIN)/pip install -q -e '.[mujoco]' || echo "note: dm-control/mujoco could not be installed; --source mujoco is unavailable"; }; }
 	@# --no-deps: litdata and mosaicml-streaming (their deps are in [peers]); what `from streaming import
 	@# StreamingDataset` imports (docs/interop.md); torchdata's StatefulDataLoader. Their declared deps pull a
 	@# CUDA torch, torchvision's pin an old one.
-	$(BIN)/pip install $(PIP_FLAGS) --no-deps 'litdata==0.2.76' 'mosaicml-streaming==0.13.0' 'transformers==5.24.0' \
+	$(BIN)/pip install -q --no-deps 'litdata==0.2.76' 'mosaicml-streaming==0.13.0' 'transformers==5.24.0' \
 	  'tokenizers==0.23.3' 'safetensors==0.8.0' 'torchvision==0.16.2' 'torchdata==0.11.0'
 	touch $@
 

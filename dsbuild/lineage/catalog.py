@@ -263,17 +263,17 @@ def _wait_for(fd: int, path: Path, what: str, timeout: float | None, notify: Cal
         except BlockingIOError:
             pass
         waited = time.monotonic() - started
-        if timeout is not None and waited >= timeout:
-            raise StorageError(
-                f"{what}: still held by {lock_holder(path)} after {timeout:g} s",
-                hint="run again when it is done, or end that process (a dead holder releases the lock at once)",
-            )
-        if not told and waited >= LOCK_NOTICE_SECONDS:
+        if not told and waited >= LOCK_NOTICE_SECONDS:  # (before the timeout: a stalled poll still says why)
             told = True
             line = f"waiting for {path}: held by {lock_holder(path)}" + (
                 f"; giving up after {timeout:g} s" if timeout is not None else "; --lock-timeout SECONDS gives up"
             )
             (notify or _to_stderr)(line)
+        if timeout is not None and waited >= timeout:
+            raise StorageError(
+                f"{what}: still held by {lock_holder(path)} after {timeout:g} s",
+                hint="run again when it is done, or end that process (a dead holder releases the lock at once)",
+            )
         time.sleep(step if timeout is None else min(step, max(0.0, timeout - waited)))
         step = min(step * 2, 0.1)
 

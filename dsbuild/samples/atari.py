@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from dsbuild.core.errors import DsbuildError, UsageError
-from dsbuild.samples.writer import AudioSource, SessionSpec, VideoSpec, write_session
+from dsbuild.samples.writer import AudioSource, SessionSpec, VideoSpec, check_session_id, write_session
 
 FPS = 60  # the Atari 2600's NTSC frame rate; with frameskip 1 every emulated frame is a video frame
 AUDIO_PER_FRAME = 512  # ALE's sound_obs: samples the emulator renders per frame
@@ -57,7 +57,6 @@ MAX_EPISODE_FRAMES = 108_000  # ALE's customary cap (30 min at 60 fps), set expl
 STICKY_KEEP = 0.95  # chance a sticky player keeps its action each frame: holds of ~1/3 s, like thumbs do
 SCRIPTED_EPSILON = 0.05  # a scripted player's random presses; makes players with different seeds differ
 INSTALL_HINT = "pip install 'dsbuild[atari]'"
-_SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -344,9 +343,7 @@ def record_session(out: Path, ale_py, game: str, policy_id: str, index: int, opt
     title = title_of(rom)
     player_seed = options.seed + index
     player = f"{policy_id}-s{player_seed}"
-    session_id = f"{title.lower()}-{player}-{index:04d}"
-    if not _SESSION_ID_RE.fullmatch(session_id):
-        raise UsageError(f"game {game!r} gives session id {session_id!r}, outside [A-Za-z0-9_-]{{1,64}}")
+    session_id = check_session_id(f"game {game!r}", f"{title.lower()}-{player}-{index:04d}")
     ale_seed, rng = _seeds(options.seed, rom, index)
     ale, mode = _emulator(ale_py, rom, ale_seed, options.difficulty, options.mode)
     video = _video_spec(ale, options)

@@ -48,7 +48,7 @@ import numpy as np
 
 from dsbuild.core.errors import DsbuildError, MissingDependency, MissingDevice, UsageError
 from dsbuild.samples.atari import frame_times
-from dsbuild.samples.writer import SessionSpec, VideoSpec, write_session
+from dsbuild.samples.writer import SessionSpec, VideoSpec, check_session_id, write_session
 
 DEFAULT_TASKS = ("walker-walk", "cheetah-run", "manipulator-bring_ball")
 POLICIES = ("random", "smooth", "scripted")
@@ -59,7 +59,6 @@ RENDER_HINT = (
     "install Mesa's EGL (Debian: apt-get install libegl1 libgl1-mesa-dri) and use MUJOCO_GL=egl, "
     "or OSMesa (apt-get install libosmesa6) with MUJOCO_GL=osmesa"
 )
-_SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TASK_RE = re.compile(r"[a-z0-9_]+-[a-z0-9_]+")
 
 
@@ -309,9 +308,7 @@ def record_session(out: Path, suite, task: str, policy_id: str, index: int, opti
 
     domain, name = task.split("-", 1)
     player = f"{policy_id}-s{options.seed + index}"
-    session_id = f"{task}-{player}-{index:04d}"
-    if not _SESSION_ID_RE.fullmatch(session_id):
-        raise UsageError(f"task {task!r} gives session id {session_id!r}, outside [A-Za-z0-9_-]{{1,64}}")
+    session_id = check_session_id(f"task {task!r}", f"{task}-{player}-{index:04d}")
     task_seed, rng = _seeds(options.seed, task, index)
     limit = {} if options.episode_seconds is None else {"time_limit": options.episode_seconds}
     env = suite.load(domain, name, task_kwargs={"random": task_seed, **limit})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -154,6 +155,16 @@ def encode_video(
         if sound is not None:
             sound.pull(final=True)
     return n
+
+
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # the capture contract's session ids
+
+
+def check_session_id(what: str, session_id: str) -> str:
+    """``session_id`` (a recorded source's ``what``, e.g. ``game 'pong'``, made it), if the contract takes it."""
+    if not SESSION_ID.fullmatch(session_id):
+        raise UsageError(f"{what} gives session id {session_id!r}, outside [A-Za-z0-9_-]{{1,64}}")
+    return session_id
 
 
 def write_jsonl(path: Path, events: Iterable[dict]) -> None:

@@ -14,9 +14,11 @@ before and after, and the command line.
 
     .venv/bin/python benchmarks/dataloader.py --handover [--rounds 3]
 
-What torch's transport costs alone: a DataLoader worker yielding ready batches (a few strings and 0, 1
-or 2 tensors in shared memory, reused: nothing is built or copied), as the main process receives them.
-Each shared storage is handed over by file descriptor through the worker's ``resource_sharer`` thread.
+What the transport costs alone: a DataLoader worker yielding ready batches (a few strings and 0, 1 or 2
+tensors in shared memory, reused: nothing is built or copied), as the main process receives them: torch
+hands each shared storage over by file descriptor through the worker's ``resource_sharer`` thread. Then
+the same with dsbuild's hand-over (``dsbuild.loader.torch``): a 100-byte array and a 1 MiB one written
+into the worker's two rings (copied each batch) and opened by the main process through /proc.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
 import torch
 
 from dsbuild.loader import Loader
@@ -80,14 +83,31 @@ class Ready(torch.utils.data.IterableDataset):
             yield {"keys": keys, **{f"t{j}": b[:100] for j, b in enumerate(blocks)}}
 
 
+class ReadyRings(torch.utils.data.IterableDataset):
+    """``n`` batches of 8 keys, a 100-byte array and a 1 MiB one, as ``as_torch_dataset()`` sends them."""
+
+    def __init__(self, n: int = 2000):
+        super().__init__()
+        self.n = n
+
+    def __iter__(self):
+        from dsbuild.loader.torch import BIG, PAGE, Ring, shared_batch
+
+        rings = Ring(), Ring(PAGE)
+        small, big = np.zeros(100, np.uint8), np.zeros(BIG, np.uint8)
+        keys = [f"key{j}" for j in range(8)]
+        for _ in range(self.n):
+            yield shared_batch({"keys": keys, "small": small, "big": big}, *rings)
+
+
 def handover(rounds: int) -> None:
     for r in range(rounds):
         shown = []
-        for storages in (0, 1, 2):
-            it = iter(torch.utils.data.DataLoader(Ready(storages), batch_size=None, num_workers=1))
+        for name, ds in [(f"{n} torch storages", Ready(n)) for n in (0, 1, 2)] + [("dsbuild's 2 blocks", ReadyRings())]:
+            it = iter(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1))
             next(it)
             t0, k = time.perf_counter(), sum(1 for _ in it)
-            shown.append(f"{storages} storages {(time.perf_counter() - t0) / k * 1e3:.2f} ms")
+            shown.append(f"{name} {(time.perf_counter() - t0) / k * 1e3:.2f} ms")
         print(f"round {r}: a batch with {'; '.join(shown)}; load {os.getloadavg()[0]:.1f}")
 
 

@@ -12,31 +12,37 @@ again; that checkpoint holds the worker count, which ``StatefulDataLoader`` requ
 restore — the loader's own checkpoint (``state_after``) resumes under any worker count.
 
 What crosses to the main process, and how: torch's worker queue pickles each batch (torch's transport,
-not ours). The tensors cross as shared-memory storages, passed by file descriptor, never as their bytes;
-everything else in a batch is plain data — lists of str, int, float, bool and None (keys, titles,
-conditions, codecs, ``cu_seqlens`` as lists) and ``state``, a dict of those. A DataLoader worker started by
-``spawn`` or ``forkserver`` is sent the dataset: ``TorchDataset.__getstate__`` gives torch plain types
-only (the loader's JSON description, its map function by import path, its checkpoint, a path).
+not ours), but no tensor crosses it. The arrays are written into blocks of shared memory (memfds) the
+worker keeps, and cross as handles (``_Hand``: the worker's pid, the block's descriptor number, a token)
+which the main process opens through ``/proc/<pid>/fd`` and maps as a shared tensor storage (``_arrived``)
+while unpickling: one open and one map a block. torch's own transport hands each storage's descriptor
+over through the worker's ``resource_sharer`` thread, a connection and a handshake that wait for the
+worker's GIL (about 0.45 ms a storage here, as much as process mode spends on a whole batch). Everything
+else in a batch is plain data: lists of str, int, float, bool and None (keys, titles, conditions, codecs,
+``cu_seqlens`` as lists) and ``state``, a dict of those. A DataLoader worker started by ``spawn`` or
+``forkserver`` is sent the dataset: ``TorchDataset.__getstate__`` gives torch plain types only (the
+loader's JSON description, its map function by import path, its checkpoint, a path). (A ``collate_fn``,
+run in the worker, sees the handles; with ``batch_size=None`` none is needed.)
 
-The payload (frames, the clips, audio: arrays of ``BIG`` bytes or more) is written into a ring of shared
-blocks each worker keeps (``Ring``): a block is reused once no batch made from it is left in any process,
-so a batch that a training loop keeps never changes; a new block every batch cost 3-5x the copy (the
-kernel zeroes and maps every page, in the worker and again in the main process). The small arrays of a
-batch (lengths, timestamps, actions...) share one new small block: a tensor keeps its whole block alive,
-and a training loop that keeps ``batch["lengths"]`` for its metrics must not keep the batch's frames (or
-the ring's block) with it. Each storage costs torch a hand-over of its descriptor through the worker's
-``resource_sharer`` thread (a connection and a handshake, which wait for the worker's GIL): two a batch.
+Each worker keeps two rings of blocks (``Ring``): one for the payload (frames, the clips, audio: arrays of
+``BIG`` bytes or more) and one for the small arrays of a batch (lengths, timestamps, actions...), so a
+training loop that keeps ``batch["lengths"]`` for its metrics keeps a small block, not the frames. A block
+is written again only once its last batch has arrived (its header's pending byte, cleared by the main
+process) and no batch made from it is left in any process (a kernel write lease), so a batch a training
+loop keeps never changes; a new block every batch cost 3-5x the copy (the kernel zeroes and maps every
+page, in the worker and again in the main process). Where memfds or leases are not available (not
+Linux), every batch gets new blocks of torch's, handed over by torch.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import mmap
 import os
-import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -53,11 +59,15 @@ ALIGN = 64  # bytes: every array's view starts on a cache line (and on its dtype
 BIG = 1 << 20  # bytes: an array at least this large crosses in the ring's block, not the small one
 SLOTS = 8  # a worker's ring: the DataLoader's prefetch_factor in flight, the batch the loop holds, and spare
 MIB = 1 << 20
-SWITCH_S = 0.0005  # a DataLoader worker's GIL switch interval (see ``TorchDataset.ring``)
+PAGE = 4096
+HEADER = 64  # bytes at the start of a ring's block: the token of its last batch (16), then PENDING
+PENDING = 16  # the header's byte that is 1 from a batch's hand-off until the main process has it mapped
 
 
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype)).dtype
+@functools.cache
+def _torch_dtype(dtype: str) -> torch.dtype:
+    """torch's dtype for numpy's name of one (``"<f4"``)."""
+    return torch.from_numpy(np.zeros(0, np.dtype(dtype))).dtype
 
 
 def _offsets(clips: list) -> np.ndarray:
@@ -80,7 +90,7 @@ def _finish(out: dict) -> dict:
 
 
 def _new_block(nbytes: int) -> torch.Tensor:
-    """A new shared-memory block as a uint8 tensor."""
+    """A new shared-memory block of torch's as a uint8 tensor (handed over by torch)."""
     return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
 
 
@@ -93,11 +103,16 @@ def _places(arrays: dict[str, np.ndarray], at: int = 0) -> tuple[dict[str, int],
     return layout, at
 
 
-def _views(block: torch.Tensor, arrays: dict[str, np.ndarray], layout: dict[str, int]) -> dict[str, torch.Tensor]:
-    """Tensor views of ``block`` at ``layout``, shaped and typed as ``arrays``."""
-    return {
-        k: block[layout[k] : layout[k] + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape) for k, a in arrays.items()
-    }
+def _view(base: torch.Tensor | _Hand, at: int, nbytes: int, dtype: str, shape: tuple) -> torch.Tensor | _Part:
+    """``nbytes`` of ``base`` from ``at`` as an array of ``dtype`` (numpy's name) and ``shape``: a tensor
+    view, or of a block still in the worker, a ``_Part`` that becomes that view where it arrives."""
+    if isinstance(base, _Hand):
+        return _Part(base, at, nbytes, dtype, shape)
+    return base[at : at + nbytes].view(_torch_dtype(dtype)).view(shape)
+
+
+def _views(base: torch.Tensor | _Hand, arrays: dict[str, np.ndarray], layout: dict[str, int]) -> dict:
+    return {k: _view(base, layout[k], a.nbytes, a.dtype.str, a.shape) for k, a in arrays.items()}
 
 
 def _write(raw: np.ndarray, arrays: dict[str, np.ndarray], layout: dict[str, int]) -> None:
@@ -105,12 +120,57 @@ def _write(raw: np.ndarray, arrays: dict[str, np.ndarray], layout: dict[str, int
         raw[layout[k] : layout[k] + a.nbytes] = a.reshape(-1).view(np.uint8)
 
 
-def _in_block(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """``arrays`` copied into one new shared block, each a tensor view of it."""
-    layout, total = _places(arrays)
-    block = _new_block(total)
-    _write(block.numpy(), arrays, layout)
-    return _views(block, arrays, layout)
+def _arrived(pid: int, fd: int, size: int, token: bytes) -> torch.Tensor:
+    """Where a batch arrives (the main process, unpickling it): the worker's block as a shared uint8
+    tensor over an open of its own, which keeps the block from being written again until the last tensor
+    of it goes (``_Block.released``); its pending byte cleared, now that this open exists."""
+    path = f"/proc/{pid}/fd/{fd}"
+    try:
+        opened = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as e:
+        raise RuntimeError(
+            f"DataLoader worker (pid {pid}): its batch's shared memory {path} cannot be opened ({e.strerror})"
+        ) from None
+    try:
+        if os.pread(opened, PENDING, 0) != token or os.fstat(opened).st_size != size:
+            raise RuntimeError(f"DataLoader worker (pid {pid}): a batch's block was written again before it arrived")
+        storage = torch.UntypedStorage._new_shared_fd_cpu(opened, size)
+        os.pwrite(opened, b"\0", PENDING)
+    finally:
+        os.close(opened)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+class _Hand:
+    """A worker's block as the batch that fills it sends it: pickled, it is what ``_arrived`` needs (one
+    per block and batch: pickle writes it once however many arrays of the batch refer to it)."""
+
+    def __init__(self, fd: int, size: int, token: bytes) -> None:
+        self.pid, self.fd, self.size, self.token = os.getpid(), fd, size, token
+
+    def __reduce__(self) -> tuple:
+        return _arrived, (self.pid, self.fd, self.size, self.token)
+
+
+class _Part:
+    """An array of a batch in a worker's block: pickled, the view of the block that ``_Hand`` becomes."""
+
+    def __init__(self, hand: _Hand, at: int, nbytes: int, dtype: str, shape: tuple) -> None:
+        self.args = (hand, at, nbytes, dtype, shape)
+
+    def __reduce__(self) -> tuple:
+        return _view, self.args
+
+
+class _Sent:
+    """A batch as a DataLoader worker yields it: not a mapping, so torch's ``default_convert`` passes it by
+    without walking every list (0.12 ms a batch here); pickled, it is the plain dict it holds."""
+
+    def __init__(self, batch: dict) -> None:
+        self.batch = batch
+
+    def __reduce__(self) -> tuple:
+        return dict, (list(self.batch.items()),)
 
 
 class _Block:
@@ -132,12 +192,18 @@ class _Block:
             raise
         self.size, self.used = size, 0
 
+    @property
+    def pending(self) -> bool:
+        """A batch of this block is on its way: the main process has not opened it yet."""
+        return bool(self.raw[PENDING])
+
     def released(self) -> bool:
-        """No other open of the block is left: no batch made from it lives, in any process. Each batch is
-        given a storage over an open of its own (``tensor``), which the DataLoader sends to the main
-        process (the same open, by file descriptor) and which closes when the last tensor of it goes; a
-        write lease is granted only to the file's one open for writing. Raises OSError where leases are
-        not available."""
+        """No batch of the block is on its way, and no other open of it is left: no batch made from it
+        lives, in any process (each arrives over an open of its own, ``_arrived``, which closes when the
+        last tensor of it goes). A write lease is granted only to the file's one open for writing. Raises
+        OSError where leases are not available."""
+        if self.pending:
+            return False
         try:
             fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
         except BlockingIOError:  # (EAGAIN)
@@ -145,14 +211,11 @@ class _Block:
         fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
         return True
 
-    def tensor(self) -> torch.Tensor:
-        """The block as a uint8 tensor over a new storage of its own open (what a batch holds)."""
-        fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)
-        try:
-            storage = torch.UntypedStorage._new_shared_fd_cpu(fd, self.size)
-        finally:
-            os.close(fd)
-        return torch.empty(0, dtype=torch.uint8).set_(storage)
+    def hand(self, token: bytes) -> _Hand:
+        """The block, marked on its way with ``token``, as a batch sends it."""
+        self.raw[:PENDING] = np.frombuffer(token, np.uint8)
+        self.raw[PENDING] = 1
+        return _Hand(self.fd, self.size, token)
 
     def close(self) -> None:
         """Forget the block here; the batches that hold it keep its memory until they go."""
@@ -161,45 +224,47 @@ class _Block:
 
 
 class Ring:
-    """A DataLoader worker's reused shared memory for the payload of its batches (frames, clips, audio):
-    up to ``SLOTS`` blocks, each written again only once no batch made from it is left in any process
-    (``_Block.released``), so a batch a training loop keeps never changes. Writing into memory already
-    mapped and faulted in costs a copy; a new shared block each batch cost 3-5x that (the kernel zeroes
-    and maps every page, in the worker and again in the main process). Where memfds or leases are not
-    available (not Linux), every batch gets a new block."""
+    """A DataLoader worker's reused shared memory for one kind of array of its batches: up to ``SLOTS``
+    blocks of whole ``granule``s, each written again only once ``_Block.released`` (so a batch a training
+    loop keeps never changes). A block is given up when a new one is needed and all are taken, the one
+    longest unused first, but never while a batch of it is on its way. Where memfds or leases are not
+    available (not Linux), every batch gets a new block of torch's."""
 
-    def __init__(self) -> None:
+    def __init__(self, granule: int = MIB) -> None:
         self.blocks: list[_Block] = []
+        self.granule = granule
         self.reuse = hasattr(os, "memfd_create") and hasattr(fcntl, "F_SETLEASE")
         self.made = self.tick = 0
+        self.id = os.urandom(8)  # with ``tick``, the token that tells one batch of a block from another
 
-    def block(self, need: int) -> tuple[np.ndarray, Callable[[], torch.Tensor]]:
-        """(memory to write ``need`` bytes into, and what makes the batch's tensor of it afterwards)."""
+    def block(self, need: int) -> tuple[np.ndarray, torch.Tensor | _Hand]:
+        """(memory to write ``HEADER + need`` bytes into, and the block as the batch refers to it)."""
         self.tick += 1
         if self.reuse:
             try:
-                return self._reused(need)
+                b = self._reused(HEADER + need)
+                return b.raw, b.hand(self.id + self.tick.to_bytes(8, "little"))
             except OSError:  # (leases refused, or memfds: new blocks from now on)
                 self.reuse = False
                 self.close()
-        block = _new_block(need)
-        return block.numpy(), lambda: block
+        block = _new_block(HEADER + need)
+        return block.numpy(), block
 
-    def _reused(self, need: int) -> tuple[np.ndarray, Callable[[], torch.Tensor]]:
-        free = [b for b in self.blocks if b.released()]
-        fits = [b for b in free if b.size >= need]
-        if fits:
-            b = fits[0]
-        else:
-            if len(self.blocks) >= SLOTS:  # a free one too small, else the one longest unused
-                old = free[0] if free else min(self.blocks, key=lambda x: x.used)
+    def _reused(self, need: int) -> _Block:
+        by_age = sorted(self.blocks, key=lambda x: x.used)  # the one longest unused is the likeliest free
+        b = next((b for b in by_age if b.size >= need and b.released()), None)
+        if b is None:
+            idle = [b for b in by_age if not b.pending]
+            if len(self.blocks) >= SLOTS and idle:  # a free one too small, else the one longest unused
+                old = next((b for b in idle if b.released()), idle[0])
                 self.blocks.remove(old)
                 old.close()
-            b = _Block(-(-need * 5 // 4 // MIB) * MIB)  # a quarter more, whole MiBs: a larger batch fits
+            g = self.granule
+            b = _Block(-(-need * 5 // 4 // g) * g)  # a quarter more, whole granules: a larger batch fits
             self.blocks.append(b)
             self.made += 1
         b.used = self.tick
-        return b.raw, b.tensor
+        return b
 
     def close(self) -> None:
         for b in self.blocks:
@@ -207,31 +272,33 @@ class Ring:
         self.blocks = []
 
 
-def shared_batch(batch: dict, ring: Ring) -> dict:
-    """``batch`` as torch tensors in shared memory: the arrays under ``BIG`` bytes as views of one new
-    small block; the clips (packed as ``video_data`` + ``video_offsets``) and the larger arrays as views
-    of one block of ``ring``; the other fields as they are."""
+def shared_batch(batch: dict, payload: Ring, small: Ring) -> _Sent:
+    """``batch`` as it leaves a DataLoader worker (``_Sent``): the arrays under ``BIG`` bytes in one block of
+    ``small``; the clips (packed as ``video_data`` + ``video_offsets``) and the larger arrays in one block
+    of ``payload``; each array a view of its block (``_Part`` until it arrives); the other fields as they
+    are."""
     arrays = {k: np.ascontiguousarray(v) for k, v in batch.items() if isinstance(v, np.ndarray)}
     clips = batch.get("video")
     if clips is not None:
         arrays["video_offsets"] = _offsets(clips)
     out = {k: v for k, v in batch.items() if k not in arrays and k != "video"}
-    small = {k: a for k, a in arrays.items() if a.nbytes < BIG}
-    big = {k: a for k, a in arrays.items() if k not in small}
-    layout, end = _places(big)
+    few = {k: a for k, a in arrays.items() if a.nbytes < BIG}
+    big = {k: a for k, a in arrays.items() if k not in few}
+    layout, end = _places(big, HEADER)
     packed = int(arrays["video_offsets"][-1]) if clips is not None else 0
     if big or clips is not None:
-        raw, tensor = ring.block(max(1, end + packed))
+        raw, base = payload.block(max(1, end + packed - HEADER))
         _write(raw, big, layout)
         if clips is not None:
             _pack(clips, raw[end : end + packed])
-        block = tensor()
-        out.update(_views(block, big, layout))
-        if clips is not None:
-            out["video_data"] = block[end : end + packed]
-    if small:
-        out.update(_in_block(small))
-    return _finish(out)
+            out["video_data"] = _view(base, end, packed, "|u1", (packed,))
+        out.update(_views(base, big, layout))
+    if few:
+        layout, end = _places(few, HEADER)
+        raw, base = small.block(end - HEADER)
+        _write(raw, few, layout)
+        out.update(_views(base, few, layout))
+    return _Sent(_finish(out))
 
 
 def local_batch(batch: dict) -> dict:
@@ -261,7 +328,7 @@ class TorchDataset(IterableDataset):
         self.loader = loader  # a dsbuild.loader.Mixture (or Loader)
         self._passes = PassFile()
         self._begun = 0  # passes this copy began (a persistent worker keeps its copy from pass to pass)
-        self._ring: tuple[int, Ring] | None = None  # (pid, ring): a DataLoader worker's, made on its first batch
+        self._rings: tuple[int, Ring, Ring] | None = None  # (pid, rings): a DataLoader worker's (``rings``)
         weakref.finalize(self, self._passes.remove)
         loader.on_move(self._passes.moved)
 
@@ -283,26 +350,17 @@ class TorchDataset(IterableDataset):
         self.loader.load_state_dict(json.loads(state["state"]))
         self._passes = PassFile.__new__(PassFile)  # (the main process's record: this copy never removes it)
         self._passes.path, self._passes.owner = state["passes"], state["owner"]
-        self._begun, self._ring = state["begun"], None
+        self._begun, self._rings = state["begun"], None
 
-    def ring(self) -> Ring:
-        """This process's ring (a forked copy of the dataset makes its own). Made on a DataLoader worker's
-        first batch, which also shortens the worker's GIL switch interval to ``SWITCH_S``: torch hands each
-        tensor's storage to the main process through a thread of the worker (``resource_sharer``: a
-        connection and a handshake, a few steps that each need the GIL), which waits a whole interval
-        (5 ms by default) for every step while this thread builds the next batch."""
-        if self._ring is None or self._ring[0] != os.getpid():
-            self._ring = (os.getpid(), Ring())
-            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_S))
-        return self._ring[1]
+    def rings(self) -> tuple[Ring, Ring]:
+        """This process's rings (payload, small arrays), made on a DataLoader worker's first batch (a
+        forked copy of the dataset makes its own)."""
+        if self._rings is None or self._rings[0] != os.getpid():
+            self._rings = (os.getpid(), Ring(), Ring(PAGE))
+        return self._rings[1], self._rings[2]
 
     def __iter__(self) -> Batches:
         return Batches(self)
-
-    def _batch(self, step, after, convert) -> dict:
-        batch = convert(self.loader.build(step))
-        batch["state"] = self.loader.state_at(after)
-        return batch
 
 
 class Batches:
@@ -344,7 +402,7 @@ class Batches:
         self._steps = self.loader.steps(k, self.workers, start)
         self._state = {"loader": self.loader.state_at(start), "worker": k, "workers": self.workers}
 
-    def __next__(self) -> dict:
+    def __next__(self) -> dict | _Sent:
         if self._steps is None:
             self._begin()
         step, after = next(self._steps or iter(()), (None, None))
@@ -357,13 +415,13 @@ class Batches:
                 self._seat(after, self.workers - 1)
                 self._steps = iter(())
             raise StopIteration
-        batch = self.ds._batch(
-            step, after, local_batch if self.info is None else lambda b: shared_batch(b, self.ds.ring())
-        )
+        batch = self.loader.build(step)
+        batch["state"] = state = self.loader.state_at(after)
+        self._state = {"loader": state, "worker": self.workers - 1, "workers": self.workers}
         if self.info is None:
             self.loader.position = after
-        self._state = {"loader": batch["state"], "worker": self.workers - 1, "workers": self.workers}
-        return batch
+            return local_batch(batch)
+        return shared_batch(batch, *self.ds.rings())
 
     def state_dict(self) -> dict:
         """JSON-safe: where this iterator's next batch comes from."""

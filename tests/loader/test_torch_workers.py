@@ -98,24 +98,66 @@ def test_an_iterator_restored_in_process_goes_on_from_its_checkpoint(cat):
     assert [b["keys"] for b in other] == full[2:]
 
 
+def arrive(batch: dict) -> dict:
+    """A batch as the main process receives it from a worker: through the pickler of torch's queue."""
+    from multiprocessing.reduction import ForkingPickler
+
+    return ForkingPickler.loads(ForkingPickler.dumps(batch))
+
+
 def test_a_kept_batch_never_changes_and_a_dropped_ones_block_is_reused(cat):
     """The worker's ring writes a block again only once no batch made from it is left: a kept batch keeps
     its block (the next batch gets another), a dropped one frees it. (Leases count opens in this process
     as in any other, so the ring is exercised here directly.)"""
-    from dsbuild.loader.torch import Ring, shared_batch
+    from dsbuild.loader.torch import PAGE, Ring, shared_batch
+
+    ref, _ = cat
+    loader = Loader(ref, **KW)
+    ring, small = Ring(), Ring(PAGE)
+    steps = [s for s, _ in loader.steps() if s is not None]
+    first = arrive(shared_batch(loader.build(steps[0]), ring, small))
+    kept = first["video_data"].clone()
+    second = arrive(shared_batch(loader.build(steps[1]), ring, small))
+    assert ring.made == 2 and torch.equal(first["video_data"], kept)
+    del first, second
+    made = []
+    for _ in range(2):  # (a later batch's small arrays may need a larger block: the second pass needs none)
+        for step in steps[2:]:
+            arrive(shared_batch(loader.build(step), ring, small))
+        made.append(small.made)
+    assert ring.made == 2 and made[0] == made[1] < len(steps)
+
+
+def test_a_batch_on_its_way_keeps_its_block_even_past_a_full_ring(cat):
+    """Until the main process has opened a batch's block (the pickled batch may wait in the queue), no
+    other open of it exists: the block's pending byte keeps the ring from writing it again or giving it
+    up, however many batches follow. Each arrives as it was built."""
+    from dsbuild.loader.torch import PAGE, SLOTS, Ring, shared_batch
+
+    ref, _ = cat
+    loader = Loader(ref, **{**KW, "batch_size": 1})
+    ring, small = Ring(), Ring(PAGE)
+    steps = [s for s, _ in loader.steps() if s is not None][: SLOTS + 2]
+    assert len(steps) == SLOTS + 2
+    sent = [shared_batch(loader.build(step), ring, small) for step in steps]
+    assert ring.made == small.made == SLOTS + 2
+    for step, batch in zip(steps, sent):
+        same(as_numpy(arrive(batch)), as_numpy(loader.build(step)))
+
+
+def test_a_block_written_again_before_its_batch_arrived_is_an_error_not_other_data(cat):
+    """The main process checks each block's token before it maps it: a block whose batch was overwritten
+    in flight (never by design) is refused in one line, never delivered as another batch's data."""
+    from dsbuild.loader.torch import PAGE, Ring, shared_batch
 
     ref, _ = cat
     loader = Loader(ref, **KW)
     ring = Ring()
-    steps = [s for s, _ in loader.steps() if s is not None]
-    first = shared_batch(loader.build(steps[0]), ring)
-    kept = first["video_data"].clone()
-    second = shared_batch(loader.build(steps[1]), ring)
-    assert ring.made == 2 and torch.equal(first["video_data"], kept)
-    del first, second
-    for step in steps[2:]:
-        shared_batch(loader.build(step), ring)
-    assert ring.made == 2
+    step = next(s for s, _ in loader.steps() if s is not None)
+    sent = shared_batch(loader.build(step), ring, Ring(PAGE))
+    ring.blocks[0].raw[:8] ^= 0xFF  # another token where the batch's was
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid \d+\): a batch's block was written again"):
+        arrive(sent)
 
 
 def test_a_dataset_crosses_to_a_spawned_worker_as_plain_data(cat):

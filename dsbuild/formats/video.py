@@ -284,7 +284,10 @@ class VideoSource:
             out: dict[str, Any] = dict(codec=codec, codec_tag=self._tag, width=cc.width, height=cc.height, fps=fps)
         else:
             s = self.spec
-            vs.thread_type = "AUTO"  # decoding is bit-exact whatever the threads
+            # Slice threads, not frame threads: a frame thread can still hold one of our packets (freed under
+            # the GIL) when the decoder is freed, which then waits for it forever; and frame threads lost the
+            # flag of a concealed frame in some processes (probe.py). A transcode's time is the encoder's.
+            vs.thread_type = "SLICE"
             out = dict(
                 codec=s.codec,
                 codec_tag=mp4_tag(s.codec, None),

@@ -21,6 +21,7 @@ $(BIN)/dsbuild: pyproject.toml
 	@# mosaicml-streaming (their deps are in [peers]), what `from streaming import StreamingDataset` imports
 	@# (docs/interop.md) and torchdata's StatefulDataLoader; their declared deps pull a CUDA torch,
 	@# torchvision's pin an old one.
+	@echo "installing dsbuild[$(EXTRAS),atari,mujoco] with $$([ -x $(BIN)/uv ] && echo uv || echo pip)"
 	@install="$(BIN)/pip install -q"; [ -x $(BIN)/uv ] && install="$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode"; \
 	$$install -e '.[$(EXTRAS),atari,mujoco]' || { $$install -e '.[$(EXTRAS)]' && \
 	  { $$install -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"; } && \

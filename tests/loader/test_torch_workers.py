@@ -160,6 +160,20 @@ def test_a_block_written_again_before_its_batch_arrived_is_an_error_not_other_da
         arrive(sent)
 
 
+def test_a_forkserver_worker_which_is_not_our_child_hands_its_batches_over_too(cat):
+    """A worker started by ``forkserver`` is a child of the fork server, not of the main process, which
+    still opens the worker's blocks through /proc (same user): the batches are the loader's own."""
+    ref, _ = cat
+    expected = [as_numpy(b) for b in Loader(ref, **KW)]
+    dl = torch.utils.data.DataLoader(
+        Loader(ref, **KW).as_torch_dataset(), batch_size=None, num_workers=2, multiprocessing_context="forkserver"
+    )
+    got = [as_numpy(b) for b in dl]
+    assert len(got) == len(expected) > 3
+    for a, b in zip(expected, got):
+        same(a, b)
+
+
 def test_a_dataset_crosses_to_a_spawned_worker_as_plain_data(cat):
     """What torch pickles for a worker started by spawn or forkserver: strings and ints, from which the
     dataset is rebuilt where it stands (its loader's checkpoint)."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU bench in one prepared script: synthetic captures -> convert -> `dsbuild bench --device cuda`
 # (host->device GB/s pinned vs pageable, data wait and GPU idle under a real calibrated matmul step),
-# then the loader's worker-process sweep (issue 39) and the training observatory's model step (issue 41),
+# then the loader's worker-process sweep, the DataLoader and one-epoch comparisons (issue 39) and the training observatory's model step (issue 41),
 # then the decoders (issue 44): a check that NVDEC's frames, converted and resized on the GPU, match the
 # CPU decoder's within docs/gpu.md's bound (H.264 and HEVC, native and resized) with one decoder per
 # stream configuration, then on 1080p clips and on mixed resolutions: NVDEC (`--decode-backend nvdec`,
@@ -94,6 +94,13 @@ stamp "bench: worker-process sweep $PSWEEP, frames 224x224"
 dsbuild bench "$WORK/catalog" --device "$DEVICE" --decode frames --resize 224x224 --batch-size 8 --workers "$PSWEEP" \
   --step-ms 0 --duration "$SECONDS_PER_RUN" --rounds "$ROUNDS" --compare pyav-procs \
   --save "$OUT/sweep-frames.json" --html "$OUT/sweep-frames.html" >&2 || stamp "failed (see above)"
+PMAX="${PSWEEP##*,}"
+stamp "torch DataLoader over as_torch_dataset() against process mode, $PMAX workers (bytes, frames 64x64)"
+"$PYTHON" "$ROOT/benchmarks/dataloader.py" "$WORK/catalog" --workers "$PMAX" --rounds "$ROUNDS" \
+  --seconds "$(( SECONDS_PER_RUN / 10 + 1 ))" > "$OUT/dataloader.txt" || stamp "failed (see above)"
+stamp "one epoch in bytes mode, open included, against LitData and webdataset"
+"$PYTHON" "$ROOT/benchmarks/epoch.py" "$WORK/catalog" --rounds 5 --work "$WORK/epoch" > "$OUT/epoch.txt" \
+  || stamp "failed (see above)"
 stamp "loader: worker segments pinned for CUDA (cudaHostRegister)? process batches = thread batches on $DEVICE?"
 "$PYTHON" - "$WORK/catalog" "$DEVICE" <<'PY' | tee "$OUT/pinned-check.json" || stamp "pinned check failed"
 import json, sys, torch

@@ -293,13 +293,12 @@ class TarReader(ShardReader):
             return entries
         names, sizes, starts, owner = [], [], [], []
         for i, e in enumerate(entries):
-            pos = e.offset or 0
-            for ext, n in zip(MEMBERS, e.member_bytes or ()):
+            member_bytes = list(e.member_bytes or ())
+            for ext, n, at in zip(MEMBERS, member_bytes, payload_offsets(member_bytes)):
                 names.append(f"{e.key}.{ext}".encode())
                 sizes.append(n)
-                starts.append(pos)
+                starts.append((e.offset or 0) + at - BLOCK)  # (each member's header precedes its payload)
                 owner.append(i)
-                pos += BLOCK + n + (-n % BLOCK)
         fd = self._file().fileno()
         blocks = [os.pread(fd, BLOCK, at) if 0 <= at <= size - BLOCK else b"" for at in starts]
         inside = np.array([len(b) == BLOCK for b in blocks], bool)  # (else ``check`` says where it ends)

@@ -1,5 +1,7 @@
-"""A cache of source-file hashes keyed by what the file system says about the file, so an incremental
-build hashes only files that changed (what ``dvc status`` does with its state database).
+"""Facts about local files keyed by what the file system says about them, so work proven once on a
+machine is not done again: source-file hashes, so an incremental build hashes only files that changed
+(what ``dvc status`` does with its state database), and the loader's shard proofs (``known``,
+``remember``), so the ranks and workers of a node hash and check each shard once, not once per process.
 
 The key is (device, inode, size, mtime_ns, ctime_ns). Any write to a file changes its ctime, which no
 user command can set back, so a hit means the bytes are the ones hashed before. The cache lives in
@@ -18,50 +20,69 @@ from pathlib import Path
 from dsbuild.core.hashing import sha256_file
 from dsbuild.core.store import cache_root
 
-_LOCAL = threading.local()
+# One connection per process, shared by its threads (a connection per thread kept a descriptor open for
+# every thread that ever asked, past the loader that started it): (pid, path, connection).
+_HELD: tuple | None = None
+_LOCK = threading.Lock()
+# A file changed within this long before its proof began may change again under the same ctime (the
+# kernel stamps files from a clock that ticks every few milliseconds): git's "racily clean" entries.
+RACY_NS = 50_000_000
+
+Identity = tuple[int, int, int, int, int]
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def identity(st: os.stat_result) -> Identity:
+    """What keys a file's facts: (device, inode, size, mtime_ns, ctime_ns)."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _db() -> sqlite3.Connection | None:
-    if os.environ.get("DSBUILD_HASH_CACHE", "1") == "0":
-        return None
+def _connection() -> sqlite3.Connection | None:
+    """This process's connection to the cache that ``DSBUILD_CACHE`` names now (under ``_LOCK``)."""
+    global _HELD
     path = cache_root() / "sources.sqlite"
-    held = getattr(_LOCAL, "conn", None)
     # (the process and the cache it names: a connection made while DSBUILD_CACHE named another folder
-    # kept looking there, while other threads recorded hashes in the current one)
-    if held is not None and held[:2] == (os.getpid(), path):
-        return held[2]
-    if held is not None and held[0] == os.getpid():
-        held[2].close()
+    # kept looking there; a forked child makes its own)
+    if _HELD is not None and _HELD[:2] == (os.getpid(), path):
+        return _HELD[2]
+    if _HELD is not None and _HELD[0] == os.getpid():
+        _HELD[2].close()
+    _HELD = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(
             "CREATE TABLE IF NOT EXISTS sources (dev INTEGER, ino INTEGER, size INTEGER, mtime INTEGER, "
             "ctime INTEGER, sha256 TEXT, PRIMARY KEY (dev, ino, size, mtime, ctime))"
         )
-    except sqlite3.Error:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS facts (dev INTEGER, ino INTEGER, size INTEGER, mtime INTEGER, "
+            "ctime INTEGER, fact TEXT, PRIMARY KEY (dev, ino, size, mtime, ctime, fact))"
+        )
+    except (sqlite3.Error, OSError):
         return None  # an accelerator only: without it, everything is hashed
-    _LOCAL.conn = (os.getpid(), path, conn)
+    _HELD = (os.getpid(), path, conn)
     return conn
+
+
+def _execute(sql: str, params: tuple) -> list | None:
+    """The rows of one statement (None: the cache is off or failed)."""
+    if os.environ.get("DSBUILD_HASH_CACHE", "1") == "0":
+        return None
+    with _LOCK:
+        conn = _connection()
+        if conn is None:
+            return None
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.Error:
+            return None
 
 
 def lookup(st: os.stat_result) -> str | None:
     """The cached sha256 of a file with this stat, if any."""
-    db = _db()
-    if db is None:
-        return None
-    try:
-        row = db.execute(
-            "SELECT sha256 FROM sources WHERE dev=? AND ino=? AND size=? AND mtime=? AND ctime=?", _identity(st)
-        ).fetchone()
-    except sqlite3.Error:
-        return None
-    return row[0] if row else None
+    rows = _execute("SELECT sha256 FROM sources WHERE dev=? AND ino=? AND size=? AND mtime=? AND ctime=?", identity(st))
+    return rows[0][0] if rows else None
 
 
 def hashed(path: Path, root: Path | None = None) -> tuple[str, int, os.stat_result]:
@@ -74,10 +95,20 @@ def hashed(path: Path, root: Path | None = None) -> tuple[str, int, os.stat_resu
         return digest, before.st_size, before
     digest, size = sha256_file(path, root)
     after = os.stat(path)
-    db = _db()
-    if db is not None and _identity(after) == _identity(before) and size == before.st_size:
-        try:
-            db.execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?)", (*_identity(before), digest))
-        except sqlite3.Error:
-            pass
+    if identity(after) == identity(before) and size == before.st_size:
+        _execute("INSERT OR REPLACE INTO sources VALUES (?, ?, ?, ?, ?, ?)", (*identity(before), digest))
     return digest, size, before
+
+
+def known(ident: Identity, fact: str) -> bool:
+    """Whether ``fact`` was proven of the file whose identity is ``ident`` (on this machine)."""
+    sql = "SELECT 1 FROM facts WHERE dev=? AND ino=? AND size=? AND mtime=? AND ctime=? AND fact=?"
+    return bool(_execute(sql, (*ident, fact)))
+
+
+def remember(ident: Identity, fact: str, began_ns: int) -> None:
+    """``fact`` proven of the file of identity ``ident`` by work that began at ``began_ns`` (``time_ns``)
+    and found it unchanged at its end; kept only where the file had been still for ``RACY_NS`` before
+    that (a later write could otherwise keep the identity)."""
+    if began_ns - ident[4] >= RACY_NS:
+        _execute("INSERT OR IGNORE INTO facts VALUES (?, ?, ?, ?, ?, ?)", (*ident, fact))

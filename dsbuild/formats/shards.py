@@ -106,6 +106,11 @@ UNSAFE_HINT = (
 )
 
 
+# The version of what ``shard_problems`` and ``array_problems`` refuse: raised whenever they come to refuse
+# more, so that a shard the loader's proof cache found safe under older checks is checked again.
+SAFETY_CHECKS = 1
+
+
 def shard_problems(
     fmt: ShardFormat, path: Path, entries: Sequence[Entry], size: int, *, whole: bool = True
 ) -> list[tuple[str, str]]:

@@ -11,10 +11,11 @@ A shard is either mapped (``mapped``: one read-only mapping per open handle, hol
 outlives the handle while any delivered view of it lives) or read (``read_ranges``, through the handle's
 descriptor).
 
-``verify="shard"`` hashes each shard once per process before any of its bytes are trusted — a mapped
-one through its mapping — and remembers the file's identity (device, inode, size, mtime); a shard whose
-hash does not match is not trusted at all: its samples are then read and checked one by one against
-their own hashes.
+``verify="shard"`` hashes each shard before any of its bytes are trusted — a mapped one through its
+mapping — and remembers the file's identity (device, inode, size, mtime, ctime): in the process, and in
+the machine's proof cache (``core.hashcache``), so the other ranks and workers of a node, and later
+jobs, trust the same unchanged file without hashing it again. A shard whose hash does not match is not
+trusted at all: its samples are then read and checked one by one against their own hashes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import mmap
 import os
 import sys
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -35,11 +37,13 @@ from typing import cast
 
 import numpy as np
 
+from dsbuild.core import hashcache
 from dsbuild.core.errors import StorageError
 from dsbuild.core.hashing import CHUNK
 from dsbuild.formats import ShardFormat, ShardReader
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.lineage.manifest import ShardRecord
+from dsbuild.loader.stats import Stats
 
 RESOURCE_ERRORS: dict[int | None, str] = {  # (keyed like ``OSError.errno``, which may be None)
     errno.EMFILE: "raise `ulimit -n` or lower max_open_shards",
@@ -81,9 +85,18 @@ class _Handle:
 class ShardFiles:
     """The shards of one source, opened on demand, at most ``limit`` at once."""
 
-    def __init__(self, catalog: Catalog, shards: list[ShardRecord], fmt: ShardFormat, limit: int, verify_shards: bool):
+    def __init__(
+        self,
+        catalog: Catalog,
+        shards: list[ShardRecord],
+        fmt: ShardFormat,
+        limit: int,
+        verify_shards: bool,
+        stats: Stats | None = None,
+    ):
         self.catalog, self.shards, self.format, self.limit = catalog, shards, fmt, limit
         self.verify_shards = verify_shards
+        self.stats = stats if stats is not None else Stats()  # (its ``proofs`` count what was proven how)
         self._open: OrderedDict[int, _Handle] = OrderedDict()
         self._lock = threading.Lock()
         self._trusted: dict[int, tuple] = {}  # shard -> file identity when its hash matched
@@ -186,7 +199,7 @@ class ShardFiles:
             if view is None:
                 return None
             try:
-                now = _identity(os.stat(h.path))
+                now = hashcache.identity(os.stat(h.path))
             except FileNotFoundError:  # removed (a shard cache evicting its copy): the mapping still shows it
                 now = h.ident
             except OSError as e:
@@ -199,7 +212,7 @@ class ShardFiles:
             if not self.verify_shards:
                 return view
             with self._hash_lock(shard):
-                return view if self._judge(shard, now, lambda: _proven([view], rec)) else None
+                return view if self._judge(shard, now, lambda: _proven([view], rec), lambda: os.stat(h.path)) else None
 
     def _map(self, h: _Handle, size: int) -> None:
         """Map ``h``'s file through a descriptor of its own (a duplicate of ``h.fd`` where the handle holds
@@ -215,7 +228,7 @@ class ShardFiles:
             if st.st_size == 0 or st.st_size != size:
                 h.unmappable = True
             else:
-                h.view, h.ident = map_readonly(fd, size), _identity(st)
+                h.view, h.ident = map_readonly(fd, size), hashcache.identity(st)
         except OSError:  # a file system that cannot map (some FUSE mounts): read it
             h.unmappable = True
         finally:
@@ -241,19 +254,32 @@ class ShardFiles:
             fd = self.fd(h)
             st = os.fstat(fd)
             rec = self.shards[shard]
-            return self._judge(shard, _identity(st), lambda: st.st_size == rec.bytes and _proven(_file_chunks(fd), rec))
+            prove = lambda: st.st_size == rec.bytes and _proven(_file_chunks(fd), rec)  # noqa: E731
+            return self._judge(shard, hashcache.identity(st), prove, lambda: os.fstat(fd))
 
     def _hash_lock(self, shard: int) -> threading.Lock:
         with self._lock:
             return self._hash_locks.setdefault(shard, threading.Lock())
 
-    def _judge(self, shard: int, ident: tuple, prove) -> bool:
-        """Whether the shard, as the file of identity ``ident`` holds it, is trusted: known, or ``prove()``
-        now (under the shard's hash lock)."""
+    def _judge(self, shard: int, ident: tuple, prove, look) -> bool:
+        """Whether the shard, as the file of identity ``ident`` holds it, is trusted: known (in this process
+        or the machine's proof cache), or ``prove()`` now (under the shard's hash lock), then remembered
+        where ``look()`` (a stat) finds the file unchanged."""
         if self._trusted.get(shard) == ident:
             return True
+        fact, began = hash_fact(self.shards[shard]), time.time_ns()
+        if hashcache.known(ident, fact):
+            self._trusted[shard] = ident
+            self.stats.proof("hashes_known")
+            return True
+        self.stats.proof("shards_hashed")
         if prove():
             self._trusted[shard] = ident
+            try:
+                if hashcache.identity(look()) == ident:
+                    hashcache.remember(ident, fact, began)
+            except OSError:  # gone since (a shard cache evicting its copy): nothing to remember it by
+                pass
             return True
         if not self.drop_copy(shard, ident):
             self._damaged.add(shard)
@@ -264,7 +290,7 @@ class ShardFiles:
         (``drop_copy``), a local one is what it is."""
         if self.catalog.root is None:
             with self.handle(shard) as h:
-                ident = _identity(os.fstat(self.fd(h)))
+                ident = hashcache.identity(os.fstat(self.fd(h)))
             self.drop_copy(shard, ident)
 
     def drop_copy(self, shard: int, ident: tuple) -> bool:
@@ -276,7 +302,7 @@ class ShardFiles:
             if shard in self._fetched_again:
                 return False
             self._fetched_again.add(shard)
-        if not self.catalog.drop_shard_copy(self.shards[shard], lambda st: _identity(st)[:2] == ident[:2]):
+        if not self.catalog.drop_shard_copy(self.shards[shard], lambda st: hashcache.identity(st)[:2] == ident[:2]):
             return False
         with self._lock:
             self._trusted.pop(shard, None)
@@ -315,8 +341,9 @@ def map_readonly(fd: int, size: int) -> memoryview:
     return memoryview(block).cast("B").toreadonly()
 
 
-def _identity(st: os.stat_result) -> tuple:
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+def hash_fact(rec: ShardRecord) -> str:
+    """What a shard's proof cache entry says: its bytes hash to the record's BLAKE3 (or sha256)."""
+    return f"blake3 {rec.blake3}" if rec.blake3 else f"sha256 {rec.sha256}"
 
 
 def _file_chunks(fd: int) -> Iterator[memoryview]:

@@ -236,7 +236,7 @@ class Mixture:
                 if self._io_process != _Process.generation:
                     o = self.options
                     files = [
-                        ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard")
+                        ShardFiles(s.catalog, s.shards, s.format, o.max_open_shards, o.verify == "shard", self._stats)
                         for s in self.sources
                     ]
                     self._held.files = files

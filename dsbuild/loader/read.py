@@ -35,12 +35,15 @@ import itertools
 import mmap
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, final
 
 import numpy as np
+from blake3 import blake3
 
+from dsbuild.core import hashcache
 from dsbuild.core.errors import FormatError
 from dsbuild.formats.sample import (
     ARRAY_MEMBERS,
@@ -51,7 +54,7 @@ from dsbuild.formats.sample import (
     members_blake3,
     members_sha256,
 )
-from dsbuild.formats.shards import array_problems, shard_problems
+from dsbuild.formats.shards import SAFETY_CHECKS, array_problems, shard_problems
 from dsbuild.loader.files import BufferPool, ShardFiles, storage_error
 from dsbuild.loader.source import ARRAY_DTYPES, Source
 
@@ -114,23 +117,45 @@ class SampleReader:
             cuts = np.searchsorted(src.shard_id[order], np.arange(len(src.shards) + 1))
             self._rows = [order[a:b] for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
         rows, rec = self._rows[shard].tolist(), src.shards[shard]
+        fact = self._safety_fact(self._rows[shard], rec.bytes)
         with self.files.handle(shard) as h:
             fd = self.files.fd(h)
             path = h.path if src.catalog.root is not None else f"/proc/self/fd/{fd}"
             try:
-                if os.fstat(fd).st_size != rec.bytes:  # damage, not a forgery: no header of it is read
+                st = os.fstat(fd)
+                if st.st_size != rec.bytes:  # damage, not a forgery: no header of it is read
                     return None
+                ident, began = hashcache.identity(st), time.time_ns()
+                if hashcache.known(ident, fact):
+                    self.files.stats.proof("checks_known")
+                    return {}
                 entries = [src.entry(i) for i in rows]
                 found = dict(shard_problems(src.format, Path(path), entries, rec.bytes, whole=not src.split))
                 if self.fast:  # (other formats' arrays are checked as each sample is read: ``_generic``)
                     framed = {e.key: (i, e) for i, e in zip(rows, entries) if e.key not in found}
                     shapes = {key: self._shapes(i) for key, (i, _) in framed.items()}
                     found.update(array_problems(src.format, Path(path), [e for _, e in framed.values()], shapes))
+                self.files.stats.proof("shards_checked")
+                if not found and hashcache.identity(os.stat(path)) == ident:
+                    hashcache.remember(ident, fact, began)
             except OSError as e:
                 raise storage_error(f"{rec.path}: cannot read shard", e) from None
         return {
             i: FormatError(f"{rec.path}: {src.keys[i]}: {found[src.keys[i]]}") for i in rows if src.keys[i] in found
         }
+
+    def _safety_fact(self, rows: np.ndarray, size: int) -> str:
+        """What the proof cache keeps for a shard of ``size`` bytes found safe for index rows ``rows``: a
+        digest of everything the checks compared the shard's bytes with (any other index, or newer
+        checks, is another fact)."""
+        src = self.source
+        h = blake3(f"{SAFETY_CHECKS} {src.format.name} {not src.split} {self.fast} {size}\n".encode())
+        h.update("\n".join(src.keys[rows].tolist()).encode())
+        columns = [src.byte_offset, src.byte_length, src.row_group, src.row_index, src.frames, src.n_controls]
+        columns += [src.n_channels] + ([] if src.member_bytes is None else [src.member_bytes])
+        for column in columns:
+            h.update(np.ascontiguousarray(column[rows], dtype="<i8").tobytes())
+        return f"safe {h.hexdigest()}"
 
     def _shapes(self, i: int) -> tuple[tuple[int, ...], ...]:
         """The shapes the index gives sample ``i``'s array members."""

@@ -20,6 +20,8 @@ class Stats:
     how many, their start method, ``startup_seconds``, ``shm_bytes`` (shared memory in use) and
     ``pinned`` (the segments are registered with CUDA as pinned host memory: device CUDA only). The
     seconds worker processes spend are added under their names (``dsbuild-load-proc_0``...).
+    ``proofs`` count, in this process, shards hashed (``verify="shard"``) and safety-checked on their
+    first read, and those the machine's proof cache already vouched for (``core.hashcache``).
 
     Counters count what was delivered: a batch's counts (and its substituted samples) are held while it
     is built (``holding``) and added when the loop hands it over (``deliver``), so batches built ahead and
@@ -43,6 +45,7 @@ class Stats:
         self.threads: dict[str, dict[str, float]] = {}
         self.notes: list[str] = []
         self.workers: dict = {}
+        self.proofs = dict.fromkeys(("shards_hashed", "hashes_known", "shards_checked", "checks_known"), 0)
         self._local = threading.local()
 
     @contextmanager
@@ -70,6 +73,12 @@ class Stats:
         if text and text not in self.notes:
             with self._lock:
                 self.notes.append(text)
+
+    def proof(self, kind: str) -> None:
+        """One shard proven (``shards_hashed``, ``shards_checked``) or found proven (``hashes_known``,
+        ``checks_known``)."""
+        with self._lock:
+            self.proofs[kind] += 1
 
     def workers_info(self, **fields) -> None:
         """How batches are built (see the class docstring), merged into ``workers``."""
@@ -116,4 +125,5 @@ class Stats:
                 "threads": {name: dict(v) for name, v in sorted(self.threads.items())},
                 "notes": list(self.notes),
                 "workers": dict(self.workers),
+                "proofs": dict(self.proofs),
             }

@@ -28,7 +28,9 @@ def ema(average: float | None, value: float, weight: float = WEIGHT) -> float:
 @dataclass
 class Pace:
     """Running averages of a build's seconds and of the consumer's time away; ``ahead()`` says whether
-    the next batch should go to a worker. Until both are measured, batches go ahead (the default)."""
+    the next batch should go to a worker. Until both are measured, a GIL-bound batch is the consumer's:
+    it asks for the first one at once (a worker would only add a thread's start and a hand-off), and a
+    consumer that then stays away gets the batches not yet started sent ahead (``Loader.__iter__``)."""
 
     gil_bound: bool
     build: float | None = None
@@ -41,4 +43,6 @@ class Pace:
         self.away = ema(self.away, seconds)
 
     def ahead(self) -> bool:
-        return not self.gil_bound or self.build is None or self.away is None or self.away >= self.build
+        if not self.gil_bound:
+            return True
+        return self.build is not None and self.away is not None and self.away >= self.build

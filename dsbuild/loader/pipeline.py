@@ -705,6 +705,8 @@ class Mixture:
                 t_yield = time.perf_counter()
                 yield batch
                 self._pace.returned(time.perf_counter() - t_yield)
+                if not processes and self._pace.ahead():  # a consumer seen away: what it was left to build goes ahead
+                    pending = deque((submit(step) if f is None else f, step, a) for f, step, a in pending)
                 if self._generation != generation:
                     # load_state_dict (or another loop) moved the position while this loop waited: go on
                     # from there, not from where this loop was (which would undo the restore)

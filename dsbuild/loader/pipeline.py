@@ -43,7 +43,7 @@ from dsbuild.loader.pace import Pace
 from dsbuild.loader.parallel import check_cp_lengths, cp_slice, spread, stage_fields
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
-from dsbuild.loader.prepare import Preparer
+from dsbuild.loader.prepare import JSON_SLOT, Preparer
 from dsbuild.loader.read import VIDEO_SLOT, RawSample, SampleReader
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
@@ -541,10 +541,17 @@ class Mixture:
         source = self.sources[src]
         t0 = time.perf_counter()
         idx = np.array([i for item in self.plans[src].batch(epoch, b) for i in item], np.int64)
-        if not prepare.direct(src, source.session_code[idx]):
-            return None
         spans = readers[src].spans(idx)
         if spans is None:
+            return None
+        codes = source.session_code[idx]
+        try:  # a session met for the first time: its codec facts from one of its samples' JSON, in place
+            for p in prepare.unlearned(src, codes):
+                at = spans.starts[p, JSON_SLOT], spans.ends[p, JSON_SLOT]
+                prepare.learn(src, int(codes[p]), source.keys[idx[p]], spans.views[p][at[0] : at[1]])
+        except FormatError:  # (the general route replaces the damaged sample)
+            return None
+        if not prepare.direct(src, codes):
             return None
         t1 = time.perf_counter()
         batch, counters, videos = collate_spans(
@@ -562,8 +569,11 @@ class Mixture:
         t1 = time.perf_counter()
         if any(isinstance(raw, FormatError) for raw in raws):
             return None
-        for ref, raw in zip(refs, raws):
-            prepare.video_facts(ref.source, raw)  # the codec tag (its session's JSON, parsed once)
+        try:
+            for ref, raw in zip(refs, raws):
+                prepare.video_facts(ref.source, raw)  # the codec tag (its session's JSON, parsed once)
+        except FormatError:  # a session's first sample here has damaged JSON: the general route replaces it
+            return None
         t2 = time.perf_counter()
         try:
             batch, counters = collate_clips(

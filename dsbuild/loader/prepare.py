@@ -51,12 +51,13 @@ def on_vocabulary(arr: np.ndarray, cols: np.ndarray | None, width: int) -> np.nd
     return out
 
 
-def sample_meta(source: Source, raw: RawSample) -> SampleMeta:
+def sample_meta(key: str, data: bytes | memoryview) -> SampleMeta:
+    """The JSON member ``data`` of sample ``key``, read as its typed record."""
     from dsbuild.core.jsonio import loads_bounded
     from dsbuild.formats.sample import MAX_META_BYTES
 
-    what = f"{raw.key}.json"
-    return SampleMeta.from_json(loads_bounded(bytes(raw.members[JSON_SLOT]), max_bytes=MAX_META_BYTES, what=what), what)
+    what = f"{key}.json"
+    return SampleMeta.from_json(loads_bounded(bytes(data), max_bytes=MAX_META_BYTES, what=what), what)
 
 
 MAPPED_ARRAYS = ("frames", "actions", "telemetry", "timestamps")  # (audio is padded per batch: any length)
@@ -195,7 +196,9 @@ class Preparer:
             sample["audio"] = self._audio(video, source, raw.index, span)
         if o.text:  # (a crop or stride keeps the lines of the time its frames stand for, as it keeps their audio)
             sample["text"] = [
-                e.to_json() for e in sample_meta(source, raw).text if span is None or span[0] <= e.t - span[2] < span[1]
+                e.to_json()
+                for e in sample_meta(raw.key, raw.members[JSON_SLOT]).text
+                if span is None or span[0] <= e.t - span[2] < span[1]
             ]
         cmap = self.maps[src][raw.session]
         if o.map is not None:
@@ -271,16 +274,29 @@ class Preparer:
     def video_facts(self, src: int, raw: RawSample) -> ClipVideo:
         """The clip's encoding (codec, tag, container, size, audio) from its session's first sample read:
         one JSON parse per session per process, not per sample."""
-        key = (src, raw.session)
-        facts = self._video.get(key)
+        return self.learn(src, raw.session, raw.key, raw.members[JSON_SLOT])
+
+    def learn(self, src: int, session: int, key: str, meta: bytes | memoryview) -> ClipVideo:
+        """``video_facts`` of session ``session`` (its code) of source ``src``, from the JSON member
+        ``meta`` of its sample ``key`` where they are not known yet (``FormatError``: it does not parse)."""
+        facts = self._video.get((src, session))
         if facts is None:
-            facts = self._video[key] = sample_meta(self.sources[src], raw).video
-            session = self.sources[src].sessions[raw.session]
-            self._direct[src][raw.session] = (
-                all(m is None for m in self.maps[src][raw.session])
-                and (len(session.controls), len(session.channels)) == self.widths
+            facts = self._video[(src, session)] = sample_meta(key, meta).video
+            record = self.sources[src].sessions[session]
+            self._direct[src][session] = (
+                all(m is None for m in self.maps[src][session])
+                and (len(record.controls), len(record.channels)) == self.widths
             )
         return facts
+
+    def unlearned(self, src: int, sessions: np.ndarray) -> list[int]:
+        """Positions in ``sessions`` (codes) of the first sample of each session whose facts are not
+        known yet."""
+        first: dict[int, int] = {}
+        for p, code in enumerate(sessions.tolist()):
+            if code not in first and (src, code) not in self._video:
+                first[code] = p
+        return list(first.values())
 
     def direct(self, src: int, sessions: np.ndarray) -> bool:
         """Whether samples of these sessions (codes) can be collated straight from their shards'

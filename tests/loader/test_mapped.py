@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dsbuild.core.errors import UsageError
+from dsbuild.formats.sample import MEMBERS
 from dsbuild.lineage.catalog import Catalog
 from dsbuild.loader import Loader
 from dsbuild.loader.files import ShardFiles
@@ -217,3 +218,20 @@ def test_a_mapped_shard_whose_file_is_removed_is_still_served(cat_copy):
         second = [b["keys"] for b in loader]
         assert sorted(k for b in second for k in b) == sorted(k for b in first for k in b)
         assert loader.stats()["corrupt"] == 0
+
+
+@pytest.mark.parametrize("read", ["map", "pread"])
+def test_a_sessions_first_sample_with_damaged_json_is_replaced_not_fatal(cat_copy, read):
+    """Bytes mode learns a session's codec facts from the JSON of the first of its samples it reads; with
+    verify="none" nothing else checks that JSON, so a damaged one is damage like any other."""
+    ref, _ = cat_copy
+    src = Source(ref).open()
+    victim = 0  # (with shuffle="none", the first sample read of its session)
+    at = int(src.byte_offset[victim] + src.payload_offsets[victim][MEMBERS.index("json")])
+    with open(Path(ref) / src.shards[int(src.shard_id[victim])].path, "r+b") as f:
+        f.seek(at)
+        f.write(b"x")  # same size: mapped, and its hash is not asked
+    batches, stats = epoch(ref, verify="none", shuffle="none", read=read)
+    assert stats["corrupt"] == 1 and "invalid JSON" in stats["corrupt_keys"][0]
+    assert src.keys[victim] not in {k for b in batches for k in b["keys"]}
+    assert sum(len(b["keys"]) for b in batches) == len(src.keys)

@@ -5,9 +5,14 @@
 In interleaved rounds (the order rotated each round), each contender is built from nothing and reads
 every sample of the version once, in key order; the time runs from its constructor to the end of the
 epoch, so opening (our index and manifest, LitData's index) is counted, and each round starts fresh:
-  ours         : Loader(CATALOG, decode="bytes", batch_size=B, shuffle="none"), the defaults otherwise
-                 (num_workers, verify="shard": every shard's BLAKE3 checked before its samples go out)
-  ours_none    : the same with verify="none" (what the peers check: nothing)
+  ours_sample  : Loader(CATALOG, decode="bytes", batch_size=B, shuffle="none"), the defaults otherwise
+                 (verify="sample": every sample's BLAKE3 checked on every read, into copies)
+  ours_shard   : verify="shard" on a machine that has read the version before (the proof cache
+                 vouches for each unchanged shard: its hash and its safety checks are not run again)
+  ours_first   : verify="shard" with the proof cache off (DSBUILD_HASH_CACHE=0): what the first job on
+                 a machine pays, every shard hashed and checked
+  ours_none    : verify="none" (what the peers check: nothing; the safety checks still run once per
+                 machine, as for ours_shard)
   litdata      : litdata.StreamingDataset over the same member bytes, written once by LitData's own
                  writer before the rounds (dsbuild.bench.peers; the peers extra)
   webdataset   : webdataset.WebDataset over the same tars
@@ -18,6 +23,7 @@ payload) per round, the median of the per-round ratios ours / peer, and the comm
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -38,11 +44,20 @@ def contenders(ref: str, work: Path) -> tuple[dict, int, int]:
     batch = max(1, min(32, n // 16))
     urls = [str(s.path) for s in data.shards]
 
-    def ours(verify: str | None):
+    def ours(verify: str | None, proofs: bool = True):
         def epoch() -> int:
             kw = {} if verify is None else {"verify": verify}
-            with Loader(ref, decode="bytes", batch_size=batch, shuffle="none", **kw) as loader:
-                return sum(len(b["keys"]) for b in loader)
+            before = os.environ.get("DSBUILD_HASH_CACHE")
+            if not proofs:
+                os.environ["DSBUILD_HASH_CACHE"] = "0"
+            try:
+                with Loader(ref, decode="bytes", batch_size=batch, shuffle="none", **kw) as loader:
+                    return sum(len(b["keys"]) for b in loader)
+            finally:
+                if before is None:
+                    os.environ.pop("DSBUILD_HASH_CACHE", None)
+                else:
+                    os.environ["DSBUILD_HASH_CACHE"] = before
 
         return epoch
 
@@ -51,7 +66,13 @@ def contenders(ref: str, work: Path) -> tuple[dict, int, int]:
 
         return sum(1 for _ in wds.WebDataset(urls, shardshuffle=False, empty_check=False))
 
-    runs = {"ours": ours(None), "ours_none": ours("none"), "webdataset": webdataset}
+    runs = {
+        "ours_sample": ours(None),
+        "ours_shard": ours("shard"),
+        "ours_first": ours("shard", proofs=False),
+        "ours_none": ours("none"),
+        "webdataset": webdataset,
+    }
     missing = LitData.missing()
     if missing:
         print(f"litdata skipped: {missing}")
@@ -75,7 +96,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
-    work = Path(a.work or tempfile.mkdtemp(prefix="dsbuild-epoch-"))
+    work = Path(tempfile.mkdtemp(prefix="dsbuild-epoch-", dir=a.work))
     runs, n, payload = contenders(a.catalog, work)
     for name, epoch in runs.items():
         got = epoch()  # warm, untimed
@@ -92,7 +113,7 @@ def main() -> None:
     for name, ts in seconds.items():
         med = statistics.median(ts)
         print(f"{name:12s} {med * 1e3:8.1f} ms  {n / med:9.0f} samples/s  {payload / med / 1e6:8.1f} MB/s")
-    for ours in ("ours", "ours_none"):
+    for ours in ("ours_sample", "ours_shard", "ours_first", "ours_none"):
         for peer in ("litdata", "webdataset"):
             if peer in seconds:
                 ratios = [p / o for o, p in zip(seconds[ours], seconds[peer])]

@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/epoch.py CATALOG [--rounds 5] [--work DIR]
 
-In interleaved rounds (the order rotated each round), each contender is built from nothing and reads
+In interleaved rounds (each round in another order, shuffled with a fixed seed: a contender that
+always followed the same one inherited its caches and allocator state), each contender is built from nothing and reads
 every sample of the version once, in key order; the time runs from its constructor to the end of the
 epoch, so opening (our index and manifest, LitData's index) is counted, and each round starts fresh:
   ours_sample  : Loader(CATALOG, decode="bytes", batch_size=B, shuffle="none"), the defaults otherwise
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -105,7 +107,7 @@ def main() -> None:
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for r in range(a.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in random.Random(r).sample(names, len(names)):
             t0 = time.perf_counter()
             runs[name]()
             seconds[name].append(time.perf_counter() - t0)

@@ -43,7 +43,7 @@ from dsbuild.loader.pace import Pace
 from dsbuild.loader.parallel import check_cp_lengths, cp_slice, spread, stage_fields
 from dsbuild.loader.permutation import derive_key, permute
 from dsbuild.loader.plan import PlanSpec
-from dsbuild.loader.prepare import JSON_SLOT, Preparer
+from dsbuild.loader.prepare import Preparer
 from dsbuild.loader.read import VIDEO_SLOT, RawSample, SampleReader
 from dsbuild.loader.source import Source
 from dsbuild.loader.state import Cursor, LoaderState
@@ -242,7 +242,14 @@ class Mixture:
                     self._held.files = files
                     self._readers = [SampleReader(s, f, o.verify_level, o.mapped) for s, f in zip(self.sources, files)]
                     self._preparer = Preparer(
-                        o, self.sources, self.controls, self.channels, self.backend, self._stats, self.coords.fields
+                        o,
+                        self.sources,
+                        self.controls,
+                        self.channels,
+                        self.backend,
+                        self._stats,
+                        self._readers,
+                        self.coords.fields,
                     )
                     self._io_process = _Process.generation
         return self._readers, self._preparer
@@ -545,13 +552,12 @@ class Mixture:
         if spans is None:
             return None
         codes = source.session_code[idx]
-        try:  # a session met for the first time: its codec facts from one of its samples' JSON, in place
-            for p in prepare.unlearned(src, codes):
-                at = spans.starts[p, JSON_SLOT], spans.ends[p, JSON_SLOT]
-                prepare.learn(src, int(codes[p]), source.keys[idx[p]], spans.views[p][at[0] : at[1]])
-        except FormatError:  # (the general route replaces the damaged sample)
+        try:  # a session met for the first time: its codec facts now
+            for code in prepare.unknown(src, codes):
+                prepare.learn(src, code)
+        except FormatError:  # (no sample of a session has JSON that parses: the general route replaces them)
             return None
-        if not prepare.direct(src, codes):
+        if prepare.refuses(src, idx) or not prepare.direct(src, codes):
             return None
         t1 = time.perf_counter()
         batch, counters, videos = collate_spans(
@@ -572,7 +578,7 @@ class Mixture:
         try:
             for ref, raw in zip(refs, raws):
                 prepare.video_facts(ref.source, raw)  # the codec tag (its session's JSON, parsed once)
-        except FormatError:  # a session's first sample here has damaged JSON: the general route replaces it
+        except FormatError:  # a sample whose JSON the facts were sought in is damaged: the general route replaces it
             return None
         t2 = time.perf_counter()
         try:

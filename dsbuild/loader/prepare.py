@@ -13,7 +13,9 @@ sources that share keys get their own draws.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,7 @@ from dsbuild.loader.files import BufferPool
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.parallel import FIELDS
 from dsbuild.loader.permutation import derive_key
-from dsbuild.loader.read import VIDEO_SLOT, RawSample, sample_arrays
+from dsbuild.loader.read import VIDEO_SLOT, RawSample, SampleReader, sample_arrays
 from dsbuild.loader.source import Source
 from dsbuild.loader.stats import Stats
 
@@ -100,12 +102,14 @@ class Preparer:
         channels: list[str],
         backend: Backend,
         stats: Stats,
+        readers: list[SampleReader],
         fields: tuple[str, ...] | None = None,
     ):
-        """``fields``: the sequence fields this rank delivers (a split pipeline stage's, ``Coords.fields``;
-        None: all). The frames and the audio of a stage that drops them are not decoded, unless a ``map``
-        (which may read them) runs."""
-        self.o, self.sources, self.backend, self.stats = options, sources, backend, stats
+        """``readers``: each source's (a session's codec facts are read from a sample of the reader's choice,
+        ``learn``). ``fields``: the sequence fields this rank delivers (a split pipeline stage's,
+        ``Coords.fields``; None: all). The frames and the audio of a stage that drops them are not decoded,
+        unless a ``map`` (which may read them) runs."""
+        self.o, self.sources, self.backend, self.stats, self.readers = options, sources, backend, stats, readers
         kept = FIELDS if fields is None or options.map is not None else fields
         self.frames = options.decode == "frames" and "frames" in kept  # whether the video is decoded
         self.audio = options.audio and "audio" in kept
@@ -126,6 +130,10 @@ class Preparer:
             for src in sources
         ]
         self._video: dict[tuple[int, int], ClipVideo] = {}  # (source, session) -> ClipVideo, parsed once
+        self._first = [np.unique(src.session_code, return_index=True)[1] for src in sources]  # session -> sample
+        self._bad: dict[tuple[int, int], FormatError] = {}  # (source, sample) -> why its JSON was refused
+        self._dead: dict[tuple[int, int], FormatError] = {}  # (source, session) -> no sample's JSON parses
+        self._learning = threading.Lock()
         # per source and session: its arrays are stored on the vocabulary as they stand (a whole-clip batch
         # copies each with one memcpy: ``collate_spans``), and its codec facts are known
         self._direct = [np.zeros(len(src.sessions), bool) for src in sources]
@@ -272,31 +280,62 @@ class Preparer:
         return pcm if span is None else audio_mod.cut(pcm, o.audio_rate, span[0], span[1])
 
     def video_facts(self, src: int, raw: RawSample) -> ClipVideo:
-        """The clip's encoding (codec, tag, container, size, audio) from its session's first sample read:
-        one JSON parse per session per process, not per sample."""
-        return self.learn(src, raw.session, raw.key, raw.members[JSON_SLOT])
-
-    def learn(self, src: int, session: int, key: str, meta: bytes | memoryview) -> ClipVideo:
-        """``video_facts`` of session ``session`` (its code) of source ``src``, from the JSON member
-        ``meta`` of its sample ``key`` where they are not known yet (``FormatError``: it does not parse)."""
-        facts = self._video.get((src, session))
-        if facts is None:
-            facts = self._video[(src, session)] = sample_meta(key, meta).video
-            record = self.sources[src].sessions[session]
-            self._direct[src][session] = (
-                all(m is None for m in self.maps[src][session])
-                and (len(record.controls), len(record.channels)) == self.widths
-            )
+        """The clip's encoding (codec, tag, container, size, audio): its session's (``learn``). A sample
+        whose JSON ``learn`` found damaged is refused (``FormatError``) whenever it is read."""
+        facts = self._video.get((src, raw.session)) or self.learn(src, raw.session)
+        bad = self._bad.get((src, raw.index))
+        if bad is not None:
+            raise bad
         return facts
 
-    def unlearned(self, src: int, sessions: np.ndarray) -> list[int]:
-        """Positions in ``sessions`` (codes) of the first sample of each session whose facts are not
-        known yet."""
-        first: dict[int, int] = {}
-        for p, code in enumerate(sessions.tolist()):
-            if code not in first and (src, code) not in self._video:
-                first[code] = p
-        return list(first.values())
+    def learn(self, src: int, session: int) -> ClipVideo:
+        """The codec facts of session ``session`` (its code) of source ``src``, parsed once per process from
+        the JSON of its first sample in index order (the next one where that one cannot be read, or its JSON
+        does not parse: it is then damaged, ``_bad``). Always the same sample, whichever one a thread reads
+        first: which samples are refused never depends on timing. ``FormatError`` where no sample's JSON
+        parses."""
+        with self._learning:
+            facts = self._video.get((src, session))
+            if facts is not None:
+                return facts
+            if (src, session) in self._dead:
+                raise self._dead[(src, session)]
+            for i in self._in_order(src, session):
+                raw = self.readers[src].read([i], heal=False)[0]  # (the batch that reads it heals: and counts)
+                if isinstance(raw, FormatError):  # (the reader refuses it on every read of its own: not kept)
+                    continue
+                try:
+                    facts = sample_meta(raw.key, raw.members[JSON_SLOT]).video
+                except FormatError as e:
+                    self._bad[(src, i)] = e
+                    continue
+                return self._known(src, session, facts)
+            name = self.sources[src].sessions[session].session_id
+            dead = self._dead[(src, session)] = FormatError(f"session {name}: no sample's JSON parses")
+            raise dead
+
+    def _in_order(self, src: int, session: int) -> Iterator[int]:
+        """The session's samples in index order: its first, then (only if asked: rare) the others."""
+        first = int(self._first[src][session])
+        yield first
+        yield from (i for i in np.flatnonzero(self.sources[src].session_code == session).tolist() if i != first)
+
+    def _known(self, src: int, session: int, facts: ClipVideo) -> ClipVideo:
+        record = self.sources[src].sessions[session]
+        self._direct[src][session] = (
+            all(m is None for m in self.maps[src][session])
+            and (len(record.controls), len(record.channels)) == self.widths
+        )
+        self._video[(src, session)] = facts
+        return facts
+
+    def unknown(self, src: int, sessions: np.ndarray) -> list[int]:
+        """The sessions (codes) among ``sessions`` whose codec facts are not known yet."""
+        return [c for c in set(sessions.tolist()) if (src, c) not in self._video]
+
+    def refuses(self, src: int, idx: np.ndarray) -> bool:
+        """Whether a sample among ``idx`` had its JSON refused by ``learn``."""
+        return bool(self._bad) and any((src, i) in self._bad for i in idx.tolist())
 
     def direct(self, src: int, sessions: np.ndarray) -> bool:
         """Whether samples of these sessions (codes) can be collated straight from their shards'

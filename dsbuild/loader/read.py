@@ -162,8 +162,10 @@ class SampleReader:
         src = self.source
         return array_shapes(int(src.frames[i]), int(src.n_controls[i]), int(src.n_channels[i]))
 
-    def read(self, indices: list[int]) -> list[RawSample | FormatError]:
-        """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place)."""
+    def read(self, indices: list[int], heal: bool = True) -> list[RawSample | FormatError]:
+        """The samples at ``indices`` (a damaged one comes back as its FormatError, in its place); ``heal``:
+        a remote shard whose copy gave a damaged sample is fetched again for the next read (a caller that
+        only looks, and does not deliver what it read, leaves that to the read that does)."""
         src = self.source
         idx = np.asarray(indices, dtype=np.int64)
         refused = self.refused(src.shard_id[idx].tolist())
@@ -194,7 +196,8 @@ class SampleReader:
         # verify="shard": each shard's trust is asked once per read, not per sample
         trusted = {s for s in read if self.files.trusted(s)} if self.verify == "shard" else set()
         out = [r if not isinstance(r, RawSample) or s in trusted else self._hashed(r) for s, r in zip(shards, got)]
-        for s in {s for s, r, o in zip(shards, got, out) if isinstance(r, RawSample) and not isinstance(o, RawSample)}:
+        damaged = {s for s, r, o in zip(shards, got, out) if isinstance(r, RawSample) and not isinstance(o, RawSample)}
+        for s in damaged if heal else ():
             self.files.suspect(s)  # a remote shard's local copy: fetched again for the next read
         return out
 

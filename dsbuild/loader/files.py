@@ -181,7 +181,7 @@ class ShardFiles:
 
     def mapped(self, shard: int) -> memoryview | None:
         """The whole shard as a read-only view of its memory mapping (made once per open handle; it holds
-        no descriptor: ``map_readonly``), or None where the shard must be read instead (``read_ranges``):
+        no descriptor: ``map_file``), or None where the shard must be read instead (``read_ranges``):
         the file cannot be mapped, or is not the size its record says (a short read is damage; a mapped
         page past a file's end would be a SIGBUS), or with ``verify_shards`` its mapped bytes did not hash
         to their record (the caller then checks each sample's own hash). Each call looks at the file
@@ -228,7 +228,7 @@ class ShardFiles:
             if st.st_size == 0 or st.st_size != size:
                 h.unmappable = True
             else:
-                h.view, h.ident = map_readonly(fd, size), hashcache.identity(st)
+                h.view, h.ident = map_file(fd, size), hashcache.identity(st)
         except OSError:  # a file system that cannot map (some FUSE mounts): read it
             h.unmappable = True
         finally:
@@ -326,19 +326,22 @@ _libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def map_readonly(fd: int, size: int) -> memoryview:
-    """The first ``size`` bytes of ``fd``'s file mapped read-only, as a read-only memoryview that holds no
-    descriptor, unmapped once no view of it is left. (Python's ``mmap`` keeps a duplicate of ``fd`` for
-    the mapping's life: a loader whose delivered clips keep mappings alive piled those up past
-    ``max_open_shards`` and ``ulimit -n``.)"""
-    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+def map_file(fd: int, size: int, *, writable: bool = False) -> memoryview:
+    """The first ``size`` bytes of ``fd``'s file mapped (shared; read-only unless ``writable``), as a
+    memoryview that holds no descriptor, unmapped once no view of it is left. (Python's ``mmap`` keeps a
+    duplicate of ``fd`` for the mapping's life: a loader whose delivered clips keep mappings alive piled
+    those up past ``max_open_shards`` and ``ulimit -n``.)"""
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    addr = _libc.mmap(None, size, prot, mmap.MAP_SHARED, fd, 0)
     if addr is None or addr == MAP_FAILED:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-    mapped = cast(type[ctypes.Array[ctypes.c_ubyte]], type("MappedShard", (ctypes.c_ubyte * size,), {}))
+    name = "MappedBlock" if writable else "MappedShard"
+    mapped = cast(type[ctypes.Array[ctypes.c_ubyte]], type(name, (ctypes.c_ubyte * size,), {}))
     block = mapped.from_address(addr)  # (a subclass: weakref-able)
     weakref.finalize(block, _libc.munmap, addr, size)
-    return memoryview(block).cast("B").toreadonly()
+    view = memoryview(block).cast("B")
+    return view if writable else view.toreadonly()
 
 
 def hash_fact(rec: ShardRecord) -> str:

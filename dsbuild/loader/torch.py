@@ -13,37 +13,43 @@ restore — the loader's own checkpoint (``state_after``) resumes under any work
 
 What crosses to the main process, and how: torch's worker queue pickles each batch (torch's transport,
 not ours), but no tensor crosses it. The arrays are written into blocks of shared memory (memfds) the
-worker keeps, and cross as handles (``_Hand``: the worker's pid, the block's descriptor number, a token)
-which the main process opens through ``/proc/<pid>/fd`` and maps as a shared tensor storage (``_arrived``)
-while unpickling: one open and one map a block. torch's own transport hands each storage's descriptor
-over through the worker's ``resource_sharer`` thread, a connection and a handshake that wait for the
-worker's GIL (about 0.45 ms a storage here, as much as process mode spends on a whole batch). Everything
-else in a batch is plain data: lists of str, int, float, bool and None (keys, titles, conditions, codecs,
-``cu_seqlens`` as lists) and ``state``, a dict of those. A DataLoader worker started by ``spawn`` or
-``forkserver`` is sent the dataset: ``TorchDataset.__getstate__`` gives torch plain types only (the
-loader's JSON description, its map function by import path, its checkpoint, a path). (A ``collate_fn``,
-run in the worker, sees the handles; with ``batch_size=None`` none is needed.)
+worker keeps, and cross as handles (``_Hand``: the worker's pid, the block's descriptor number, its serial
+and the batch's token) which the main process resolves while unpickling (``_arrived``): it opens and maps
+each block through ``/proc/<pid>/fd`` once, keeps the mapping for the block's next batches, and gives each
+batch its own lease of it, which the batch's tensors hold (``torch.from_numpy`` views). torch's own
+transport hands each storage's descriptor over through the worker's ``resource_sharer`` thread, a
+connection and a handshake that wait for the worker's GIL (about 0.45 ms a storage here, as much as process
+mode spends on a whole batch); an open and a map of each block a batch, and their unmap when it went, cost
+another 0.04 ms. Everything else in a batch is plain data: lists of str, int, float, bool and None (keys,
+titles, conditions, codecs, ``cu_seqlens`` as lists) and ``state``, a dict of those. A DataLoader worker
+started by ``spawn`` or ``forkserver`` is sent the dataset: ``TorchDataset.__getstate__`` gives torch plain
+types only (the loader's JSON description, its map function by import path, its checkpoint, a path). (A
+``collate_fn``, run in the worker, sees the handles; with ``batch_size=None`` none is needed.) The tensors
+are not ``is_shared()`` in torch's sense: passed on to another process, torch copies them into memory of
+its own (and the lease goes).
 
 Each worker keeps two rings of blocks (``Ring``): one for the payload (frames, the clips, audio: arrays of
 ``BIG`` bytes or more) and one for the small arrays of a batch (lengths, timestamps, actions...), so a
 training loop that keeps ``batch["lengths"]`` for its metrics keeps a small block, not the frames. A block
 is written again only once its last batch has arrived (its header's pending byte, cleared by the main
-process) and no batch made from it is left in any process (a kernel write lease), so a batch a training
-loop keeps never changes; a new block every batch cost 3-5x the copy (the kernel zeroes and maps every
-page, in the worker and again in the main process). Where memfds or leases are not available (not
-Linux), every batch gets new blocks of torch's, handed over by torch.
+process as it maps it) and that batch's last tensor is gone (its held byte, cleared when the lease is
+collected), so a batch a training loop keeps never changes; a new block every batch cost 3-5x the copy
+(the kernel zeroes and maps every page, in the worker and again in the main process). Where memfds are not
+available (not Linux), every batch gets new blocks of torch's, handed over by torch.
 """
 
 from __future__ import annotations
 
-import fcntl
+import ctypes
 import functools
 import json
 import mmap
 import os
+import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -51,6 +57,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.loader.description import WorkerSpec, describe, rebuild
+from dsbuild.loader.files import map_file
 from dsbuild.loader.passes import PassFile
 from dsbuild.loader.state import LoaderState
 from dsbuild.loader.walk import Position
@@ -60,8 +67,9 @@ BIG = 1 << 20  # bytes: an array at least this large crosses in the ring's block
 SLOTS = 8  # a worker's ring: the DataLoader's prefetch_factor in flight, the batch the loop holds, and spare
 MIB = 1 << 20
 PAGE = 4096
-HEADER = 64  # bytes at the start of a ring's block: the token of its last batch (16), then PENDING
+HEADER = 64  # bytes at the start of a ring's block: the token of its last batch (16), PENDING, HELD
 PENDING = 16  # the header's byte that is 1 from a batch's hand-off until the main process has it mapped
+HELD = 17  # the header's byte that is 1 from a batch's hand-off until its last tensor is gone
 
 
 @functools.cache
@@ -103,11 +111,17 @@ def _places(arrays: dict[str, np.ndarray], at: int = 0) -> tuple[dict[str, int],
     return layout, at
 
 
-def _view(base: torch.Tensor | _Hand, at: int, nbytes: int, dtype: str, shape: tuple) -> torch.Tensor | _Part:
+def _view(
+    base: torch.Tensor | np.ndarray | _Hand, at: int, nbytes: int, dtype: str, shape: tuple
+) -> torch.Tensor | _Part:
     """``nbytes`` of ``base`` from ``at`` as an array of ``dtype`` (numpy's name) and ``shape``: a tensor
-    view, or of a block still in the worker, a ``_Part`` that becomes that view where it arrives."""
+    view, or of a block still in the worker, a ``_Part`` that becomes that view where it arrives (``base``
+    is then the batch's lease of the block as numpy: a tensor made from numpy's view costs a third of
+    torch's slicing)."""
     if isinstance(base, _Hand):
         return _Part(base, at, nbytes, dtype, shape)
+    if isinstance(base, np.ndarray):
+        return torch.from_numpy(base[at : at + nbytes].view(dtype).reshape(shape))
     return base[at : at + nbytes].view(_torch_dtype(dtype)).view(shape)
 
 
@@ -120,36 +134,93 @@ def _write(raw: np.ndarray, arrays: dict[str, np.ndarray], layout: dict[str, int
         raw[layout[k] : layout[k] + a.nbytes] = a.reshape(-1).view(np.uint8)
 
 
-def _arrived(pid: int, fd: int, size: int, token: bytes) -> torch.Tensor:
-    """Where a batch arrives (the main process, unpickling it): the worker's block as a shared uint8
-    tensor over an open of its own, which keeps the block from being written again until the last tensor
-    of it goes (``_Block.released``); its pending byte cleared, now that this open exists."""
-    path = f"/proc/{pid}/fd/{fd}"
+class _Mapped:
+    """A worker's block as the main process maps it (through ``/proc/<pid>/fd``, read-write, holding no
+    descriptor), kept for the block's next batches."""
+
+    def __init__(self, pid: int, fd: int, size: int, serial: bytes) -> None:
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            opened = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise RuntimeError(
+                f"DataLoader worker (pid {pid}): its batch's shared memory {path} cannot be opened ({e.strerror})"
+            ) from None
+        try:
+            if os.fstat(opened).st_size != size:
+                raise RuntimeError(f"DataLoader worker (pid {pid}): its batch's block {path} is not {size} bytes")
+            self.block = map_file(opened, size, writable=True)
+        finally:
+            os.close(opened)
+        self.raw = np.frombuffer(self.block, np.uint8)
+        self.serial, self.lease = serial, _lease_type(size)
+
+
+_MAPPED: OrderedDict[tuple[int, int], _Mapped] = OrderedDict()  # (worker pid, fd) -> its block, newest last
+_MAPPED_LOCK = threading.Lock()  # (a pin-memory thread unpickles batches too)
+
+
+@functools.cache
+def _lease_type(size: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
+    """A weakref-able ctypes array of ``size`` bytes: one over a block is one batch's hold on it."""
+    return cast(type[ctypes.Array[ctypes.c_ubyte]], type("BatchLease", (ctypes.c_ubyte * size,), {}))
+
+
+def _mapped(pid: int, fd: int, size: int, serial: bytes) -> _Mapped:
+    """The block ``serial`` of worker ``pid`` (descriptor ``fd`` there), mapped once. Blocks of workers
+    that are gone, and a worker's blocks past the two rings it can hold (given up since), are forgotten
+    here: their memory goes with the last batch that holds it."""
+    with _MAPPED_LOCK:
+        m = _MAPPED.get((pid, fd))
+        if m is not None and m.serial == serial:
+            _MAPPED.move_to_end((pid, fd))
+            return m
+        m = _MAPPED[(pid, fd)] = _Mapped(pid, fd, size, serial)
+        _MAPPED.move_to_end((pid, fd))
+        mine = [key for key in _MAPPED if key[0] == pid]
+        for key in mine[: max(0, len(mine) - 2 * SLOTS)]:
+            del _MAPPED[key]
+        for key in [key for key in _MAPPED if key[0] != pid and not _alive(key[0])]:
+            del _MAPPED[key]
+        return m
+
+
+def _alive(pid: int) -> bool:
     try:
-        opened = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as e:
-        raise RuntimeError(
-            f"DataLoader worker (pid {pid}): its batch's shared memory {path} cannot be opened ({e.strerror})"
-        ) from None
-    try:
-        if os.pread(opened, PENDING, 0) != token or os.fstat(opened).st_size != size:
-            raise RuntimeError(f"DataLoader worker (pid {pid}): a batch's block was written again before it arrived")
-        storage = torch.UntypedStorage._new_shared_fd_cpu(opened, size)
-        os.pwrite(opened, b"\0", PENDING)
-    finally:
-        os.close(opened)
-    return torch.empty(0, dtype=torch.uint8).set_(storage)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (someone else's process now holds that pid: the worker is gone)
+        return False
+    return True
+
+
+def _let_go(raw: np.ndarray) -> None:
+    raw[HELD] = 0
+
+
+def _arrived(pid: int, fd: int, size: int, token: bytes, serial: bytes) -> np.ndarray:
+    """Where a batch arrives (the main process, unpickling it): the worker's block, as this batch's lease
+    of its mapping (uint8; the batch's tensors are views of it). The block's pending byte is cleared now,
+    its held byte once the lease is collected: the worker writes the block again only then."""
+    m = _mapped(pid, fd, size, serial)
+    if m.raw[:PENDING].tobytes() != token:
+        raise RuntimeError(f"DataLoader worker (pid {pid}): a batch's block was written again before it arrived")
+    lease = m.lease.from_buffer(m.block)
+    weakref.finalize(lease, _let_go, m.raw)
+    m.raw[PENDING] = 0
+    return np.frombuffer(memoryview(lease), np.uint8)
 
 
 class _Hand:
     """A worker's block as the batch that fills it sends it: pickled, it is what ``_arrived`` needs (one
     per block and batch: pickle writes it once however many arrays of the batch refer to it)."""
 
-    def __init__(self, fd: int, size: int, token: bytes) -> None:
-        self.pid, self.fd, self.size, self.token = os.getpid(), fd, size, token
+    def __init__(self, fd: int, size: int, token: bytes, serial: bytes) -> None:
+        self.pid, self.fd, self.size, self.token, self.serial = os.getpid(), fd, size, token, serial
 
     def __reduce__(self) -> tuple:
-        return _arrived, (self.pid, self.fd, self.size, self.token)
+        return _arrived, (self.pid, self.fd, self.size, self.token, self.serial)
 
 
 class _Part:
@@ -177,12 +248,7 @@ class _Block:
     """One block of a worker's ring: a memfd, opened here once (``fd``) and mapped once (``raw``)."""
 
     def __init__(self, size: int) -> None:
-        made = os.memfd_create("dsbuild-batch", os.MFD_CLOEXEC)
-        try:
-            # (a file opened by path, unlike the memfd itself, counts as open for writing: see ``released``)
-            self.fd = os.open(f"/proc/self/fd/{made}", os.O_RDWR | os.O_CLOEXEC)
-        finally:
-            os.close(made)
+        self.fd = os.memfd_create("dsbuild-batch", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, size)
             os.posix_fallocate(self.fd, 0, size)  # memory short: an error here, never a SIGBUS mid-copy
@@ -191,31 +257,24 @@ class _Block:
             os.close(self.fd)
             raise
         self.size, self.used = size, 0
+        self.serial = os.urandom(8)  # (tells it from a later block given the same descriptor number)
 
     @property
     def pending(self) -> bool:
-        """A batch of this block is on its way: the main process has not opened it yet."""
+        """A batch of this block is on its way: the main process has not mapped it yet."""
         return bool(self.raw[PENDING])
 
     def released(self) -> bool:
-        """No batch of the block is on its way, and no other open of it is left: no batch made from it
-        lives, in any process (each arrives over an open of its own, ``_arrived``, which closes when the
-        last tensor of it goes). A write lease is granted only to the file's one open for writing. Raises
-        OSError where leases are not available."""
-        if self.pending:
-            return False
-        try:
-            fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-        except BlockingIOError:  # (EAGAIN)
-            return False
-        fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
-        return True
+        """No batch of the block is on its way, and none made from it lives: the main process cleared the
+        pending byte when the batch arrived and the held byte when the batch's last tensor went (in this
+        process too: a batch handed over within it goes the same way)."""
+        return not self.raw[PENDING] and not self.raw[HELD]
 
     def hand(self, token: bytes) -> _Hand:
         """The block, marked on its way with ``token``, as a batch sends it."""
         self.raw[:PENDING] = np.frombuffer(token, np.uint8)
-        self.raw[PENDING] = 1
-        return _Hand(self.fd, self.size, token)
+        self.raw[PENDING] = self.raw[HELD] = 1
+        return _Hand(self.fd, self.size, token, self.serial)
 
     def close(self) -> None:
         """Forget the block here; the batches that hold it keep its memory until they go."""
@@ -227,13 +286,13 @@ class Ring:
     """A DataLoader worker's reused shared memory for one kind of array of its batches: up to ``SLOTS``
     blocks of whole ``granule``s, each written again only once ``_Block.released`` (so a batch a training
     loop keeps never changes). A block is given up when a new one is needed and all are taken, the one
-    longest unused first, but never while a batch of it is on its way. Where memfds or leases are not
-    available (not Linux), every batch gets a new block of torch's."""
+    longest unused first, but never while a batch of it is on its way. Where memfds are not available (not
+    Linux), every batch gets a new block of torch's."""
 
     def __init__(self, granule: int = MIB) -> None:
         self.blocks: list[_Block] = []
         self.granule = granule
-        self.reuse = hasattr(os, "memfd_create") and hasattr(fcntl, "F_SETLEASE")
+        self.reuse = hasattr(os, "memfd_create")
         self.made = self.tick = 0
         self.id = os.urandom(8)  # with ``tick``, the token that tells one batch of a block from another
 
@@ -244,7 +303,7 @@ class Ring:
             try:
                 b = self._reused(HEADER + need)
                 return b.raw, b.hand(self.id + self.tick.to_bytes(8, "little"))
-            except OSError:  # (leases refused, or memfds: new blocks from now on)
+            except OSError:  # (no memfds here: new blocks from now on)
                 self.reuse = False
                 self.close()
         block = _new_block(HEADER + need)

@@ -127,6 +127,19 @@ def test_a_restore_to_where_the_last_pass_started_is_not_taken_for_an_unmoved_lo
         assert [b["keys"] for b in dl] == epoch1[2:]
 
 
+def worker_block(t: torch.Tensor) -> tuple[int, int] | None:
+    """The address range of the worker's shared block (a memfd the main process mapped) that ``t``'s
+    memory lies in; None for memory of this process's own (a pickled copy)."""
+    at = t.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, *rest = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= at < hi:
+                return (lo, hi) if len(rest) == 5 and "memfd:dsbuild-batch" in rest[4] else None
+    return None
+
+
 def test_process_workers_hand_payloads_over_in_shared_memory(cat):
     ref, _ = cat
     direct = list(Loader(ref, decode="bytes", batch_size=3, seed=5))
@@ -135,16 +148,12 @@ def test_process_workers_hand_payloads_over_in_shared_memory(cat):
     for mine, b in zip(direct, dl):
         tensors = {k: v for k, v in b.items() if isinstance(v, torch.Tensor)}
         assert {"actions", "telemetry", "timestamps", "lengths", "video_data", "video_offsets"} <= set(tensors)
-        for k, t in tensors.items():
-            assert t.is_shared(), k  # a shared-memory handle crossed, not a pickled copy
+        blocks = {k: worker_block(t) for k, t in tensors.items()}
+        assert all(blocks.values()), blocks  # a worker's block crossed as a handle, not a pickled copy
         # the small arrays are views of one shared block (one handle for all of them, not one per array);
         # the clips are a block of their own, so keeping a small tensor does not keep the clips alive
-        small = {k: t for k, t in tensors.items() if k != "video_data"}
-        assert len({t.untyped_storage().data_ptr() for t in small.values()}) == 1
-        block = b["lengths"].untyped_storage()
-        assert (
-            block.nbytes() < b["video_data"].nbytes and b["video_data"].untyped_storage().data_ptr() != block.data_ptr()
-        )
+        small = {blocks[k] for k in tensors if k != "video_data"}
+        assert len(small) == 1 and blocks["video_data"] not in small
         clips = [bytes(b["video_data"][a:z].numpy()) for a, z in zip(b["video_offsets"][:-1], b["video_offsets"][1:])]
         assert clips == [bytes(v) for v in mine["video"]]
         for k, v in mine.items():
@@ -156,7 +165,7 @@ def test_frames_cross_in_shared_memory_too(cat):
     ref, _ = cat
     loader = Loader(ref, batch_size=2, seed=1, resize=(8, 8))
     b = next(iter(torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=1)))
-    assert b["frames"].is_shared() and b["frames"].dtype == torch.uint8 and b["frames"].shape[2:] == (8, 8, 3)
+    assert worker_block(b["frames"]) and b["frames"].dtype == torch.uint8 and b["frames"].shape[2:] == (8, 8, 3)
 
 
 def test_a_kept_small_tensor_does_not_keep_the_frames_alive(cat):
@@ -168,9 +177,9 @@ def test_a_kept_small_tensor_does_not_keep_the_frames_alive(cat):
     loader = Loader(ref, batch_size=2, seed=1, resize=(240, 320))
     b = next(iter(torch.utils.data.DataLoader(loader.as_torch_dataset(), batch_size=None, num_workers=1)))
     assert b["frames"].nbytes >= BIG
-    assert b["frames"].untyped_storage().data_ptr() != b["lengths"].untyped_storage().data_ptr()
-    kept = b["lengths"].untyped_storage().nbytes()
-    assert kept < BIG and b["actions"].untyped_storage().data_ptr() == b["lengths"].untyped_storage().data_ptr()
+    small = worker_block(b["lengths"])
+    assert small and worker_block(b["frames"]) != small and worker_block(b["actions"]) == small
+    assert small[1] - small[0] < BIG
 
 
 def test_a_killed_worker_is_a_clear_error_and_resume_is_exact(wds_catalog):
@@ -207,7 +216,7 @@ def test_packed_frames_cross_whole_with_their_segments(cat):
         assert b["cu_seqlens"] == [x.tolist() for x in mine["cu_seqlens"]] and b["keys"] == mine["keys"]
         for k, v in mine.items():
             if isinstance(v, np.ndarray):
-                assert b[k].is_shared() and np.array_equal(b[k].numpy(), v), k
+                assert worker_block(b[k]) and np.array_equal(b[k].numpy(), v), k
 
 
 def test_nvdec_in_dataloader_worker_processes_is_refused_in_one_line(cat):

@@ -107,8 +107,8 @@ def arrive(batch: dict) -> dict:
 
 def test_a_kept_batch_never_changes_and_a_dropped_ones_block_is_reused(cat):
     """The worker's ring writes a block again only once no batch made from it is left: a kept batch keeps
-    its block (the next batch gets another), a dropped one frees it. (Leases count opens in this process
-    as in any other, so the ring is exercised here directly.)"""
+    its block (the next batch gets another), a dropped one frees it (its tensors' lease of the block goes,
+    in this process as in any other)."""
     from dsbuild.loader.torch import PAGE, Ring, shared_batch
 
     ref, _ = cat
@@ -190,3 +190,24 @@ def test_a_dataset_crosses_to_a_spawned_worker_as_plain_data(cat):
     copy.__setstate__(state)
     assert copy.loader.options == loader.options and copy.loader.state_dict() == loader.state_dict()
     assert [b["keys"] for b in copy] == full[1:]
+
+
+def test_the_main_process_maps_each_block_once_and_forgets_gone_workers_blocks(cat):
+    """A worker's block is mapped here on its first batch and kept for the next ones (a map and an unmap
+    each batch cost as much as the rest of the hand-over); the blocks of workers that are gone (a
+    DataLoader without persistent workers starts new ones every pass) are forgotten as new ones come."""
+    from dsbuild.loader import torch as ours
+
+    ref, _ = cat
+    ours._MAPPED.clear()
+    kept = torch.utils.data.DataLoader(
+        Loader(ref, **KW).as_torch_dataset(), batch_size=None, num_workers=2, persistent_workers=True
+    )
+    batches = sum(1 for _ in range(4) for _ in kept)
+    assert 2 <= len(ours._MAPPED) <= 2 * 2 * ours.SLOTS < batches  # (two rings a worker)
+    del kept
+    fresh = torch.utils.data.DataLoader(Loader(ref, **KW).as_torch_dataset(), batch_size=None, num_workers=2)
+    for _ in range(3):
+        assert sum(1 for _ in fresh) > 0
+        assert len({pid for pid, _ in ours._MAPPED}) <= 2  # this pass's workers only
+

@@ -211,3 +211,17 @@ def test_the_main_process_maps_each_block_once_and_forgets_gone_workers_blocks(c
         assert sum(1 for _ in fresh) > 0
         assert len({pid for pid, _ in ours._MAPPED}) <= 2  # this pass's workers only
 
+
+def test_a_batchs_checkpoint_is_the_one_the_loader_gives_at_that_position(cat):
+    """Each batch a worker yields carries ``state_at`` its position, made from a kept copy of the fields
+    that do not move: it is exactly ``state_dict()`` there, and a fresh dict every time."""
+    ref, _ = cat
+    loader = Loader(ref, **{**KW, "shuffle": "blocks"})
+    other = Loader(ref, **{**KW, "shuffle": "blocks"})
+    other.open()
+    for _, after in [s for s in loader.steps() if s[0] is not None]:
+        other.position = after
+        state = loader.state_at(after)
+        assert state == other.state_dict() and json.dumps(state) == json.dumps(other.state_dict())
+        state["sources"][0]["weight"] = -1.0  # a caller's change stays its own
+    assert loader.state_at(after)["sources"][0]["weight"] == 1.0

@@ -269,7 +269,9 @@ def _workers(pid: int) -> list[int]:
 
 
 def _copy_run(src: Path, dst_dir: Path, n: int, slower: float = 1.0) -> None:
-    """Run ``src`` again as run ``n`` of ``dst_dir`` (its rounds unchanged, or ``slower`` times slower)."""
+    """Run ``src`` again as run ``n`` of ``dst_dir``: its rounds unchanged, or each figure's rounds moved
+    past their worst and then made ``slower`` times worse, so that every doctored round is worse than
+    every original one (a run on a loaded machine spreads its rounds wider than any fixed factor)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -277,10 +279,11 @@ def _copy_run(src: Path, dst_dir: Path, n: int, slower: float = 1.0) -> None:
     for r in rows:
         r["run_id"] = f"29990101T0000{n:02d}.000000Z-copy{n}"
         r["started_at"] = r["run_id"][:22]
-        if r["better"] == "lower":
-            r["rounds"] = [v * slower for v in r["rounds"]]
-        else:
-            r["rounds"] = [v / slower for v in r["rounds"]]
+        lo, hi = min(r["rounds"]), max(r["rounds"])
+        if slower != 1.0 and r["better"] == "lower":
+            r["rounds"] = [(v + hi - lo) * slower for v in r["rounds"]]
+        elif slower != 1.0 and hi > 0:
+            r["rounds"] = [v * (lo / hi) / slower for v in r["rounds"]]
         r["median"] = sorted(r["rounds"])[len(r["rounds"]) // 2]
     pq.write_table(pa.Table.from_pylist(rows), dst_dir / f"run-{rows[0]['run_id']}.parquet")
 

@@ -563,9 +563,8 @@ class Mixture:
         if spans is None:
             return None
         codes = source.session_code[idx]
-        try:  # a session met for the first time: its codec facts now
-            for code in prepare.unknown(src, codes):
-                prepare.learn(src, code)
+        try:  # sessions met for the first time: their codec facts now
+            prepare.learn(src, prepare.unknown(src, codes))
         except FormatError:  # (no sample of a session has JSON that parses: the general route replaces them)
             return None
         if prepare.refuses(src, idx) or not prepare.direct(src, codes):

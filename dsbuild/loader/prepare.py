@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -282,43 +281,47 @@ class Preparer:
     def video_facts(self, src: int, raw: RawSample) -> ClipVideo:
         """The clip's encoding (codec, tag, container, size, audio): its session's (``learn``). A sample
         whose JSON ``learn`` found damaged is refused (``FormatError``) whenever it is read."""
-        facts = self._video.get((src, raw.session)) or self.learn(src, raw.session)
+        facts = self._video.get((src, raw.session))
+        if facts is None:
+            self.learn(src, [raw.session])
+            facts = self._video[(src, raw.session)]
         bad = self._bad.get((src, raw.index))
         if bad is not None:
             raise bad
         return facts
 
-    def learn(self, src: int, session: int) -> ClipVideo:
-        """The codec facts of session ``session`` (its code) of source ``src``, parsed once per process from
-        the JSON of its first sample in index order (the next one where that one cannot be read, or its JSON
-        does not parse: it is then damaged, ``_bad``). Always the same sample, whichever one a thread reads
-        first: which samples are refused never depends on timing. ``FormatError`` where no sample's JSON
-        parses."""
+    def learn(self, src: int, sessions: list[int]) -> None:
+        """The codec facts of ``sessions`` (codes) of source ``src`` not known yet, each parsed once per
+        process from the JSON of the session's first sample in index order (the next one where that one
+        cannot be read, or its JSON does not parse: it is then damaged, ``_bad``), all first samples in one
+        read. Always the same sample, whichever one a thread reads first: which samples are refused never
+        depends on timing. ``FormatError`` where no sample of a session has JSON that parses."""
         with self._learning:
-            facts = self._video.get((src, session))
-            if facts is not None:
-                return facts
-            if (src, session) in self._dead:
-                raise self._dead[(src, session)]
-            for i in self._in_order(src, session):
-                raw = self.readers[src].read([i], heal=False)[0]  # (the batch that reads it heals: and counts)
-                if isinstance(raw, FormatError):  # (the reader refuses it on every read of its own: not kept)
+            todo = [c for c in dict.fromkeys(sessions) if (src, c) not in self._video]
+            for c in todo:
+                if (src, c) in self._dead:
+                    raise self._dead[(src, c)]
+            firsts = [int(self._first[src][c]) for c in todo]
+            # (this read only looks: the batch that delivers a damaged sample heals its copy, and counts it)
+            for c, i, raw in zip(todo, firsts, self.readers[src].read(firsts, heal=False) if todo else []):
+                if self._take(src, c, i, raw):
                     continue
-                try:
-                    facts = sample_meta(raw.key, raw.members[JSON_SLOT]).video
-                except FormatError as e:
-                    self._bad[(src, i)] = e
-                    continue
-                return self._known(src, session, facts)
-            name = self.sources[src].sessions[session].session_id
-            dead = self._dead[(src, session)] = FormatError(f"session {name}: no sample's JSON parses")
-            raise dead
+                others = np.flatnonzero(self.sources[src].session_code == c).tolist()  # (rare)
+                if not any(self._take(src, c, j, self.readers[src].read([j], heal=False)[0]) for j in others[1:]):
+                    name = self.sources[src].sessions[c].session_id
+                    dead = self._dead[(src, c)] = FormatError(f"session {name}: no sample's JSON parses")
+                    raise dead
 
-    def _in_order(self, src: int, session: int) -> Iterator[int]:
-        """The session's samples in index order: its first, then (only if asked: rare) the others."""
-        first = int(self._first[src][session])
-        yield first
-        yield from (i for i in np.flatnonzero(self.sources[src].session_code == session).tolist() if i != first)
+    def _take(self, src: int, session: int, i: int, raw: RawSample | FormatError) -> bool:
+        """Whether sample ``i`` (read as ``raw``) gave its session's codec facts."""
+        if isinstance(raw, FormatError):  # (the reader refuses it on every read of its own: not kept)
+            return False
+        try:
+            self._known(src, session, sample_meta(raw.key, raw.members[JSON_SLOT]).video)
+        except FormatError as e:
+            self._bad[(src, i)] = e
+            return False
+        return True
 
     def _known(self, src: int, session: int, facts: ClipVideo) -> ClipVideo:
         record = self.sources[src].sessions[session]

@@ -77,6 +77,8 @@ class Record:
 
     __slots__ = ()
     FORMAT: ClassVar[str | None] = None  # when set, the JSON carries {"format": FORMAT} and it is checked
+    # a reader's view of a record: its fields are read and checked, any others left unread (never written)
+    PARTIAL: ClassVar[bool] = False
     if typing.TYPE_CHECKING:  # what ``@dataclass`` gives each subclass, so ``dataclasses.fields`` takes a Record
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
@@ -102,7 +104,7 @@ class Record:
             if found != cls.FORMAT:
                 raise FormatError(f"{what}: format is {str(found)[:80]!r}, expected {cls.FORMAT!r}")
         plan, names = _plan(cls)  # type: ignore[arg-type]  # a class is hashable; mypy checks the instances' __hash__
-        if len(doc) > len(names) or not names.issuperset(doc):
+        if not cls.PARTIAL and (len(doc) > len(names) or not names.issuperset(doc)):
             unknown = sorted(set(doc) - names, key=str)
             raise FormatError(f"{what}: unknown field {str(unknown[0])[:80]!r}")
         values = {}
@@ -130,7 +132,7 @@ class Record:
             props[f.name] = _schema(hints[f.name], f.metadata)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 required.append(f.name)
-        out = {"type": "object", "additionalProperties": False, "properties": props, "required": required}
+        out = {"type": "object", "additionalProperties": cls.PARTIAL, "properties": props, "required": required}
         if cls.__doc__:
             out["description"] = " ".join(cls.__doc__.split())
         return out

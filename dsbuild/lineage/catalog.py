@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar, cast
 
 from dsbuild.core.errors import FormatError, LineageError, StorageError, UsageError
 from dsbuild.core.files import INTERRUPTED_WRITE, PARENT_ONLY_FDS, UnsafeFile, fsync_dir, read_capped, write_durably
@@ -46,10 +46,13 @@ from dsbuild.lineage.manifest import (
     MAX_SESSIONS_BYTES,
     FilePin,
     Manifest,
+    SessionColumnsTable,
+    SessionsFile,
     SessionTable,
     ShardRecord,
 )
 
+F = TypeVar("F", bound=SessionsFile)
 CATALOG_FORMAT = "dsbuild.catalog/2"
 MARKER = "catalog.json"
 TAGS = "tags.json"
@@ -326,7 +329,7 @@ class Catalog:
     def __init__(self, store: Store):
         self.store = store
         self._manifests: dict[str, Manifest] = {}
-        self._sessions: dict[str, SessionTable] = {}
+        self._sessions: dict[tuple[str, type], SessionsFile] = {}  # (version, the records read)
 
     # -- opening --------------------------------------------------------------------------------
     @classmethod
@@ -499,12 +502,20 @@ class Catalog:
 
     def sessions(self, version_id: str) -> SessionTable:
         """The version's per-session records and their source files, proven against the manifest's pin
-        (read only by what needs them: the loader, lineage, incremental builds, the sources view)."""
-        if version_id not in self._sessions:
+        (read only by what needs them: lineage, incremental builds, the sources view)."""
+        return self._sessions_file(version_id, SessionTable)
+
+    def session_columns(self, version_id: str) -> SessionColumnsTable:
+        """``sessions`` as the loader reads them: each session's id and array columns (the same file,
+        proven by the same pin; its other fields are not read into records)."""
+        return self._sessions_file(version_id, SessionColumnsTable)
+
+    def _sessions_file(self, version_id: str, kind: type[F]) -> F:
+        if (version_id, kind) not in self._sessions:
             pin = self.manifest(version_id).sessions
             data = self.pinned_file(version_id, pin, MAX_SESSIONS_BYTES)
             try:
-                table = SessionTable.from_bytes(data, f"{self.url}/versions/{version_id}/{pin.path}")
+                table = kind.from_bytes(data, f"{self.url}/versions/{version_id}/{pin.path}")
             except FormatError as e:
                 raise LineageError(str(e)) from None
             if len(table.sessions) != pin.rows:
@@ -512,8 +523,8 @@ class Catalog:
                     f"{self.url}/versions/{version_id}/{pin.path}: {len(table.sessions)} sessions, "
                     f"the manifest says {pin.rows}"
                 )
-            self._sessions[version_id] = table
-        return self._sessions[version_id]
+            self._sessions[(version_id, kind)] = table
+        return cast(F, self._sessions[(version_id, kind)])
 
     def shard_file(self, record: ShardRecord, *, proven: bool = False) -> Path:
         """A local file holding the shard (an object store's shards come through a cache, verified on

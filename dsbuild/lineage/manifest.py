@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Self
 
 from dsbuild.core.errors import FormatError
 from dsbuild.core.hashing import FileProof, sha256_bytes
@@ -90,23 +91,52 @@ class Quarantined(Record):
     reason: str
 
 
+class SessionsFile(Record):
+    """The records of ``versions/<id>/sessions.json``, in full (``SessionTable``) or as the loader reads
+    them (``SessionColumnsTable``)."""
+
+    __slots__ = ()
+    FORMAT = "dsbuild.sessions/1"
+    if TYPE_CHECKING:  # (what each kind holds, as it reads them)
+        sessions: tuple[Any, ...]
+
+    @classmethod
+    def from_bytes(cls, data: bytes, what: str) -> Self:
+        return cls.from_json(loads_bounded(data, max_bytes=MAX_SESSIONS_BYTES, what=what, max_depth=None), what)
+
+
 @dataclass(frozen=True, slots=True)
-class SessionTable(Record):
+class SessionTable(SessionsFile):
     """Every session of a version and the source files it came from (``versions/<id>/sessions.json``)."""
 
-    FORMAT = "dsbuild.sessions/1"
     sessions: tuple[SessionRecord, ...]
     sources: tuple[SourceRecord, ...]
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.to_json())
 
-    @classmethod
-    def from_bytes(cls, data: bytes, what: str) -> SessionTable:
-        return cls.from_json(loads_bounded(data, max_bytes=MAX_SESSIONS_BYTES, what=what, max_depth=None), what)
-
     def sources_of(self, session: str) -> list[SourceRecord]:
         return [s for s in self.sources if s.session == session]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionColumns(Record):
+    """A session record as the loader reads it: its id and the names of its array columns, checked as
+    ``SessionRecord`` checks them; its source files and repair counts are left unread (on a version of
+    10,000 sessions they were most of the loader's start)."""
+
+    PARTIAL = True
+    session_id: str
+    controls: tuple[str, ...]
+    telemetry: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionColumnsTable(SessionsFile):
+    """``sessions.json`` as the loader reads it (``SessionColumns``)."""
+
+    PARTIAL = True
+    sessions: tuple[SessionColumns, ...]
 
 
 @dataclass(frozen=True, slots=True)

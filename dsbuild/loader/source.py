@@ -162,7 +162,7 @@ class Source:
         self.session_code = to_numpy(enc.indices).astype(np.int32)
         _, first = np.unique(self.session_code, return_index=True)
         rows = table.select(list(SESSION_COLUMNS)).take(array(first, pa.int64())).to_pylist()
-        vocab = {s.session_id: s for s in self.catalog.sessions(self.version_id).sessions}
+        vocab = {s.session_id: s for s in self.catalog.session_columns(self.version_id).sessions}
         self.sessions: list[Session] = []
         for row in rows:
             rec = vocab.get(row["session_id"])

@@ -76,6 +76,47 @@ def test_every_field_is_validated_with_its_name(change, message):
         Outer.from_json({**GOOD, **change}, "doc")
 
 
+@dataclass(frozen=True, slots=True)
+class Partial(Record):
+    """A reader's view of ``Outer``: its own fields checked, the others left unread."""
+
+    PARTIAL = True
+    FORMAT = "test.outer/1"
+    digest: str = field(metadata=spec(pattern=SHA256))
+    items: tuple[Inner, ...]
+
+
+def test_a_partial_record_checks_its_own_fields_and_leaves_the_rest_unread():
+    assert Partial.from_json({**GOOD, "surprise": object()}, "doc") == Partial("a" * 64, (Inner("x", 2),))
+    for change, message in [({"digest": "zz"}, "does not match"), ({"format": "x/1"}, "format is 'x/1'")]:
+        with pytest.raises(FormatError, match=message):
+            Partial.from_json({**GOOD, **change}, "doc")
+    with pytest.raises(FormatError, match="missing field 'items'"):
+        Partial.from_json({k: v for k, v in GOOD.items() if k != "items"}, "doc")
+    assert Partial.json_schema()["additionalProperties"] is True
+
+
+def test_the_loaders_view_of_the_session_records_is_the_full_records_own(tmp_path):
+    """The loader reads each session's id and array columns only; they are the full records' values."""
+    from dsbuild.lineage.manifest import SessionColumns, SessionColumnsTable, SessionTable
+
+    full = SessionTable.json_schema()["properties"]["sessions"]["items"]["properties"]
+    for name, schema in SessionColumns.json_schema()["properties"].items():
+        assert full[name] == schema, name
+    doc = {
+        "format": "dsbuild.sessions/1",
+        "sessions": [
+            {"session_id": "s-1", "path": "s-1", "samples": 2, "controls": ["a"], "telemetry": [], "repairs": {}}
+        ],
+        "sources": [],
+    }
+    import json
+
+    data = json.dumps(doc).encode()
+    assert SessionColumnsTable.from_bytes(data, "x").sessions == (SessionColumns("s-1", ("a",), ()),)
+    assert SessionTable.from_bytes(data, "x").sessions[0].controls == ("a",)
+
+
 def test_missing_required_fields_are_named_and_defaults_fill_in():
     doc = {k: v for k, v in GOOD.items() if k not in ("note", "extra")}
     assert Outer.from_json(doc, "doc").note is None

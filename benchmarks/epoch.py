@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", default=None)
     a = ap.parse_args()
+    if a.work:
+        Path(a.work).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="dsbuild-epoch-", dir=a.work))
     runs, n, payload = contenders(a.catalog, work)
     for name, epoch in runs.items():

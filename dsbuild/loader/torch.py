@@ -195,8 +195,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _let_go(raw: np.ndarray) -> None:
-    raw[HELD] = 0
+def _let_go(raw: np.ndarray, pid: int) -> None:
+    """A batch's lease collected: its block may be written again. Only in the process that took the lease:
+    a process forked from it (a DataLoader's next workers) holds copies of the batches it had, whose
+    collection there says nothing of this process's."""
+    if os.getpid() == pid:
+        raw[HELD] = 0
 
 
 def _arrived(pid: int, fd: int, size: int, token: bytes, serial: bytes) -> np.ndarray:
@@ -207,7 +211,7 @@ def _arrived(pid: int, fd: int, size: int, token: bytes, serial: bytes) -> np.nd
     if m.raw[:PENDING].tobytes() != token:
         raise RuntimeError(f"DataLoader worker (pid {pid}): a batch's block was written again before it arrived")
     lease = m.lease.from_buffer(m.block)
-    weakref.finalize(lease, _let_go, m.raw)
+    weakref.finalize(lease, _let_go, m.raw, os.getpid()).atexit = False  # (at exit nothing is written again)
     m.raw[PENDING] = 0
     return np.frombuffer(memoryview(lease), np.uint8)
 

@@ -225,3 +225,27 @@ def test_a_batchs_checkpoint_is_the_one_the_loader_gives_at_that_position(cat):
         assert state == other.state_dict() and json.dumps(state) == json.dumps(other.state_dict())
         state["sources"][0]["weight"] = -1.0  # a caller's change stays its own
     assert loader.state_at(after)["sources"][0]["weight"] == 1.0
+
+
+def test_a_process_forked_while_a_batch_is_held_does_not_free_its_block(cat):
+    """A DataLoader forks its next workers while the training loop may still hold batches: the copies a
+    child inherits go when it drops them, and that must not tell the ring the block is free."""
+    import gc
+    import os
+
+    from dsbuild.loader.torch import PAGE, Ring, shared_batch
+
+    ref, _ = cat
+    loader = Loader(ref, **KW)
+    ring = Ring()
+    step = next(s for s, _ in loader.steps() if s is not None)
+    held = arrive(shared_batch(loader.build(step), ring, Ring(PAGE)))
+    pid = os.fork()
+    if pid == 0:  # the child: drops its copy of the batch, then leaves without the parent's exit handlers
+        del held
+        gc.collect()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert not ring.blocks[0].released() and held["video_data"].numel() > 0
+    del held
+    assert ring.blocks[0].released()

@@ -10,6 +10,7 @@ once per session, so batches carry them without parsing any sample's JSON.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,8 +26,11 @@ from dsbuild.lineage.manifest import ShardRecord
 from dsbuild.loader.state import SourceId
 
 SESSION_COLUMNS = ("session_id", "title", "player", "platform", "conditions")
+# The samples' hashes, read only when a sample is checked against its own (``Source.sha256``): two columns
+# of 64 hex digits were half of the index's read at open.
+HASH_COLUMNS = ("sha256", "blake3")
 COLUMNS = [
-    *LOCATOR_COLUMNS,
+    *(c for c in LOCATOR_COLUMNS if c not in HASH_COLUMNS),
     *SESSION_COLUMNS,
     "frames",
     "fps",
@@ -36,7 +40,6 @@ COLUMNS = [
     "has_audio",
     "n_controls",
     "n_channels",
-    "blake3",
 ]
 # The array members' dtypes (``formats.sample.Sample``): actions, telemetry float32; timestamps float64.
 ARRAY_DTYPES: tuple[np.dtype, np.dtype, np.dtype] = (np.dtype("<f4"), np.dtype("<f4"), np.dtype("<f8"))
@@ -62,6 +65,9 @@ class Source:
         self.ref = str(ref)
         self.split = split
         self._opened = False
+        self._hashes: tuple[list[str], list[str | None]] | None = None
+        self._hashes_lock = threading.Lock()
+        self._kept = None  # with a split: which index rows it holds (a boolean Arrow array)
 
     def open(self) -> Source:
         if self._opened:
@@ -74,7 +80,8 @@ class Source:
         table = catalog.index(version, COLUMNS)
         self.split_hash = None
         if self.split:
-            table = self._split(table)
+            self._kept = self._split_rows(table)
+            table = table.filter(self._kept)
         if table.num_rows == 0:
             raise UsageError(f"{self.ref}{' split ' + self.split if self.split else ''}: no samples")
         self._columns(table)
@@ -83,7 +90,7 @@ class Source:
         self._opened = True
         return self
 
-    def _split(self, table):
+    def _split_rows(self, table):
         import pyarrow.compute as pc
 
         from dsbuild.lineage.splitsets import open_split_set
@@ -94,10 +101,10 @@ class Source:
         split_set = open_split_set(self.catalog, self.version_id, name)
         keys = split_set.table(part, ["key"]).column("key")
         self.split_hash = split_set.hash
-        kept = table.filter(pc.is_in(table["key"], value_set=keys))
-        if kept.num_rows != len(keys):
+        kept = pc.is_in(table["key"], value_set=keys)
+        if (held := pc.sum(kept).as_py() or 0) != len(keys):
             raise FormatError(
-                f"{split_set.path}: split {part} names {len(keys) - kept.num_rows} sample(s) the version does not hold"
+                f"{split_set.path}: split {part} names {len(keys) - held} sample(s) the version does not hold"
             )
         return kept
 
@@ -112,8 +119,6 @@ class Source:
                 hint="the version is damaged or forged; run `dsbuild verify`",
             )
         self.keys = np.asarray(table["key"].to_pylist(), dtype=object)
-        self.sha256 = table["sha256"].to_pylist()
-        self.blake3 = table["blake3"].to_pylist()  # None for samples of versions made before it was recorded
         records = {s.path: s for s in self.manifest.shards}
         shard_col = pc.dictionary_encode(table["shard"]).combine_chunks()
         names = shard_col.dictionary.to_pylist()
@@ -281,6 +286,26 @@ class Source:
             has_audio=self.has_audio[idx].tolist(),
         )
         return out
+
+    @property
+    def sha256(self) -> list[str]:
+        """Each sample's sha256 (its identity), read from the index on first use."""
+        return self._hash_columns()[0]
+
+    @property
+    def blake3(self) -> list[str | None]:
+        """Each sample's BLAKE3 (None in versions made before it was recorded), read on first use."""
+        return self._hash_columns()[1]
+
+    def _hash_columns(self) -> tuple[list[str], list[str | None]]:
+        if self._hashes is None:
+            with self._hashes_lock:
+                if self._hashes is None:
+                    table = self.catalog.index(self.version_id, list(HASH_COLUMNS))  # (the same pinned bytes)
+                    if self._kept is not None:
+                        table = table.filter(self._kept)
+                    self._hashes = (table["sha256"].to_pylist(), table["blake3"].to_pylist())
+        return self._hashes
 
     def __len__(self) -> int:
         return len(self.keys)

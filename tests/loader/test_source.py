@@ -123,8 +123,12 @@ def test_a_split_loads_only_its_samples_and_is_named_by_its_hash(cat_copy):
     ref, vid = cat_copy
     make_split(ref, vid, "main", SplitOptions(by="player", ratios="train=0.7,val=0.3"))
     src = Source(ref, "main/train").open()
-    keys = set(Catalog.open(ref).index(vid)["key"].to_pylist())
+    rows = {r["key"]: r for r in Catalog.open(ref).index(vid).to_pylist()}
+    keys = set(rows)
     assert 0 < len(src) < len(keys) and set(src.keys.tolist()) <= keys
+    # the samples' hashes are read only when asked for, and are the split's own rows'
+    assert src.sha256 == [rows[k]["sha256"] for k in src.keys.tolist()]
+    assert src.blake3 == [rows[k]["blake3"] for k in src.keys.tolist()]
     state = Loader(ref, "main/train", decode="bytes").state_dict()
     assert state["sources"][0]["split"] == "main/train" and len(state["sources"][0]["split_hash"]) == 64
     unhashed = {**state, "sources": [{**state["sources"][0], "split_hash": None}]}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from dsbuild.core.hashing import sha256_file
@@ -106,9 +107,16 @@ def known(ident: Identity, fact: str) -> bool:
     return bool(_execute(sql, (*ident, fact)))
 
 
-def remember(ident: Identity, fact: str, began_ns: int) -> None:
-    """``fact`` proven of the file of identity ``ident`` by work that began at ``began_ns`` (``time_ns``)
-    and found it unchanged at its end; kept only where the file had been still for ``RACY_NS`` before
-    that (a later write could otherwise keep the identity)."""
-    if began_ns - ident[4] >= RACY_NS:
-        _execute("INSERT OR IGNORE INTO facts VALUES (?, ?, ?, ?, ?, ?)", (*ident, fact))
+def remember(ident: Identity, fact: str, began_ns: int, look: Callable[[], os.stat_result] | None = None) -> None:
+    """``fact`` proven of the file of identity ``ident`` by work that began at ``began_ns`` (``time_ns``);
+    kept only where the file had been still for ``RACY_NS`` before that (a later write could otherwise
+    keep the identity) and, given ``look`` (a stat of it now), is unchanged at the work's end (a file gone
+    since, OSError, has nothing to remember it by)."""
+    if began_ns - ident[4] < RACY_NS:
+        return
+    try:
+        if look is not None and identity(look()) != ident:
+            return
+    except OSError:
+        return
+    _execute("INSERT OR IGNORE INTO facts VALUES (?, ?, ?, ?, ?, ?)", (*ident, fact))

@@ -275,11 +275,7 @@ class ShardFiles:
         self.stats.proof("shards_hashed")
         if prove():
             self._trusted[shard] = ident
-            try:
-                if hashcache.identity(look()) == ident:
-                    hashcache.remember(ident, fact, began)
-            except OSError:  # gone since (a shard cache evicting its copy): nothing to remember it by
-                pass
+            hashcache.remember(ident, fact, began, look)
             return True
         if not self.drop_copy(shard, ident):
             self._damaged.add(shard)

@@ -564,7 +564,7 @@ class Mixture:
             return None
         codes = source.session_code[idx]
         try:  # sessions met for the first time: their codec facts now
-            prepare.learn(src, prepare.unknown(src, codes))
+            prepare.learn(src, codes.tolist())
         except FormatError:  # (no sample of a session has JSON that parses: the general route replaces them)
             return None
         if prepare.refuses(src, idx) or not prepare.direct(src, codes):

@@ -129,7 +129,6 @@ class Preparer:
             for src in sources
         ]
         self._video: dict[tuple[int, int], ClipVideo] = {}  # (source, session) -> ClipVideo, parsed once
-        self._first = [np.unique(src.session_code, return_index=True)[1] for src in sources]  # session -> sample
         self._bad: dict[tuple[int, int], FormatError] = {}  # (source, sample) -> why its JSON was refused
         self._dead: dict[tuple[int, int], FormatError] = {}  # (source, session) -> no sample's JSON parses
         self._learning = threading.Lock()
@@ -296,12 +295,14 @@ class Preparer:
         cannot be read, or its JSON does not parse: it is then damaged, ``_bad``), all first samples in one
         read. Always the same sample, whichever one a thread reads first: which samples are refused never
         depends on timing. ``FormatError`` where no sample of a session has JSON that parses."""
+        if all((src, c) in self._video for c in sessions):  # (every batch asks: no lock when all are known)
+            return
         with self._learning:
             todo = [c for c in dict.fromkeys(sessions) if (src, c) not in self._video]
             for c in todo:
                 if (src, c) in self._dead:
                     raise self._dead[(src, c)]
-            firsts = [int(self._first[src][c]) for c in todo]
+            firsts = [int(self.sources[src].session_first[c]) for c in todo]
             # (this read only looks: the batch that delivers a damaged sample heals its copy, and counts it)
             for c, i, raw in zip(todo, firsts, self.readers[src].read(firsts, heal=False) if todo else []):
                 if self._take(src, c, i, raw):
@@ -323,18 +324,13 @@ class Preparer:
             return False
         return True
 
-    def _known(self, src: int, session: int, facts: ClipVideo) -> ClipVideo:
+    def _known(self, src: int, session: int, facts: ClipVideo) -> None:
         record = self.sources[src].sessions[session]
         self._direct[src][session] = (
             all(m is None for m in self.maps[src][session])
             and (len(record.controls), len(record.channels)) == self.widths
         )
         self._video[(src, session)] = facts
-        return facts
-
-    def unknown(self, src: int, sessions: np.ndarray) -> list[int]:
-        """The sessions (codes) among ``sessions`` whose codec facts are not known yet."""
-        return [c for c in set(sessions.tolist()) if (src, c) not in self._video]
 
     def refuses(self, src: int, idx: np.ndarray) -> bool:
         """Whether a sample among ``idx`` had its JSON refused by ``learn``."""

@@ -136,8 +136,8 @@ class SampleReader:
                     shapes = {key: self._shapes(i) for key, (i, _) in framed.items()}
                     found.update(array_problems(src.format, Path(path), [e for _, e in framed.values()], shapes))
                 self.files.stats.proof("shards_checked")
-                if not found and hashcache.identity(os.stat(path)) == ident:
-                    hashcache.remember(ident, fact, began)
+                if not found:
+                    hashcache.remember(ident, fact, began, lambda: os.stat(path))
             except OSError as e:
                 raise storage_error(f"{rec.path}: cannot read shard", e) from None
         return {
@@ -196,9 +196,11 @@ class SampleReader:
         # verify="shard": each shard's trust is asked once per read, not per sample
         trusted = {s for s in read if self.files.trusted(s)} if self.verify == "shard" else set()
         out = [r if not isinstance(r, RawSample) or s in trusted else self._hashed(r) for s, r in zip(shards, got)]
-        damaged = {s for s, r, o in zip(shards, got, out) if isinstance(r, RawSample) and not isinstance(o, RawSample)}
-        for s in damaged if heal else ():
-            self.files.suspect(s)  # a remote shard's local copy: fetched again for the next read
+        if heal:
+            for s in {
+                s for s, r, o in zip(shards, got, out) if isinstance(r, RawSample) and not isinstance(o, RawSample)
+            }:
+                self.files.suspect(s)  # a remote shard's local copy: fetched again for the next read
         return out
 
     def spans(self, idx: np.ndarray) -> Spans | None:

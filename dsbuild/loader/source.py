@@ -165,8 +165,8 @@ class Source:
 
         enc = pc.dictionary_encode(table["session_id"]).combine_chunks()
         self.session_code = to_numpy(enc.indices).astype(np.int32)
-        _, first = np.unique(self.session_code, return_index=True)
-        rows = table.select(list(SESSION_COLUMNS)).take(array(first, pa.int64())).to_pylist()
+        _, self.session_first = np.unique(self.session_code, return_index=True)  # session -> its first sample
+        rows = table.select(list(SESSION_COLUMNS)).take(array(self.session_first, pa.int64())).to_pylist()
         vocab = {s.session_id: s for s in self.catalog.session_columns(self.version_id).sessions}
         self.sessions: list[Session] = []
         for row in rows:

@@ -131,6 +131,18 @@ class SampleMeta(Record):
     )  # absent when the session declares none: every capture/1 sample keeps its bytes
 
 
+@dataclass(frozen=True, slots=True)
+class SampleVideo(Record):
+    """The ``<key>.json`` member as the loader learns a session's codec from it: the key and the clip's
+    encoding, checked as ``SampleMeta`` checks them; the rest is left unread (per session, on every
+    loader's start)."""
+
+    FORMAT = SAMPLE_FORMAT
+    PARTIAL = True
+    key: str = field(metadata=spec(pattern=KEY_PATTERN))
+    video: ClipVideo
+
+
 def npy_bytes(arr: np.ndarray) -> bytes:
     """NumPy .npy v1.0 bytes: deterministic header, no pickle. A bool or number array's header is
     ``npy_header``'s (cached: the bytes ``write_array`` makes, not formatted again for every member)."""

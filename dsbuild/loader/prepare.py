@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from dsbuild.core.errors import FormatError, UsageError
-from dsbuild.formats.sample import MEMBERS, ClipVideo, SampleMeta
+from dsbuild.core.records import Record
+from dsbuild.formats.sample import MEMBERS, ClipVideo, SampleMeta, SampleVideo
 from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import AutoProbe, Backend
 from dsbuild.loader.collate import ColumnMap
@@ -52,13 +53,17 @@ def on_vocabulary(arr: np.ndarray, cols: np.ndarray | None, width: int) -> np.nd
     return out
 
 
-def sample_meta(key: str, data: bytes | memoryview) -> SampleMeta:
-    """The JSON member ``data`` of sample ``key``, read as its typed record."""
+R = TypeVar("R", bound=Record)
+
+
+def sample_meta(key: str, data: bytes | memoryview, kind: type[R]) -> R:
+    """The JSON member ``data`` of sample ``key``, read as its typed record (``kind``: the whole
+    ``SampleMeta``, or a reader's partial view of it)."""
     from dsbuild.core.jsonio import loads_bounded
     from dsbuild.formats.sample import MAX_META_BYTES
 
-    what = f"{key}.json"
-    return SampleMeta.from_json(loads_bounded(bytes(data), max_bytes=MAX_META_BYTES, what=what), what)
+    what = f"{key}.json"  # (a typed record bounds the depth of what it reads itself: no walk of it first)
+    return kind.from_json(loads_bounded(bytes(data), max_bytes=MAX_META_BYTES, what=what, max_depth=None), what)
 
 
 MAPPED_ARRAYS = ("frames", "actions", "telemetry", "timestamps")  # (audio is padded per batch: any length)
@@ -203,7 +208,7 @@ class Preparer:
         if o.text:  # (a crop or stride keeps the lines of the time its frames stand for, as it keeps their audio)
             sample["text"] = [
                 e.to_json()
-                for e in sample_meta(raw.key, raw.members[JSON_SLOT]).text
+                for e in sample_meta(raw.key, raw.members[JSON_SLOT], SampleMeta).text
                 if span is None or span[0] <= e.t - span[2] < span[1]
             ]
         cmap = self.maps[src][raw.session]
@@ -318,7 +323,7 @@ class Preparer:
         if isinstance(raw, FormatError):  # (the reader refuses it on every read of its own: not kept)
             return False
         try:
-            self._known(src, session, sample_meta(raw.key, raw.members[JSON_SLOT]).video)
+            self._known(src, session, sample_meta(raw.key, raw.members[JSON_SLOT], SampleVideo).video)
         except FormatError as e:
             self._bad[(src, i)] = e
             return False

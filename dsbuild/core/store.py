@@ -54,6 +54,9 @@ def check_key(key: object) -> str:
     return key
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def check_capture_key(key: str) -> str:
     """``key`` if it can be a relative path below a staging folder: any characters a file name may hold
     (capture folders are named by people: spaces, accents), but no empty, '.' or '..' segment, no absolute
@@ -62,7 +65,7 @@ def check_capture_key(key: str) -> str:
     shown = repr(key[:120])
     if not key:
         raise UnsafeKey("key '' is empty")
-    if any(ord(c) < 32 or c == "\x7f" for c in key):
+    if _CONTROL.search(key):
         raise UnsafeKey(f"key {shown} contains a control character")
     if key.startswith("/") or "\\" in key or re.match(r"[A-Za-z]:", key):
         raise UnsafeKey(f"key {shown} is absolute or has a backslash or drive letter")

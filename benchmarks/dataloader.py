@@ -5,7 +5,8 @@
 
 Per mode (bytes: encoded clips; frames: decoded and resized), in interleaved rounds (the order rotated each
 round), each contender runs whole epochs for --seconds after one untimed warm epoch (which also starts its
-persistent workers):
+persistent workers), once the other's workers are idle (``settle``: process mode's look-ahead into its
+next epoch otherwise ran during the DataLoader's time, 0.89x where alone they read alike):
   process    : Loader(..., worker_mode="process", num_workers=N), ``for batch in loader``
   dataloader : DataLoader(Loader(...).as_torch_dataset(), batch_size=None, num_workers=N,
                persistent_workers=True, prefetch_factor=<the loader's prefetch>)
@@ -57,6 +58,51 @@ def contenders(ref: str, mode: str, args) -> dict:
 
 def epoch(source) -> int:
     return sum(len(b["keys"]) for b in source)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (process mode's workers are the forkserver's children, not ours)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except FileNotFoundError:
+            continue
+        for kid in kids:
+            out += [kid, *descendants(kid)]
+    return out
+
+
+def descendants_cpu() -> float:
+    """CPU seconds used so far by the processes below this one (ticks of /proc/PID/stat)."""
+    total = 0
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def settle(quiet: float = 0.2, limit: float = 30.0) -> None:
+    """Wait until the workers below this process have used no CPU for ``quiet`` seconds: process mode
+    builds the next epoch's first batches ahead once an epoch is under way, and a contender timed while
+    they were built lost that CPU to the other (a training job runs one loader: that overlap is not
+    its)."""
+    end, last = time.monotonic() + limit, descendants_cpu()
+    while time.monotonic() < end:
+        time.sleep(quiet)
+        now = descendants_cpu()
+        if now == last:
+            return
+        last = now
 
 
 def timed(source, seconds: float) -> float:
@@ -137,6 +183,7 @@ def main() -> None:
         for r in range(args.rounds):
             names = list(runs)
             for name in names[r % 2 :] + names[: r % 2]:
+                settle()
                 rates[name].append(timed(runs[name], args.seconds))
         ratios = [d / p for d, p in zip(rates["dataloader"], rates["process"])]
         shown = {n: ", ".join(f"{x:.0f}" for x in v) for n, v in rates.items()}

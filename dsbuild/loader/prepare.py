@@ -39,9 +39,11 @@ JSON_SLOT = MEMBERS.index("json")
 
 
 def column_map(names: tuple[str, ...], vocabulary: list[str]) -> np.ndarray | None:
-    """Where a session's columns go on the vocabulary (None: they already are its first columns)."""
-    cols = np.array([vocabulary.index(n) for n in names], dtype=np.intp)
-    return None if np.array_equal(cols, np.arange(len(names))) else cols
+    """Where a session's columns go on the vocabulary (None: they already are its first columns, the
+    common case, told without a search per name)."""
+    if tuple(vocabulary[: len(names)]) == tuple(names):
+        return None
+    return np.array([vocabulary.index(n) for n in names], dtype=np.intp)
 
 
 def on_vocabulary(arr: np.ndarray, cols: np.ndarray | None, width: int) -> np.ndarray:

@@ -9,11 +9,12 @@ epoch, so opening (our index and manifest, LitData's index) is counted, and each
   ours_sample  : Loader(CATALOG, decode="bytes", batch_size=B, shuffle="none"), the defaults otherwise
                  (verify="sample": every sample's BLAKE3 checked on every read, into copies)
   ours_shard   : verify="shard" on a machine that has read the version before (the proof cache
-                 vouches for each unchanged shard: its hash and its safety checks are not run again)
+                 vouches for each unchanged shard: its hash and its safety checks are not run again;
+                 and it keeps the columns opening derived from the index: the Parquet is not read)
   ours_first   : verify="shard" with the proof cache off (DSBUILD_HASH_CACHE=0): what the first job on
-                 a machine pays, every shard hashed and checked
+                 a machine pays, the index read and checked, every shard hashed and checked
   ours_none    : verify="none" (what the peers check: nothing; the safety checks still run once per
-                 machine, as for ours_shard)
+                 machine, and the index is read once per machine, as for ours_shard)
   litdata      : litdata.StreamingDataset over the same member bytes, written once by LitData's own
                  writer before the rounds (dsbuild.bench.peers; the peers extra)
   webdataset   : webdataset.WebDataset over the same tars

@@ -1,7 +1,8 @@
 """Facts about local files keyed by what the file system says about them, so work proven once on a
 machine is not done again: source-file hashes, so an incremental build hashes only files that changed
-(what ``dvc status`` does with its state database), and the loader's shard proofs (``known``,
-``remember``), so the ranks and workers of a node hash and check each shard once, not once per process.
+(what ``dvc status`` does with its state database), the loader's shard proofs (``known``,
+``remember``), so the ranks and workers of a node hash and check each shard once, not once per process,
+and what a loader derives from a version's index when it opens it (``noted``, ``note``).
 
 The key is (device, inode, size, mtime_ns, ctime_ns). Any write to a file changes its ctime, which no
 user command can set back, so a hit means the bytes are the ones hashed before. The cache lives in
@@ -60,6 +61,10 @@ def _connection() -> sqlite3.Connection | None:
             "CREATE TABLE IF NOT EXISTS facts (dev INTEGER, ino INTEGER, size INTEGER, mtime INTEGER, "
             "ctime INTEGER, fact TEXT, PRIMARY KEY (dev, ino, size, mtime, ctime, fact))"
         )
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS notes (dev INTEGER, ino INTEGER, size INTEGER, mtime INTEGER, "
+            "ctime INTEGER, kind TEXT, value BLOB, PRIMARY KEY (dev, ino, size, mtime, ctime, kind))"
+        )
     except (sqlite3.Error, OSError):
         return None  # an accelerator only: without it, everything is hashed
     _HELD = (os.getpid(), path, conn)
@@ -112,11 +117,28 @@ def remember(ident: Identity, fact: str, began_ns: int, look: Callable[[], os.st
     kept only where the file had been still for ``RACY_NS`` before that (a later write could otherwise
     keep the identity) and, given ``look`` (a stat of it now), is unchanged at the work's end (a file gone
     since, OSError, has nothing to remember it by)."""
+    if settled(ident, began_ns, look):
+        _execute("INSERT OR IGNORE INTO facts VALUES (?, ?, ?, ?, ?, ?)", (*ident, fact))
+
+
+def settled(ident: Identity, began_ns: int, look: Callable[[], os.stat_result] | None = None) -> bool:
+    """Whether what work that began at ``began_ns`` found in the file of identity ``ident`` may be kept
+    under that identity (``remember``'s rule)."""
     if began_ns - ident[4] < RACY_NS:
-        return
+        return False
     try:
-        if look is not None and identity(look()) != ident:
-            return
+        return look is None or identity(look()) == ident
     except OSError:
-        return
-    _execute("INSERT OR IGNORE INTO facts VALUES (?, ?, ?, ?, ?, ?)", (*ident, fact))
+        return False
+
+
+def noted(ident: Identity, kind: str) -> bytes | None:
+    """What was kept of kind ``kind`` about the file of identity ``ident`` (``note``), if anything."""
+    sql = "SELECT value FROM notes WHERE dev=? AND ino=? AND size=? AND mtime=? AND ctime=? AND kind=?"
+    rows = _execute(sql, (*ident, kind))
+    return bytes(rows[0][0]) if rows else None
+
+
+def note(ident: Identity, kind: str, value: bytes) -> None:
+    """Keep ``value``, derived from the file of identity ``ident`` (the caller checks ``settled``)."""
+    _execute("INSERT OR REPLACE INTO notes VALUES (?, ?, ?, ?, ?, ?, ?)", (*ident, kind, value))

@@ -180,6 +180,8 @@ class Mixture:
             return self
         o = self.options
         self.sources = [Source(ref, split).open() for ref, split in self._specs]
+        for s in self.sources:
+            self._stats.proof("indexes_known" if s.from_cache else "indexes_read")
         self.controls = _union([s.controls for src in self.sources for s in src.sessions])
         self.channels = _union([s.channels for src in self.sources for s in src.sessions])
         self.spec = PlanSpec(o.batch_size, bucketed=o.bucket_by is not None, pack_frames=o.pack_frames)

@@ -10,11 +10,18 @@ once per session, so batches carry them without parsing any sample's JSON.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
+from blake3 import blake3
 
+from dsbuild.core import hashcache
 from dsbuild.core.arrow import array, to_numpy
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.formats import Entry, get_format
@@ -41,6 +48,32 @@ COLUMNS = [
     "n_controls",
     "n_channels",
 ]
+# What opening derives from the index and session records, kept per machine (``Source._derived``):
+# DERIVED_FORMAT changes whenever opening derives or checks anything new, so that no note of an older
+# open is taken.
+DERIVED_FORMAT = 1
+MAX_DERIVED = 64 << 20  # bytes (about 250,000 samples): a larger index is derived by every open
+DERIVED_ARRAYS = (
+    "shard_id",
+    "shard_bytes",
+    "byte_offset",
+    "byte_length",
+    "row_group",
+    "row_index",
+    "member_bytes",
+    "payload_offsets",
+    "sample_bytes",
+    "frames",
+    "width",
+    "height",
+    "n_controls",
+    "n_channels",
+    "fps",
+    "has_audio",
+    "codec_id",
+    "session_code",
+    "session_first",
+)
 # The array members' dtypes (``formats.sample.Sample``): actions, telemetry float32; timestamps float64.
 ARRAY_DTYPES: tuple[np.dtype, np.dtype, np.dtype] = (np.dtype("<f4"), np.dtype("<f4"), np.dtype("<f8"))
 
@@ -61,6 +94,9 @@ class Session:
 class Source:
     """One dataset reference (``PATH[@VERSION]``) and optional split (``NAME/SPLIT``)."""
 
+    shards: list[ShardRecord]
+    sessions: list[Session]
+
     def __init__(self, ref: str, split: str | None = None):
         self.ref = str(ref)
         self.split = split
@@ -77,30 +113,121 @@ class Source:
         self.version_id = version
         self.manifest = catalog.manifest(version)
         self.format = get_format(self.manifest.shard_format)
-        table = catalog.index(version, COLUMNS)
-        self.split_hash = None
-        if self.split:
-            self._kept = self._split_rows(table)
-            table = table.filter(self._kept)
-        if table.num_rows == 0:
-            raise UsageError(f"{self.ref}{' split ' + self.split if self.split else ''}: no samples")
-        self._columns(table)
-        self._sessions(table)
-        self._check()
+        split_set, part = self._split_set() if self.split else (None, "")
+        self.split_hash = None if split_set is None else split_set.hash
+        began, where = time.time_ns(), self._derived_key()
+        kept = None if where is None else hashcache.noted(where[0][0], where[1])
+        self.from_cache = kept is not None and self._restore(kept)  # (a damaged note: derived again)
+        if not self.from_cache:
+            table = catalog.index(version, COLUMNS)
+            if split_set is not None:
+                self._kept = self._split_rows(table, split_set, part)
+                table = table.filter(self._kept)
+            if table.num_rows == 0:
+                raise UsageError(f"{self.ref}{' split ' + self.split if self.split else ''}: no samples")
+            self._columns(table)
+            self._sessions(table)
+            self._check()
+            if (
+                where is not None
+                and self._derived_key() == where
+                and all(hashcache.settled(i, began) for i in where[0])
+            ):
+                derived = self._derived()
+                if len(derived) <= MAX_DERIVED:
+                    hashcache.note(where[0][0], where[1], derived)
         self._opened = True
         return self
 
-    def _split_rows(self, table):
-        import pyarrow.compute as pc
+    def _derived_key(self) -> tuple[tuple[hashcache.Identity, hashcache.Identity], str] | None:
+        """((index file's identity, session records file's identity), kind): where the machine keeps what
+        opening derives from them (``_derived``), for this split and this code's ``DERIVED_FORMAT``; None
+        for a remote catalog (its files have no local identity)."""
+        if self.catalog.root is None:
+            return None
+        folder = self.catalog.root / "versions" / self.version_id
+        try:
+            index, sessions = (
+                hashcache.identity(os.stat(folder / p.path)) for p in (self.manifest.index, self.manifest.sessions)
+            )
+        except OSError:
+            return None  # (opening the index names what is missing)
+        kind = (
+            f"opened {DERIVED_FORMAT} {self.version_id} {self.split} {self.split_hash} {' '.join(map(str, sessions))}"
+        )
+        return (index, sessions), kind
 
+    def _derived(self) -> bytes:
+        """What opening derived from the index and session records, checked: a JSON head, the keys, then
+        each array's bytes (8-byte aligned), behind a BLAKE3 of all of it."""
+        arrays = {name: getattr(self, name) for name in DERIVED_ARRAYS}
+        if self._kept is not None:
+            arrays["kept"] = self._kept.to_numpy(zero_copy_only=False)
+        arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items() if a is not None}
+        keys = "\n".join(self.keys.tolist()).encode()
+        places, at = {}, _aligned(len(keys))
+        for name, a in arrays.items():
+            places[name] = (a.dtype.str, a.shape, at)
+            at = _aligned(at + a.nbytes)
+        head = orjson.dumps(
+            {
+                "keys": len(keys),
+                "arrays": places,
+                "shards": [s.path for s in self.shards],
+                "codecs": self.codecs,
+                "byte_range": self.byte_range,
+                "sessions": [list(dataclasses.astuple(s)) for s in self.sessions],
+            }
+        )
+        body = bytearray(at)
+        body[: len(keys)] = keys
+        for name, a in arrays.items():
+            start = places[name][2]
+            body[start : start + a.nbytes] = a.tobytes()
+        payload = len(head).to_bytes(8, "little") + head + bytes(body)
+        return blake3(payload).digest() + payload
+
+    def _restore(self, data: bytes) -> bool:
+        """Take what ``_derived`` kept; False (nothing taken) where it does not hash to its digest or does
+        not parse (a damaged cache is derived again, never used)."""
+        digest, payload = data[:32], data[32:]
+        if len(data) < 40 or blake3(payload).digest() != digest:
+            return False
+        try:
+            n = int.from_bytes(payload[:8], "little")
+            head, body = orjson.loads(payload[8 : 8 + n]), memoryview(bytearray(payload[8 + n :]))
+            records = {s.path: s for s in self.manifest.shards}
+            shards = [records[path] for path in head["shards"]]
+            arrays = {
+                name: np.frombuffer(body, np.dtype(dtype), count=math.prod(shape), offset=at).reshape(shape)
+                for name, (dtype, shape, at) in head["arrays"].items()
+            }
+            keys = bytes(body[: head["keys"]]).decode().split("\n")
+            sessions = [Session(a, b, c, d, dict(e), tuple(f), tuple(g)) for a, b, c, d, e, f, g in head["sessions"]]
+        except (ValueError, KeyError, TypeError):
+            return False
+        self.keys = np.asarray(keys, dtype=object)
+        self.shards, self.codecs, self.byte_range, self.sessions = shards, head["codecs"], head["byte_range"], sessions
+        for name in DERIVED_ARRAYS:
+            setattr(self, name, arrays.get(name))
+        if "kept" in arrays:
+            import pyarrow as pa
+
+            self._kept = pa.array(arrays["kept"])
+        return True
+
+    def _split_set(self):
         from dsbuild.lineage.splitsets import open_split_set
 
         name, slash, part = self.split.partition("/")
         if not slash or not name or not part:
             raise UsageError(f"split {self.split!r}: use NAME/SPLIT, e.g. main/train")
-        split_set = open_split_set(self.catalog, self.version_id, name)
+        return open_split_set(self.catalog, self.version_id, name), part
+
+    def _split_rows(self, table, split_set, part: str):
+        import pyarrow.compute as pc
+
         keys = split_set.table(part, ["key"]).column("key")
-        self.split_hash = split_set.hash
         kept = pc.is_in(table["key"], value_set=keys)
         if (held := pc.sum(kept).as_py() or 0) != len(keys):
             raise FormatError(
@@ -124,7 +251,7 @@ class Source:
         names = shard_col.dictionary.to_pylist()
         if stray := [s for s in names if s not in records]:  # never follow an index entry out of the catalog
             raise FormatError(f"{self.ref}: index names shards the manifest does not hold: {stray[:3]}")
-        self.shards: list[ShardRecord] = [records[s] for s in names]
+        self.shards = [records[s] for s in names]
         self.shard_id = to_numpy(shard_col.indices).astype(np.int32)
         self.shard_bytes = np.array([s.bytes for s in self.shards], dtype=np.int64)
         self.byte_range = table["byte_offset"].null_count == 0 and table["byte_length"].null_count == 0
@@ -168,7 +295,7 @@ class Source:
         _, self.session_first = np.unique(self.session_code, return_index=True)  # session -> its first sample
         rows = table.select(list(SESSION_COLUMNS)).take(array(self.session_first, pa.int64())).to_pylist()
         vocab = {s.session_id: s for s in self.catalog.session_columns(self.version_id).sessions}
-        self.sessions: list[Session] = []
+        self.sessions = []
         for row in rows:
             rec = vocab.get(row["session_id"])
             if rec is None:
@@ -329,3 +456,7 @@ class Source:
         return Entry(
             self.keys[i], self.sha256[i], row_group=int(self.row_group[i]), row=int(self.row_index[i]), member_bytes=mb
         )
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 8) * 8

@@ -20,8 +20,10 @@ class Stats:
     how many, their start method, ``startup_seconds``, ``shm_bytes`` (shared memory in use) and
     ``pinned`` (the segments are registered with CUDA as pinned host memory: device CUDA only). The
     seconds worker processes spend are added under their names (``dsbuild-load-proc_0``...).
-    ``proofs`` count, in this process, shards hashed (``verify="shard"``) and safety-checked on their
-    first read, and those the machine's proof cache already vouched for (``core.hashcache``).
+    ``proofs`` count, in this process, sources whose index was read and checked at open and those whose
+    derived columns the machine kept from an earlier open (``indexes_read``, ``indexes_known``), shards
+    hashed (``verify="shard"``) and safety-checked on their first read, and those the machine's proof
+    cache already vouched for (``core.hashcache``).
 
     Counters count what was delivered: a batch's counts (and its substituted samples) are held while it
     is built (``holding``) and added when the loop hands it over (``deliver``), so batches built ahead and
@@ -45,7 +47,9 @@ class Stats:
         self.threads: dict[str, dict[str, float]] = {}
         self.notes: list[str] = []
         self.workers: dict = {}
-        self.proofs = dict.fromkeys(("shards_hashed", "hashes_known", "shards_checked", "checks_known"), 0)
+        self.proofs = dict.fromkeys(
+            ("indexes_read", "indexes_known", "shards_hashed", "hashes_known", "shards_checked", "checks_known"), 0
+        )
         self._local = threading.local()
 
     @contextmanager
@@ -75,8 +79,8 @@ class Stats:
                 self.notes.append(text)
 
     def proof(self, kind: str) -> None:
-        """One shard proven (``shards_hashed``, ``shards_checked``) or found proven (``hashes_known``,
-        ``checks_known``)."""
+        """One index or shard proven (``indexes_read``, ``shards_hashed``, ``shards_checked``) or found
+        proven (``indexes_known``, ``hashes_known``, ``checks_known``)."""
         with self._lock:
             self.proofs[kind] += 1
 

@@ -5,7 +5,9 @@ loader needs, and refuses an index that could make a reader misbehave: a duplica
 delivered twice, another never), a byte range outside its shard (a length of 2^40 would otherwise be
 a MemoryError), overlapping ranges, member sizes that do not fit their sample, or array members too
 small for the shapes the index gives. Session fields (title, player, conditions) come from the index
-once per session, so batches carry them without parsing any sample's JSON.
+once per session, so batches carry them without parsing any sample's JSON. What opening derives is kept
+for the machine under the index and session records' file identities (``core.hashcache``): the next open
+of the unchanged files, by another rank, worker or job, takes it without reading the Parquet.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ class OursRound(Record):
 
 
 SHORT_EPOCH = 4  # batches per loader thread per epoch below which epoch ends weigh on the figures
+SHORT_WINDOW = 0.5  # the share of a round's slice below which ours' measured window is named too short
 
 
 def short_epochs(batches: int, threads: int) -> list[str]:
@@ -61,6 +62,19 @@ def short_epochs(batches: int, threads: int) -> list[str]:
         "ahead into the next epoch only, so "
         "threads idle at epoch ends and the figures understate steady throughput (use more samples or a "
         "smaller --batch-size)"
+    ]
+
+
+def short_window(measured: float, slice_s: float) -> list[str]:
+    """A note when the loader's start-up (its worker processes, the first batch, the pipeline filling)
+    took most of a round's slice: the figure then comes from a window too short to mean much (a sweep
+    of ``--duration 20`` over 3 rounds and 2 points gave each 3.3 s, of which worker processes' start-up
+    took about 2: 1 -> 2 workers read 2.1x there, 1.3x over 15-s slices)."""
+    if measured >= SHORT_WINDOW * slice_s:
+        return []
+    return [
+        f"throughput measured over {measured:.1f} s of a {slice_s:.1f} s slice (start-up took the rest): "
+        "too short a window to mean much (give a longer --duration)"
     ]
 
 
@@ -215,7 +229,15 @@ def measure_ours(
         corrupt=corrupt,
         throughput_stages=throughput_stages,
         training_stages=training[3] if training else None,
-        notes=tuple(dict.fromkeys([*loader.stats()["notes"], *short_epochs(per_epoch, o.threads)])),
+        notes=tuple(
+            dict.fromkeys(
+                [
+                    *loader.stats()["notes"],
+                    *short_epochs(per_epoch, o.threads),
+                    *short_window(throughput.seconds, seconds),
+                ]
+            )
+        ),
     )
 
 

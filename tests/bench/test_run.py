@@ -188,3 +188,11 @@ def test_epochs_too_short_for_the_threads_are_named(frames, bench_catalog):
     assert per_epoch < SHORT_EPOCH * frames.options.threads  # this small set is such a case
     assert [n for n in frames.ours.notes if " per epoch for " in n] == short_epochs(per_epoch, frames.options.threads)
     assert short_epochs(8, 2) == [] and short_epochs(1, 2)[0].startswith("1 batch per epoch for 2 threads: ")
+
+
+def test_a_window_that_start_up_left_too_short_is_named():
+    from dsbuild.bench.harness import SHORT_WINDOW, short_window
+
+    assert short_window(SHORT_WINDOW * 10, 10) == [] and short_window(3, 3) == []
+    (note,) = short_window(0.4, 3.3)
+    assert note.startswith("throughput measured over 0.4 s of a 3.3 s slice") and "--duration" in note

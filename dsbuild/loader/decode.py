@@ -9,7 +9,8 @@ decode about half the frames. If a frame the sample needs was skipped, the clip 
 without skipping, so the result is always exactly the wanted frames.
 
 ``thread_type="AUTO"`` lets FFmpeg use frame threads: on captures with one slice per frame (most real
-encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (docs/performance.md).
+encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (docs/performance.md). How
+many threads is the caller's (``threads``): its share of the cores among the clips decoded at once.
 
 ``decode_device`` is the NVDEC route (``decode_backend="nvdec"``): the same packets decoded by a decoder
 kept per stream configuration (``gpu.DecoderCache``) with frames left in GPU memory

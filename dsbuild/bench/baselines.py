@@ -33,7 +33,6 @@ from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
 from dsbuild.bench.pyavproc import decode_clip
 from dsbuild.core.errors import UsageError, WorkerDied
-from dsbuild.formats.probe import decoder_threads
 from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
 PIECE = 8 << 20
@@ -207,7 +206,6 @@ class PyAV:
 
     def __init__(self, data: Dataset, threads: int, resize: tuple[int, ...] | None):
         self.data, self.threads, self.resize = data, threads, resize
-        self.decoder_threads = decoder_threads(threads)  # (FFmpeg's threads, shared out as the loader does)
         self.clips: list[tuple[bytes, int]] = []
 
     def prepare(self) -> None:
@@ -223,7 +221,7 @@ class PyAV:
         while not meter.over:
             with self._lock:
                 clip, size = self.clips[next(self._next)]
-            if not decode_clip(clip, self.resize, self.keep, decoded, self.decoder_threads):
+            if not decode_clip(clip, self.resize, self.keep, decoded):
                 return
             meter.add(1, 0, size)
 
@@ -265,12 +263,7 @@ class PyAVProcs:
                 at += len(clip)
         for i in range(self.processes):
             share = places[i :: self.processes] or [places[i % len(places)]]  # (fewer clips than processes)
-            spec = {
-                "clips": str(path),
-                "share": share,
-                "resize": list(self.resize) if self.resize else None,
-                "decoders": self.processes,
-            }
+            spec = {"clips": str(path), "share": share, "resize": list(self.resize) if self.resize else None}
             log = tempfile.TemporaryFile()  # noqa: SIM115 (the process's stderr, closed in close())
             self.logs.append(log)
             self.procs.append(

@@ -9,8 +9,7 @@ decode about half the frames. If a frame the sample needs was skipped, the clip 
 without skipping, so the result is always exactly the wanted frames.
 
 ``thread_type="AUTO"`` lets FFmpeg use frame threads: on captures with one slice per frame (most real
-encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (docs/performance.md). How
-many threads is the caller's (``threads``): its share of the cores among the clips decoded at once.
+encoders) the default SLICE threading uses one core, AUTO is ~1.8x faster (docs/performance.md).
 
 ``decode_device`` is the NVDEC route (``decode_backend="nvdec"``): the same packets decoded by a decoder
 kept per stream configuration (``gpu.DecoderCache``) with frames left in GPU memory
@@ -117,13 +116,11 @@ def decode_pyav(
     skip_nonref: bool = False,
     counts: dict | None = None,
     alloc=np.empty,
-    threads: int = 0,
 ) -> np.ndarray:
     """uint8 [len(indices), H, W, 3]: the clip's frames at ``indices`` (presentation order), resized to
     ``size`` = (height, width) by swscale, in an array from ``alloc(shape, dtype)``. ``counts["decoded"]``
     (if given) grows by the frames the decoder produced, ``counts["skipped_packets"]`` by the packets
-    before the start keyframe. ``threads``: FFmpeg's decoding threads (``probe.decoder_threads``; 0 is
-    its own choice)."""
+    before the start keyframe."""
     from av.video.reformatter import VideoReformatter
 
     # One scaler for the clip: ``frame.to_ndarray(format=...)`` builds a new swscale context for every
@@ -143,7 +140,6 @@ def decode_pyav(
 
     def decoder(stream):
         stream.codec_context.thread_type = "AUTO"
-        stream.codec_context.thread_count = threads
         return stream.codec_context
 
     decode_clip(data, indices, decoder, take, skip_nonref, counts)

@@ -21,7 +21,6 @@ import numpy as np
 
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.records import Record
-from dsbuild.formats.probe import decoder_threads
 from dsbuild.formats.sample import MEMBERS, ClipVideo, SampleMeta, SampleVideo
 from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import AutoProbe, Backend
@@ -131,7 +130,6 @@ class Preparer:
             self.decoders = DecoderCache()
             weakref.finalize(self, self.decoders.close)
         self.probe = AutoProbe() if backend.name == "auto" else None  # auto: which route is faster here
-        self.threads = decoder_threads(options.num_workers)  # (its workers decode at once: cores shared out)
         self.widths = (len(controls), len(channels))
         self.maps: list[list[ColumnMap]] = [
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
@@ -262,9 +260,7 @@ class Preparer:
                     host[...] = frames.cpu().numpy()
                     frames = host
             else:
-                frames = decode_pyav(
-                    video, idx, self.o.resize, skip_nonref=skip, counts=counts, alloc=alloc, threads=self.threads
-                )
+                frames = decode_pyav(video, idx, self.o.resize, skip_nonref=skip, counts=counts, alloc=alloc)
             if self.probe is not None:
                 self.stats.note(getattr(self.probe.record(route, time.perf_counter() - t, len(idx)), "note", None))
             self.stats.add(counts={"decoded_frames": counts["decoded"], "decode_fallback": counts.get("fallback", 0)})

@@ -13,14 +13,12 @@ of the unchanged files, by another rank, worker or job, takes it without reading
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
-import orjson
 from blake3 import blake3
 
 from dsbuild.core import hashcache
@@ -32,6 +30,7 @@ from dsbuild.formats.video import MAX_PIXELS
 from dsbuild.lineage.catalog import Catalog, open_ref
 from dsbuild.lineage.index import LOCATOR_COLUMNS
 from dsbuild.lineage.manifest import ShardRecord
+from dsbuild.loader.layout import lay_out, read_batch, write_batch
 from dsbuild.loader.state import SourceId
 
 SESSION_COLUMNS = ("session_id", "title", "player", "platform", "conditions")
@@ -53,7 +52,7 @@ COLUMNS = [
 # What opening derives from the index and session records, kept per machine (``Source._derived``):
 # DERIVED_FORMAT changes whenever opening derives or checks anything new, so that no note of an older
 # open is taken.
-DERIVED_FORMAT = 1
+DERIVED_FORMAT = 2
 MAX_DERIVED = 64 << 20  # bytes (about 250,000 samples): a larger index is derived by every open
 DERIVED_ARRAYS = (
     "shard_id",
@@ -160,62 +159,52 @@ class Source:
         return (index, sessions), kind
 
     def _derived(self) -> bytes:
-        """What opening derived from the index and session records, checked: a JSON head, the keys, then
-        each array's bytes (8-byte aligned), behind a BLAKE3 of all of it."""
-        arrays = {name: getattr(self, name) for name in DERIVED_ARRAYS}
-        if self._kept is not None:
-            arrays["kept"] = self._kept.to_numpy(zero_copy_only=False)
-        arrays = {name: np.ascontiguousarray(a) for name, a in arrays.items() if a is not None}
-        keys = "\n".join(self.keys.tolist()).encode()
-        places, at = {}, _aligned(len(keys))
-        for name, a in arrays.items():
-            places[name] = (a.dtype.str, a.shape, at)
-            at = _aligned(at + a.nbytes)
-        head = orjson.dumps(
-            {
-                "keys": len(keys),
-                "arrays": places,
-                "shards": [s.path for s in self.shards],
-                "codecs": self.codecs,
-                "byte_range": self.byte_range,
-                "sessions": [list(dataclasses.astuple(s)) for s in self.sessions],
-            }
+        """What opening derived from the index and session records, checked, in one block (``layout``),
+        behind a BLAKE3 of it."""
+        fields = {name: getattr(self, name) for name in DERIVED_ARRAYS}
+        fields.update(
+            kept=None if self._kept is None else self._kept.to_numpy(zero_copy_only=False),
+            keys=["\n".join(self.keys.tolist()).encode()],
+            shards=[s.path for s in self.shards],
+            codecs=self.codecs,
+            byte_range=self.byte_range,
+            sessions=[list(dataclasses.astuple(s)) for s in self.sessions],
         )
-        body = bytearray(at)
-        body[: len(keys)] = keys
-        for name, a in arrays.items():
-            start = places[name][2]
-            body[start : start + a.nbytes] = a.tobytes()
-        payload = len(head).to_bytes(8, "little") + head + bytes(body)
-        return blake3(payload).digest() + payload
+        header, payloads, size = lay_out(fields, {})
+        block = np.zeros(size, np.uint8)
+        write_batch(block, header, payloads)
+        body = block.tobytes()
+        return blake3(body).digest() + body
 
     def _restore(self, data: bytes) -> bool:
         """Take what ``_derived`` kept; False (nothing taken) where it does not hash to its digest or does
         not parse (a damaged cache is derived again, never used)."""
-        digest, payload = data[:32], data[32:]
-        if len(data) < 40 or blake3(payload).digest() != digest:
+        digest, body = data[:32], bytearray(data[32:])  # (writable: its arrays are taken as they lie)
+        if len(data) < 40 or blake3(body).digest() != digest:
             return False
+        block = np.frombuffer(body, np.uint8)
         try:
-            n = int.from_bytes(payload[:8], "little")
-            head, body = orjson.loads(payload[8 : 8 + n]), memoryview(bytearray(payload[8 + n :]))
+            fields, _ = read_batch(block)
             records = {s.path: s for s in self.manifest.shards}
-            shards = [records[path] for path in head["shards"]]
-            arrays = {
-                name: np.frombuffer(body, np.dtype(dtype), count=math.prod(shape), offset=at).reshape(shape)
-                for name, (dtype, shape, at) in head["arrays"].items()
-            }
-            keys = bytes(body[: head["keys"]]).decode().split("\n")
-            sessions = [Session(a, b, c, d, dict(e), tuple(f), tuple(g)) for a, b, c, d, e, f, g in head["sessions"]]
-        except (ValueError, KeyError, TypeError):
+            shards = [records[path] for path in fields["shards"]]
+            keys = bytes(fields["keys"][0]).decode().split("\n")
+            rows = fields["sessions"]
+            sessions = [Session(a, b, c, d, dict(e), tuple(f), tuple(g)) for a, b, c, d, e, f, g in rows]
+        except (ValueError, KeyError, TypeError, IndexError):
             return False
         self.keys = np.asarray(keys, dtype=object)
-        self.shards, self.codecs, self.byte_range, self.sessions = shards, head["codecs"], head["byte_range"], sessions
+        self.shards, self.codecs, self.byte_range, self.sessions = (
+            shards,
+            fields["codecs"],
+            fields["byte_range"],
+            sessions,
+        )
         for name in DERIVED_ARRAYS:
-            setattr(self, name, arrays.get(name))
-        if "kept" in arrays:
+            setattr(self, name, fields[name])
+        if fields["kept"] is not None:
             import pyarrow as pa
 
-            self._kept = pa.array(arrays["kept"])
+            self._kept = pa.array(fields["kept"])
         return True
 
     def _split_set(self):
@@ -458,7 +447,3 @@ class Source:
         return Entry(
             self.keys[i], self.sha256[i], row_group=int(self.row_group[i]), row=int(self.row_index[i]), member_bytes=mb
         )
-
-
-def _aligned(n: int) -> int:
-    return -(-n // 8) * 8

@@ -46,7 +46,6 @@ import json
 import mmap
 import os
 import signal
-import struct
 import sys
 import threading
 import time
@@ -68,6 +67,7 @@ from dsbuild.core.executor import _die_with_parent
 from dsbuild.core.files import PARENT_ONLY_FDS
 from dsbuild.loader.description import WorkerSpec, describe, import_path, rebuild
 from dsbuild.loader.device import resolve_device
+from dsbuild.loader.layout import dumps, lay_out, read_batch, write_batch
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.passes import decode, encode
 from dsbuild.loader.walk import SampleRef, Step
@@ -92,8 +92,6 @@ class Builder(Protocol):
 
 
 START_METHOD = "forkserver"  # see the module docstring
-ALIGN = 64  # bytes: every array in a segment starts on a cache line (and its dtype's alignment)
-PREFIX = struct.Struct("<Q")  # a segment starts with its header's length
 MIB = 1 << 20
 SHM_DIR = "/dev/shm"
 
@@ -114,21 +112,6 @@ def choose_mode(o: LoaderOptions) -> tuple[str, str]:
 
 
 # -- messages ------------------------------------------------------------------------------------------
-def _plain(v: Any) -> Any:
-    """JSON for numpy scalars (the walk's numbers may be numpy integers)."""
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.floating):
-        return float(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    raise TypeError(f"{type(v).__name__} cannot cross to a worker process as JSON")
-
-
-def _dumps(v: Any) -> bytes:
-    return json.dumps(v, default=_plain, separators=(",", ":")).encode()
-
-
 def step_to_json(step: Step) -> dict:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(step):
@@ -150,91 +133,6 @@ def step_from_json(v: dict) -> Step:
             "items": None if items is None else tuple(tuple(SampleRef(*r) for r in item) for item in items),
         }
     )
-
-
-# -- a batch in a segment ------------------------------------------------------------------------------
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-def _is_buffer(x: Any) -> bool:
-    return isinstance(x, (bytes, bytearray, memoryview))
-
-
-def lay_out(batch: dict, extra: dict) -> tuple[bytes, list[tuple[int, Any]], int]:
-    """(header, [(offset, payload)], total bytes) of ``batch`` in a segment: arrays and lists of arrays
-    (``cu_seqlens``) or of encoded clips at aligned offsets after the header; every other field in the
-    JSON header, in the batch's order, with ``extra``."""
-    fields: list = []
-    payloads: list[tuple[int, Any]] = []
-    at = 0
-    for name, v in batch.items():
-        if isinstance(v, np.ndarray):
-            if v.dtype.hasobject:
-                raise TypeError(f"batch field {name!r} holds Python objects")
-            fields.append([name, "array", [at, v.dtype.str, list(v.shape)]])
-            payloads.append((at, v))
-            at += _aligned(v.nbytes)
-        elif isinstance(v, list) and v and all(isinstance(x, np.ndarray) for x in v):
-            specs = []
-            for a in v:
-                specs.append([at, a.dtype.str, list(a.shape)])
-                payloads.append((at, a))
-                at += _aligned(a.nbytes)
-            fields.append([name, "arrays", specs])
-        elif isinstance(v, list) and v and all(_is_buffer(x) for x in v):
-            sizes = [memoryview(x).nbytes for x in v]
-            fields.append([name, "buffers", [at, sizes]])
-            payloads.append((at, v))
-            at += _aligned(sum(sizes))
-        else:
-            fields.append([name, "json", v])
-    header = _dumps({"fields": fields, **extra})
-    base = _aligned(PREFIX.size + len(header))
-    return header, [(base + off, p) for off, p in payloads], base + at
-
-
-def write_batch(root: np.ndarray, header: bytes, payloads: list[tuple[int, Any]]) -> None:
-    """The laid-out batch into ``root`` (a segment's bytes as uint8)."""
-    root[: PREFIX.size] = np.frombuffer(PREFIX.pack(len(header)), np.uint8)
-    root[PREFIX.size : PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
-    for at, p in payloads:
-        if isinstance(p, np.ndarray):
-            root[at : at + p.nbytes] = np.ascontiguousarray(p).reshape(-1).view(np.uint8)
-            continue
-        for clip in p:
-            n = memoryview(clip).nbytes
-            root[at : at + n] = np.frombuffer(clip, np.uint8)
-            at += n
-
-
-def _view(root: np.ndarray, at: int, dtype: str, shape: list) -> np.ndarray:
-    dt = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    return root[at : at + n].view(dt).reshape(shape)
-
-
-def read_batch(root: np.ndarray) -> tuple[dict, dict]:
-    """(batch, extra) from a segment written by ``write_batch``: arrays and clips are views of ``root``."""
-    (n,) = PREFIX.unpack(root[: PREFIX.size].tobytes())
-    head = json.loads(root[PREFIX.size : PREFIX.size + n].tobytes())
-    base = _aligned(PREFIX.size + n)
-    batch: dict = {}
-    for name, kind, spec in head.pop("fields"):
-        if kind == "array":
-            batch[name] = _view(root, base + spec[0], *spec[1:])
-        elif kind == "arrays":
-            batch[name] = [_view(root, base + s[0], *s[1:]) for s in spec]
-        elif kind == "buffers":
-            at, sizes = base + spec[0], spec[1]
-            clips = []
-            for size in sizes:
-                clips.append(root[at : at + size].data.toreadonly())
-                at += size
-            batch[name] = clips
-        else:
-            batch[name] = spec
-    return batch, head
 
 
 # -- the worker process ------------------------------------------------------------------------------
@@ -306,9 +204,9 @@ def _serve(text: str, conn) -> None:
             loader.open()
             loader._io()
         except DsbuildError as e:
-            conn.send_bytes(_dumps(["error", -1, type(e).__name__, str(e), e.hint]))
+            conn.send_bytes(dumps(["error", -1, type(e).__name__, str(e), e.hint]))
             return
-        conn.send_bytes(_dumps(["ready", os.getpid()]))
+        conn.send_bytes(dumps(["ready", os.getpid()]))
         seconds = dict(loader.stats()["seconds"])
         while True:
             try:
@@ -328,11 +226,11 @@ def _serve(text: str, conn) -> None:
                 root = np.ndarray((seg.size,), np.uint8, buffer=seg.buf)
                 write_batch(root, header, payloads)
                 del root, batch, payloads
-                conn.send_bytes(_dumps(["done", seq, slot, seg.name, seg.size, ring.in_use()]))
+                conn.send_bytes(dumps(["done", seq, slot, seg.name, seg.size, ring.in_use()]))
             except DsbuildError as e:
-                conn.send_bytes(_dumps(["error", seq, type(e).__name__, str(e), e.hint]))
+                conn.send_bytes(dumps(["error", seq, type(e).__name__, str(e), e.hint]))
             except Exception:
-                conn.send_bytes(_dumps(["error", seq, "internal", traceback.format_exc(limit=8), None]))
+                conn.send_bytes(dumps(["error", seq, "internal", traceback.format_exc(limit=8), None]))
     finally:
         ring.close()
 
@@ -609,7 +507,7 @@ class ProcessWorkers:
             slot, fresh = self._pick(w)
             self._jobs[seq] = (fut, w, slot)
             try:
-                self._conns[w].send_bytes(_dumps(["build", seq, slot, fresh, step_to_json(step)]))
+                self._conns[w].send_bytes(dumps(["build", seq, slot, fresh, step_to_json(step)]))
             except OSError:
                 self._jobs.pop(seq)
                 self._ring[w][slot].busy = False
@@ -749,7 +647,7 @@ class ProcessWorkers:
             self._closing = True
         for c in self._conns:
             try:
-                c.send_bytes(_dumps(["stop"]))
+                c.send_bytes(dumps(["stop"]))
             except OSError:
                 pass
         for p in self._procs:

@@ -1,0 +1,114 @@
+"""A dict of arrays, lists of arrays or of byte buffers, and JSON values, laid out in one block of bytes:
+a JSON header, then each array and buffer at an aligned offset. Worker processes hand batches over in
+shared-memory segments this way (``workers``); a source's derived columns are kept this way for the
+machine (``source``). Reading it back gives views of the block, not copies."""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+
+ALIGN = 64  # bytes: every array in a segment starts on a cache line (and its dtype's alignment)
+PREFIX = struct.Struct("<Q")  # a segment starts with its header's length
+
+
+def _plain(v: Any) -> Any:
+    """JSON for numpy scalars (the walk's numbers may be numpy integers)."""
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    raise TypeError(f"{type(v).__name__} cannot be laid out as JSON")
+
+
+def dumps(v: Any) -> bytes:
+    return json.dumps(v, default=_plain, separators=(",", ":")).encode()
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _is_buffer(x: Any) -> bool:
+    return isinstance(x, (bytes, bytearray, memoryview))
+
+
+def lay_out(batch: dict, extra: dict) -> tuple[bytes, list[tuple[int, Any]], int]:
+    """(header, [(offset, payload)], total bytes) of ``batch`` in a segment: arrays and lists of arrays
+    (``cu_seqlens``) or of encoded clips at aligned offsets after the header; every other field in the
+    JSON header, in the batch's order, with ``extra``."""
+    fields: list = []
+    payloads: list[tuple[int, Any]] = []
+    at = 0
+    for name, v in batch.items():
+        if isinstance(v, np.ndarray):
+            if v.dtype.hasobject:
+                raise TypeError(f"batch field {name!r} holds Python objects")
+            fields.append([name, "array", [at, v.dtype.str, list(v.shape)]])
+            payloads.append((at, v))
+            at += _aligned(v.nbytes)
+        elif isinstance(v, list) and v and all(isinstance(x, np.ndarray) for x in v):
+            specs = []
+            for a in v:
+                specs.append([at, a.dtype.str, list(a.shape)])
+                payloads.append((at, a))
+                at += _aligned(a.nbytes)
+            fields.append([name, "arrays", specs])
+        elif isinstance(v, list) and v and all(_is_buffer(x) for x in v):
+            sizes = [memoryview(x).nbytes for x in v]
+            fields.append([name, "buffers", [at, sizes]])
+            payloads.append((at, v))
+            at += _aligned(sum(sizes))
+        else:
+            fields.append([name, "json", v])
+    header = dumps({"fields": fields, **extra})
+    base = _aligned(PREFIX.size + len(header))
+    return header, [(base + off, p) for off, p in payloads], base + at
+
+
+def write_batch(root: np.ndarray, header: bytes, payloads: list[tuple[int, Any]]) -> None:
+    """The laid-out batch into ``root`` (a segment's bytes as uint8)."""
+    root[: PREFIX.size] = np.frombuffer(PREFIX.pack(len(header)), np.uint8)
+    root[PREFIX.size : PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
+    for at, p in payloads:
+        if isinstance(p, np.ndarray):
+            root[at : at + p.nbytes] = np.ascontiguousarray(p).reshape(-1).view(np.uint8)
+            continue
+        for clip in p:
+            n = memoryview(clip).nbytes
+            root[at : at + n] = np.frombuffer(clip, np.uint8)
+            at += n
+
+
+def _view(root: np.ndarray, at: int, dtype: str, shape: list) -> np.ndarray:
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    return root[at : at + n].view(dt).reshape(shape)
+
+
+def read_batch(root: np.ndarray) -> tuple[dict, dict]:
+    """(batch, extra) from a segment written by ``write_batch``: arrays and clips are views of ``root``."""
+    (n,) = PREFIX.unpack(root[: PREFIX.size].tobytes())
+    head = json.loads(root[PREFIX.size : PREFIX.size + n].tobytes())
+    base = _aligned(PREFIX.size + n)
+    batch: dict = {}
+    for name, kind, spec in head.pop("fields"):
+        if kind == "array":
+            batch[name] = _view(root, base + spec[0], *spec[1:])
+        elif kind == "arrays":
+            batch[name] = [_view(root, base + s[0], *s[1:]) for s in spec]
+        elif kind == "buffers":
+            at, sizes = base + spec[0], spec[1]
+            clips = []
+            for size in sizes:
+                clips.append(root[at : at + size].data.toreadonly())
+                at += size
+            batch[name] = clips
+        else:
+            batch[name] = spec
+    return batch, head

@@ -209,6 +209,17 @@ def test_a_segment_layout_round_trips_views_json_and_clips():
     assert np.shares_memory(out["frames"], root)
 
 
+def test_json_orjson_refuses_reads_back_as_a_thread_would_have_it():
+    """Headers are read with orjson, which refuses NaN, Infinity and integers past 64 bits: a map's
+    metadata may hold them, and a batch must not change on its way out of a worker process."""
+    batch = {"score": [float("nan"), float("-inf"), 2**70, 0.1]}
+    header, payloads, size = lay_out(batch, {})
+    root = np.zeros(size, np.uint8)
+    write_batch(root, header, payloads)
+    score = read_batch(root)[0]["score"]
+    assert np.isnan(score[0]) and score[1:] == [float("-inf"), 2**70, 0.1]
+
+
 def test_shm_bytes_too_small_names_the_size_needed_and_the_option(cat):
     ref, _ = cat
     with Loader(ref, decode="bytes", worker_mode="process", num_workers=1, shm_bytes=1) as loader:

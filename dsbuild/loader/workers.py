@@ -538,8 +538,7 @@ class ProcessWorkers:
         """The collector thread: results and errors from the workers' pipes, deaths from their sentinels."""
         alive = {c: w for w, c in enumerate(self._conns)}
         sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
-        # one selector for the pool's life: ``connection.wait`` makes and fills one per call (a third of
-        # this thread's time per batch)
+        # one selector for the pool's life (``connection.wait`` makes, fills and closes one per call)
         with selectors.DefaultSelector() as sel:
             for r in (*alive, *sentinels, self._wake_r):
                 sel.register(r, selectors.EVENT_READ)

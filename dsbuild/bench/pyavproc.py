@@ -8,6 +8,12 @@ memory and answers ``{"ready": true}``; then, on each ``go`` line, decodes its c
 done since its last report, about every ``REPORT_S``, until a ``stop`` line, which it answers with its
 last counts and ``{"stopped": true}``. It exits when its input closes, dies with its parent and ignores
 Ctrl-C (the parent handles it). A failure is answered ``{"error": ...}`` before it exits.
+
+It decodes in its only thread and looks for the parent's next line between frames (``Commands``). It used
+to decode in a thread started for each ``go``: under the test suite's load, ``Thread.start()`` in the
+main thread sometimes never returned while the new thread decoded (py-spy: the main thread in
+``Thread.start`` → ``Event.wait``, the decoding thread in its loop), so the ``stop`` was never read and
+the process decoded on for minutes, seen with one FFmpeg thread per decoder only.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ import itertools
 import json
 import math
 import os
+import select
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -31,6 +37,7 @@ from dsbuild.formats.sample import VIDEO_EXT
 GO, STOP = b"go\n", b"stop\n"
 READY, STOPPED = "ready", "stopped"
 REPORT_S = 0.05  # counts reach the parent's meter this often (its samples are ~1 s apart)
+POLL_S = 0.002  # the parent's input is looked at this often while decoding (a stop waits at most this)
 MAX_LINE = 1 << 10  # an answer is a few numbers
 MAX_SPEC = 16 << 20  # a share of a CLIP_BUDGET of clips, ~100 bytes a clip
 
@@ -109,13 +116,41 @@ def decode_clip(
     return True
 
 
+class Commands:
+    """The parent's lines on a file descriptor, read without a thread: ``next()`` waits for the next
+    line, ``arrived()`` says without waiting whether one (or the end of the input) is there."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buffer, self.ended = fd, b"", False
+
+    def _read(self, timeout: float | None) -> None:
+        if select.select([self.fd], [], [], timeout)[0]:
+            data = os.read(self.fd, 1 << 12)
+            self.ended = not data
+            self.buffer += data
+
+    def arrived(self) -> bool:
+        if b"\n" not in self.buffer and not self.ended:
+            self._read(0)
+        return b"\n" in self.buffer or self.ended
+
+    def next(self) -> bytes:
+        """The next line with its newline; b"" once the input has ended."""
+        while b"\n" not in self.buffer and not self.ended:
+            self._read(None)
+        if b"\n" not in self.buffer:
+            return b""
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line + b"\n"
+
+
 def decode_until(
-    clips: list[tuple[bytes, int]], resize: tuple[int, int] | None, stop: threading.Event, report: Callable
+    clips: list[tuple[bytes, int]], resize: tuple[int, int] | None, stop: Callable[[], bool], report: Callable
 ) -> None:
-    """The clips round and round until ``stop``; ``report(samples, frames, bytes)`` of the work since the
-    last report, about every ``REPORT_S`` and once at the end."""
+    """The clips round and round until ``stop()`` (asked about every ``POLL_S``); ``report(samples,
+    frames, bytes)`` of the work since the last report, about every ``REPORT_S`` and once at the end."""
     counts = [0, 0, 0]
-    last = time.perf_counter()
+    last = polled = time.perf_counter()
 
     def flush() -> None:
         nonlocal last
@@ -124,17 +159,22 @@ def decode_until(
         last = time.perf_counter()
 
     def decoded() -> bool:
+        nonlocal polled
         counts[1] += 1
-        if time.perf_counter() - last >= REPORT_S:
+        now = time.perf_counter()
+        if now - last >= REPORT_S:
             flush()
-        return stop.is_set()
+        if now - polled < POLL_S:
+            return False
+        polled = now
+        return stop()
 
     for clip, size in itertools.cycle(clips):
         if not decode_clip(clip, resize, lambda frame: None, decoded):
             break
         counts[0] += 1
         counts[2] += size
-        if stop.is_set():
+        if stop():
             break
     flush()
 
@@ -145,38 +185,23 @@ def main(argv: list[str]) -> None:
     _die_with_parent(os.getppid(), ())  # (and Ctrl-C ignored: the parent's to handle)
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything a library prints goes to stderr, never into the protocol
-    lock = threading.Lock()
 
     def answer(doc: dict) -> None:
-        with lock:
-            out.write(json.dumps(doc) + "\n")
-            out.flush()
+        out.write(json.dumps(doc) + "\n")
+        out.flush()
 
     try:
         path, share, resize = parse_spec(argv[0] if argv else "")
         clips = read_share(path, share)
         import av  # noqa: F401 (imported at start-up, not in the first measurement)
 
+        commands = Commands(sys.stdin.fileno())
         answer({READY: True})
-        for line in iter(sys.stdin.buffer.readline, b""):
+        while line := commands.next():
             if line != GO:
                 continue
-            stop = threading.Event()
-            failed: list[BaseException] = []
-
-            def work(stop: threading.Event = stop, failed: list = failed) -> None:
-                try:
-                    decode_until(clips, resize, stop, lambda s, f, b: answer({"n": [s, f, b]}))
-                except Exception as e:
-                    failed.append(e)
-
-            worker = threading.Thread(target=work, name="dsbuild-pyav", daemon=True)
-            worker.start()
-            ended = sys.stdin.buffer.readline()  # STOP (or the input closed)
-            stop.set()
-            worker.join()
-            if failed:
-                raise failed[0]
+            decode_until(clips, resize, commands.arrived, lambda s, f, b: answer({"n": [s, f, b]}))
+            ended = commands.next()  # STOP (or the input closed)
             answer({STOPPED: True})
             if ended != STOP:
                 return

@@ -9,11 +9,9 @@ done since its last report, about every ``REPORT_S``, until a ``stop`` line, whi
 last counts and ``{"stopped": true}``. It exits when its input closes, dies with its parent and ignores
 Ctrl-C (the parent handles it). A failure is answered ``{"error": ...}`` before it exits.
 
-It decodes in its only thread and looks for the parent's next line between frames (``Commands``). It used
-to decode in a thread started for each ``go``: under the test suite's load, ``Thread.start()`` in the
-main thread sometimes never returned while the new thread decoded (py-spy: the main thread in
-``Thread.start`` → ``Event.wait``, the decoding thread in its loop), so the ``stop`` was never read and
-the process decoded on for minutes, seen with one FFmpeg thread per decoder only.
+It decodes in its only thread and looks for the parent's next line between frames (``Commands``): it
+starts no thread, so no hand-over between threads can keep it from seeing a ``stop`` (a thread started
+for each ``go`` once left the main thread in ``Thread.start()`` for minutes under the suite's load).
 """
 
 from __future__ import annotations

@@ -19,11 +19,11 @@ import hashlib
 import itertools
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
@@ -36,6 +36,7 @@ from dsbuild.core.errors import UsageError, WorkerDied
 from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
 PIECE = 8 << 20
+TICK_S = 0.01  # how often the PyAV processes' runner looks at its meter
 CLIP_BUDGET = 256 << 20  # bytes of clips the pyav loop holds in memory (the split's first, in key order)
 
 
@@ -248,6 +249,7 @@ class PyAVProcs:
     def __init__(self, data: Dataset, processes: int, resize: tuple[int, ...] | None, scratch: Path):
         self.data, self.processes, self.resize, self.scratch = data, processes, resize, scratch
         self.procs: list[subprocess.Popen] = []
+        self.answers: list[pyavproc.Commands] = []  # each process's lines, read without a thread
         self.logs: list = []
 
     def prepare(self) -> None:
@@ -266,43 +268,45 @@ class PyAVProcs:
             spec = {"clips": str(path), "share": share, "resize": list(self.resize) if self.resize else None}
             log = tempfile.TemporaryFile()  # noqa: SIM115 (the process's stderr, closed in close())
             self.logs.append(log)
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "dsbuild.bench.pyavproc", json.dumps(spec)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                )
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dsbuild.bench.pyavproc", json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
             )
+            self.procs.append(proc)
+            self.answers.append(pyavproc.Commands(proc.stdout.fileno()))  # type: ignore[union-attr]
         for i in range(self.processes):
             self._receive(i, pyavproc.READY)
 
     def run(self, meter: Meter) -> None:
-        failed: list[BaseException] = []
-
-        def listen(i: int) -> None:
-            try:
-                while (counts := self._receive(i, pyavproc.STOPPED)) is not None:
-                    meter.add(*counts)
-            except BaseException as e:  # (reported by the caller, in its thread)
-                failed.append(e)
-                meter.stop()
-
-        for i in range(self.processes):
+        """The processes decode from ``go`` until the meter is over, then ``stop``; their counts are read
+        here, in the caller's thread. No thread is started for them: a thread started while they decode
+        waited for a core for minutes on this 2-core machine under the test suite's load (a py-spy dump:
+        the new thread runnable with no CPU time for 45 s, the caller in ``Thread.start()``), and the
+        ``stop`` waited with it."""
+        going = set(range(self.processes))
+        for i in going:
             self._send(i, pyavproc.GO)
-        readers = [threading.Thread(target=listen, args=(i,), daemon=True) for i in range(self.processes)]
-        for t in readers:
-            t.start()
+        stopping = False
         try:
-            while not meter.over:
-                time.sleep(0.01)
+            while going:
+                if not stopping and meter.over:
+                    for i in going:
+                        self._send(i, pyavproc.STOP)
+                    stopping = True
+                select.select([self.answers[i].fd for i in going], [], [], TICK_S)
+                for i in sorted(going):
+                    while i in going and self.answers[i].arrived():
+                        counts = self._receive(i, pyavproc.STOPPED)
+                        if counts is None:
+                            going.discard(i)
+                        else:
+                            meter.add(*counts)
         finally:
-            for i in range(self.processes):
-                self._send(i, pyavproc.STOP)
-            for t in readers:
-                t.join()
-        if failed:
-            raise failed[0]
+            if not stopping:  # (a process failed, or Ctrl-C: the others stop too)
+                for i in going:
+                    self._send(i, pyavproc.STOP)
 
     def close(self) -> None:
         for p in self.procs:
@@ -317,7 +321,7 @@ class PyAVProcs:
             if p.stdout is not None:
                 p.stdout.close()
             log.close()
-        self.procs, self.logs = [], []
+        self.procs, self.answers, self.logs = [], [], []
 
     def _send(self, i: int, line: bytes) -> None:
         stdin = self.procs[i].stdin
@@ -333,8 +337,7 @@ class PyAVProcs:
         """Process ``i``'s next counts [samples, frames, bytes], or None at its ``until`` line; a process
         that exited is ``WorkerDied`` naming it and its last line of stderr."""
         p = self.procs[i]
-        stdout = p.stdout
-        line = stdout.readline(pyavproc.MAX_LINE) if stdout is not None else b""
+        line = self.answers[i].next()
         if not line:
             p.wait()
             self.logs[i].seek(0)

@@ -115,8 +115,9 @@ def decode_clip(
 
 
 class Commands:
-    """The parent's lines on a file descriptor, read without a thread: ``next()`` waits for the next
-    line, ``arrived()`` says without waiting whether one (or the end of the input) is there."""
+    """Lines on a file descriptor, read without a thread (the parent's commands here; each process's
+    answers in the parent): ``next()`` waits for the next line, ``arrived()`` says without waiting whether
+    one (or the end of the input) is there."""
 
     def __init__(self, fd: int) -> None:
         self.fd, self.buffer, self.ended = fd, b"", False

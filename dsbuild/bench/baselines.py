@@ -265,7 +265,12 @@ class PyAVProcs:
                 at += len(clip)
         for i in range(self.processes):
             share = places[i :: self.processes] or [places[i % len(places)]]  # (fewer clips than processes)
-            spec = {"clips": str(path), "share": share, "resize": list(self.resize) if self.resize else None}
+            spec = {
+                "clips": str(path),
+                "share": share,
+                "resize": list(self.resize) if self.resize else None,
+                "decoders": self.processes,
+            }
             log = tempfile.TemporaryFile()  # noqa: SIM115 (the process's stderr, closed in close())
             self.logs.append(log)
             proc = subprocess.Popen(

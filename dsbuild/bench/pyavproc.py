@@ -2,8 +2,8 @@
 ``python -m dsbuild.bench.pyavproc SPEC``.
 
 SPEC is one JSON object (nothing is pickled): ``{"clips": the clip file, "share": [[offset, length,
-payload bytes], ...], "resize": [H, W] or null}``. The process reads its share of the clip file into
-memory and answers ``{"ready": true}``; then, on each ``go`` line, decodes its clips round and round
+payload bytes], ...], "resize": [H, W] or null, "decoders": the processes decoding at once}``. The
+process reads its share of the clip file into memory and answers ``{"ready": true}``; then, on each ``go`` line, decodes its clips round and round
 (``decode_clip``: the thread baseline's loop too) and reports ``{"n": [samples, frames, bytes]}``
 done since its last report, about every ``REPORT_S``, until a ``stop`` line, which it answers with its
 last counts and ``{"stopped": true}``. It exits when its input closes, dies with its parent and ignores
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from dsbuild.core.errors import FormatError, WorkerDied
 from dsbuild.core.jsonio import loads_bounded
-from dsbuild.formats.probe import STORED_OPEN, SWSCALE_THREADS
+from dsbuild.formats.probe import STORED_OPEN, SWSCALE_THREADS, decoder_threads
 from dsbuild.formats.sample import VIDEO_EXT
 
 GO, STOP = b"go\n", b"stop\n"
@@ -40,12 +40,14 @@ MAX_LINE = 1 << 10  # an answer is a few numbers
 MAX_SPEC = 16 << 20  # a share of a CLIP_BUDGET of clips, ~100 bytes a clip
 
 
-def parse_spec(text: str) -> tuple[str, list[tuple[int, int, int]], tuple[int, int] | None]:
-    """(clip file, share, resize) of a SPEC, validated."""
+def parse_spec(text: str) -> tuple[str, list[tuple[int, int, int]], tuple[int, int] | None, int]:
+    """(clip file, share, resize, processes decoding at once) of a SPEC, validated."""
     doc = loads_bounded(text.encode(), max_bytes=MAX_SPEC, what="pyav process spec")
-    share, resize = doc.get("share"), doc.get("resize")
+    share, resize, decoders = doc.get("share"), doc.get("resize"), doc.get("decoders")
     if (
         not isinstance(doc.get("clips"), str)
+        or type(decoders) is not int
+        or decoders < 1
         or not isinstance(share, list)
         or not share
         or not all(isinstance(p, list) and len(p) == 3 and all(isinstance(x, int) and x >= 0 for x in p) for p in share)
@@ -55,9 +57,9 @@ def parse_spec(text: str) -> tuple[str, list[tuple[int, int, int]], tuple[int, i
         )
     ):
         raise FormatError(
-            f"pyav process spec: expected clips, share [[offset, length, bytes], ...], resize: {text[:200]!r}"
+            f"pyav process spec: expected clips, share [[offset, length, bytes], ...], resize, decoders: {text[:200]!r}"
         )
-    return doc["clips"], [(a, n, b) for a, n, b in share], (resize[0], resize[1]) if resize else None
+    return doc["clips"], [(a, n, b) for a, n, b in share], (resize[0], resize[1]) if resize else None, decoders
 
 
 def parse_answer(line: bytes, until: str, what: str) -> list[float] | None:
@@ -92,10 +94,16 @@ def read_share(path: str, share: list[tuple[int, int, int]]) -> list[tuple[bytes
 
 
 def decode_clip(
-    clip: bytes, resize: tuple[int, ...] | None, keep: Callable[[object], None], decoded: Callable[[], bool]
+    clip: bytes,
+    resize: tuple[int, ...] | None,
+    keep: Callable[[object], None],
+    decoded: Callable[[], bool],
+    threads: int = 0,
 ) -> bool:
     """One clip through a bare PyAV loop: each frame to RGB at ``resize`` (H, W), given to ``keep``, then
-    ``decoded()``, which returns True to stop. Returns whether the clip was decoded to its end."""
+    ``decoded()``, which returns True to stop. Returns whether the clip was decoded to its end.
+    ``threads``: FFmpeg's decoding threads, shared out as the loader's worker processes share them
+    (``decoder_threads``; 0: FFmpeg's own choice)."""
     import av
     from av.video.reformatter import VideoReformatter
 
@@ -106,6 +114,7 @@ def decode_clip(
     with av.open(io.BytesIO(clip), "r", format=VIDEO_EXT, options=STORED_OPEN) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
+        stream.codec_context.thread_count = threads
         rgb = VideoReformatter()  # one scaler per clip, as a careful PyAV user writes it
         for frame in container.decode(stream):
             keep(rgb.reformat(frame, format="rgb24", threads=SWSCALE_THREADS, width=width, height=height).to_ndarray())
@@ -144,7 +153,11 @@ class Commands:
 
 
 def decode_until(
-    clips: list[tuple[bytes, int]], resize: tuple[int, int] | None, stop: Callable[[], bool], report: Callable
+    clips: list[tuple[bytes, int]],
+    resize: tuple[int, int] | None,
+    stop: Callable[[], bool],
+    report: Callable,
+    threads: int = 0,
 ) -> None:
     """The clips round and round until ``stop()`` (asked about every ``POLL_S``); ``report(samples,
     frames, bytes)`` of the work since the last report, about every ``REPORT_S`` and once at the end."""
@@ -169,7 +182,7 @@ def decode_until(
         return stop()
 
     for clip, size in itertools.cycle(clips):
-        if not decode_clip(clip, resize, lambda frame: None, decoded):
+        if not decode_clip(clip, resize, lambda frame: None, decoded, threads):
             break
         counts[0] += 1
         counts[2] += size
@@ -189,8 +202,11 @@ def main(argv: list[str]) -> None:
         out.write(json.dumps(doc) + "\n")
         out.flush()
 
+    def report(samples: float, frames: float, nbytes: float) -> None:
+        answer({"n": [samples, frames, nbytes]})
+
     try:
-        path, share, resize = parse_spec(argv[0] if argv else "")
+        path, share, resize, decoders = parse_spec(argv[0] if argv else "")
         clips = read_share(path, share)
         import av  # noqa: F401 (imported at start-up, not in the first measurement)
 
@@ -199,7 +215,7 @@ def main(argv: list[str]) -> None:
         while line := commands.next():
             if line != GO:
                 continue
-            decode_until(clips, resize, commands.arrived, lambda s, f, b: answer({"n": [s, f, b]}))
+            decode_until(clips, resize, commands.arrived, report, decoder_threads(decoders))
             ended = commands.next()  # STOP (or the input closed)
             answer({STOPPED: True})
             if ended != STOP:

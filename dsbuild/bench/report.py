@@ -25,6 +25,7 @@ from dsbuild.bench.stats import Spread
 from dsbuild.bench.step import H2D, StepInfo
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.records import Record, spec
+from dsbuild.formats.probe import usable_cores
 
 FORMAT = "dsbuild.bench/2"
 MAX_REPORT = 1 << 26
@@ -171,9 +172,15 @@ def machine(gpu: str | None) -> Machine:
         from dsbuild import __version__
 
         packages["dsbuild"] = __version__
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return Machine(
-        os.cpu_count() or 1, usable or 1, model, memory, platform.platform(), platform.python_version(), gpu, packages
+        os.cpu_count() or 1,
+        usable_cores(),
+        model,
+        memory,
+        platform.platform(),
+        platform.python_version(),
+        gpu,
+        packages,
     )
 
 

@@ -116,11 +116,13 @@ def decode_pyav(
     skip_nonref: bool = False,
     counts: dict | None = None,
     alloc=np.empty,
+    threads: int = 0,
 ) -> np.ndarray:
     """uint8 [len(indices), H, W, 3]: the clip's frames at ``indices`` (presentation order), resized to
     ``size`` = (height, width) by swscale, in an array from ``alloc(shape, dtype)``. ``counts["decoded"]``
     (if given) grows by the frames the decoder produced, ``counts["skipped_packets"]`` by the packets
-    before the start keyframe."""
+    before the start keyframe. ``threads``: FFmpeg's decoding threads (``probe.decoder_threads``; 0 is
+    its own choice)."""
     from av.video.reformatter import VideoReformatter
 
     # One scaler for the clip: ``frame.to_ndarray(format=...)`` builds a new swscale context for every
@@ -140,6 +142,7 @@ def decode_pyav(
 
     def decoder(stream):
         stream.codec_context.thread_type = "AUTO"
+        stream.codec_context.thread_count = threads
         return stream.codec_context
 
     decode_clip(data, indices, decoder, take, skip_nonref, counts)

@@ -254,6 +254,7 @@ class Mixture:
                         self._stats,
                         self._readers,
                         self.coords.fields,
+                        o.num_workers if choose_mode(o)[0] == "process" else 1,
                     )
                     self._io_process = _Process.generation
         return self._readers, self._preparer

@@ -21,6 +21,7 @@ import numpy as np
 
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.core.records import Record
+from dsbuild.formats.probe import decoder_threads
 from dsbuild.formats.sample import MEMBERS, ClipVideo, SampleMeta, SampleVideo
 from dsbuild.loader import audio as audio_mod
 from dsbuild.loader.backends import AutoProbe, Backend
@@ -110,11 +111,13 @@ class Preparer:
         stats: Stats,
         readers: list[SampleReader],
         fields: tuple[str, ...] | None = None,
+        decoders: int = 1,
     ):
         """``readers``: each source's (a session's codec facts are read from a sample of the reader's choice,
         ``learn``). ``fields``: the sequence fields this rank delivers (a split pipeline stage's,
         ``Coords.fields``; None: all). The frames and the audio of a stage that drops them are not decoded,
-        unless a ``map`` (which may read them) runs."""
+        unless a ``map`` (which may read them) runs. ``decoders``: the loader's worker processes, which decode
+        at once (``probe.decoder_threads``)."""
         self.o, self.sources, self.backend, self.stats, self.readers = options, sources, backend, stats, readers
         kept = FIELDS if fields is None or options.map is not None else fields
         self.frames = options.decode == "frames" and "frames" in kept  # whether the video is decoded
@@ -130,6 +133,9 @@ class Preparer:
             self.decoders = DecoderCache()
             weakref.finalize(self, self.decoders.close)
         self.probe = AutoProbe() if backend.name == "auto" else None  # auto: which route is faster here
+        # worker processes decoding at once share the cores out (a lone decoder, or threads of one process,
+        # keep FFmpeg's own choice: docs/loader-workers.md says why)
+        self.threads = decoder_threads(decoders)
         self.widths = (len(controls), len(channels))
         self.maps: list[list[ColumnMap]] = [
             [(column_map(s.controls, controls), column_map(s.channels, channels)) for s in src.sessions]
@@ -260,7 +266,9 @@ class Preparer:
                     host[...] = frames.cpu().numpy()
                     frames = host
             else:
-                frames = decode_pyav(video, idx, self.o.resize, skip_nonref=skip, counts=counts, alloc=alloc)
+                frames = decode_pyav(
+                    video, idx, self.o.resize, skip_nonref=skip, counts=counts, alloc=alloc, threads=self.threads
+                )
             if self.probe is not None:
                 self.stats.note(getattr(self.probe.record(route, time.perf_counter() - t, len(idx)), "note", None))
             self.stats.add(counts={"decoded_frames": counts["decoded"], "decode_fallback": counts.get("fallback", 0)})

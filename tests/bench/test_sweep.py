@@ -120,12 +120,19 @@ def test_pyav_process_messages_are_validated_json():
     from dsbuild.bench.pyavproc import parse_answer, parse_spec
     from dsbuild.core.errors import FormatError, WorkerDied
 
-    assert parse_spec('{"clips": "c.bin", "share": [[0, 10, 7]], "resize": [32, 32]}') == (
+    assert parse_spec('{"clips": "c.bin", "share": [[0, 10, 7]], "resize": [32, 32], "decoders": 2}') == (
         "c.bin",
         [(0, 10, 7)],
         (32, 32),
+        2,
     )
-    for bad in ('{"clips": "c", "share": []}', '{"clips": "c", "share": [[0, -1, 1]]}', '{"share": [[0, 1, 1]]}'):
+    for bad in (
+        '{"clips": "c", "share": [], "decoders": 1}',
+        '{"clips": "c", "share": [[0, -1, 1]], "decoders": 1}',
+        '{"share": [[0, 1, 1]], "decoders": 1}',
+        '{"clips": "c", "share": [[0, 1, 1]], "decoders": 0}',
+        '{"clips": "c", "share": [[0, 1, 1]]}',
+    ):
         with pytest.raises(FormatError):
             parse_spec(bad)
     assert parse_answer(b'{"n": [1, 30, 900]}\n', "stopped", "p") == [1.0, 30.0, 900.0]

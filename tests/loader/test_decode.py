@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from dsbuild.core.errors import MissingDependency, MissingDevice, UsageError
+from dsbuild.formats.probe import decoder_threads, usable_cores
 from dsbuild.loader import Loader
 from dsbuild.loader.audio import decode_audio
 from dsbuild.loader.backends import NVDEC, choose_backend, probe
@@ -32,6 +33,26 @@ def test_any_frames_decode_exactly_as_in_a_full_decode(clip):
     assert len(full) == 60 and len({int(f[-1, -1, 0]) for f in full}) > 30
     for idx in ([0], [23, 25, 27], [59], list(range(40, 60, 3)), [9, 10, 11]):
         assert np.array_equal(decode_pyav(clip, np.array(idx)), full[idx])
+
+
+def test_decoding_threads_change_no_frame(clip):
+    """Each of N decoders at once gets its share of the cores (one thread each here, as two workers on
+    two cores get): the frames are the same whatever the threads."""
+    full = decode_pyav(clip, np.arange(60))
+    for threads in (1, 2, 3):
+        assert np.array_equal(decode_pyav(clip, np.arange(60), threads=threads), full)
+
+
+def test_the_cores_are_shared_out_among_the_decoders_of_a_node(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cores = usable_cores()
+    assert decoder_threads(1) == 0  # a lone decoder: FFmpeg's own choice, a thread per core
+    for n in (2, 3, 8, 64):
+        assert decoder_threads(n) == max(1, cores // n) and decoder_threads(n) * min(n, cores) <= cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # torchrun's: four ranks of the node decode too
+    assert decoder_threads(1) == max(1, cores // 4) and decoder_threads(2) == max(1, cores // 8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")
+    assert decoder_threads(1) == 0
 
 
 @pytest.mark.parametrize("size", [None, (24, 40), (97, 33)])

@@ -155,6 +155,15 @@ def test_auto_picks_processes_above_two_workers_and_says_why():
     assert choose_mode(LoaderOptions(num_workers=1, worker_mode="process")) == ("process", "worker_mode='process'")
 
 
+def test_worker_processes_share_the_cores_out_and_threads_keep_ffmpegs_choice(cat, monkeypatch):
+    from dsbuild.formats.probe import decoder_threads
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for mode, threads in (("process", decoder_threads(3)), ("thread", 0)):
+        with Loader(cat[0], decode="frames", resize=(32, 32), num_workers=3, worker_mode=mode) as loader:
+            assert loader.open()._io()[1].threads == threads
+
+
 def test_an_invalid_worker_mode_is_a_usage_error():
     with pytest.raises(UsageError, match="worker_mode must be one of"):
         LoaderOptions(worker_mode="fibers")

@@ -37,6 +37,7 @@ from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
 PIECE = 8 << 20
 TICK_S = 0.01  # how often the PyAV processes' runner looks at its meter
+STOP_MARGIN_S = 1.0  # a PyAV process stops by itself this long after the slice (see pyavproc)
 CLIP_BUDGET = 256 << 20  # bytes of clips the pyav loop holds in memory (the split's first, in key order)
 
 
@@ -289,10 +290,11 @@ class PyAVProcs:
         here, in the caller's thread. No thread is started for them: a thread started while they decode
         waited for a core for minutes on this 2-core machine under the test suite's load (a py-spy dump:
         the new thread runnable with no CPU time for 45 s, the caller in ``Thread.start()``), and the
-        ``stop`` waited with it."""
+        ``stop`` waited with it; so can this thread, and each process stops by itself ``STOP_MARGIN_S``
+        after the slice."""
         going = set(range(self.processes))
         for i in going:
-            self._send(i, pyavproc.GO)
+            self._send(i, pyavproc.go_line(meter.remaining() + STOP_MARGIN_S))
         stopping = False
         try:
             while going:

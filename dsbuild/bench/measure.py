@@ -86,6 +86,10 @@ class Meter:
     def stop(self) -> None:
         self.stopped = True
 
+    def remaining(self) -> float:
+        """Seconds of the slice left by the clock."""
+        return max(0.0, self.seconds - (self.clock() - self._t0))
+
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` just spent out of the measurement (a baseline's per-epoch set-up)."""
         with self._lock:

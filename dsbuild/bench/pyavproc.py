@@ -3,15 +3,18 @@
 
 SPEC is one JSON object (nothing is pickled): ``{"clips": the clip file, "share": [[offset, length,
 payload bytes], ...], "resize": [H, W] or null, "decoders": the processes decoding at once}``. The
-process reads its share of the clip file into memory and answers ``{"ready": true}``; then, on each ``go`` line, decodes its clips round and round
-(``decode_clip``: the thread baseline's loop too) and reports ``{"n": [samples, frames, bytes]}``
-done since its last report, about every ``REPORT_S``, until a ``stop`` line, which it answers with its
-last counts and ``{"stopped": true}``. It exits when its input closes, dies with its parent and ignores
-Ctrl-C (the parent handles it). A failure is answered ``{"error": ...}`` before it exits.
+process reads its share of the clip file into memory and answers ``{"ready": true}``; then, on each
+``go SECONDS`` line, decodes its clips round and round (``decode_clip``: the thread baseline's loop too)
+and reports ``{"n": [samples, frames, bytes]}`` done since its last report, about every ``REPORT_S``,
+until a ``stop`` line, which it answers with its last counts and ``{"stopped": true}``. It exits when
+its input closes, dies with its parent and ignores Ctrl-C (the parent handles it). A failure is
+answered ``{"error": ...}`` before it exits.
 
-It decodes in its only thread and looks for the parent's next line between frames (``Commands``): it
-starts no thread, so no hand-over between threads can keep it from seeing a ``stop`` (a thread started
-for each ``go`` once left the main thread in ``Thread.start()`` for minutes under the suite's load).
+It decodes in its only thread and looks for the parent's next line between frames (``Commands``): no
+hand-over between threads can keep it from seeing a ``stop``. It also stops decoding by itself once
+SECONDS have passed (the parent's slice and a margin), then waits for the ``stop``: on 2 cores, two
+processes decoding with one FFmpeg thread each can keep the parent from the CPU altogether (seen under
+the test suite's load: the parent runnable with no CPU time for 30 s and more), and the ``stop`` with it.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from dsbuild.core.jsonio import loads_bounded
 from dsbuild.formats.probe import STORED_OPEN, SWSCALE_THREADS, decoder_threads
 from dsbuild.formats.sample import VIDEO_EXT
 
-GO, STOP = b"go\n", b"stop\n"
+GO, STOP = b"go", b"stop\n"  # a go line: "go SECONDS\n"
 READY, STOPPED = "ready", "stopped"
 REPORT_S = 0.05  # counts reach the parent's meter this often (its samples are ~1 s apart)
 POLL_S = 0.002  # the parent's input is looked at this often while decoding (a stop waits at most this)
 MAX_LINE = 1 << 10  # an answer is a few numbers
+MAX_GO_S = 1e6
 MAX_SPEC = 16 << 20  # a share of a CLIP_BUDGET of clips, ~100 bytes a clip
 
 
@@ -60,6 +64,25 @@ def parse_spec(text: str) -> tuple[str, list[tuple[int, int, int]], tuple[int, i
             f"pyav process spec: expected clips, share [[offset, length, bytes], ...], resize, decoders: {text[:200]!r}"
         )
     return doc["clips"], [(a, n, b) for a, n, b in share], (resize[0], resize[1]) if resize else None, decoders
+
+
+def go_line(seconds: float) -> bytes:
+    """The ``go`` command: decode for at most ``seconds`` (then wait for the ``stop``)."""
+    return b"%s %.3f\n" % (GO, seconds)
+
+
+def parse_go(line: bytes) -> float | None:
+    """The seconds of a ``go`` line; None for any other line."""
+    word, _, rest = line.strip().partition(b" ")
+    if word != GO:
+        return None
+    try:
+        seconds = float(rest)
+    except ValueError:
+        raise FormatError(f"pyav process: expected 'go SECONDS', got {line[:100]!r}") from None
+    if not 0 < seconds < MAX_GO_S:
+        raise FormatError(f"pyav process: go for {seconds} s is not in (0, {MAX_GO_S})")
+    return seconds
 
 
 def parse_answer(line: bytes, until: str, what: str) -> list[float] | None:
@@ -152,6 +175,12 @@ class Commands:
         return line + b"\n"
 
 
+def stop_at(commands: Commands, seconds: float) -> Callable[[], bool]:
+    """Whether to stop: a line from the parent has arrived, or ``seconds`` from now have passed."""
+    deadline = time.perf_counter() + seconds
+    return lambda: commands.arrived() or time.perf_counter() >= deadline
+
+
 def decode_until(
     clips: list[tuple[bytes, int]],
     resize: tuple[int, int] | None,
@@ -213,9 +242,10 @@ def main(argv: list[str]) -> None:
         commands = Commands(sys.stdin.fileno())
         answer({READY: True})
         while line := commands.next():
-            if line != GO:
+            seconds = parse_go(line)
+            if seconds is None:
                 continue
-            decode_until(clips, resize, commands.arrived, report, decoder_threads(decoders))
+            decode_until(clips, resize, stop_at(commands, seconds), report, decoder_threads(decoders))
             ended = commands.next()  # STOP (or the input closed)
             answer({STOPPED: True})
             if ended != STOP:

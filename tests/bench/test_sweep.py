@@ -116,8 +116,51 @@ def test_a_pyav_process_that_dies_is_an_error_naming_it_never_a_hang(bench_catal
     assert not procs.procs
 
 
+def _main_thread_waits_on_its_input(pid: int) -> bool:
+    """Whether process ``pid``'s main thread sleeps in select (reading its input), not decoding."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/task/{pid}/wchan") as f:
+            wchan = f.read()
+    except OSError:
+        return False
+    return state == "S" and ("select" in wchan or "poll" in wchan)
+
+
+def test_a_pyav_process_stops_decoding_by_itself_once_its_seconds_have_passed(bench_catalog, tmp_path):
+    """Its decoders can keep the bench parent from the CPU, and the parent's ``stop`` with it: a process
+    stops decoding by itself once the seconds of its ``go`` have passed, then waits for the ``stop``."""
+    import time
+
+    from dsbuild.bench import pyavproc
+    from dsbuild.bench.baselines import PyAVProcs
+    from dsbuild.bench.dataset import describe
+
+    cat, _ = bench_catalog
+    procs = PyAVProcs(describe(str(cat), BenchOptions(ref="x").split), 1, (32, 32), tmp_path)
+    procs.prepare()
+    try:
+        p = procs.procs[0]
+        assert p.stdin is not None
+        p.stdin.write(pyavproc.go_line(0.3))
+        p.stdin.flush()
+        assert procs._receive(0, pyavproc.STOPPED) is not None  # it decodes...
+        idle = 0
+        while idle < 5:  # ...then sleeps on its input, seen 5 times in a row, with no stop sent
+            idle = idle + 1 if _main_thread_waits_on_its_input(p.pid) else 0
+            time.sleep(0.02)
+        p.stdin.write(pyavproc.STOP)
+        p.stdin.flush()
+        while procs._receive(0, pyavproc.STOPPED) is not None:
+            pass
+        assert p.poll() is None  # and waits for the next go
+    finally:
+        procs.close()
+
+
 def test_pyav_process_messages_are_validated_json():
-    from dsbuild.bench.pyavproc import parse_answer, parse_spec
+    from dsbuild.bench.pyavproc import go_line, parse_answer, parse_go, parse_spec
     from dsbuild.core.errors import FormatError, WorkerDied
 
     assert parse_spec('{"clips": "c.bin", "share": [[0, 10, 7]], "resize": [32, 32], "decoders": 2}') == (
@@ -135,6 +178,10 @@ def test_pyav_process_messages_are_validated_json():
     ):
         with pytest.raises(FormatError):
             parse_spec(bad)
+    assert parse_go(go_line(2.5)) == 2.5 and parse_go(b"stop\n") is None
+    for bad in (b"go\n", b"go x\n", b"go -1\n", b"go nan\n", b"go 1e9\n"):
+        with pytest.raises(FormatError, match="go"):
+            parse_go(bad)
     assert parse_answer(b'{"n": [1, 30, 900]}\n', "stopped", "p") == [1.0, 30.0, 900.0]
     assert parse_answer(b'{"stopped": true}\n', "stopped", "p") is None
     with pytest.raises(FormatError):

@@ -199,7 +199,9 @@ def test_pattern_fields_become_session_fields():
 
 def test_ctrl_c_during_an_import_leaves_nothing_beside_the_source(tmp_path):
     """The real executable, interrupted once its temporary folder holds a session: no CAPTURES, no
-    temporary folder, and the one-line message says so."""
+    temporary folder, and the one-line message says so. The import runs at a lower priority than this
+    test, so the test's 5-ms look at the folder is not kept from the CPU until the import is done (seen on
+    2 loaded cores); an import that still finished first is run again, at most three times."""
     import os
     import signal
     import time
@@ -209,19 +211,28 @@ def test_ctrl_c_during_an_import_leaves_nothing_beside_the_source(tmp_path):
     first = ffmpeg(tmp_path / "rec" / "v000.mkv")
     for i in range(1, 80):
         shutil.copyfile(first, tmp_path / "rec" / f"v{i:03}.mkv")
-    p = subprocess.Popen(
-        argv("import", "video", tmp_path / "rec", tmp_path / "caps", "--title", "K", "--player", "p"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env(),
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and p.poll() is None:
-        if any((d / "v001").is_dir() for d in tmp_path.glob(".caps.importing-*")):
+    for _ in range(3):
+        p = subprocess.Popen(
+            [
+                "nice",
+                "-n",
+                "10",
+                *argv("import", "video", tmp_path / "rec", tmp_path / "caps", "--title", "K", "--player", "p"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env(),
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:
+            if any((d / "v001").is_dir() for d in tmp_path.glob(".caps.importing-*")):
+                break
+            time.sleep(0.005)
+        os.kill(p.pid, signal.SIGINT)
+        _, err = p.communicate()
+        if p.returncode != 0:
             break
-        time.sleep(0.005)
-    os.kill(p.pid, signal.SIGINT)
-    _, err = p.communicate()
+        shutil.rmtree(tmp_path / "caps")  # (done before the interrupt: again)
     assert p.returncode == 130, err
     assert "nothing was written to CAPTURES" in err.decode()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["rec"]

@@ -156,6 +156,9 @@ class Mixture:
         self._stats = Stats()
         self._io_process: int | None = None
         self._io_lock = threading.Lock()
+        # processes that decode at once beside this one (``probe.decoder_threads``): its worker processes'
+        # count, or a torch DataLoader's workers when it runs in one (``torch.Batches``); None: its own
+        self._decoding_processes: int | None = None
         self._pool_process: int | None = None
         self._ahead: Ahead | None = None
         self._held = _Held()
@@ -254,7 +257,7 @@ class Mixture:
                         self._stats,
                         self._readers,
                         self.coords.fields,
-                        o.num_workers if choose_mode(o)[0] == "process" else 1,
+                        self._decoding_processes or (o.num_workers if choose_mode(o)[0] == "process" else 1),
                     )
                     self._io_process = _Process.generation
         return self._readers, self._preparer

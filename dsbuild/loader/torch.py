@@ -456,6 +456,7 @@ class Batches:
         if info is None:
             start, k = loader.position, 0
         else:
+            loader._decoding_processes = info.num_workers  # its decoders share the cores out with the others'
             self.ds._begun += 1
             self._name = [info.seed - info.id, self.ds._begun]  # torch draws one base seed a pass, worker i seed + i
             start, k = self.ds._passes.start(self._name, info.num_workers, loader.position), info.id

@@ -54,6 +54,24 @@ def test_dataloader_workers_deliver_the_batches_of_process_mode(cat):
         same(a, b)
 
 
+def with_decoding_threads(batch):
+    """(``collate_fn``: run in the DataLoader worker) the batch, and its worker's FFmpeg decoding threads."""
+    loader = torch.utils.data.get_worker_info().dataset.loader
+    return {"batch": batch, "threads": loader._io()[1].threads}
+
+
+def test_dataloader_workers_share_the_cores_out_among_their_decoders(cat, monkeypatch):
+    """As the loader's own worker processes do (``probe.decoder_threads``); a lone worker keeps FFmpeg's."""
+    from dsbuild.formats.probe import decoder_threads
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    ds = Loader(cat[0], decode="frames", resize=(16, 16), batch_size=3).as_torch_dataset()
+    for n in (1, 2):
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=n, collate_fn=with_decoding_threads)
+        assert {item["threads"] for item in dl} == {decoder_threads(n)}
+    assert decoder_threads(1) == 0
+
+
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_dataloader_resumes_exactly_without_fast_forward(cat, workers, caplog):

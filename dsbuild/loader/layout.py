@@ -45,8 +45,14 @@ def loads(data: bytes) -> Any:
         return json.loads(data)
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
+    """``n`` bytes rounded up to whole ``ALIGN``s: where the next array may start."""
     return -(-n // ALIGN) * ALIGN
+
+
+def copy_in(root: np.ndarray, at: int, array: np.ndarray) -> None:
+    """``array``'s bytes into ``root`` (uint8) from ``at``."""
+    root[at : at + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def _is_buffer(x: Any) -> bool:
@@ -66,23 +72,23 @@ def lay_out(batch: dict, extra: dict) -> tuple[bytes, list[tuple[int, Any]], int
                 raise TypeError(f"batch field {name!r} holds Python objects")
             fields.append([name, "array", [at, v.dtype.str, list(v.shape)]])
             payloads.append((at, v))
-            at += _aligned(v.nbytes)
+            at += aligned(v.nbytes)
         elif isinstance(v, list) and v and all(isinstance(x, np.ndarray) for x in v):
             specs = []
             for a in v:
                 specs.append([at, a.dtype.str, list(a.shape)])
                 payloads.append((at, a))
-                at += _aligned(a.nbytes)
+                at += aligned(a.nbytes)
             fields.append([name, "arrays", specs])
         elif isinstance(v, list) and v and all(_is_buffer(x) for x in v):
             sizes = [memoryview(x).nbytes for x in v]
             fields.append([name, "buffers", [at, sizes]])
             payloads.append((at, v))
-            at += _aligned(sum(sizes))
+            at += aligned(sum(sizes))
         else:
             fields.append([name, "json", v])
     header = dumps({"fields": fields, **extra})
-    base = _aligned(PREFIX.size + len(header))
+    base = aligned(PREFIX.size + len(header))
     return header, [(base + off, p) for off, p in payloads], base + at
 
 
@@ -92,7 +98,7 @@ def write_batch(root: np.ndarray, header: bytes, payloads: list[tuple[int, Any]]
     root[PREFIX.size : PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
     for at, p in payloads:
         if isinstance(p, np.ndarray):
-            root[at : at + p.nbytes] = np.ascontiguousarray(p).reshape(-1).view(np.uint8)
+            copy_in(root, at, p)
             continue
         for clip in p:
             n = memoryview(clip).nbytes
@@ -110,7 +116,7 @@ def read_batch(root: np.ndarray) -> tuple[dict, dict]:
     """(batch, extra) from a segment written by ``write_batch``: arrays and clips are views of ``root``."""
     (n,) = PREFIX.unpack(root[: PREFIX.size].tobytes())
     head = loads(root[PREFIX.size : PREFIX.size + n].tobytes())
-    base = _aligned(PREFIX.size + n)
+    base = aligned(PREFIX.size + n)
     batch: dict = {}
     for name, kind, spec in head.pop("fields"):
         if kind == "array":

@@ -58,11 +58,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 from dsbuild.core.errors import FormatError, UsageError
 from dsbuild.loader.description import WorkerSpec, describe, rebuild
 from dsbuild.loader.files import map_file
+from dsbuild.loader.layout import aligned, copy_in
 from dsbuild.loader.passes import PassFile
 from dsbuild.loader.state import LoaderState
 from dsbuild.loader.walk import Position
 
-ALIGN = 64  # bytes: every array's view starts on a cache line (and on its dtype's alignment)
 BIG = 1 << 20  # bytes: an array at least this large crosses in the ring's block, not the small one
 SLOTS = 8  # a worker's ring: the DataLoader's prefetch_factor in flight, the batch the loop holds, and spare
 MIB = 1 << 20
@@ -107,7 +107,7 @@ def _places(arrays: dict[str, np.ndarray], at: int = 0) -> tuple[dict[str, int],
     layout = {}
     for k, a in arrays.items():
         layout[k] = at
-        at += -(-a.nbytes // ALIGN) * ALIGN
+        at += aligned(a.nbytes)
     return layout, at
 
 
@@ -131,7 +131,7 @@ def _views(base: torch.Tensor | _Hand, arrays: dict[str, np.ndarray], layout: di
 
 def _write(raw: np.ndarray, arrays: dict[str, np.ndarray], layout: dict[str, int]) -> None:
     for k, a in arrays.items():
-        raw[layout[k] : layout[k] + a.nbytes] = a.reshape(-1).view(np.uint8)
+        copy_in(raw, layout[k], a)
 
 
 class _Mapped:

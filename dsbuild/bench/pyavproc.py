@@ -159,6 +159,8 @@ class Commands:
             data = os.read(self.fd, 1 << 12)
             self.ended = not data
             self.buffer += data
+            if b"\n" not in self.buffer and len(self.buffer) > MAX_LINE:
+                raise FormatError(f"pyav process protocol: a line longer than {MAX_LINE} bytes: {self.buffer[:100]!r}")
 
     def arrived(self) -> bool:
         if b"\n" not in self.buffer and not self.ended:

@@ -160,7 +160,9 @@ def test_a_pyav_process_stops_decoding_by_itself_once_its_seconds_have_passed(be
 
 
 def test_pyav_process_messages_are_validated_json():
-    from dsbuild.bench.pyavproc import go_line, parse_answer, parse_go, parse_spec
+    import os
+
+    from dsbuild.bench.pyavproc import Commands, go_line, parse_answer, parse_go, parse_spec
     from dsbuild.core.errors import FormatError, WorkerDied
 
     assert parse_spec('{"clips": "c.bin", "share": [[0, 10, 7]], "resize": [32, 32], "decoders": 2}') == (
@@ -182,6 +184,14 @@ def test_pyav_process_messages_are_validated_json():
     for bad in (b"go\n", b"go x\n", b"go -1\n", b"go nan\n", b"go 1e9\n"):
         with pytest.raises(FormatError, match="go"):
             parse_go(bad)
+    r, w = os.pipe()
+    os.write(w, b"go 1\nstop\n" + b"x" * 2000)
+    os.close(w)
+    lines = Commands(r)
+    assert lines.next() == b"go 1\n" and lines.arrived() and lines.next() == b"stop\n"
+    with pytest.raises(FormatError, match="longer than"):  # (no line without end is held in memory)
+        lines.next()
+    os.close(r)
     assert parse_answer(b'{"n": [1, 30, 900]}\n', "stopped", "p") == [1.0, 30.0, 900.0]
     assert parse_answer(b'{"stopped": true}\n', "stopped", "p") is None
     with pytest.raises(FormatError):

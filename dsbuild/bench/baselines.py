@@ -287,11 +287,9 @@ class PyAVProcs:
 
     def run(self, meter: Meter) -> None:
         """The processes decode from ``go`` until the meter is over, then ``stop``; their counts are read
-        here, in the caller's thread. No thread is started for them: a thread started while they decode
-        waited for a core for minutes on this 2-core machine under the test suite's load (a py-spy dump:
-        the new thread runnable with no CPU time for 45 s, the caller in ``Thread.start()``), and the
-        ``stop`` waited with it; so can this thread, and each process stops by itself ``STOP_MARGIN_S``
-        after the slice."""
+        here, in the caller's thread (no thread is started while they decode). Decoders that never sleep
+        can keep this process off every core for tens of seconds (seen on 2 loaded cores), and its
+        ``stop`` with it: each process also stops by itself ``STOP_MARGIN_S`` after the slice."""
         going = set(range(self.processes))
         for i in going:
             self._send(i, pyavproc.go_line(meter.remaining() + STOP_MARGIN_S))

@@ -17,6 +17,9 @@ from dsbuild.core.executor import ExecutorSpec
 from dsbuild.samples.synthetic import generate
 
 SLOW = {"test_make_demo_runs_end_to_end", "test_every_document_block_runs_as_written"}
+# Modules that take a minute or more of one process on 2 loaded cores: scheduled first (the longest first,
+# as any scheduler of uneven jobs should), so neither process of ``-n 2`` ends the run alone on one.
+LONG_FIRST = ("test_readme.py", "test_model.py", "test_faults.py", "test_interop_docs.py", "test_demo.py")
 S3_MODULES = {"test_cli_s3.py", "test_object_store.py", "test_remote.py"}
 EXTRA_MODULES = {  # module -> the optional extra its tests need (each skips with the reason without it)
     "test_torch.py": "torch",
@@ -44,7 +47,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """Markers by what a test uses, so that ``-m 'not s3'`` or ``-m 'not slow'`` select without a list to
-    keep by hand in every module."""
+    keep by hand in every module; the ``LONG_FIRST`` modules first."""
     for item in items:
         if item.originalname in SLOW:
             item.add_marker(pytest.mark.slow)
@@ -52,6 +55,8 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.s3)
         if item.path.name in EXTRA_MODULES:
             item.add_marker(getattr(pytest.mark, EXTRA_MODULES[item.path.name]))
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # (stable: the rest keep their order)
 
 
 @pytest.fixture(scope="session", autouse=True)

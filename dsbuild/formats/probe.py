@@ -27,7 +27,7 @@ SWSCALE_THREADS = 1
 
 def decoder_threads(decoders: int) -> int:
     """FFmpeg decoding threads for each of ``decoders`` clips decoded at once on this node (a loader's
-    worker processes, times the ranks torchrun starts here: ``LOCAL_WORLD_SIZE``): the cores this process may run
+    worker processes or a DataLoader's workers, times the ranks torchrun starts here: ``LOCAL_WORLD_SIZE``): the cores this process may run
     on, shared out, at least one each; 0 (FFmpeg's own choice, a thread per core) for a lone decoder.
     Two worker processes each decoding with a thread per core read 173 clips/s on 2 cores, 222 with one
     thread each; a lone one is as fast either way on small clips, and frame threads pay on large ones."""

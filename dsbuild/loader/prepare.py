@@ -116,8 +116,9 @@ class Preparer:
         """``readers``: each source's (a session's codec facts are read from a sample of the reader's choice,
         ``learn``). ``fields``: the sequence fields this rank delivers (a split pipeline stage's,
         ``Coords.fields``; None: all). The frames and the audio of a stage that drops them are not decoded,
-        unless a ``map`` (which may read them) runs. ``decoders``: the loader's worker processes, which decode
-        at once (``probe.decoder_threads``)."""
+        unless a ``map`` (which may read them) runs. ``decoders``: the processes that decode at once (the
+        loader's worker processes, or a DataLoader's workers), which share the cores out
+        (``probe.decoder_threads``)."""
         self.o, self.sources, self.backend, self.stats, self.readers = options, sources, backend, stats, readers
         kept = FIELDS if fields is None or options.map is not None else fields
         self.frames = options.decode == "frames" and "frames" in kept  # whether the video is decoded

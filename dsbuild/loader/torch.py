@@ -440,11 +440,15 @@ class Batches:
         self._steps: Iterator | None = None  # made on the first batch (a restore may come first)
         self._state: dict | None = None
         self._name: list | None = None
+        self._joined = False
 
     def __iter__(self) -> Batches:
         return self
 
-    def _begin(self) -> None:
+    def _join(self) -> Position:
+        """Open the loader and, in a DataLoader worker, join this pass (once per iterator): the start its
+        workers agree on (``passes``). A restored iterator joins too, so that the end of its pass is
+        recorded and the next pass starts there."""
         loader, info = self.loader, self.info
         if info is not None and loader.options.decode_backend == "nvdec":
             raise UsageError(
@@ -453,14 +457,16 @@ class Batches:
                 hint="use num_workers=0 (the loader's own threads decode; NVDEC does the heavy work)",
             )
         loader.open()
+        self._joined = True
         if info is None:
-            start, k = loader.position, 0
-        else:
-            loader._decoding_processes = info.num_workers  # its decoders share the cores out with the others'
-            self.ds._begun += 1
-            self._name = [info.seed - info.id, self.ds._begun]  # torch draws one base seed a pass, worker i seed + i
-            start, k = self.ds._passes.start(self._name, info.num_workers, loader.position), info.id
-        self._seat(start, k)
+            return loader.position
+        loader._decoding_processes = info.num_workers  # its decoders share the cores out with the others'
+        self.ds._begun += 1
+        self._name = [info.seed - info.id, self.ds._begun]  # torch draws one base seed a pass, worker i seed + i
+        return self.ds._passes.start(self._name, info.num_workers, loader.position)
+
+    def _begin(self) -> None:
+        self._seat(self._join(), 0 if self.info is None else self.info.id)
 
     def _seat(self, start: Position, k: int) -> None:
         self._steps = self.loader.steps(k, self.workers, start)
@@ -509,6 +515,8 @@ class Batches:
         theirs = LoaderState.from_json(state["loader"], "torch iterator checkpoint")
         at = Position(theirs.position, tuple((c.epoch, c.at) for c in theirs.cursors), theirs.inner)
         LoaderState.from_json(self.loader.state_at(at), "loader").check_compatible(theirs)
+        if not self._joined:
+            self._join()
         if self.info is None:
             self.loader.position = at
         self._seat(at, k)

@@ -75,6 +75,8 @@ def test_dataloader_workers_share_the_cores_out_among_their_decoders(cat, monkey
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_dataloader_resumes_exactly_without_fast_forward(cat, workers, caplog):
+    """The resumed epoch goes on from the checkpoint, and the epoch after it is the uninterrupted run's
+    second epoch (the resumed workers record where their pass ends, as a pass begun afresh does)."""
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
     ref, _ = cat
     dl = sdl.StatefulDataLoader(Loader(ref, **KW).as_torch_dataset(), batch_size=None, num_workers=workers)
@@ -82,13 +84,17 @@ def test_stateful_dataloader_resumes_exactly_without_fast_forward(cat, workers, 
     head = [next(it)["keys"] for _ in range(3)]
     state = json.loads(json.dumps(dl.state_dict()))  # (as a checkpoint file holds it)
     rest = [b["keys"] for b in it]
-    assert head + rest == [b["keys"] for b in Loader(ref, **KW)]
+    second = [b["keys"] for b in dl]
+    own = Loader(ref, **KW)
+    assert head + rest == [b["keys"] for b in own]
+    assert second == [b["keys"] for b in own] != head + rest
 
     again = sdl.StatefulDataLoader(Loader(ref, **KW).as_torch_dataset(), batch_size=None, num_workers=workers)
     again.load_state_dict(state)
     with caplog.at_level(logging.WARNING):
         resumed = [b["keys"] for b in again]
     assert resumed == rest
+    assert [b["keys"] for b in again] == second
     assert "fast-forwarding" not in caplog.text
     assert len(json.dumps(state)) < 2000 + 1500 * workers  # the loader's part: a few hundred bytes a worker
 

@@ -141,7 +141,8 @@ def _mib(n: int) -> str:
 
 
 class Ring:
-    """A worker's segments, one per slot, made (and remade larger, or ``fresh``) as batches need."""
+    """A worker's segments, one per slot, made (and remade larger) as batches need. A segment the consumer
+    gave to a batch it keeps is let go (``drop``) and never written again."""
 
     def __init__(self, prefix: str, slots: int, budget: int | None, worker: int):
         self.prefix, self.budget, self.worker = prefix, budget, worker
@@ -151,9 +152,16 @@ class Ring:
     def in_use(self) -> int:
         return sum(s.size for s in self.segments if s is not None)
 
-    def segment(self, slot: int, need: int, fresh: bool) -> SharedMemory:
+    def drop(self, slot: int) -> None:
+        """Let ``slot``'s segment go (the consumer keeps its own mapping for as long as a batch in it lives)."""
+        old, self.segments[slot] = self.segments[slot], None
+        if old is not None:
+            old.close()
+            old.unlink()
+
+    def segment(self, slot: int, need: int) -> SharedMemory:
         old = self.segments[slot]
-        if old is not None and not fresh and old.size >= need:
+        if old is not None and old.size >= need:
             return old
         size = -(-need * 5 // 4 // MIB) * MIB  # a quarter more, whole MiBs: a batch a little larger fits
         after = self.in_use() - (old.size if old is not None else 0) + size
@@ -177,9 +185,7 @@ class Ring:
                 f"{how}, but shared memory ({SHM_DIR}) refused it: {e.strerror}",
                 hint=f"{hint}; in a container, give it more (docker run --shm-size=...)",
             ) from None
-        if old is not None:  # (the consumer keeps its own mapping for as long as a batch in it lives)
-            old.close()
-            old.unlink()
+        self.drop(slot)
         self.segments[slot] = seg
         return seg
 
@@ -216,13 +222,15 @@ def _serve(text: str, conn) -> None:
             if msg[0] == "stop":
                 return
             _, seq, slot, fresh, step = msg
+            if fresh:  # (before the build: one that fails must not leave the segment to the next)
+                ring.drop(slot)
             try:
                 batch, held = loader._build_held(step_from_json(step))
                 now = loader.stats()["seconds"]
                 spent = {k: v - seconds.get(k, 0.0) for k, v in now.items() if v != seconds.get(k, 0.0)}
                 seconds = dict(now)
                 header, payloads, size = lay_out(batch, {"held": held, "seconds": spent})
-                seg = ring.segment(slot, size, fresh)
+                seg = ring.segment(slot, size)
                 root = np.ndarray((seg.size,), np.uint8, buffer=seg.buf)
                 write_batch(root, header, payloads)
                 del root, batch, payloads

@@ -146,6 +146,36 @@ def test_a_batch_kept_by_the_consumer_never_changes(cat):
             same_batch(x, {**y, "video": [bytes(v) for v in y["video"]]})
 
 
+_calls = 0
+
+
+def fails_on_the_seventh_sample(sample: dict, rng) -> dict:
+    """A map function that fails once in each worker process (its 7th sample: its third batch of 3)."""
+    global _calls
+    _calls += 1
+    if _calls == 7:
+        raise ValueError("a transient failure")
+    return sample
+
+
+def test_a_kept_batch_never_changes_when_the_build_after_it_fails(cat):
+    """A build that fails in the segment the ring took away from a kept batch leaves that segment to the
+    batch: the build after it gets a segment of its own too."""
+    ref, _ = cat
+    kw = {"decode": "bytes", "batch_size": 3, "seed": 5, "num_workers": 1, "prefetch": 1}
+    with Loader(ref, worker_mode="process", map=fails_on_the_seventh_sample, **kw) as procs:
+        kept, it = [], iter(procs)
+        with pytest.raises(RuntimeError, match="a transient failure"):
+            for b in it:
+                kept.append(b)
+        assert len(kept) == 2
+        before = [b["actions"].copy() for b in kept]
+        for _, b in zip(range(3), procs):
+            kept.append(b)
+        for x, b in zip(before, kept):
+            assert np.array_equal(x, b["actions"])
+
+
 def test_auto_picks_processes_above_two_workers_and_says_why():
     assert choose_mode(LoaderOptions(num_workers=2))[0] == "thread"
     mode, why = choose_mode(LoaderOptions(num_workers=4))

@@ -429,7 +429,8 @@ class ProcessWorkers:
         self.stats, self.n = stats, o.num_workers
         self.slots = o.prefetch + 1
         ProcessWorkers._count += 1
-        self.prefix = f"dsb{os.getpid():x}x{ProcessWorkers._count:x}"
+        # (ends in a letter no hex number has: no pool's prefix begins another's, as 1 would begin 1f)
+        self.prefix = f"dsb{os.getpid():x}x{ProcessWorkers._count:x}s"
         self.budget = None if o.shm_bytes is None else o.shm_bytes // self.n
         self.generation: int | None = None
         self.owner = os.getpid()  # a forked child's copy (a fork-started DataLoader worker) owns nothing

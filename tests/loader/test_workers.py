@@ -280,6 +280,26 @@ def test_a_killed_worker_is_a_named_error_and_leaves_no_segment(cat):
     loader.close()
 
 
+def test_closing_a_loader_leaves_another_loaders_segments_alone(cat, monkeypatch):
+    """The 1st pool of a process and its 16th (0x10): closing the first unlinks none of the other's."""
+    from dsbuild.loader.workers import ProcessWorkers
+
+    ref, _ = cat
+    kw = {"decode": "bytes", "batch_size": 2, "worker_mode": "process", "num_workers": 1, "prefetch": 1}
+    monkeypatch.setattr(ProcessWorkers, "_count", 0)
+    first = Loader(ref, **kw)
+    next(iter(first))
+    monkeypatch.setattr(ProcessWorkers, "_count", 15)
+    with Loader(ref, **kw) as other:
+        it = iter(other)
+        kept = [next(it)]
+        theirs = {n for n in segments() if n.startswith(other._processes().prefix)}
+        first.close()
+        assert theirs and theirs <= segments()
+        kept += list(it)  # (kept: each further batch takes a fresh segment, the old one let go)
+        assert len(kept) > 2
+
+
 def test_a_forked_child_leaves_the_parents_workers_and_segments_alone(cat):
     ref, _ = cat
     kw = {"decode": "bytes", "batch_size": 2, "num_workers": 1}

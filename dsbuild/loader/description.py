@@ -125,7 +125,6 @@ class WorkerSpec(Record):
     prefix: str = field(default="", metadata=spec(pattern=r"[0-9a-z]*"))  # its ring's segment names
     slots: int = field(default=1, metadata=spec(minimum=1))
     budget: int | None = field(default=None, metadata=spec(minimum=0))  # bytes of shared memory for its ring
-    close_fds: tuple[int, ...] = ()  # descriptors only the parent may hold (``PARENT_ONLY_FDS``)
 
     def text(self) -> str:
         return canonical_json(self.to_json()).decode()

@@ -64,7 +64,6 @@ import numpy as np
 from dsbuild.core import errors
 from dsbuild.core.errors import DsbuildError, StorageError, UsageError, WorkerDied
 from dsbuild.core.executor import _die_with_parent
-from dsbuild.core.files import PARENT_ONLY_FDS
 from dsbuild.loader.description import WorkerSpec, describe, import_path, rebuild
 from dsbuild.loader.device import resolve_device
 from dsbuild.loader.layout import dumps, lay_out, loads, read_batch, write_batch
@@ -202,7 +201,9 @@ def _serve(text: str, conn) -> None:
     ``WorkerSpec``. Its parent is the fork server, which exits when the loader's process does; a closed
     pipe ends it too."""
     spec = WorkerSpec.read(text)
-    _die_with_parent(os.getppid(), spec.close_fds)
+    # (no descriptor of the loader's process to drop: the fork server that forked this one was started
+    # with only its own, unlike convert's forked workers)
+    _die_with_parent(os.getppid(), ())
     ring = Ring(spec.prefix, spec.slots, spec.budget, spec.worker)
     try:
         try:
@@ -456,9 +457,7 @@ class ProcessWorkers:
             raise UsageError("a process worker pool starts once (make a new one to start again)")
         t0 = time.perf_counter()
         try:
-            spec = describe(
-                loader, prefix=self.prefix, slots=self.slots, budget=self.budget, close_fds=tuple(PARENT_ONLY_FDS)
-            )
+            spec = describe(loader, prefix=self.prefix, slots=self.slots, budget=self.budget)
             for w in range(self.n):
                 mine, theirs = ctx.Pipe(duplex=True)
                 p = ctx.Process(  # type: ignore[attr-defined]

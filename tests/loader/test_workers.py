@@ -280,6 +280,20 @@ def test_a_killed_worker_is_a_named_error_and_leaves_no_segment(cat):
     loader.close()
 
 
+def test_workers_start_while_this_process_holds_descriptors_only_it_may_hold(cat):
+    """A build folder's lock is closed in convert's forked workers (``PARENT_ONLY_FDS``); the loader's
+    workers, forked from a fork server that never had it, have other files under those numbers."""
+    from dsbuild.core.files import PARENT_ONLY_FDS
+
+    held = set(range(3, 64)) - PARENT_ONLY_FDS
+    PARENT_ONLY_FDS.update(held)
+    try:
+        with Loader(cat[0], decode="bytes", batch_size=2, worker_mode="process", num_workers=2) as procs:
+            assert len(list(procs)) > 2
+    finally:
+        PARENT_ONLY_FDS.difference_update(held)
+
+
 def test_closing_a_loader_leaves_another_loaders_segments_alone(cat, monkeypatch):
     """The 1st pool of a process and its 16th (0x10): closing the first unlinks none of the other's."""
     from dsbuild.loader.workers import ProcessWorkers

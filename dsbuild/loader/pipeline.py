@@ -61,7 +61,7 @@ from dsbuild.loader.walk import (
     walk_batches,
     walk_samples,
 )
-from dsbuild.loader.workers import ProcessWorkers, choose_mode
+from dsbuild.loader.workers import ProcessWorkers, choose_mode, collecting
 
 DRAWN_CHECK_MAX = 1 << 27  # draws of a restored mixture's schedule recounted (see ``_check_drawn``)
 
@@ -123,8 +123,11 @@ class Ahead:
 
 def cancel(pending: deque) -> None:
     """Cancel the ``(future, step, position)`` builds that have not started; wait for those that have (no
-    build outlives its iteration). A future of None: a batch left for the consumer to build."""
-    wait([fut for fut, _, _ in pending if fut is not None and not fut.cancel()])
+    build outlives its iteration), except in a worker pool's collector, which alone resolves them (where
+    garbage collection finalized a loop). A future of None: a batch left for the consumer to build."""
+    started = [fut for fut, _, _ in pending if fut is not None and not fut.cancel()]
+    if not collecting():
+        wait(started)
     pending.clear()
 
 

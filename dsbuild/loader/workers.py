@@ -401,6 +401,17 @@ def _main_left_out() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
+class _Collector(threading.Thread):
+    """A pool's collector thread (a class of its own: ``collecting`` tells it from others)."""
+
+
+def collecting() -> bool:
+    """Whether this is a pool's collector thread. Garbage collection runs in whichever thread allocates,
+    so it may finalize a loader, or a loop of one, here: nothing here may then wait for a build, or for
+    the collector itself, as only a collector resolves them."""
+    return isinstance(threading.current_thread(), _Collector)
+
+
 @dataclasses.dataclass
 class _Slot:
     """The consumer's view of one ring slot: the mapping of its current segment, whether a build for it is
@@ -445,7 +456,7 @@ class ProcessWorkers:
         self._closing = False
         self._procs: list = []
         self._conns: list = []
-        self._collector: threading.Thread | None = None
+        self._collector: _Collector | None = None
         self._wake_r = self._wake_w = -1
         self._pins = host_pins(resolve_device(o.device)[0])  # (the loader resolved it: valid here)
 
@@ -480,7 +491,7 @@ class ProcessWorkers:
         finally:
             self.loader = None
         self._wake_r, self._wake_w = os.pipe()
-        self._collector = threading.Thread(target=self._collect, name="dsbuild-load-collect", daemon=True)
+        self._collector = _Collector(target=self._collect, name="dsbuild-load-collect", daemon=True)
         self._collector.start()
         self.stats.workers_info(
             processes=self.n, start_method=START_METHOD, startup_seconds=round(time.perf_counter() - t0, 4)
@@ -662,6 +673,9 @@ class ProcessWorkers:
         workers, pipes and segments are the parent's."""
         if os.getpid() != self.owner:  # (before the lock: a thread may have held it when the fork was made)
             self._closing, self._procs, self._conns, self._ring, self._pins = True, [], [], [], None
+            return
+        if collecting():  # (a collector may hold the lock, and cannot join itself: another thread closes)
+            threading.Thread(target=self.close, name="dsbuild-load-close", daemon=True).start()
             return
         with self._lock:
             if self._closing:

@@ -345,6 +345,44 @@ CHILD = textwrap.dedent(
 )
 
 
+CYCLE = textwrap.dedent(
+    """
+    import gc, os, sys, threading, time
+    from dsbuild.loader import Loader
+
+    class Trainer:  # a loader in a reference cycle: the cyclic garbage collector frees it
+        def __init__(self, ref):
+            self.loader = Loader(ref, decode="bytes", batch_size=2, worker_mode="process", num_workers=2)
+            self.it, self.me = iter(self.loader), self
+            next(self.it)  # builds under way now: the collector thread goes on allocating
+
+    prefix = f"dsb{os.getpid():x}x"
+    t = Trainer(sys.argv[1])
+    gc.disable()
+    del t
+    gc.set_threshold(1)  # the next allocation collects: here, that is the collector thread's
+    gc.enable()
+    for _ in range(600):  # (a hang guard, not a time limit: this ends within a second when it works)
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+        threads = [t.name for t in threading.enumerate() if t.name.startswith("dsbuild-load")]
+        if not left and not threads:
+            print("closed", flush=True)
+            break
+        time.sleep(0.1)
+    else:
+        print("stuck", left, threads, flush=True)
+    """
+)
+
+
+def test_a_loader_freed_by_the_garbage_collector_in_its_collector_thread_closes(cat):
+    """Garbage collection runs in whichever thread allocates: a loader in a reference cycle may be freed in
+    its own pool's collector thread, which must then neither wait for itself nor for the builds it alone
+    resolves. The pool closes from another thread: its workers stop and its segments go."""
+    p = subprocess.run([sys.executable, "-c", CYCLE, cat[0]], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "closed", p.stdout + p.stderr[-2000:]
+
+
 @pytest.mark.parametrize("how", ["kill", "interrupt"])
 def test_no_segment_is_left_after_a_crash_or_ctrl_c(cat, how):
     ref, _ = cat

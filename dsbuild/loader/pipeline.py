@@ -24,7 +24,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -102,11 +102,12 @@ def _union(names: list[tuple[str, ...]]) -> list[str]:
 @dataclass
 class Ahead:
     """Batches under way for an iteration that starts at ``start``: ``(future, step, position after)`` in
-    order, and the steps after them."""
+    order, and the steps after them, submitted in process generation ``born`` (``_Process``)."""
 
     start: Position
     pending: deque
     work: Iterator[tuple[Step | None, Position]]
+    born: int = field(default_factory=lambda: _Process.generation)
 
     def fill(self, submit: Callable, room: int) -> None:
         while len(self.pending) < room:
@@ -118,15 +119,17 @@ class Ahead:
             self.pending.append((submit(step), step, after))
 
     def cancel(self) -> None:
-        cancel(self.pending)
+        cancel(self.pending, self.born)
 
 
-def cancel(pending: deque) -> None:
-    """Cancel the ``(future, step, position)`` builds that have not started; wait for those that have (no
-    build outlives its iteration), except in a worker pool's collector, which alone resolves them (where
-    garbage collection finalized a loop). A future of None: a batch left for the consumer to build."""
+def cancel(pending: deque, born: int) -> None:
+    """Cancel the ``(future, step, position)`` builds, submitted in process generation ``born``, that have
+    not started; wait for those that have (no build outlives its iteration) where they can end: not in a
+    child forked since (its copies of them never end: the threads and the collector that would end them
+    stayed in the parent), nor in a worker pool's collector, which alone resolves them (where garbage
+    collection finalized a loop). A future of None: a batch left for the consumer to build."""
     started = [fut for fut, _, _ in pending if fut is not None and not fut.cancel()]
-    if not collecting():
+    if born == _Process.generation and not collecting():
         wait(started)
     pending.clear()
 
@@ -703,8 +706,10 @@ class Mixture:
 
         self._generation += 1
         generation = self._generation
+        born = _Process.generation
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.start == self.position:  # (a load_state_dict moves the position)
+        # (a load_state_dict moves the position; a forked child's copy of a read-ahead never arrives)
+        if ahead is not None and ahead.start == self.position and ahead.born == born:
             pending, work = ahead.pending, ahead.work
         else:
             if ahead is not None:
@@ -746,7 +751,7 @@ class Mixture:
                     # load_state_dict (or another loop) moved the position while this loop waited: go on
                     # from there, not from where this loop was (which would undo the restore)
                     generation = self._generation
-                    cancel(pending)
+                    cancel(pending, born)
                     if nxt is not None:
                         nxt.cancel()
                     pending, work, end, nxt = deque(), self.steps(), None, None
@@ -755,7 +760,7 @@ class Mixture:
             finished = True
         finally:  # a consumer that stopped early: nothing builds on after it
             if not finished:
-                cancel(pending)
+                cancel(pending, born)
                 if nxt is not None:
                     nxt.cancel()
             self._ahead = nxt if finished else None

@@ -401,6 +401,22 @@ def _main_left_out() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
+_POOLS: weakref.WeakSet = weakref.WeakSet()  # this process's pools with workers started
+
+
+def _forget_workers_in_child() -> None:
+    """In a child forked by other means than multiprocessing's: the pools' worker processes are not its
+    children. multiprocessing's exit handler would otherwise SIGTERM them when the child exits."""
+    from multiprocessing import process
+
+    for pool in list(_POOLS):
+        for p in pool._procs:
+            process._children.discard(p)  # type: ignore[attr-defined]
+
+
+os.register_at_fork(after_in_child=_forget_workers_in_child)
+
+
 class _Collector(threading.Thread):
     """A pool's collector thread (a class of its own: ``collecting`` tells it from others)."""
 
@@ -481,6 +497,7 @@ class ProcessWorkers:
                     p.start()
                 theirs.close()
                 self._procs.append(p)
+                _POOLS.add(self)
                 self._conns.append(mine)
                 self._ring.append([_Slot() for _ in range(self.slots)])
             for w in range(self.n):

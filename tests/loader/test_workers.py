@@ -330,6 +330,32 @@ def test_a_forked_child_leaves_the_parents_workers_and_segments_alone(cat):
     loader.close()
 
 
+FORK = textwrap.dedent(
+    """
+    import json, os, sys
+    from dsbuild.loader import Loader
+    loader = Loader(sys.argv[1], decode="bytes", batch_size=2, worker_mode="process", num_workers=2)
+    it = iter(loader)
+    got = [next(it)["keys"]]
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # a plain exit: the interpreter's exit handlers, multiprocessing's among them, run
+    assert os.waitpid(pid, 0)[1] == 0
+    got += [b["keys"] for b in it]
+    print(json.dumps(got), flush=True)
+    """
+)
+
+
+def test_a_forked_child_that_exits_leaves_the_parents_workers_running(cat):
+    """multiprocessing ends its daemon children at exit, and a child forked by ``os.fork`` inherits its
+    list of them: it must not end the parent's workers. Nor may the child wait, as it exits, for the
+    builds under way in its copy of the loop: only the parent's collector resolves them."""
+    expected = [b["keys"] for b in Loader(cat[0], decode="bytes", batch_size=2, num_workers=2)]
+    p = subprocess.run([sys.executable, "-c", FORK, cat[0]], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and json.loads(p.stdout) == expected, p.stdout + p.stderr[-2000:]
+
+
 CHILD = textwrap.dedent(
     """
     import os, signal, sys

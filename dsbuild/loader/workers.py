@@ -41,7 +41,9 @@ tracker unlinks what the workers created.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import importlib
 import mmap
 import os
 import selectors
@@ -61,7 +63,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from dsbuild.core import errors
 from dsbuild.core.errors import DsbuildError, StorageError, UsageError, WorkerDied
 from dsbuild.core.executor import _die_with_parent
 from dsbuild.loader.description import WorkerSpec, describe, import_path, rebuild
@@ -211,7 +212,7 @@ def _serve(text: str, conn) -> None:
             loader.open()
             loader._io()
         except DsbuildError as e:
-            conn.send_bytes(dumps(["error", -1, type(e).__name__, str(e), e.hint]))
+            conn.send_bytes(dumps(["error", -1, *error_fields(e)]))
             return
         conn.send_bytes(dumps(["ready", os.getpid()]))
         seconds = dict(loader.stats()["seconds"])
@@ -236,23 +237,55 @@ def _serve(text: str, conn) -> None:
                 write_batch(root, header, payloads)
                 del root, batch, payloads
                 conn.send_bytes(dumps(["done", seq, slot, seg.name, seg.size, ring.in_use()]))
-            except DsbuildError as e:
-                conn.send_bytes(dumps(["error", seq, type(e).__name__, str(e), e.hint]))
-            except Exception:
-                conn.send_bytes(dumps(["error", seq, "internal", traceback.format_exc(limit=8), None]))
+            except Exception as e:
+                conn.send_bytes(dumps(["error", seq, *error_fields(e)]))
     finally:
         ring.close()
 
 
+def error_fields(e: Exception) -> list:
+    """(class, message, hint) of a worker's error for the consumer: a dsbuild error's class by import path,
+    its message and hint; a built-in exception's (a map function's ValueError) by name, with the worker's
+    traceback as its message; anything else ``"internal"``, with the traceback."""
+    cls = type(e)
+    if isinstance(e, DsbuildError) and cls.__module__.startswith("dsbuild."):
+        return [f"{cls.__module__}:{cls.__qualname__}", str(e), e.hint]
+    kind = f"builtins:{cls.__qualname__}" if cls.__module__ == "builtins" else "internal"
+    return [kind, "".join(traceback.format_exception(e, limit=8)), None]
+
+
 # -- the consumer's side -----------------------------------------------------------------------------
+def _error_class(kind: str) -> type[Exception] | None:
+    """The class ``error_fields`` named: a dsbuild error, or a built-in exception; None for anything else."""
+    module, _, name = kind.partition(":")
+    if module == "builtins":  # (not StopIteration: raised out of a loop's next batch it would end the loop)
+        cls = getattr(builtins, name, None)
+        ok = isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, StopIteration)
+        return cls if ok else None
+    if not module.startswith("dsbuild.") or not name.isidentifier():
+        return None
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, DsbuildError) else None
+
+
 def _error(kind: str, message: str, hint: str | None, worker: int) -> Exception:
-    """A worker's error as raised in the consumer: the same dsbuild class, or (a bug) a RuntimeError."""
-    cls = getattr(errors, kind, None)
-    if isinstance(cls, type) and issubclass(cls, DsbuildError):
+    """A worker's error as raised in the consumer: of the class thread mode would raise (a dsbuild error
+    made without its ``__init__``, whose arguments differ by class: the message and hint are the
+    worker's), else (a bug) a RuntimeError."""
+    cls = _error_class(kind)
+    if cls is not None and issubclass(cls, DsbuildError):
+        e = cls.__new__(cls)
+        Exception.__init__(e, message)
+        e.hint = hint
+        return e
+    if cls is not None:
         try:
-            return cls(message, hint=hint)
-        except TypeError:  # (a class with other arguments)
-            return StorageError(f"loader worker {worker}: {message}", hint=hint)
+            return cls(message)
+        except TypeError:  # (a built-in one of other arguments: UnicodeDecodeError)
+            pass
     return RuntimeError(f"loader worker process {worker} failed:\n{message}")
 
 
@@ -575,16 +608,31 @@ class ProcessWorkers:
         alive = {c: w for w, c in enumerate(self._conns)}
         sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
         # one selector for the pool's life (``connection.wait`` makes, fills and closes one per call)
-        with selectors.DefaultSelector() as sel:
-            for r in (*alive, *sentinels, self._wake_r):
-                sel.register(r, selectors.EVENT_READ)
-            while alive:
-                ready = [key.fileobj for key, _ in sel.select()]
-                if self._wake_r in ready:
-                    return
-                for r in ready:
-                    if r in alive or r in sentinels:
-                        self._collect_one(r, alive, sentinels, sel)
+        try:
+            with selectors.DefaultSelector() as sel:
+                for r in (*alive, *sentinels, self._wake_r):
+                    sel.register(r, selectors.EVENT_READ)
+                while alive:
+                    ready = [key.fileobj for key, _ in sel.select()]
+                    if self._wake_r in ready:
+                        return
+                    for r in ready:
+                        if r in alive or r in sentinels:
+                            self._collect_one(r, alive, sentinels, sel)
+        finally:
+            self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        """Close the wake pipe and the workers' pipes: by the collector as it ends (``close`` wakes it and
+        does not join it: a close the garbage collector runs inside threading's own locks would wait for
+        a thread that needs them to end), or by ``close`` where no collector started."""
+        with self._lock:
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+            for c in self._conns:
+                c.close()
 
     def _collect_one(self, r, alive: dict, sentinels: dict, sel: selectors.BaseSelector) -> None:
         """What one ready pipe or sentinel says; a pipe or sentinel done with leaves ``sel``."""
@@ -708,17 +756,11 @@ class ProcessWorkers:
             if p.exitcode is None:
                 p.kill()
                 p.join()
-        if self._wake_w >= 0:
-            os.write(self._wake_w, b"x")
-        if self._collector is not None:
-            self._collector.join()
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
-        for c in self._conns:
-            c.close()
+        if self._collector is None:
+            self._close_pipes()
         with self._lock:
+            if self._wake_w >= 0:  # (the collector closes the pipes as it ends)
+                os.write(self._wake_w, b"x")
             for fut, _, _ in self._jobs.values():
                 fut.set_exception(UsageError("the loader was closed while this batch was being built"))
             self._jobs.clear()

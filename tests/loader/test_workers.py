@@ -16,6 +16,7 @@ import pytest
 
 from dsbuild.core.errors import StorageError, UsageError, WorkerDied
 from dsbuild.loader import Loader, Mixture
+from dsbuild.loader.layout import dumps, loads
 from dsbuild.loader.options import LoaderOptions
 from dsbuild.loader.workers import HostPins, choose_mode, host_pins, lay_out, read_batch, write_batch
 
@@ -165,7 +166,7 @@ def test_a_kept_batch_never_changes_when_the_build_after_it_fails(cat):
     kw = {"decode": "bytes", "batch_size": 3, "seed": 5, "num_workers": 1, "prefetch": 1}
     with Loader(ref, worker_mode="process", map=fails_on_the_seventh_sample, **kw) as procs:
         kept, it = [], iter(procs)
-        with pytest.raises(RuntimeError, match="a transient failure"):
+        with pytest.raises(ValueError, match="a transient failure"):  # (the class thread mode raises)
             for b in it:
                 kept.append(b)
         assert len(kept) == 2
@@ -246,6 +247,40 @@ def test_a_segment_layout_round_trips_views_json_and_clips():
     assert extra == {"held": {"counts": {"batches": 1}}}
     same_batch(batch, out)
     assert np.shares_memory(out["frames"], root)
+
+
+class NotOurs(Exception):
+    pass
+
+
+def test_a_workers_error_is_raised_with_the_class_thread_mode_raises():
+    """dsbuild's errors by their classes (those with other constructors and those outside ``errors``
+    too), message and hint kept; built-in exceptions (a map function's) by theirs, the worker's
+    traceback as the message; any other class is a RuntimeError saying so."""
+    from dsbuild.core.errors import CaptureError, MissingDependency
+    from dsbuild.core.files import UnsafeFile
+    from dsbuild.loader.workers import _error, error_fields
+
+    def raised(e: Exception) -> Exception:
+        try:
+            raise e
+        except Exception as caught:
+            return _error(*loads(dumps(error_fields(caught))), worker=0)
+
+    for e in (
+        UnsafeFile("shards/x.tar: a symlink", hint="h"),
+        MissingDependency("device='cuda'", "torch"),
+        CaptureError("s1/session.json", "no video"),
+        StorageError("disk full", hint="free some"),
+    ):
+        got = raised(e)
+        assert (type(got), str(got), got.hint) == (type(e), str(e), e.hint)
+    got = raised(ValueError("a transient failure"))
+    assert type(got) is ValueError and "a transient failure" in str(got) and "Traceback" in str(got)
+    got = raised(NotOurs("mine"))
+    assert type(got) is RuntimeError and "NotOurs: mine" in str(got)
+    for kind in ("os:system", "builtins:StopIteration", "builtins:UnicodeDecodeError"):
+        assert type(_error(kind, "x", None, 0)) is RuntimeError  # (dsbuild's and plain built-in classes only)
 
 
 def test_json_orjson_refuses_reads_back_as_a_thread_would_have_it():

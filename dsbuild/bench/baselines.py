@@ -33,6 +33,7 @@ from dsbuild.bench.dataset import Dataset
 from dsbuild.bench.measure import Meter
 from dsbuild.bench.pyavproc import decode_clip
 from dsbuild.core.errors import UsageError, WorkerDied
+from dsbuild.core.executor import last_words
 from dsbuild.formats.sample import MEMBERS, VIDEO_EXT
 
 PIECE = 8 << 20
@@ -345,10 +346,9 @@ class PyAVProcs:
         line = self.answers[i].next()
         if not line:
             p.wait()
-            self.logs[i].seek(0)
-            tail = self.logs[i].read()[-400:].decode(errors="replace").strip().splitlines()
+            said = last_words(self.logs[i])
             raise WorkerDied(
                 f"bench baseline {self.name}: process {i} of {self.processes} exited (code {p.returncode})"
-                + (f": {tail[-1]}" if tail else "")
+                + (f": {said}" if said else "")
             )
         return pyavproc.parse_answer(line, until, f"{self.name} process {i}")

@@ -30,6 +30,7 @@ from dsbuild.bench.measure import Measured
 from dsbuild.bench.stages import total
 from dsbuild.bench.stats import Spread, summarise
 from dsbuild.core import errors
+from dsbuild.core.executor import last_words
 from dsbuild.core.jsonio import loads_bounded
 from dsbuild.core.records import Record
 
@@ -116,10 +117,9 @@ class RankGroup:
             line = _pipe(self.procs[r].stdout).readline(MAX_LINE)
             if not line:
                 self.procs[r].wait()
-                self.logs[r].seek(0)
-                tail = self.logs[r].read()[-400:].decode(errors="replace").strip().splitlines()
+                said = last_words(self.logs[r])
                 raise errors.WorkerDied(
-                    f"bench rank {r} exited (code {self.procs[r].returncode})" + (f": {tail[-1]}" if tail else "")
+                    f"bench rank {r} exited (code {self.procs[r].returncode})" + (f": {said}" if said else "")
                 )
             doc = loads_bounded(line, max_bytes=MAX_LINE, what=f"rank {r}")
             if "tick" in doc:

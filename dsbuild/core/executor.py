@@ -23,7 +23,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any, TypeVar, cast
+from typing import IO, Any, TypeVar, cast
 
 from dsbuild.core.errors import MissingDependency, StorageError, UsageError, WorkerDied
 from dsbuild.core.files import PARENT_ONLY_FDS
@@ -50,6 +50,15 @@ class ExecutorSpec:
     @property
     def count(self) -> int:
         return self.workers or os.cpu_count() or 1
+
+
+def last_words(log: IO[bytes], limit: int = 400) -> str:
+    """The last line a process that died wrote to ``log`` (its stderr, kept in a file), from the file's
+    last ``limit`` bytes alone; "" when it wrote none."""
+    log.seek(0, os.SEEK_END)
+    log.seek(max(0, log.tell() - limit))
+    lines = log.read().decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""
 
 
 def _die_with_parent(parent: int, close_fds: tuple[int, ...]) -> None:

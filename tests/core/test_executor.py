@@ -149,3 +149,18 @@ def test_an_interrupt_while_ray_starts_stops_what_it_started(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         _ray_init(None, 1)
     assert stopped == [True]
+
+
+def test_last_words_are_the_last_line_read_from_the_logs_end_alone(tmp_path):
+    from dsbuild.core.executor import last_words
+
+    log = tmp_path / "stderr"
+    log.write_bytes(b"x" * 100_000 + b"\nTraceback ...\nMemoryError: out of memory\n\n")
+    with open(log, "rb") as f:
+        assert last_words(f) == "MemoryError: out of memory"
+    log.write_bytes(b"a" * 600 + b"b" * 400)  # one long line: only its last 400 bytes are read
+    with open(log, "rb") as f:
+        assert last_words(f) == "b" * 400
+    log.write_bytes(b"")
+    with open(log, "rb") as f:
+        assert last_words(f) == ""

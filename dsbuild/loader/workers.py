@@ -518,6 +518,7 @@ class ProcessWorkers:
         t0 = time.perf_counter()
         try:
             spec = describe(loader, prefix=self.prefix, slots=self.slots, budget=self.budget)
+            _POOLS.add(self)  # (before any worker starts: a fork from now on must forget them)
             for w in range(self.n):
                 mine, theirs = ctx.Pipe(duplex=True)
                 p = ctx.Process(  # type: ignore[attr-defined]
@@ -530,7 +531,6 @@ class ProcessWorkers:
                     p.start()
                 theirs.close()
                 self._procs.append(p)
-                _POOLS.add(self)
                 self._conns.append(mine)
                 self._ring.append([_Slot() for _ in range(self.slots)])
             for w in range(self.n):
@@ -739,7 +739,7 @@ class ProcessWorkers:
         if os.getpid() != self.owner:  # (before the lock: a thread may have held it when the fork was made)
             self._closing, self._procs, self._conns, self._ring, self._pins = True, [], [], [], None
             return
-        if collecting():  # (a collector may hold the lock, and cannot join itself: another thread closes)
+        if collecting():  # (the collector may hold the pool's lock here: another thread closes)
             threading.Thread(target=self.close, name="dsbuild-load-close", daemon=True).start()
             return
         with self._lock:

@@ -10,7 +10,7 @@ import pytest
 from dsbuild.convert import ConvertConfig, convert
 from dsbuild.core.executor import ExecutorSpec
 from dsbuild.samples.synthetic import generate
-from tests.helpers import cli, manifest, session_records
+from tests.helpers import cli, lose_a_frames_tail, manifest, session_records
 
 CONFIG = ConvertConfig(clip_seconds=2.0)
 QUARANTINE = {
@@ -259,16 +259,13 @@ def test_the_all_quarantined_message_names_sessions_in_id_order_whatever_order_t
 
 
 def test_a_transcode_refuses_concealed_damage_the_same_way_every_run(tmp_path):
-    """Bytes flipped inside the H.264 stream, which FFmpeg alone would conceal and decode on: a transcode
+    """A frame's tail lost inside the H.264 stream, which FFmpeg alone would conceal and decode on: a transcode
     must not encode the damage, so the session is quarantined naming the clip, in every run. With frame
     threads the decoder lost the concealed flag in some processes, and could hang for good: freed after
     the refusal, it waited for a frame thread that held one of our packets, whose release needs the GIL."""
     (session,) = generate(tmp_path / "cap", sessions=1, seconds=6, seed=3)
     video = session / "video.mp4"
-    data = bytearray(video.read_bytes())
-    for pos in (len(data) // 3, len(data) // 2, 2 * len(data) // 3):
-        data[pos] ^= 0xFF
-    video.write_bytes(bytes(data))
+    video.write_bytes(lose_a_frames_tail(video.read_bytes()))
     for run in range(3):
         p = cli("convert", tmp_path / "cap", tmp_path / f"cat{run}", "--clip-seconds", "2", "--transcode", "h264:gop8")
         assert p.returncode == 1, p.stderr

@@ -61,7 +61,7 @@ from dsbuild.loader.walk import (
     walk_batches,
     walk_samples,
 )
-from dsbuild.loader.workers import ProcessWorkers, choose_mode, collecting
+from dsbuild.loader.workers import Job, ProcessWorkers, choose_mode
 
 DRAWN_CHECK_MAX = 1 << 27  # draws of a restored mixture's schedule recounted (see ``_check_drawn``)
 
@@ -124,13 +124,14 @@ class Ahead:
 
 def cancel(pending: deque, born: int) -> None:
     """Cancel the ``(future, step, position)`` builds, submitted in process generation ``born``, that have
-    not started; wait for those that have (no build outlives its iteration) where they can end: not in a
-    child forked since (its copies of them never end: the threads and the collector that would end them
-    stayed in the parent), nor in a worker pool's collector, which alone resolves them (where garbage
-    collection finalized a loop). A future of None: a batch left for the consumer to build."""
+    not started; wait for those in worker threads that have (no build outlives its iteration), except in
+    a child forked since (its copies of them never end: the threads that would end them stay the
+    parent's). A build in a worker process is not waited for (``workers.Job``): garbage collection may
+    finalize a loop inside the collection that alone resolves it. A future of None: a batch left for the
+    consumer to build."""
     started = [fut for fut, _, _ in pending if fut is not None and not fut.cancel()]
-    if born == _Process.generation and not collecting():
-        wait(started)
+    if born == _Process.generation:
+        wait([fut for fut in started if not isinstance(fut, Job)])
     pending.clear()
 
 

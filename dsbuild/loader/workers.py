@@ -54,7 +54,6 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from contextlib import contextmanager
 from multiprocessing import connection, get_context
 from multiprocessing import resource_tracker as _tracker
@@ -112,15 +111,18 @@ def choose_mode(o: LoaderOptions) -> tuple[str, str]:
 
 
 # -- messages ------------------------------------------------------------------------------------------
+_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(Step))
+
+
 def step_to_json(step: Step) -> dict:
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(step):
-        v = getattr(step, f.name)
-        if f.name == "after":
+    for name in _STEP_FIELDS:
+        v = getattr(step, name)
+        if name == "after":
             v = encode(v)
-        elif f.name == "items" and v is not None:
+        elif name == "items" and v is not None:
             v = [[list(r) for r in item] for item in v]
-        out[f.name] = v
+        out[name] = v
     return out
 
 
@@ -450,15 +452,39 @@ def _forget_workers_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_workers_in_child)
 
 
-class _Collector(threading.Thread):
-    """A pool's collector thread (a class of its own: ``collecting`` tells it from others)."""
+class Job:
+    """A build in a worker process, with a Future's ``cancel``, ``done`` and ``result``. No thread of ours
+    collects results: whoever waits for one reads the workers' pipes itself (``ProcessWorkers.collect``),
+    so a batch costs the consumer one wake-up, not a collector thread's and then its own. Only the thread
+    collecting resolves builds, and a waiter collects (or waits for the thread that does), so a Job needs
+    no lock of its own. A build nobody waits for any more (its loop ended) needs no waiting either: the
+    next collection takes its result, frees its slot and drops it."""
 
+    __slots__ = ("_done", "_error", "_value", "pool")
 
-def collecting() -> bool:
-    """Whether this is a pool's collector thread. Garbage collection runs in whichever thread allocates,
-    so it may finalize a loader, or a loop of one, here: nothing here may then wait for a build, or for
-    the collector itself, as only a collector resolves them."""
-    return isinstance(threading.current_thread(), _Collector)
+    def __init__(self, pool: ProcessWorkers) -> None:
+        self.pool = pool
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def cancel(self) -> bool:
+        return False  # (sent at once: never built by the consumer instead)
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, value: Any) -> None:
+        self._value, self._done = value, True
+
+    def set_exception(self, error: BaseException) -> None:
+        self._error, self._done = error, True
+
+    def result(self) -> Any:
+        self.pool.collect(self)
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 @dataclasses.dataclass
@@ -477,7 +503,7 @@ class _Slot:
 
 
 class ProcessWorkers:
-    """``num_workers`` persistent worker processes for one loader; ``submit(step)`` returns a Future of
+    """``num_workers`` persistent worker processes for one loader; ``submit(step)`` returns a ``Job`` of
     (batch, held counts), resolved in submission order per worker."""
 
     _count = 0
@@ -497,7 +523,7 @@ class ProcessWorkers:
         self.owner = os.getpid()  # a forked child's copy (a fork-started DataLoader worker) owns nothing
         self._lock = threading.Lock()
         self._seq = 0
-        self._jobs: dict[int, tuple[Future, int, int]] = {}
+        self._jobs: dict[int, tuple[Job, int, int]] = {}
         self._ring: list[list[_Slot]] = []
         self._in_use = [0] * self.n
         self._kept: list[tuple[weakref.ref | None, int]] = []  # segments out of their ring, held by batches
@@ -505,7 +531,13 @@ class ProcessWorkers:
         self._closing = False
         self._procs: list = []
         self._conns: list = []
-        self._collector: _Collector | None = None
+        # collecting: one thread at a time reads the pipes (``collect``), through one selector for the
+        # pool's life (``connection.wait`` makes, fills and closes one per call); ``close`` wakes it
+        self._collect_lock = threading.Lock()
+        self._collector: int | None = None  # the thread collecting now
+        self._sel: selectors.BaseSelector | None = None
+        self._alive: dict = {}  # worker pipe -> worker
+        self._sentinels: dict = {}  # worker process sentinel -> worker
         self._wake_r = self._wake_w = -1
         self._pins = host_pins(resolve_device(o.device)[0])  # (the loader resolved it: valid here)
 
@@ -541,8 +573,11 @@ class ProcessWorkers:
         finally:
             self.loader = None
         self._wake_r, self._wake_w = os.pipe()
-        self._collector = _Collector(target=self._collect, name="dsbuild-load-collect", daemon=True)
-        self._collector.start()
+        self._alive = {c: w for w, c in enumerate(self._conns)}
+        self._sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
+        self._sel = selectors.DefaultSelector()
+        for r in (*self._alive, *self._sentinels, self._wake_r):
+            self._sel.register(r, selectors.EVENT_READ)
         self.stats.workers_info(
             processes=self.n, start_method=START_METHOD, startup_seconds=round(time.perf_counter() - t0, 4)
         )
@@ -564,18 +599,24 @@ class ProcessWorkers:
             raise _error(msg[2], msg[3], msg[4], w)
 
     # -- submitting and collecting -------------------------------------------------------------------
-    def submit(self, step: Step) -> Future:
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()  # sent at once: never built by the consumer instead
-        body = dumps(step_to_json(step))  # (encoded and sent outside the lock the collector takes per batch)
-        with self._lock:
-            if self._broken is not None:
-                fut.set_exception(self._broken)
-                return fut
-            seq, self._seq = self._seq, self._seq + 1
-            w = seq % self.n
-            slot, fresh = self._pick(w)
-            self._jobs[seq] = (fut, w, slot)
+    def submit(self, step: Step) -> Job:
+        fut = Job(self)
+        body = dumps(step_to_json(step))  # (encoded and sent outside the pool's lock)
+        while True:
+            with self._lock:
+                if self._broken is not None:
+                    fut.set_exception(self._broken)
+                    return fut
+                w = self._seq % self.n
+                picked = self._pick(w)
+                if picked is not None:
+                    seq, self._seq = self._seq, self._seq + 1
+                    slot, fresh = picked
+                    self._jobs[seq] = (fut, w, slot)
+                    break
+                # every slot of w has a build under way (another loop's, left to finish): the oldest frees one
+                oldest = self._jobs[min(k for k, job in self._jobs.items() if job[1] == w)][0]
+            self.collect(oldest)
         try:
             self._conns[w].send_bytes(b'["build",%d,%d,%s,%s]' % (seq, slot, b"true" if fresh else b"false", body))
         except OSError:
@@ -585,48 +626,59 @@ class ProcessWorkers:
                     fut.set_exception(self._died(w))
         return fut
 
-    def _pick(self, w: int) -> tuple[int, bool]:
+    def _pick(self, w: int) -> tuple[int, bool] | None:
         """A slot of worker ``w`` for the next build, and whether the worker must make it a fresh segment:
         an idle slot whose last batch is gone; else the one a consumer still holds a batch in (the batch
-        keeps its memory, the ring gets a new segment)."""
+        keeps its memory, the ring gets a new segment); None while every slot has a build under way."""
         ring = self._ring[w]
         for k, s in enumerate(ring):
             if not s.busy and not s.held():
                 s.busy = True
                 return k, False
-        for k, s in enumerate(ring):  # ring has prefetch + 1 slots, at most prefetch builds under way
+        for k, s in enumerate(ring):
             if not s.busy:
                 self._kept.append((s.root, s.size))
                 if self._pins is not None:
                     self._pins.retire(s.mapping)
                 s.busy, s.name, s.mapping, s.root, s.size = True, None, None, None, 0
                 return k, True
-        raise RuntimeError("every ring slot is busy: more builds under way than prefetch")
+        return None
 
-    def _collect(self) -> None:
-        """The collector thread: results and errors from the workers' pipes, deaths from their sentinels."""
-        alive = {c: w for w, c in enumerate(self._conns)}
-        sentinels = {p.sentinel: w for w, p in enumerate(self._procs)}
-        # one selector for the pool's life (``connection.wait`` makes, fills and closes one per call)
-        try:
-            with selectors.DefaultSelector() as sel:
-                for r in (*alive, *sentinels, self._wake_r):
-                    sel.register(r, selectors.EVENT_READ)
-                while alive:
-                    ready = [key.fileobj for key, _ in sel.select()]
-                    if self._wake_r in ready:
+    def collecting(self) -> bool:
+        """Whether this thread is collecting the workers' results now (garbage collection runs wherever
+        Python allocates, so finalizers may run here: ``close``)."""
+        return self._collector == threading.get_ident()
+
+    def collect(self, job: Job) -> None:
+        """Read results and errors from the workers' pipes, and deaths from their sentinels, until ``job``
+        is resolved (or the pool closes, which fails it)."""
+        if job.done():
+            return
+        if os.getpid() != self.owner:  # (its pipes are the parent's: reading them would take its batches)
+            raise UsageError(
+                "a loop over a loader with worker processes goes on only in the process that began it",
+                hint="begin a new loop (iter(loader)) in this process: it starts workers of its own",
+            )
+        if self.collecting():
+            raise RuntimeError("a batch was waited for while this thread collected batches (a bug)")
+        with self._collect_lock:
+            self._collector = threading.get_ident()
+            try:
+                while not job.done() and self._sel is not None:
+                    ready = [key.fileobj for key, _ in self._sel.select()]
+                    if self._wake_r in ready:  # closed: every build failed (left unread: it wakes all)
                         return
                     for r in ready:
-                        if r in alive or r in sentinels:
-                            self._collect_one(r, alive, sentinels, sel)
-        finally:
-            self._close_pipes()
+                        self._collect_one(r)
+            finally:
+                self._collector = None
 
     def _close_pipes(self) -> None:
-        """Close the wake pipe and the workers' pipes: by the collector as it ends (``close`` wakes it and
-        does not join it: a close the garbage collector runs inside threading's own locks would wait for
-        a thread that needs them to end), or by ``close`` where no collector started."""
-        with self._lock:
+        """Close the selector, the wake pipe and the workers' pipes (``close``, once no thread collects)."""
+        with self._collect_lock, self._lock:
+            if self._sel is not None:
+                self._sel.close()
+                self._sel = None
             for fd in (self._wake_r, self._wake_w):
                 if fd >= 0:
                     os.close(fd)
@@ -634,8 +686,10 @@ class ProcessWorkers:
             for c in self._conns:
                 c.close()
 
-    def _collect_one(self, r, alive: dict, sentinels: dict, sel: selectors.BaseSelector) -> None:
-        """What one ready pipe or sentinel says; a pipe or sentinel done with leaves ``sel``."""
+    def _collect_one(self, r) -> None:
+        """What one ready pipe or sentinel says; a pipe or sentinel done with leaves the selector."""
+        alive, sentinels, sel = self._alive, self._sentinels, self._sel
+        assert sel is not None
         if r in alive:
             w = alive[r]
             try:
@@ -660,7 +714,7 @@ class ProcessWorkers:
         self._fail(w)
 
     def _handle(self, w: int, msg: list) -> None:
-        """One message of worker ``w``: its build's Future resolved (never left pending: a consumer waits)."""
+        """One message of worker ``w``: its build's Job resolved (never left pending: a consumer waits)."""
         with self._lock:
             job = self._jobs.pop(msg[1], None)
         if job is None:  # (failed already: the loader is closing)
@@ -683,11 +737,12 @@ class ProcessWorkers:
                 raise UsageError("the loader was closed while this batch was being built")
             _, _, _, name, size, in_use = msg
             mapping = slot.mapping
+            changed = self._in_use[w] != in_use or bool(self._kept)  # (what ``_shm`` reports, per batch)
             if mapping is None or slot.name != name:  # a new segment (the old mapping lives on in its batches)
                 if self._pins is not None:
                     self._pins.retire(mapping)
                 mapping = slot.mapping = _map(name, size)
-                slot.name, slot.size = name, size
+                slot.name, slot.size, changed = name, size, True
                 if self._pins is not None:
                     self._pins.add(mapping)
             self._in_use[w] = in_use
@@ -697,7 +752,8 @@ class ProcessWorkers:
                 self._pins.hold(mapping, root)
         batch, extra = read_batch(root)
         self.stats.add_worker(f"dsbuild-load-proc_{w}", extra["seconds"])
-        self._shm()
+        if changed:
+            self._shm()
         return batch, extra["held"]
 
     def _died(self, w: int) -> Exception:
@@ -739,7 +795,7 @@ class ProcessWorkers:
         if os.getpid() != self.owner:  # (before the lock: a thread may have held it when the fork was made)
             self._closing, self._procs, self._conns, self._ring, self._pins = True, [], [], [], None
             return
-        if collecting():  # (the collector may hold the pool's lock here: another thread closes)
+        if self.collecting():  # (garbage collection ran it inside a collection here, which holds the locks)
             threading.Thread(target=self.close, name="dsbuild-load-close", daemon=True).start()
             return
         with self._lock:
@@ -756,14 +812,13 @@ class ProcessWorkers:
             if p.exitcode is None:
                 p.kill()
                 p.join()
-        if self._collector is None:
-            self._close_pipes()
         with self._lock:
-            if self._wake_w >= 0:  # (the collector closes the pipes as it ends)
-                os.write(self._wake_w, b"x")
             for fut, _, _ in self._jobs.values():
                 fut.set_exception(UsageError("the loader was closed while this batch was being built"))
             self._jobs.clear()
+            if self._wake_w >= 0:  # a thread collecting now stops (its build failed just now)
+                os.write(self._wake_w, b"x")
+        self._close_pipes()  # (once no thread collects)
         unlink_prefix(self.prefix)
         if self._pins is not None:  # (unregistered now, or once the last batch from it is collected)
             for ring in self._ring:

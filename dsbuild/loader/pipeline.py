@@ -720,6 +720,12 @@ class Mixture:
         finished = False
         try:
             while True:
+                if born != _Process.generation and any(fut is not None for fut, _, _ in pending):
+                    raise UsageError(
+                        "a loop over a loader goes on only in the process that began it: its next batches are "
+                        "being built by that process's workers",
+                        hint="begin a new loop (iter(loader)) in this process: it starts workers of its own",
+                    )
                 while end is None and len(pending) < depth:
                     step, after = next(work, (None, None))
                     if step is None:

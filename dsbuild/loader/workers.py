@@ -437,16 +437,26 @@ def _main_left_out() -> Iterator[None]:
 
 
 _POOLS: weakref.WeakSet = weakref.WeakSet()  # this process's pools with workers started
+_POOLS_STARTED = False  # whether this process started any (and so, multiprocessing's fork server)
 
 
 def _forget_workers_in_child() -> None:
     """In a child forked by other means than multiprocessing's: the pools' worker processes are not its
-    children. multiprocessing's exit handler would otherwise SIGTERM them when the child exits."""
-    from multiprocessing import process
+    children (multiprocessing's exit handler would otherwise SIGTERM them when the child exits), nor is
+    the fork server, which multiprocessing would ask for the child's own workers and fail (``waitpid``:
+    no child processes): the child starts a server of its own when it needs one."""
+    from multiprocessing import forkserver, process
 
     for pool in list(_POOLS):
         for p in pool._procs:
             process._children.discard(p)  # type: ignore[attr-defined]
+    server: Any = forkserver._forkserver  # (its fields are private: typed as Any)
+    if _POOLS_STARTED and server._forkserver_pid is not None:
+        try:
+            os.close(server._forkserver_alive_fd)  # (the parent's copy keeps its server alive)
+        except OSError:
+            pass
+        server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
 
 
 os.register_at_fork(after_in_child=_forget_workers_in_child)
@@ -550,7 +560,9 @@ class ProcessWorkers:
         t0 = time.perf_counter()
         try:
             spec = describe(loader, prefix=self.prefix, slots=self.slots, budget=self.budget)
+            global _POOLS_STARTED
             _POOLS.add(self)  # (before any worker starts: a fork from now on must forget them)
+            _POOLS_STARTED = True
             for w in range(self.n):
                 mine, theirs = ctx.Pipe(duplex=True)
                 p = ctx.Process(  # type: ignore[attr-defined]
@@ -600,6 +612,7 @@ class ProcessWorkers:
 
     # -- submitting and collecting -------------------------------------------------------------------
     def submit(self, step: Step) -> Job:
+        self._own()
         fut = Job(self)
         body = dumps(step_to_json(step))  # (encoded and sent outside the pool's lock)
         while True:
@@ -644,6 +657,15 @@ class ProcessWorkers:
                 return k, True
         return None
 
+    def _own(self) -> None:
+        """Refuse the pool in a forked child: its pipes and workers are the parent's (a build sent from here
+        would overwrite a batch the parent holds, a result read here would be taken from it)."""
+        if os.getpid() != self.owner:
+            raise UsageError(
+                "a loop over a loader with worker processes goes on only in the process that began it",
+                hint="begin a new loop (iter(loader)) in this process: it starts workers of its own",
+            )
+
     def collecting(self) -> bool:
         """Whether this thread is collecting the workers' results now (garbage collection runs wherever
         Python allocates, so finalizers may run here: ``close``)."""
@@ -654,11 +676,7 @@ class ProcessWorkers:
         is resolved (or the pool closes, which fails it)."""
         if job.done():
             return
-        if os.getpid() != self.owner:  # (its pipes are the parent's: reading them would take its batches)
-            raise UsageError(
-                "a loop over a loader with worker processes goes on only in the process that began it",
-                hint="begin a new loop (iter(loader)) in this process: it starts workers of its own",
-            )
+        self._own()
         if self.collecting():
             raise RuntimeError("a batch was waited for while this thread collected batches (a bug)")
         with self._collect_lock:

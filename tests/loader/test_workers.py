@@ -380,13 +380,18 @@ def test_a_forked_child_leaves_the_parents_workers_and_segments_alone(cat):
 FORK = textwrap.dedent(
     """
     import json, os, sys
+    from dsbuild.core.errors import UsageError
     from dsbuild.loader import Loader
     loader = Loader(sys.argv[1], decode="bytes", batch_size=2, worker_mode="process", num_workers=2)
     it = iter(loader)
     got = [next(it)["keys"]]
     pid = os.fork()
-    if pid == 0:
-        sys.exit(0)  # a plain exit: the interpreter's exit handlers, multiprocessing's among them, run
+    if pid == 0:  # the parent's loop goes on only in the parent: its workers and pipes are the parent's
+        try:
+            next(it)
+        except UsageError as e:
+            sys.exit(0 if "only in the process that began it" in str(e) else 4)
+        sys.exit(5)  # (a plain exit: the interpreter's exit handlers, multiprocessing's among them, run)
     assert os.waitpid(pid, 0)[1] == 0
     got += [b["keys"] for b in it]
     print(json.dumps(got), flush=True)
@@ -396,8 +401,9 @@ FORK = textwrap.dedent(
 
 def test_a_forked_child_that_exits_leaves_the_parents_workers_running(cat):
     """multiprocessing ends its daemon children at exit, and a child forked by ``os.fork`` inherits its
-    list of them: it must not end the parent's workers. Nor may the child wait, as it exits, for the
-    builds under way in its copy of the loop: only the parent collects them."""
+    list of them: it must not end the parent's workers. Nor may the child go on with the parent's loop
+    (it would send builds to the parent's workers and take their results): that is a UsageError, and
+    the parent gets every batch."""
     expected = [b["keys"] for b in Loader(cat[0], decode="bytes", batch_size=2, num_workers=2)]
     p = subprocess.run([sys.executable, "-c", FORK, cat[0]], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and json.loads(p.stdout) == expected, p.stdout + p.stderr[-2000:]

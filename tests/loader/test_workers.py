@@ -390,8 +390,13 @@ FORK = textwrap.dedent(
         try:
             next(it)
         except UsageError as e:
-            sys.exit(0 if "only in the process that began it" in str(e) else 4)
-        sys.exit(5)  # (a plain exit: the interpreter's exit handlers, multiprocessing's among them, run)
+            if "only in the process that began it" not in str(e):
+                sys.exit(4)
+        else:
+            sys.exit(5)
+        ours = sum(1 for _ in loader)  # a new loop: workers of the child's own, from its own fork server
+        loader.close()
+        sys.exit(0 if ours > 0 else 6)  # (a plain exit: the interpreter's exit handlers, multiprocessing's, run)
     assert os.waitpid(pid, 0)[1] == 0
     got += [b["keys"] for b in it]
     print(json.dumps(got), flush=True)
@@ -402,8 +407,8 @@ FORK = textwrap.dedent(
 def test_a_forked_child_that_exits_leaves_the_parents_workers_running(cat):
     """multiprocessing ends its daemon children at exit, and a child forked by ``os.fork`` inherits its
     list of them: it must not end the parent's workers. Nor may the child go on with the parent's loop
-    (it would send builds to the parent's workers and take their results): that is a UsageError, and
-    the parent gets every batch."""
+    (it would send builds to the parent's workers and take their results): that is a UsageError; a new
+    loop there starts workers of the child's own, and the parent gets every batch."""
     expected = [b["keys"] for b in Loader(cat[0], decode="bytes", batch_size=2, num_workers=2)]
     p = subprocess.run([sys.executable, "-c", FORK, cat[0]], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and json.loads(p.stdout) == expected, p.stdout + p.stderr[-2000:]

@@ -793,8 +793,12 @@ class Mixture:
 
     def _processes(self) -> ProcessWorkers:
         """The worker processes (``dsbuild.loader.workers``): started on first use, kept from epoch to epoch
-        until ``close``; made anew in a forked process, which inherits none."""
+        until ``close``; made anew in a forked process, which inherits none, and after an interruption
+        cut a hand-over short (``ProcessWorkers.spent``)."""
         held = self._held.processes
+        if held is not None and held.spent and held.generation == _Process.generation:
+            held.close()
+            held = None
         if held is None or held.generation != _Process.generation:
             held = ProcessWorkers(self, self._stats)
             held.generation = _Process.generation

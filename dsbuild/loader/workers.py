@@ -291,6 +291,10 @@ def _error(kind: str, message: str, hint: str | None, worker: int) -> Exception:
     return RuntimeError(f"loader worker process {worker} failed:\n{message}")
 
 
+def _closed() -> UsageError:
+    return UsageError("the loader was closed while this batch was being built")
+
+
 def _how(exitcode: int | None) -> str:
     if exitcode is None:
         return "its pipe closed"
@@ -465,9 +469,10 @@ os.register_at_fork(after_in_child=_forget_workers_in_child)
 class Job:
     """A build in a worker process, with a Future's ``cancel``, ``done`` and ``result``. No thread of ours
     collects results: whoever waits for one reads the workers' pipes itself (``ProcessWorkers.collect``),
-    so a batch costs the consumer one wake-up, not a collector thread's and then its own. Only the thread
-    collecting resolves builds, and a waiter collects (or waits for the thread that does), so a Job needs
-    no lock of its own. A build nobody waits for any more (its loop ended) needs no waiting either: the
+    so a batch costs the consumer one wake-up, not a collector thread's and then its own. A Job is
+    resolved once, by whoever takes it out of the pool's jobs under the pool's lock (the thread
+    collecting, or ``close`` and the failures that end builds), and a waiter collects (or waits for the
+    thread that does), so it needs no lock of its own. A build nobody waits for any more (its loop ended) needs no waiting either: the
     next collection takes its result, frees its slot and drops it."""
 
     __slots__ = ("_done", "_error", "_value", "pool")
@@ -538,6 +543,7 @@ class ProcessWorkers:
         self._in_use = [0] * self.n
         self._kept: list[tuple[weakref.ref | None, int]] = []  # segments out of their ring, held by batches
         self._broken: Exception | None = None
+        self.spent = False  # given up after an interruption (``_spend``): the loader makes a new pool
         self._closing = False
         self._procs: list = []
         self._conns: list = []
@@ -615,28 +621,33 @@ class ProcessWorkers:
         self._own()
         fut = Job(self)
         body = dumps(step_to_json(step))  # (encoded and sent outside the pool's lock)
-        while True:
-            with self._lock:
-                if self._broken is not None:
-                    fut.set_exception(self._broken)
-                    return fut
-                w = self._seq % self.n
-                picked = self._pick(w)
-                if picked is not None:
-                    seq, self._seq = self._seq, self._seq + 1
-                    slot, fresh = picked
-                    self._jobs[seq] = (fut, w, slot)
-                    break
-                # every slot of w has a build under way (another loop's, left to finish): the oldest frees one
-                oldest = self._jobs[min(k for k, job in self._jobs.items() if job[1] == w)][0]
-            self.collect(oldest)
         try:
-            self._conns[w].send_bytes(b'["build",%d,%d,%s,%s]' % (seq, slot, b"true" if fresh else b"false", body))
-        except OSError:
-            with self._lock:
-                if self._jobs.pop(seq, None) is not None:
-                    self._ring[w][slot].busy = False
-                    fut.set_exception(self._died(w))
+            while True:
+                with self._lock:
+                    if self._broken is not None or self._closing:
+                        fut.set_exception(self._broken or _closed())
+                        return fut
+                    w = self._seq % self.n
+                    picked = self._pick(w)
+                    if picked is not None:
+                        seq, self._seq = self._seq, self._seq + 1
+                        slot, fresh = picked
+                        self._jobs[seq] = (fut, w, slot)
+                        break
+                    # every slot of w has a build under way (another loop's, left to finish): the oldest
+                    # frees one (a busy slot is a job's until it is resolved)
+                    oldest = self._jobs[min(k for k, job in self._jobs.items() if job[1] == w)][0]
+                self.collect(oldest)
+            try:
+                self._conns[w].send_bytes(b'["build",%d,%d,%s,%s]' % (seq, slot, b"true" if fresh else b"false", body))
+            except OSError:
+                with self._lock:
+                    if self._jobs.pop(seq, None) is not None:
+                        self._ring[w][slot].busy = False
+                        fut.set_exception(self._died(w))
+        except BaseException as e:  # (Ctrl-C between taking a slot and sending the build: see ``_spend``)
+            self._spend(e)
+            raise
         return fut
 
     def _pick(self, w: int) -> tuple[int, bool] | None:
@@ -686,10 +697,30 @@ class ProcessWorkers:
                     ready = [key.fileobj for key, _ in self._sel.select()]
                     if self._wake_r in ready:  # closed: every build failed (left unread: it wakes all)
                         return
-                    for r in ready:
-                        self._collect_one(r)
+                    try:
+                        for r in ready:
+                            if r in self._alive or r in self._sentinels:  # (a sentinel may retire its pipe)
+                                self._collect_one(r)
+                    except BaseException as e:  # (Ctrl-C between reading a result and giving it: ``_spend``)
+                        self._spend(e)
+                        raise
             finally:
                 self._collector = None
+
+    def _spend(self, e: BaseException) -> None:
+        """Give the pool up after ``e`` (Ctrl-C, a signal's exception) cut a hand-over short: a result read
+        but not given, a pipe read or written halfway, a slot taken for a build never sent. Every build
+        fails, later ones too, and the loader starts new workers for its next loop (``spent``)."""
+        err = UsageError(
+            f"the loader's worker processes were interrupted while handing over a batch ({type(e).__name__})",
+            hint="the next loop starts new worker processes; the loader's last checkpoint resumes exactly",
+        )
+        with self._lock:
+            self.spent = True
+            self._broken = self._broken or err
+            for fut, _, _ in self._jobs.values():
+                fut.set_exception(err)
+            self._jobs.clear()
 
     def _close_pipes(self) -> None:
         """Close the selector, the wake pipe and the workers' pipes (``close``, once no thread collects)."""
@@ -740,7 +771,7 @@ class ProcessWorkers:
         fut = job[0]
         try:
             result = self._receive(w, job[2], msg)
-        except BaseException as e:
+        except Exception as e:
             fut.set_exception(e)
             return
         fut.set_result(result)
@@ -752,7 +783,7 @@ class ProcessWorkers:
             if msg[0] == "error":
                 raise _error(msg[2], msg[3], msg[4], w)
             if self._closing:
-                raise UsageError("the loader was closed while this batch was being built")
+                raise _closed()
             _, _, _, name, size, in_use = msg
             mapping = slot.mapping
             changed = self._in_use[w] != in_use or bool(self._kept)  # (what ``_shm`` reports, per batch)
@@ -832,7 +863,7 @@ class ProcessWorkers:
                 p.join()
         with self._lock:
             for fut, _, _ in self._jobs.values():
-                fut.set_exception(UsageError("the loader was closed while this batch was being built"))
+                fut.set_exception(_closed())
             self._jobs.clear()
             if self._wake_w >= 0:  # a thread collecting now stops (its build failed just now)
                 os.write(self._wake_w, b"x")

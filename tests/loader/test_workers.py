@@ -147,6 +147,37 @@ def test_a_loop_begun_while_another_has_builds_under_way_gets_every_batch(cat):
     assert got == [b["keys"] for b in Loader(ref, decode="bytes", batch_size=2, num_workers=2)][1:]
 
 
+def test_ctrl_c_while_a_batch_is_handed_over_gives_the_next_loop_new_workers(cat, monkeypatch):
+    """The consumer reads the workers' answers itself, so Ctrl-C may land between reading one and giving
+    it to its batch. The pool is then given up (a result lost there would leave its slot taken, and a
+    later loop waiting for it forever): the next loop starts new workers and goes on where the
+    interrupted one stopped."""
+    from dsbuild.loader import workers
+
+    ref, _ = cat
+    expected = [b["keys"] for b in Loader(ref, decode="bytes", batch_size=2, num_workers=2)]
+    real, calls = workers.loads, []
+
+    def interrupted(data):
+        calls.append(data)
+        if len(calls) == 3:  # a worker's answer, read from its pipe and not yet given
+            raise KeyboardInterrupt
+        return real(data)
+
+    with Loader(ref, decode="bytes", batch_size=2, worker_mode="process", num_workers=2) as loader:
+        got, it = [], iter(loader)
+        got.append(next(it)["keys"])
+        first = loader._held.processes
+        monkeypatch.setattr(workers, "loads", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            for batch in it:
+                got.append(batch["keys"])
+        monkeypatch.setattr(workers, "loads", real)
+        got += [b["keys"] for b in loader]
+        assert first.spent and loader._held.processes is not first
+    assert got == expected
+
+
 def test_a_batch_kept_by_the_consumer_never_changes(cat):
     """A consumer that keeps every batch (``list(loader)``) gets each in memory of its own: nothing waits
     for a slot, and nothing kept is overwritten."""

@@ -618,7 +618,6 @@ class ProcessWorkers:
 
     # -- submitting and collecting -------------------------------------------------------------------
     def submit(self, step: Step) -> Job:
-        self._own()
         fut = Job(self)
         body = dumps(step_to_json(step))  # (encoded and sent outside the pool's lock)
         try:
@@ -668,15 +667,6 @@ class ProcessWorkers:
                 return k, True
         return None
 
-    def _own(self) -> None:
-        """Refuse the pool in a forked child: its pipes and workers are the parent's (a build sent from here
-        would overwrite a batch the parent holds, a result read here would be taken from it)."""
-        if os.getpid() != self.owner:
-            raise UsageError(
-                "a loop over a loader with worker processes goes on only in the process that began it",
-                hint="begin a new loop (iter(loader)) in this process: it starts workers of its own",
-            )
-
     def collecting(self) -> bool:
         """Whether this thread is collecting the workers' results now (garbage collection runs wherever
         Python allocates, so finalizers may run here: ``close``)."""
@@ -687,7 +677,6 @@ class ProcessWorkers:
         is resolved (or the pool closes, which fails it)."""
         if job.done():
             return
-        self._own()
         if self.collecting():
             raise RuntimeError("a batch was waited for while this thread collected batches (a bug)")
         with self._collect_lock:
@@ -718,9 +707,13 @@ class ProcessWorkers:
         with self._lock:
             self.spent = True
             self._broken = self._broken or err
-            for fut, _, _ in self._jobs.values():
-                fut.set_exception(err)
-            self._jobs.clear()
+            self._fail_jobs(err)
+
+    def _fail_jobs(self, err: Exception) -> None:
+        """Every build under way fails with ``err`` (under the pool's lock)."""
+        for fut, _, _ in self._jobs.values():
+            fut.set_exception(err)
+        self._jobs.clear()
 
     def _close_pipes(self) -> None:
         """Close the selector, the wake pipe and the workers' pipes (``close``, once no thread collects)."""
@@ -862,9 +855,7 @@ class ProcessWorkers:
                 p.kill()
                 p.join()
         with self._lock:
-            for fut, _, _ in self._jobs.values():
-                fut.set_exception(_closed())
-            self._jobs.clear()
+            self._fail_jobs(_closed())
             if self._wake_w >= 0:  # a thread collecting now stops (its build failed just now)
                 os.write(self._wake_w, b"x")
         self._close_pipes()  # (once no thread collects)

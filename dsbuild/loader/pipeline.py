@@ -742,13 +742,13 @@ class Mixture:
                 # a batch no worker has started is built here: waiting for one would only add two thread
                 # hand-offs (each a wake-up through the kernel) to the same work
                 batch, held = self._build_held(step) if fut is None or fut.cancel() else fut.result()
-                self._stats.add(seconds={"wait": time.perf_counter() - t0})
+                t1 = time.perf_counter()
+                seconds = {"wait": t1 - t0}
                 if self._transfer is not None:
-                    t1 = time.perf_counter()
                     batch = self._transfer(batch)
-                    self._stats.add(seconds={"h2d": time.perf_counter() - t1})
+                    seconds["h2d"] = time.perf_counter() - t1
                 self.position = after
-                self._stats.deliver(held)
+                self._stats.deliver(held, seconds)
                 t_yield = time.perf_counter()
                 yield batch
                 self._pace.returned(time.perf_counter() - t_yield)

@@ -62,10 +62,13 @@ class Stats:
         finally:
             self._local.held = None
 
-    def deliver(self, held: dict) -> None:
-        """A batch handed over: the counts held while it was built."""
+    def deliver(self, held: dict, seconds: dict[str, float]) -> None:
+        """A batch handed over: the counts held while it was built, and the consumer's ``seconds`` on it
+        (wait, h2d; one lock a batch)."""
+        name = threading.current_thread().name
         with self._lock:
             self._count(held["counts"], held["corrupt"])
+            self._spent(name, seconds)
 
     def _count(self, counts: dict, corrupt: list[str]) -> None:
         for k, v in counts.items():
@@ -109,14 +112,18 @@ class Stats:
                     held["counts"][k] = held["counts"].get(k, 0) + v
                 if corrupt is not None:
                     held["corrupt"].append(corrupt)
-            for k, v in (seconds or {}).items():
-                self.seconds[k] += v
-            if seconds or (counts and "batches" in counts):  # the work each thread did, delivered or not
+            if seconds:
+                self._spent(name, seconds)
+            if counts and "batches" in counts:  # the work each thread did, delivered or not
                 mine = self.threads.setdefault(name, {})
-                for k, v in (seconds or {}).items():
-                    mine[k] = mine.get(k, 0.0) + v
-                if counts and "batches" in counts:
-                    mine["batches"] = mine.get("batches", 0) + counts["batches"]
+                mine["batches"] = mine.get("batches", 0) + counts["batches"]
+
+    def _spent(self, name: str, seconds: dict[str, float]) -> None:
+        """``seconds`` per stage, in all and for thread ``name`` (under the lock)."""
+        mine = self.threads.setdefault(name, {})
+        for k, v in seconds.items():
+            self.seconds[k] += v
+            mine[k] = mine.get(k, 0.0) + v
 
     def to_json(self) -> dict:
         with self._lock:

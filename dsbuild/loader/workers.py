@@ -61,6 +61,7 @@ from multiprocessing.shared_memory import SharedMemory
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import orjson
 
 from dsbuild.core.errors import DsbuildError, StorageError, UsageError, WorkerDied
 from dsbuild.core.executor import _die_with_parent
@@ -619,7 +620,7 @@ class ProcessWorkers:
     # -- submitting and collecting -------------------------------------------------------------------
     def submit(self, step: Step) -> Job:
         fut = Job(self)
-        body = dumps(step_to_json(step))  # (encoded and sent outside the pool's lock)
+        body = orjson.dumps(step_to_json(step), option=orjson.OPT_SERIALIZE_NUMPY)  # (integers: 1/20 of ``dumps``)
         try:
             while True:
                 with self._lock:
@@ -779,7 +780,7 @@ class ProcessWorkers:
                 raise _closed()
             _, _, _, name, size, in_use = msg
             mapping = slot.mapping
-            changed = self._in_use[w] != in_use or bool(self._kept)  # (what ``_shm`` reports, per batch)
+            changed = self._in_use[w] != in_use or self._prune_kept()  # (what ``_shm`` reports)
             if mapping is None or slot.name != name:  # a new segment (the old mapping lives on in its batches)
                 if self._pins is not None:
                     self._pins.retire(mapping)
@@ -820,10 +821,19 @@ class ProcessWorkers:
                     self._ring[w][k].busy = False
                     fut.set_exception(err)
 
+    def _prune_kept(self) -> bool:
+        """Forget the segments out of the rings that no batch holds any more; whether any were (under the
+        pool's lock)."""
+        kept: list[tuple[weakref.ref | None, int]] = [
+            (r, n) for r, n in self._kept if r is not None and r() is not None
+        ]
+        pruned, self._kept = len(kept) != len(self._kept), kept
+        return pruned
+
     def _shm(self) -> None:
         """Shared memory in use: the rings, and segments out of them that batches still hold."""
         with self._lock:
-            self._kept = [(r, n) for r, n in self._kept if r is not None and r() is not None]
+            self._prune_kept()
             kept = sum(n for _, n in self._kept)
         pins = self._pins
         self.stats.workers_info(shm_bytes=sum(self._in_use) + kept, pinned=pins is not None and pins.failed is None)

@@ -337,6 +337,21 @@ def test_json_orjson_refuses_reads_back_as_a_thread_would_have_it():
     assert np.isnan(score[0]) and score[1:] == [float("-inf"), 2**70, 0.1]
 
 
+def test_shared_memory_in_use_counts_a_held_batchs_segment_until_it_is_dropped(cat):
+    """A batch held while its slot is built into again keeps its segment (the slot gets a new one):
+    ``shm_bytes`` counts it until the batch is dropped, then stops counting it."""
+    with Loader(cat[0], decode="bytes", batch_size=2, worker_mode="process", num_workers=1, prefetch=1) as loader:
+        it = iter(loader)
+        held = next(it)
+        for _ in range(4):
+            next(it)
+        with_held = loader.stats()["workers"]["shm_bytes"]
+        del held
+        for _ in range(2):
+            next(it)
+        assert loader.stats()["workers"]["shm_bytes"] < with_held
+
+
 def test_shm_bytes_too_small_names_the_size_needed_and_the_option(cat):
     ref, _ = cat
     with Loader(ref, decode="bytes", worker_mode="process", num_workers=1, shm_bytes=1) as loader:

@@ -30,6 +30,9 @@ import tempfile
 from dsbuild.loader.walk import Position
 
 MAX_RECORD = 1 << 20  # bytes: a record holds two positions (two numbers a source)
+# where the record lives: memory where Linux offers it (each pass's two changes of a file on disk cost
+# ~0.46 ms of a worker here, for the file system's journal; in /dev/shm 0.07 ms), else the temp folder
+RECORD_DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def encode(p: Position) -> list:
@@ -106,7 +109,7 @@ class PassFile:
     """The record's file: made by the main process, its path handed to the workers (pickled or forked)."""
 
     def __init__(self):
-        fd, self.path = tempfile.mkstemp(prefix="dsbuild-torch-passes-", suffix=".json")
+        fd, self.path = tempfile.mkstemp(prefix="dsbuild-torch-passes-", suffix=".json", dir=RECORD_DIR)
         os.close(fd)
         self.owner = os.getpid()
 

@@ -31,12 +31,13 @@ and the worker's end of its pipe (multiprocessing's own ``Connection``, passed a
 The fork server would run the parent's script (``__main__``) again to start; workers need nothing of it
 (a map function is never taken from ``__main__``), so it is left out (``_main_left_out``).
 
-Workers start on first use, stay for every epoch until ``close()``, and die with the parent (``PR_SET_PDEATHSIG``, as convert's do). A worker that dies is a
-``WorkerDied`` naming it and how it died, never a hang. A segment that would not fit in ``/dev/shm`` is a
-``StorageError`` naming the size it needs and the options that lower it (it is allocated up front, so a
-full ``/dev/shm`` never surfaces as a SIGBUS mid-copy). ``close()`` (or the loader's collection, or the
-interpreter's exit) unlinks every segment; after a crash of the parent, multiprocessing's resource
-tracker unlinks what the workers created.
+Workers start on first use, stay for every epoch until ``close()``, and die with the parent
+(``PR_SET_PDEATHSIG``, as convert's do). A worker that dies is a ``WorkerDied`` naming it and how it
+died, never a hang. A segment that would not fit in ``/dev/shm`` is a ``StorageError`` naming the size
+it needs and the options that lower it (it is allocated up front, so a full ``/dev/shm`` never surfaces
+as a SIGBUS mid-copy). ``close()`` (or the loader's collection, or the interpreter's exit) unlinks every
+segment; after a crash of the parent, multiprocessing's resource tracker unlinks what the workers
+created.
 """
 
 from __future__ import annotations
@@ -473,8 +474,8 @@ class Job:
     so a batch costs the consumer one wake-up, not a collector thread's and then its own. A Job is
     resolved once, by whoever takes it out of the pool's jobs under the pool's lock (the thread
     collecting, or ``close`` and the failures that end builds), and a waiter collects (or waits for the
-    thread that does), so it needs no lock of its own. A build nobody waits for any more (its loop ended) needs no waiting either: the
-    next collection takes its result, frees its slot and drops it."""
+    thread that does), so it needs no lock of its own. A build nobody waits for any more (its loop
+    ended) needs no waiting either: the next collection takes its result, frees its slot and drops it."""
 
     __slots__ = ("_done", "_error", "_value", "pool")
 

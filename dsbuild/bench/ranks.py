@@ -6,24 +6,30 @@ here about +-10% in bytes mode against 1-3% within a process). Each round's rank
 all started before the rounds (start-up), so the spread over rounds includes that variation and the
 gate weighs drops against it. Beyond ``FRESH_LIMIT`` processes one set of ranks serves every round.
 
-Each rank is ``python -m dsbuild.bench.ranks``, spoken to in JSON lines: the parent sends the setup, then
-one line per round (its slices); the rank answers with progress ticks and its ``OursRound`` as JSON
-(validated on arrival, like any record) or with an error. Rounds start on every rank at once and the
-parent waits for all of them, so rank rounds interleave with the baselines. Nothing is pickled. A rank
-ignores Ctrl-C (the parent handles it and ends the ranks) and exits when its input closes, so none
-outlives the parent.
+The ranks are forked by multiprocessing's fork server, which imports torch, PyAV and the loader once
+(``PRELOAD``) before it forks any: each round's rank is still a new process, with its own threads, heap
+and pages, but a run's start-up pays those imports once, not once a rank and round (torch alone took
+1.5 s of CPU a process, and a 2-s run of five rounds spent 8 s on two cores). A server is safe after the
+parent has started threads or CUDA; a fork of the parent itself is not. (The forks share the server's
+address-space layout and hash seed; their pages, threads and placement are their own.)
+
+Each rank is spoken to over a pipe in JSON documents: the parent sends the setup, then one document per
+round (its slices); the rank answers with progress ticks and its ``OursRound`` as JSON (validated on
+arrival, like any record) or with an error. Rounds start on every rank at once and the parent waits for
+all of them, so rank rounds interleave with the baselines. Nothing of ours is pickled (multiprocessing
+pickles its own process object for the fork server: this module's function by name, the pipe's end and
+the log's descriptor). A rank ignores Ctrl-C (the parent handles it and ends the ranks), exits when its
+pipe closes, and is killed when the fork server goes, which goes with the parent: none outlives it. What
+a rank writes to stdout or stderr goes to a log of its own, whose last line names a rank that died.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
-from typing import IO
+from multiprocessing import forkserver, get_context, reduction
 
 from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import Measured
@@ -34,6 +40,8 @@ from dsbuild.core.executor import last_words
 from dsbuild.core.jsonio import loads_bounded
 from dsbuild.core.records import Record
 
+START_METHOD = "forkserver"  # see the module docstring
+PRELOAD = ["dsbuild.bench.ranks", "dsbuild.bench.harness", "dsbuild.loader.pipeline", "numpy", "torch", "av"]
 FRESH_LIMIT = 16  # processes started for fresh ranks per round; more ranks x rounds reuse one set
 MAX_LINE = 64 << 20  # one round's record (per-batch waits included) is far smaller
 STRAGGLER = 0.9  # a rank below 90% of the ranks' median throughput is named a straggler
@@ -65,6 +73,12 @@ class Ranks(Record):
     stragglers: tuple[int, ...]  # ranks below STRAGGLER x the median rank
 
 
+def start_server() -> None:
+    """Start the fork server now (a run does before its own set-up, which the server's imports overlap)."""
+    get_context(START_METHOD).set_forkserver_preload(PRELOAD)  # (where this process started one, it is kept)
+    forkserver.ensure_running()
+
+
 class RankGroup:
     """W processes running our loader as ranks r of W. ``start()`` launches them, ``ready()`` waits until
     they have opened the version (returning each one's step description), ``round(...)`` runs one round on
@@ -72,55 +86,63 @@ class RankGroup:
 
     def __init__(self, setup: dict, world: int):
         self.setup, self.world = setup, world
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list = []
+        self.conns: list = []
         self.logs: list = []
 
     def start(self) -> None:
+        ctx = get_context(START_METHOD)
+        start_server()
         for r in range(self.world):
-            log = tempfile.TemporaryFile()  # noqa: SIM115 (the rank's stderr, closed in stop())
-            p = subprocess.Popen(
-                [sys.executable, "-m", "dsbuild.bench.ranks"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
-            )
+            log = tempfile.TemporaryFile()  # noqa: SIM115 (the rank's output, closed in stop())
+            mine, theirs = ctx.Pipe(duplex=True)
+            # (not a daemon: a rank's loader may start worker processes of its own)
+            p = ctx.Process(target=serve, args=(theirs, _Fd(log.fileno())), name=f"dsbuild-bench-rank_{r}")  # type: ignore[attr-defined]
             self.procs.append(p)
+            self.conns.append(mine)
             self.logs.append(log)
-            self._send(p, {**self.setup, "rank": r, "world": self.world})
+            p.start()
+            theirs.close()
+            self._send(r, {**self.setup, "rank": r, "world": self.world})
 
     def ready(self) -> list[dict]:
         return [self._receive(r) for r in range(self.world)]
 
     def round(self, message: dict, tick=None) -> list[OursRound]:
-        for p in self.procs:
-            self._send(p, message)
+        for r in range(self.world):
+            self._send(r, message)
         return [
             OursRound.from_json(self._receive(r, tick if r == 0 else None), f"rank {r} round")
             for r in range(self.world)
         ]
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                _pipe(p.stdin).close()
+        for p, conn in zip(self.procs, self.conns):
+            conn.close()  # (a rank waiting for its next round exits; one measuring is ended)
+            if p.is_alive():
                 p.terminate()
         for p, log in zip(self.procs, self.logs):
-            p.wait()
-            _pipe(p.stdout).close()
+            p.join()
             log.close()
-        self.procs, self.logs = [], []
+        self.procs, self.conns, self.logs = [], [], []
 
-    def _send(self, p: subprocess.Popen, message: dict) -> None:
-        stdin = _pipe(p.stdin)
-        stdin.write(json.dumps(message).encode() + b"\n")
-        stdin.flush()
+    def _send(self, r: int, message: dict) -> None:
+        try:
+            self.conns[r].send_bytes(json.dumps(message).encode())
+        except OSError:  # (a rank already gone: the answer awaited next names how it went)
+            pass
 
     def _receive(self, r: int, tick=None):
         while True:
-            line = _pipe(self.procs[r].stdout).readline(MAX_LINE)
-            if not line:
-                self.procs[r].wait()
+            try:
+                line = self.conns[r].recv_bytes(MAX_LINE)
+            except (EOFError, OSError):
+                p = self.procs[r]
+                p.join()
                 said = last_words(self.logs[r])
                 raise errors.WorkerDied(
-                    f"bench rank {r} exited (code {self.procs[r].returncode})" + (f": {said}" if said else "")
-                )
+                    f"bench rank {r} exited (code {p.exitcode})" + (f": {said}" if said else "")
+                ) from None
             doc = loads_bounded(line, max_bytes=MAX_LINE, what=f"rank {r}")
             if "tick" in doc:
                 if tick is not None:
@@ -139,6 +161,20 @@ class RankGroup:
             return doc["result"]
 
 
+class _Fd:
+    """A descriptor handed to a process the fork server starts (as multiprocessing hands over a pipe's end)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple:
+        return _detach, (reduction.DupFd(self.fd),)
+
+
+def _detach(dup) -> int:
+    return dup.detach()
+
+
 def warm_up(o, data, device: str | None, rank: int, world: int) -> None:
     """Imports (torch, PyAV, the loader) and the index's first read happen at start-up, not in round 1."""
     from dsbuild.bench.harness import loader_kwargs
@@ -149,34 +185,38 @@ def warm_up(o, data, device: str | None, rank: int, world: int) -> None:
         import av  # noqa: F401
 
 
-def main() -> None:
-    """A rank process: setup line, then one line per round, until its input closes."""
+def serve(conn, log: int) -> None:
+    """A rank process: the setup, then one round a document, until its pipe closes."""
     from dsbuild.bench.dataset import describe
     from dsbuild.bench.harness import measure_ours
     from dsbuild.bench.options import BenchOptions
     from dsbuild.bench.step import Step
+    from dsbuild.core.executor import _die_with_parent
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the protocol
+    _die_with_parent(os.getppid(), ())  # (the fork server, which ends with the bench; Ctrl-C ignored)
+    for fd in (1, 2):  # anything it or a library prints goes to its log, never to the parent's terminal
+        os.dup2(log, fd)
+    os.close(log)
 
     def answer(doc: dict) -> None:
-        out.write(json.dumps(doc) + "\n")
-        out.flush()
+        conn.send_bytes(json.dumps(doc).encode())
 
     def tick(meter) -> None:
         answer({"tick": [meter.name, meter.elapsed(), meter.frames, meter.bytes]})
 
     try:
-        setup = json.loads(sys.stdin.readline())
+        setup = json.loads(conn.recv_bytes())
         o = BenchOptions.from_json(setup["options"], "bench options")
         data = describe(setup["ref"], o.split)
         step = Step(o.step_ms, setup["device"])
         info = step.prepare()
         warm_up(o, data, setup["device"], setup["rank"], setup["world"])
         answer({"result": info.to_json()})
-        for line in sys.stdin:
-            msg = json.loads(line)
+        while True:
+            try:
+                msg = json.loads(conn.recv_bytes())
+            except EOFError:
+                return
             rec = measure_ours(
                 o,
                 data.ref,
@@ -203,13 +243,6 @@ def _merge_points(parts: list[Measured]) -> tuple[tuple[float, ...], ...]:
     return tuple(
         (max(p.points[i][0] for p in parts), *(sum(p.points[i][k] for p in parts) for k in (1, 2, 3))) for i in range(n)
     )
-
-
-def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
-    """A rank process's stdin or stdout (each is started with a pipe on both)."""
-    if stream is None:
-        raise errors.StorageError("a rank process has no pipe to talk through")
-    return stream
 
 
 def _sum_or_none(values: list[float | None]) -> float | None:
@@ -272,7 +305,3 @@ def rank_facts(per_rank: list[list[OursRound]], decode: str) -> Ranks:
         min(medians) / max(medians) if max(medians) > 0 else None,
         tuple(r for r, m in enumerate(medians) if m < STRAGGLER * mid),
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -23,7 +23,7 @@ from dsbuild.bench.gate import MIN_ROUNDS, Against
 from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import UNITS, Measured, Meter
 from dsbuild.bench.options import BenchOptions
-from dsbuild.bench.ranks import FRESH_LIMIT, RankGroup, combine
+from dsbuild.bench.ranks import FRESH_LIMIT, RankGroup, combine, start_server
 from dsbuild.bench.report import BenchReport, Resolved, RunTime, machine
 from dsbuild.bench.stats import rotate
 from dsbuild.bench.step import H2D, StepInfo, h2d_bandwidth
@@ -75,7 +75,7 @@ def run_bench(
 ) -> BenchReport:
     """Measure (see the module docstring) and return the report; ``against`` gates it against a saved one
     (refusing, before measuring, runs that are not comparable). Our loader runs in processes started with
-    ``python -m dsbuild.bench.ranks`` (see ``dsbuild.bench.ranks``); the baselines in this one."""
+    the fork server (see ``dsbuild.bench.ranks``); the baselines in this one."""
     from dsbuild.loader.backends import choose_backend, probe
     from dsbuild.loader.device import resolve_device
 
@@ -86,6 +86,7 @@ def run_bench(
         if progress is not None:
             progress(Event(what, round_, o.rounds, elapsed, o.duration, rate, unit))
 
+    start_server()
     say("opening the version")
     data = describe(o.ref, o.split)
     device, _ = resolve_device(o.device)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import signal
 import subprocess
+import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -317,6 +319,47 @@ def test_ctrl_c_or_sigterm_reports_and_saves_the_finished_rounds(bench_catalog, 
     assert rep["time"]["interrupted"] and 1 <= rep["time"]["rounds_done"] < 20
     assert {m["round"] for m in rep["rounds"]} == set(range(rep["time"]["rounds_done"]))
     assert f"{rep['time']['rounds_done']} of 20 rounds" in out and "interrupted" in out
+
+
+def running(pid: int) -> bool:
+    """``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def children(pid: int) -> list[int]:
+    return [int(k) for task in Path(f"/proc/{pid}/task").iterdir() for k in (task / "children").read_text().split()]
+
+
+def test_a_killed_loader_process_is_named_and_the_run_ends_with_exit_3(bench_catalog):
+    """The OOM killer taking our loader's processes mid-run: one line naming the rank and how it ended,
+    exit 3, nothing left running (the fork server goes with the run)."""
+    cat, _ = bench_catalog
+    cmd = argv("bench", cat, *gated("60"), "--compare", "raw")  # (20 s a round: the kill comes in the first)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        seen = ""
+        while "bench round 1/3" not in seen:
+            line = p.stderr.readline()
+            assert line, seen
+            seen += line
+        (server,) = [pid for pid in children(p.pid) if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        ranks = children(server)
+        assert len(ranks) == 3, ranks  # one fresh process per round, all started before round 1
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        _, err = p.communicate(timeout=120)  # (a hang guard, not a timing)
+    finally:
+        p.kill()
+    assert p.returncode == 3, err
+    assert "bench rank 0 exited (code -9)" in err and "Traceback" not in err, err
+    for _ in range(300):  # the fork server notices its parent's exit (a guard against a hang, not a timing)
+        if not running(server):
+            break
+        time.sleep(0.1)
+    assert not running(server) and not any(running(pid) for pid in ranks)
 
 
 def test_quiet_prints_nothing_and_a_terminal_gets_a_live_bar(bench_catalog):

@@ -97,7 +97,9 @@ class RankGroup:
             log = tempfile.TemporaryFile()  # noqa: SIM115 (the rank's output, closed in stop())
             mine, theirs = ctx.Pipe(duplex=True)
             # (not a daemon: a rank's loader may start worker processes of its own)
-            p = ctx.Process(target=serve, args=(theirs, _Fd(log.fileno())), name=f"dsbuild-bench-rank_{r}")  # type: ignore[attr-defined]
+            p = ctx.Process(  # type: ignore[attr-defined]
+                target=serve, args=(theirs, _Fd(log.fileno())), name=f"dsbuild-bench-rank_{r}"
+            )
             self.procs.append(p)
             self.conns.append(mine)
             self.logs.append(log)
@@ -134,10 +136,12 @@ class RankGroup:
 
     def _receive(self, r: int, tick=None):
         while True:
+            p = self.procs[r]
             try:
                 line = self.conns[r].recv_bytes(MAX_LINE)
-            except (EOFError, OSError):
-                p = self.procs[r]
+            except (EOFError, OSError) as e:
+                if not isinstance(e, EOFError):  # (a document past MAX_LINE: the rank is cut off)
+                    p.terminate()
                 p.join()
                 said = last_words(self.logs[r])
                 raise errors.WorkerDied(

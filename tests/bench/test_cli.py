@@ -34,6 +34,7 @@ from dsbuild.bench.stats import paired_ratios, summarise
 from dsbuild.core.errors import CheckFailed, UsageError
 from tests.bench.conftest import BYTES, DEVICE, measured, options
 from tests.cli.clitools import argv, env, run
+from tests.helpers import alive, children
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -321,18 +322,6 @@ def test_ctrl_c_or_sigterm_reports_and_saves_the_finished_rounds(bench_catalog, 
     assert f"{rep['time']['rounds_done']} of 20 rounds" in out and "interrupted" in out
 
 
-def running(pid: int) -> bool:
-    """``pid`` is a process that has not exited (a zombie has)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def children(pid: int) -> list[int]:
-    return [int(k) for task in Path(f"/proc/{pid}/task").iterdir() for k in (task / "children").read_text().split()]
-
-
 def test_a_killed_loader_process_is_named_and_the_run_ends_with_exit_3(bench_catalog):
     """The OOM killer taking our loader's processes mid-run: one line naming the rank and how it ended,
     exit 3, nothing left running (the fork server goes with the run)."""
@@ -356,10 +345,10 @@ def test_a_killed_loader_process_is_named_and_the_run_ends_with_exit_3(bench_cat
     assert p.returncode == 3, err
     assert "bench rank 0 exited (code -9)" in err and "Traceback" not in err, err
     for _ in range(300):  # the fork server notices its parent's exit (a guard against a hang, not a timing)
-        if not running(server):
+        if not alive(server):
             break
         time.sleep(0.1)
-    assert not running(server) and not any(running(pid) for pid in ranks)
+    assert not alive(server) and not any(alive(pid) for pid in ranks)
 
 
 def test_quiet_prints_nothing_and_a_terminal_gets_a_live_bar(bench_catalog):

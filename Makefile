@@ -7,13 +7,19 @@ EXTRAS := dev,docs,importers,torch,ray,s3,peers,jax
 
 .PHONY: demo demo-run test lint readme venv bytecode clean chromium ffmpeg
 
+# Nothing is compiled to bytecode at install: compiling all ~200 packages (466 MB of .pyc) cost about 45 s
+# of CPU, and a whole test run imports a third of it. Python saves a module's bytecode the first time it is
+# imported, so every Python process make starts may write it, whatever the environment says (CI images
+# often set PYTHONDONTWRITEBYTECODE); `bytecode` compiles what dsbuild's commands import ahead of time.
+unexport PYTHONDONTWRITEBYTECODE
+
 # torch is pinned (extra "torch"): a plain `torch` pulls a multi-GB CUDA build. ale-py is optional:
 # without it the demo falls back to synthetic captures and the Atari tests skip; so do the MuJoCo ones without
 # dm-control, mujoco or a working offscreen renderer.
 $(BIN)/dsbuild: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q 'torch==2.13.0'  # alone first, by pip: the machine's pip config picks its CPU wheel
+	$(BIN)/pip install -q --no-compile 'torch==2.13.0'  # alone first, by pip: the machine's pip config picks its CPU wheel
 	$(BIN)/pip install -q uv || echo "note: uv could not be installed; pip installs the rest (slower)"
 	@# uv installs the ~200 packages below in parallel (26 s here, pip 81 s); pip where uv is absent. One
 	@# resolve for everything (torch stays 2.13.0); where atari or mujoco cannot be installed, the rest is
@@ -22,7 +28,7 @@ $(BIN)/dsbuild: pyproject.toml
 	@# (docs/interop.md) and torchdata's StatefulDataLoader; their declared deps pull a CUDA torch,
 	@# torchvision's pin an old one.
 	@echo "installing dsbuild[$(EXTRAS),atari,mujoco] with $$([ -x $(BIN)/uv ] && echo uv || echo pip)"
-	@install="$(BIN)/pip install -q"; [ -x $(BIN)/uv ] && install="$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode"; \
+	@install="$(BIN)/pip install -q --no-compile"; [ -x $(BIN)/uv ] && install="$(BIN)/uv pip install -q --python $(BIN)/python"; \
 	$$install -e '.[$(EXTRAS),atari,mujoco]' || { $$install -e '.[$(EXTRAS)]' && \
 	  { $$install -e '.[atari]' || echo "note: ale-py could not be installed; Atari captures are unavailable"; } && \
 	  { $$install -e '.[mujoco]' || echo "note: dm-control/mujoco could not be installed; --source mujoco is unavailable"; }; } && \
@@ -77,11 +83,15 @@ ffmpeg:
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq ffmpeg >/dev/null 2>&1; } || \
 	  echo "note: could not install ffmpeg; the recorder-capture tests will skip"
 
-# dsbuild is installed editable, so its modules are compiled where they lie; where PYTHONDONTWRITEBYTECODE
-# is set (CI images often set it) Python never saves that, and every dsbuild process the demo and the tests
-# start compiled them again (0.08 s of each command's start here). compileall writes what is missing or stale.
+# The bytecode of dsbuild, the tests and every module dsbuild's commands import (all of dsbuild's modules,
+# and the parts of torch that bench --model loads on demand), written once here: a venv used outside make
+# where PYTHONDONTWRITEBYTECODE is set would otherwise compile them again in every process (torch's alone
+# take seconds), and the tests' processes would race to compile them. Only what is missing or stale is written.
 bytecode: venv
 	@$(BIN)/python -m compileall -q dsbuild tests >/dev/null
+	@$(BIN)/python -c "import importlib, pkgutil, dsbuild; \
+	  [importlib.import_module(m.name) for m in pkgutil.walk_packages(dsbuild.__path__, 'dsbuild.')]; \
+	  import torch._dynamo, torch.distributed.fsdp, torch.profiler, torch.utils.flop_counter"
 
 # Lint and types: ruff (lint and format) over the code and tests, mypy over the package (pyproject.toml).
 lint: venv

@@ -23,7 +23,7 @@ from dsbuild.bench.gate import MIN_ROUNDS, Against
 from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import UNITS, Measured, Meter
 from dsbuild.bench.options import BenchOptions
-from dsbuild.bench.ranks import FRESH_LIMIT, RankGroup, combine, start_server
+from dsbuild.bench.ranks import FRESH_LIMIT, RankGroup, combine, cuda_available, start_server
 from dsbuild.bench.report import BenchReport, Resolved, RunTime, machine
 from dsbuild.bench.stats import rotate
 from dsbuild.bench.step import H2D, StepInfo, h2d_bandwidth
@@ -89,9 +89,10 @@ def run_bench(
     start_server()
     say("opening the version")
     data = describe(o.ref, o.split)
-    device, _ = resolve_device(o.device)
+    cuda = cuda_available() if o.device is not None or o.decode == "frames" else False
+    device, _ = resolve_device(o.device, cuda=cuda)
     if o.decode == "frames":
-        cuda, installed = probe()
+        cuda, installed = probe(cuda)
         backend = choose_backend(o.decode_backend, cuda=cuda, installed=installed)
     else:
         backend = None

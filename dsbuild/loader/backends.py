@@ -62,18 +62,20 @@ def choose_backend(requested: str, *, cuda: bool, installed: frozenset[str]) -> 
     raise UsageError(f"decode_backend must be pyav, torchcodec, nvdec or auto, not {requested!r}")
 
 
-def probe() -> tuple[bool, frozenset[str]]:
-    """(CUDA available, installed decoders) on this machine; imports nothing heavy unless present."""
+def probe(cuda: bool | None = None) -> tuple[bool, frozenset[str]]:
+    """(CUDA available, installed decoders) on this machine; imports nothing heavy unless present. ``cuda``:
+    already known (see ``resolve_device``), torch is not imported to ask."""
     from av.codec.hwaccel import hwdevices_available
 
     installed = {n for n in ("torchcodec",) if importlib.util.find_spec(n) is not None}
     if "cuda" in hwdevices_available():
         installed.add(NVDEC)
-    cuda = False
-    if importlib.util.find_spec("torch") is not None:
-        import torch
+    if cuda is None:
+        cuda = False
+        if importlib.util.find_spec("torch") is not None:
+            import torch
 
-        cuda = torch.cuda.is_available()
+            cuda = torch.cuda.is_available()
     return cuda, frozenset(installed)
 
 

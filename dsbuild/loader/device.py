@@ -3,6 +3,7 @@ present; plain tensors on CPU (a CPU build of torch cannot pin memory: ``pin_mem
 
 from __future__ import annotations
 
+import importlib.util
 from collections import deque
 
 import numpy as np
@@ -12,19 +13,22 @@ from dsbuild.core.errors import MissingDependency, UsageError
 
 def resolve_device(device: str | None, *, cuda: bool | None = None) -> tuple[str | None, str | None]:
     """(device, note): None -> numpy arrays (no torch needed); 'auto' -> 'cuda' when available, else
-    'cpu', and numpy (with a note) when torch is not installed. ``cuda`` overrides the probe (tests)."""
+    'cpu', and numpy (with a note) when torch is not installed. ``cuda``: whether CUDA is available, where
+    the caller has asked already (the bench asks a process of its fork server): torch is then looked up,
+    not imported (1.5 s of CPU in a process that has no other use for it)."""
     if device is None:
         return None, None
-    try:
-        import torch
-    except ImportError:
-        if device == "auto":
-            return None, "device='auto': torch is not installed, delivering numpy arrays"
-        raise MissingDependency(f"device={device!r}", "torch") from None
-    has_cuda = torch.cuda.is_available() if cuda is None else cuda
+    if cuda is None or importlib.util.find_spec("torch") is None:
+        try:
+            import torch
+        except ImportError:
+            if device == "auto":
+                return None, "device='auto': torch is not installed, delivering numpy arrays"
+            raise MissingDependency(f"device={device!r}", "torch") from None
+        cuda = torch.cuda.is_available()
     if device == "auto":
-        return ("cuda", None) if has_cuda else ("cpu", "device='auto': no CUDA device, torch tensors on CPU")
-    if device.startswith("cuda") and not has_cuda:
+        return ("cuda", None) if cuda else ("cpu", "device='auto': no CUDA device, torch tensors on CPU")
+    if device.startswith("cuda") and not cuda:
         raise UsageError(f"device={device!r} but CUDA is not available", hint="use device='auto' or 'cpu'")
     return device, None
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import subprocess
+import sys
 
 import pytest
 
@@ -16,6 +18,7 @@ from dsbuild.bench.dataset import describe
 from dsbuild.bench.peers import PEERS
 from dsbuild.core.errors import UsageError
 from tests.bench.conftest import BYTES, DEVICE, FRAMES, options
+from tests.cli.clitools import env
 from tests.helpers import index_rows
 
 
@@ -160,6 +163,21 @@ def test_two_simulated_ranks_report_each_rank(bench_catalog):
     assert rk.skew == pytest.approx(min(medians) / max(medians)) and set(rk.stragglers) <= {0, 1}
     assert {w.split("/")[0] for w in rep.stages["throughput"].workers} == {"rank0", "rank1"}
     assert rep.dataset.version_id == vid and positive(rep.baselines[0].ratio)
+
+
+def test_a_bytes_run_leaves_torch_to_its_loader_processes(bench_catalog):
+    """The run's own process asks a process of its fork server (which has imported torch) whether CUDA is
+    there, so a bytes run against reads and hashing never imports torch itself (1.5 s of CPU a command)."""
+    pytest.importorskip("torch")
+    cat, _ = bench_catalog
+    code = (
+        "import sys; from dsbuild.bench import BenchOptions, run_bench; "
+        f"r = run_bench(BenchOptions(ref={str(cat)!r}, decode='bytes', device='auto', duration=0.5, rounds=1, "
+        "compare=('raw',), step_ms=0)); print(r.resolved.device, r.ours.figure.median > 0, 'torch' in sys.modules)"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env())
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["cpu", "True", "False"]
 
 
 def test_options_refuse_bad_values():

@@ -70,10 +70,22 @@ def passes_the_check(cat: Path, against: Against, **kw) -> None:
 
 @pytest.fixture(scope="module")
 def now(bench_catalog, baseline) -> BenchReport:
-    """A second run of the gated settings, judged against the session's ``baseline``; two short runs on a
-    shared machine differ by up to ~20% (benchmarks/RESULTS.md), so a 2x drop still fails."""
+    """A second run of the gated settings, judged against the session's ``baseline``. Two short runs in the
+    suite, beside the other test process's bursts, have differed by up to 2.8x (ours/sha256 0.552, then
+    0.198), so this gate is at 0.25: a 4x drop still fails."""
     cat, _ = bench_catalog
-    return measured(cat, Against(load_report(baseline), str(baseline), fail_below=0.5))
+    return measured(cat, Against(load_report(baseline), str(baseline), fail_below=0.25))
+
+
+@pytest.fixture(scope="module")
+def now_saved(now, tmp_path_factory) -> Path:
+    """``now`` as ``--save`` writes it: the tests that doctor a report judge ``now`` against a doctored
+    copy of itself, so that what they check never rests on two runs agreeing."""
+    from dsbuild.cli.render import json_text
+
+    path = tmp_path_factory.mktemp("bench-now") / "now.json"
+    path.write_text(json_text(now.to_json()) + "\n")
+    return path
 
 
 def judged(now: BenchReport, saved: Path) -> BenchReport:
@@ -208,8 +220,8 @@ def test_the_baselines_named_in_another_order_are_the_same_run(bench_catalog, ba
     passes_the_check(cat, Against(load_report(unsorted), "unsorted.json"))
 
 
-def test_a_drop_against_every_baseline_is_a_regression_naming_the_ratios(baseline, now):
-    slower = doctor(baseline, "slower.json", {"raw": 20, "sha256": 20})
+def test_a_drop_against_every_baseline_is_a_regression_naming_the_ratios(now_saved, now):
+    slower = doctor(now_saved, "slower.json", {"raw": 20, "sha256": 20})
     with pytest.raises(CheckFailed, match="regression against slower.json") as e:
         enforce(judged(now, slower), Against(load_report(slower), "slower.json"))
     assert "ours/sha256" in str(e.value) and "ours/raw" in str(e.value)
@@ -230,9 +242,9 @@ def test_a_regression_exits_1_from_the_command(bench_catalog, baseline):
     assert "ours/sha256" in error[0] and "ours/raw" in error[0] and "dropped" in p.stdout
 
 
-def test_a_drop_against_one_baseline_alone_is_not_a_regression(baseline, now):
-    # raw's saved ratio a twentieth of what it was: ours cannot drop against it, however noisy the machine
-    one = doctor(baseline, "one.json", {"sha256": 20, "raw": 0.05})
+def test_a_drop_against_one_baseline_alone_is_not_a_regression(now_saved, now):
+    # raw's saved ratio a twentieth of what it was: ours cannot drop against it
+    one = doctor(now_saved, "one.json", {"sha256": 20, "raw": 0.05})
     rep = judged(now, one)
     enforce(rep)
     dropped = {v.baseline: v.dropped for v in rep.gate.verdicts}

@@ -17,22 +17,11 @@ from dsbuild.core.executor import ExecutorSpec
 from dsbuild.samples.synthetic import generate
 
 SLOW = {"test_make_demo_runs_end_to_end", "test_every_document_block_runs_as_written"}
-# Modules that take half a minute or more of one process (wall time, a quiet 2-core run): scheduled first,
-# the longest first, as any scheduler of uneven jobs should, so neither process of ``-n 2`` ends the run
-# alone on one. (pytest-xdist reorders modules by their number of tests unless --no-loadscope-reorder: it
-# dealt the docs runner, one test of 100-160 s, out when 6 of the suite's 9 minutes were gone.)
-LONG_FIRST = (
-    "test_readme.py",
-    "test_model.py",
-    "test_cli.py",  # (tests/bench: dsbuild bench through the executable)
-    "test_interop_docs.py",
-    "test_cli_output.py",
-    "test_cli_exit_codes.py",
-    "test_object_store.py",
-    "test_cli_s3.py",
-    "test_validate_run.py",
-    "test_cli_commands.py",
-)
+# Modules that take a minute or more of one process on 2 loaded cores, put first. Under ``-n 2`` pytest-xdist
+# deals modules out by their number of tests, most first, so this order only breaks its ties there. (Dealing
+# these out first, with --no-loadscope-reorder, was tried: beside two busy loops pytest took 756-760 s
+# against 658 s, as the heaviest modules then all run at once.)
+LONG_FIRST = ("test_readme.py", "test_model.py", "test_faults.py", "test_interop_docs.py", "test_demo.py")
 S3_MODULES = {"test_cli_s3.py", "test_object_store.py", "test_remote.py"}
 EXTRA_MODULES = {  # module -> the optional extra its tests need (each skips with the reason without it)
     "test_torch.py": "torch",

@@ -17,7 +17,7 @@ from dsbuild.core.executor import ExecutorSpec
 from dsbuild.samples.synthetic import generate
 
 SLOW = {"test_make_demo_runs_end_to_end", "test_every_document_block_runs_as_written"}
-# Modules that take a minute or more of one process on 2 loaded cores, put first. Under ``-n 2`` pytest-xdist
+# Modules that take a minute or more of one process on 2 loaded cores, put first. Under ``-n`` pytest-xdist
 # deals modules out by their number of tests, most first, so this order only breaks its ties there. (Dealing
 # these out first, with --no-loadscope-reorder, was tried: beside two busy loops pytest took 756-760 s
 # against 658 s, as the heaviest modules then all run at once.)

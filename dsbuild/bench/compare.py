@@ -45,30 +45,34 @@ def _cannot(name: str, data: Dataset) -> str | None:
     return None
 
 
+def wanted(o: BenchOptions) -> list[str]:
+    """The baselines these options ask for; a name that is unknown, does not fit the options or whose peer
+    is not installed is refused here, from the options alone (a run checks before it starts anything)."""
+    if o.compare is None:
+        return list(applicable(o))
+    fits = ("pyav", "pyav-procs") if o.decode == "frames" else applicable(o)
+    for name in o.compare:
+        if name not in NAMES:
+            raise UsageError(
+                f"--compare: unknown baseline {name!r}", hint=f"choose from {', '.join(NAMES)}, auto or none"
+            )
+        if name not in fits:
+            raise UsageError(
+                f"--compare {name}: not comparable with --decode {o.decode}"
+                + (" --verify none" if name == "sha256" else ""),
+                hint=f"with these options the baselines are: {', '.join(fits)}",
+            )
+        if name in peers.PEERS:
+            peers.require(name)
+    return list(o.compare)
+
+
 def choose(o: BenchOptions, data: Dataset, scratch: Path) -> tuple[list[baselines.Baseline], dict[str, str]]:
     """(baselines to run, {name: why skipped}) for this run."""
-    if o.compare is None:
-        wanted = applicable(o)
-    else:
-        fits = ("pyav", "pyav-procs") if o.decode == "frames" else applicable(o)
-        for name in o.compare:
-            if name not in NAMES:
-                raise UsageError(
-                    f"--compare: unknown baseline {name!r}", hint=f"choose from {', '.join(NAMES)}, auto or none"
-                )
-            if name not in fits:
-                raise UsageError(
-                    f"--compare {name}: not comparable with --decode {o.decode}"
-                    + (" --verify none" if name == "sha256" else ""),
-                    hint=f"with these options the baselines are: {', '.join(fits)}",
-                )
-            if name in peers.PEERS:
-                peers.require(name)
-        wanted = o.compare
     threads = o.threads * o.ranks
     active: list[baselines.Baseline] = []
     skipped: dict[str, str] = {}
-    for name in wanted:
+    for name in wanted(o):
         why = _cannot(name, data)
         if why:
             if o.compare is not None:

@@ -62,12 +62,17 @@ class Dataset:
         return self.source.splits[0].entries()
 
 
+def check_split(split: str | None) -> None:
+    """``--split`` is NAME/SPLIT (or absent)."""
+    if split is not None and (split.count("/") != 1 or split.startswith("/") or split.endswith("/")):
+        raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train")
+
+
 def describe(ref: str, split: str | None) -> Dataset:
     from dsbuild.export.source import open_source
     from dsbuild.lineage.catalog import parse_ref
 
-    if split is not None and (split.count("/") != 1 or split.startswith("/") or split.endswith("/")):
-        raise UsageError(f"--split {split!r}: use NAME/SPLIT, e.g. main/train")
+    check_split(split)
     source = open_source(ref, split)
     table = source.catalog.index(source.version_id, ["key", "frames", "width", "height"])
     keys = table.column("key").to_pylist()

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from dsbuild.bench.baselines import Baseline
 from dsbuild.bench.budget import Budget
-from dsbuild.bench.compare import choose
-from dsbuild.bench.dataset import Dataset, describe
+from dsbuild.bench.compare import choose, wanted
+from dsbuild.bench.dataset import Dataset, check_split, describe
 from dsbuild.bench.gate import MIN_ROUNDS, Against
 from dsbuild.bench.harness import OursRound
 from dsbuild.bench.measure import UNITS, Measured, Meter
@@ -86,6 +86,8 @@ def run_bench(
         if progress is not None:
             progress(Event(what, round_, o.rounds, elapsed, o.duration, rate, unit))
 
+    check_split(o.split)  # usage errors of the options alone before the fork server starts (1.5 s here)
+    wanted(o)
     start_server()
     say("opening the version")
     data = describe(o.ref, o.split)

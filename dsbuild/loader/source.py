@@ -79,6 +79,16 @@ DERIVED_ARRAYS = (
 ARRAY_DTYPES: tuple[np.dtype, np.dtype, np.dtype] = (np.dtype("<f4"), np.dtype("<f4"), np.dtype("<f8"))
 
 
+def _kept_rows(mask, held: int):
+    """The split's rows of the index (a boolean Arrow array) from the kept numpy mask, which must hold
+    ``held`` of them (built from the buffer: ``pyarrow.array`` would import pandas)."""
+    import pyarrow as pa
+
+    if not isinstance(mask, np.ndarray) or mask.dtype != bool or mask.ndim != 1 or int(mask.sum()) != held:
+        raise ValueError("the kept rows are not a boolean mask of the split's samples")
+    return array(mask, pa.bool_())
+
+
 @dataclass(frozen=True)
 class Session:
     """One capture session's fields, as every sample of it carries them."""
@@ -163,7 +173,7 @@ class Source:
         behind a BLAKE3 of it."""
         fields = {name: getattr(self, name) for name in DERIVED_ARRAYS}
         fields.update(
-            kept=None if self._kept is None else self._kept.to_numpy(zero_copy_only=False),
+            kept=None if self._kept is None else to_numpy(self._kept),
             keys=["\n".join(self.keys.tolist()).encode()],
             shards=[s.path for s in self.shards],
             codecs=self.codecs,
@@ -190,6 +200,7 @@ class Source:
             keys = bytes(fields["keys"][0]).decode().split("\n")
             rows = fields["sessions"]
             sessions = [Session(a, b, c, d, dict(e), tuple(f), tuple(g)) for a, b, c, d, e, f, g in rows]
+            kept = None if fields["kept"] is None else _kept_rows(fields["kept"], len(keys))
         except (ValueError, KeyError, TypeError, IndexError):
             return False
         self.keys = np.asarray(keys, dtype=object)
@@ -201,10 +212,7 @@ class Source:
         )
         for name in DERIVED_ARRAYS:
             setattr(self, name, fields[name])
-        if fields["kept"] is not None:
-            import pyarrow as pa
-
-            self._kept = pa.array(fields["kept"])
+        self._kept = kept
         return True
 
     def _split_set(self):

@@ -174,7 +174,10 @@ captures, out = sys.argv[1:3]
 run("convert", captures, out, "--format", "parquet", "--workers", "1", "--quiet")
 run("split", out, "--by", "player", "--name", "main", "--quiet")
 from dsbuild.loader import Loader, LoaderOptions
-next(iter(Loader(out, options=LoaderOptions(batch_size=2, decode="bytes"))))
+for split in (None, "main/train", "main/train"):  # the last restores what the one before derived
+    loader = Loader(out, split, options=LoaderOptions(batch_size=2, decode="bytes"))
+    next(iter(loader))
+assert loader.sources[0].from_cache
 exec(sys.argv[3])
 print("pandas" in sys.modules)
 """

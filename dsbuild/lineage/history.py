@@ -6,6 +6,7 @@ from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass
 
+from dsbuild.core.arrow import array
 from dsbuild.core.errors import LineageError, UsageError
 from dsbuild.core.records import Record
 from dsbuild.formats.sample import KEY_RE
@@ -82,12 +83,15 @@ def sample_lineage(catalog: Catalog, version_id: str, key: str) -> dict:
 
     A derived version's sample also names what it was made from: ``derived_from`` is the chain of
     (version, key, config) back to the sample converted from captures."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     m = catalog.manifest(version_id)
     table = catalog.index(version_id)
-    hit = table.filter(pc.equal(table["key"], key)) if KEY_RE.fullmatch(key) else table.slice(0, 0)
-    if hit.num_rows == 0:  # (a key no sample could have, e.g. an argument that was not UTF-8: none)
+    hit = table.slice(0, 0)  # (a key no sample could have, e.g. an argument that was not UTF-8: none)
+    if KEY_RE.fullmatch(key):  # (the key as an Arrow array: a Python str compared is converted through pandas)
+        hit = table.filter(pc.is_in(table["key"], value_set=array([key], pa.string())))
+    if hit.num_rows == 0:
         raise UsageError(
             f"{catalog.url}@{version_id[:12]}: no sample with key {key[:100]!r}",
             hint='`dsbuild query REF "select key from samples"` lists keys',

@@ -174,6 +174,9 @@ captures, out = sys.argv[1:3]
 run("convert", captures, out, "--format", "parquet", "--workers", "1", "--quiet")
 run("split", out, "--by", "player", "--name", "main", "--quiet")
 run("query", out, "select (select count(*) from shards), (select count(*) from sources), (select count(*) from versions)")
+from dsbuild.lineage.catalog import open_ref
+catalog, version = open_ref(out)
+run("lineage", out, catalog.index(version, ["key"]).column("key")[0].as_py())
 from dsbuild.loader import Loader, LoaderOptions
 for split in (None, "main/train", "main/train"):  # the last restores what the one before derived
     loader = Loader(out, split, options=LoaderOptions(batch_size=2, decode="bytes"))
